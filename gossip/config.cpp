@@ -1,0 +1,218 @@
+#include "gossip/config.hpp"
+
+#include <boost/program_options.hpp>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "kernels/models.hpp"
+
+namespace po = boost::program_options;
+namespace fs = std::filesystem;
+
+namespace gg::gossip {
+namespace {
+
+po::options_description describe(Config& c) {
+  po::options_description d("train options (INI key = option name; [section] key = value)");
+  // clang-format off
+  d.add_options()
+    ("data.dir", po::value(&c.data.dir)->default_value(c.data.dir),
+     "folder with the idx files of Fashion-MNIST or MNIST (gz or plain)")
+    ("data.augment", po::value(&c.data.augment)->default_value(c.data.augment),
+     "random crop (pad 2) and horizontal flip while training")
+    ("data.prefetch", po::value(&c.data.prefetch)->default_value(c.data.prefetch),
+     "ready batches queued by the loader thread [1, 64]")
+    ("model.name", po::value(&c.model.name)->default_value(c.model.name),
+     "network: resnet8 (small residual CNN) or cnn")
+    ("model.width", po::value(&c.model.width)->default_value(c.model.width),
+     "channels of the first stage [1, 1024]")
+    ("model.batch_norm", po::value(&c.model.batch_norm)->default_value(c.model.batch_norm),
+     "use batch norm (false: convolutions get a bias instead)")
+    ("train.backend", po::value(&c.train.backend)->default_value(c.train.backend),
+     "kernels: onednn (fast CPU) or reference (plain C++ oracle)")
+    ("train.batch", po::value(&c.train.batch)->default_value(c.train.batch),
+     "samples per rank per step [1, 65536]")
+    ("train.epochs", po::value(&c.train.epochs)->default_value(c.train.epochs),
+     "passes over the training set [1, 100000]")
+    ("train.lr", po::value(&c.train.lr)->default_value(c.train.lr),
+     "learning rate for a global batch of train.base_batch (scaled linearly)")
+    ("train.base_batch", po::value(&c.train.base_batch)->default_value(c.train.base_batch),
+     "global batch that train.lr is quoted for")
+    ("train.momentum", po::value(&c.train.momentum)->default_value(c.train.momentum),
+     "SGD momentum [0, 1)")
+    ("train.weight_decay", po::value(&c.train.weight_decay)->default_value(c.train.weight_decay),
+     "L2 weight decay [0, 1)")
+    ("train.nesterov", po::value(&c.train.nesterov)->default_value(c.train.nesterov),
+     "Nesterov momentum")
+    ("train.warmup_epochs", po::value(&c.train.warmup_epochs)->default_value(c.train.warmup_epochs),
+     "linear learning-rate warm-up, then cosine decay to 0 [0, train.epochs]")
+    ("train.seed", po::value(&c.train.seed)->default_value(c.train.seed),
+     "seed of initialisation, data order and augmentation")
+    ("train.threads", po::value(&c.train.threads)->default_value(c.train.threads),
+     "compute threads per rank (0: this node's cores / its ranks) [0, 1024]")
+    ("train.max_steps", po::value(&c.train.max_steps)->default_value(c.train.max_steps),
+     "stop after this many steps (0: run every epoch)")
+    ("train.eval_batch", po::value(&c.train.eval_batch)->default_value(c.train.eval_batch),
+     "batch of the evaluation pass [1, 65536]")
+    ("gossip.mode", po::value(&c.gossip.mode)->default_value(c.gossip.mode),
+     "how ranks mix gradients: allreduce")
+    ("gossip.bucket_kb", po::value(&c.gossip.bucket_kb)->default_value(c.gossip.bucket_kb),
+     "gradient bucket size in KiB; a bucket is exchanged as soon as backward completes it")
+    ("log.metrics", po::value(&c.log.metrics)->default_value(c.log.metrics),
+     "JSON Lines metrics file (rank 0)")
+    ("log.overwrite", po::value(&c.log.overwrite)->default_value(c.log.overwrite),
+     "replace an existing metrics file instead of refusing to start")
+    ("log.progress", po::value(&c.log.progress)->default_value(c.log.progress),
+     "print a live progress line")
+    ("log.interval", po::value(&c.log.interval)->default_value(c.log.interval),
+     "seconds between progress lines (0.1, 3600]");
+  // clang-format on
+  return d;
+}
+
+template <typename T>
+void require(bool ok, const std::string& key, const T& value, const std::string& rule) {
+  if (ok) return;
+  std::ostringstream s;
+  s << key << " = " << value << " is out of range: " << rule;
+  throw UsageError(s.str());
+}
+
+void validate(const Config& c) {
+  require(c.data.prefetch >= 1 && c.data.prefetch <= 64, "data.prefetch", c.data.prefetch,
+          "must be in [1, 64]");
+  const auto names = kernels::model_names();
+  if (std::find(names.begin(), names.end(), c.model.name) == names.end())
+    throw UsageError("model.name = " + c.model.name + " is unknown: use resnet8 or cnn");
+  require(c.model.width >= 1 && c.model.width <= 1024, "model.width", c.model.width,
+          "must be in [1, 1024]");
+  if (c.train.backend != "onednn" && c.train.backend != "reference")
+    throw UsageError("train.backend = " + c.train.backend + " is unknown: use onednn or reference");
+  require(c.train.batch >= 1 && c.train.batch <= 65536, "train.batch", c.train.batch,
+          "must be in [1, 65536]");
+  require(c.train.epochs >= 1 && c.train.epochs <= 100000, "train.epochs", c.train.epochs,
+          "must be in [1, 100000]");
+  require(std::isfinite(c.train.lr) && c.train.lr > 0 && c.train.lr <= 100, "train.lr", c.train.lr,
+          "must be in (0, 100]");
+  require(c.train.base_batch >= 1, "train.base_batch", c.train.base_batch, "must be >= 1");
+  require(c.train.momentum >= 0 && c.train.momentum < 1, "train.momentum", c.train.momentum,
+          "must be in [0, 1)");
+  require(c.train.weight_decay >= 0 && c.train.weight_decay < 1, "train.weight_decay",
+          c.train.weight_decay, "must be in [0, 1)");
+  require(c.train.warmup_epochs >= 0 && c.train.warmup_epochs <= c.train.epochs,
+          "train.warmup_epochs", c.train.warmup_epochs, "must be in [0, train.epochs]");
+  require(c.train.threads >= 0 && c.train.threads <= 1024, "train.threads", c.train.threads,
+          "must be in [0, 1024]");
+  require(c.train.max_steps >= 0, "train.max_steps", c.train.max_steps, "must be >= 0");
+  require(c.train.eval_batch >= 1 && c.train.eval_batch <= 65536, "train.eval_batch",
+          c.train.eval_batch, "must be in [1, 65536]");
+  if (c.gossip.mode != "allreduce")
+    throw UsageError("gossip.mode = " + c.gossip.mode +
+                     " is not available in this build: use allreduce");
+  require(c.gossip.bucket_kb >= 1 && c.gossip.bucket_kb <= (int64_t{1} << 22), "gossip.bucket_kb",
+          c.gossip.bucket_kb, "must be in [1, 4194304]");
+  require(c.log.interval > 0.1 && c.log.interval <= 3600, "log.interval", c.log.interval,
+          "must be in (0.1, 3600]");
+  if (!fs::is_directory(c.data.dir))
+    throw UsageError("data.dir = " + c.data.dir +
+                     " is not a folder (Debian's dataset-fashion-mnist package installs "
+                     "/usr/share/datasets/fashion-mnist)");
+  if (c.log.metrics.empty()) throw UsageError("log.metrics must name a file");
+  if (fs::exists(c.log.metrics) && !c.log.overwrite)
+    throw UsageError("log.metrics = " + c.log.metrics +
+                     " already exists: choose a new path or pass --log.overwrite true");
+}
+
+// "--key value" -> "--key=value", so that values starting with '-' (e.g. -3) reach the
+// range check instead of being taken for options.
+std::vector<std::string> join_values(const std::vector<std::string>& args) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    const bool long_opt = a.rfind("--", 0) == 0 && a.size() > 2 && a.find('=') == std::string::npos;
+    const bool has_value = i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0;
+    if (long_opt && a != "--help" && has_value) {
+      out.push_back(a + "=" + args[i + 1]);
+      ++i;
+    } else {
+      out.push_back(a);
+    }
+  }
+  return out;
+}
+
+std::string one_line(std::string s) {
+  for (char& ch : s)
+    if (ch == '\n') ch = ' ';
+  return s;
+}
+
+}  // namespace
+
+Config parse_train_args(const std::vector<std::string>& args) {
+  Config c;
+  po::options_description opts = describe(c);
+  po::options_description top;
+  top.add_options()("config", po::value(&c.config_path), "INI file with the run's settings");
+  top.add(opts);
+  po::variables_map vm;
+  try {
+    const auto parsed = po::command_line_parser(join_values(args))
+                            .options(top)
+                            .style(po::command_line_style::unix_style &
+                                   ~po::command_line_style::allow_guessing)
+                            .run();
+    for (const auto& o : parsed.options)
+      if (o.unregistered || o.string_key.empty())
+        throw UsageError("unknown argument '" + (o.original_tokens.empty() ? o.string_key
+                                                                         : o.original_tokens[0]) +
+                         "' (see gossipgrad train --help)");
+    po::store(parsed, vm);
+    // The command line is stored first, so it wins over the file for every key it sets.
+    if (vm.count("config")) {
+      const std::string path = vm["config"].as<std::string>();
+      std::ifstream f(path);
+      if (!f) throw UsageError("config file " + path + " cannot be read (missing or unreadable)");
+      po::store(po::parse_config_file(f, opts, /*allow_unregistered=*/false), vm);
+    }
+    po::notify(vm);
+  } catch (const po::unknown_option& e) {
+    throw UsageError("unknown option '" + e.get_option_name() +
+                     "' (see gossipgrad train --help for the valid keys)");
+  } catch (const po::error& e) {
+    throw UsageError(one_line(e.what()));
+  }
+  validate(c);
+  return c;
+}
+
+std::string train_help() {
+  Config c;
+  std::ostringstream s;
+  s << "usage: mpirun -n P gossipgrad train [--config FILE] [--section.key value ...]\n\n"
+    << describe(c);
+  return s.str();
+}
+
+std::string to_ini(const Config& c) {
+  std::ostringstream s;
+  s << std::boolalpha;
+  s << "[data]\ndir = " << c.data.dir << "\naugment = " << c.data.augment
+    << "\nprefetch = " << c.data.prefetch << "\n\n[model]\nname = " << c.model.name
+    << "\nwidth = " << c.model.width << "\nbatch_norm = " << c.model.batch_norm
+    << "\n\n[train]\nbackend = " << c.train.backend << "\nbatch = " << c.train.batch
+    << "\nepochs = " << c.train.epochs << "\nlr = " << c.train.lr
+    << "\nbase_batch = " << c.train.base_batch << "\nmomentum = " << c.train.momentum
+    << "\nweight_decay = " << c.train.weight_decay << "\nnesterov = " << c.train.nesterov
+    << "\nwarmup_epochs = " << c.train.warmup_epochs << "\nseed = " << c.train.seed
+    << "\nthreads = " << c.train.threads << "\nmax_steps = " << c.train.max_steps
+    << "\neval_batch = " << c.train.eval_batch << "\n\n[gossip]\nmode = " << c.gossip.mode
+    << "\nbucket_kb = " << c.gossip.bucket_kb << "\n\n[log]\nmetrics = " << c.log.metrics
+    << "\noverwrite = " << c.log.overwrite << "\nprogress = " << c.log.progress
+    << "\ninterval = " << c.log.interval << "\n";
+  return s.str();
+}
+
+}  // namespace gg::gossip

@@ -1,0 +1,67 @@
+// The resolved settings of a training run. Every option has a dotted name that is also its INI
+// key (`--train.batch 32` == `[train] batch = 32`); the command line overrides the config file.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace gg::gossip {
+
+// A mistake in what the user asked for: main prints the one-line message and exits 2.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Config {
+  std::string config_path;
+  struct {
+    std::string dir = "/usr/share/datasets/fashion-mnist";
+    bool augment = true;
+    int prefetch = 4;
+  } data;
+  struct {
+    std::string name = "resnet8";
+    int64_t width = 16;
+    bool batch_norm = true;
+  } model;
+  struct {
+    std::string backend = "onednn";
+    int64_t batch = 64;  // per rank
+    int64_t epochs = 4;
+    double lr = 0.1;           // for a global batch of base_batch (linear scaling)
+    int64_t base_batch = 256;
+    double momentum = 0.9;
+    double weight_decay = 5e-4;
+    bool nesterov = false;
+    double warmup_epochs = 0.5;
+    uint64_t seed = 1;
+    int threads = 0;  // 0: cores of this node / ranks on this node
+    int64_t max_steps = 0;  // 0: every step of every epoch
+    int64_t eval_batch = 500;
+  } train;
+  struct {
+    std::string mode = "allreduce";
+    int64_t bucket_kb = 512;
+  } gossip;
+  struct {
+    std::string metrics = "runs/latest/metrics.jsonl";
+    bool overwrite = false;
+    bool progress = true;
+    double interval = 2.0;  // seconds between progress lines
+  } log;
+};
+
+// Parses `gossipgrad train` arguments (without the subcommand). Throws UsageError with one line
+// naming the option and the problem for unknown keys, wrong types, out-of-range values and
+// missing files.
+Config parse_train_args(const std::vector<std::string>& args);
+
+// The help text of `gossipgrad train`: every option, its default and what it does.
+std::string train_help();
+
+// The resolved settings as INI text that parse_train_args accepts back.
+std::string to_ini(const Config& c);
+
+}  // namespace gg::gossip

@@ -1,0 +1,22 @@
+// Metrics as JSON Lines: one object per event ({"event":"step",...}, "eval", "summary"),
+// flushed as written so a run that dies still leaves its history.
+#pragma once
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace gg::gossip {
+
+class MetricsWriter {
+ public:
+  MetricsWriter() = default;  // disabled: write() does nothing (ranks other than 0)
+  MetricsWriter(const std::string& path, bool overwrite);
+  void write(const nlohmann::json& event);
+  bool enabled() const { return out_.is_open(); }
+
+ private:
+  std::ofstream out_;
+};
+
+}  // namespace gg::gossip

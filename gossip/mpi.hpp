@@ -1,0 +1,112 @@
+// RAII over the MPI calls gossipgrad uses. Every call is checked: a failure throws MpiError
+// naming the call, the file, the line and MPI's own error string.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace gg::mpi {
+
+struct MpiError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+[[noreturn]] void fail(int code, const char* call, const char* file, int line);
+
+#define GG_MPI_CHECK(call)                                                   \
+  do {                                                                       \
+    const int gg_mpi_rc_ = (call);                                           \
+    if (gg_mpi_rc_ != MPI_SUCCESS) ::gg::mpi::fail(gg_mpi_rc_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+// MPI_Init_thread(MPI_THREAD_MULTIPLE) on construction, MPI_Finalize on destruction. Errors are
+// returned (MPI_ERRORS_RETURN) so they become exceptions instead of aborts.
+class Environment {
+ public:
+  Environment(int* argc, char*** argv);
+  ~Environment();
+  Environment(const Environment&) = delete;
+  Environment& operator=(const Environment&) = delete;
+  int thread_level() const { return provided_; }
+
+ private:
+  int provided_ = 0;
+};
+
+// A communicator; owns (and frees) the ones it created by splitting or duplicating.
+class Comm {
+ public:
+  static Comm world() { return Comm(MPI_COMM_WORLD, false); }
+  static Comm self() { return Comm(MPI_COMM_SELF, false); }
+  Comm() = default;
+  ~Comm();
+  Comm(Comm&& o) noexcept : c_(std::exchange(o.c_, MPI_COMM_NULL)), owned_(o.owned_) {}
+  Comm& operator=(Comm&& o) noexcept;
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+
+  MPI_Comm get() const { return c_; }
+  int rank() const;
+  int size() const;
+  Comm dup() const;
+  Comm split_shared() const;  // the ranks on this node (MPI_COMM_TYPE_SHARED)
+
+  void barrier() const;
+  void allreduce_sum(float* data, int64_t count) const;  // in place
+  void allreduce_sum(double* data, int64_t count) const;
+  void allreduce_sum(int64_t* data, int64_t count) const;
+  void allreduce_max(double* data, int64_t count) const;
+  void broadcast(float* data, int64_t count, int root) const;
+  void broadcast(std::string& s, int root) const;
+
+ private:
+  Comm(MPI_Comm c, bool owned) : c_(c), owned_(owned) {}
+  MPI_Comm c_ = MPI_COMM_NULL;
+  bool owned_ = false;
+};
+
+// A nonblocking request; waits on destruction if still active so buffers are never freed early.
+class Request {
+ public:
+  Request() = default;
+  ~Request();
+  Request(Request&& o) noexcept : r_(std::exchange(o.r_, MPI_REQUEST_NULL)) {}
+  Request& operator=(Request&& o) noexcept;
+  MPI_Request* out() { return &r_; }
+  void wait();
+  bool test();
+
+ private:
+  MPI_Request r_ = MPI_REQUEST_NULL;
+};
+
+// An RMA window over memory MPI allocates (MPI_Win_allocate or, on a node communicator,
+// MPI_Win_allocate_shared). Freed on destruction, which must happen before MPI_Finalize.
+class Window {
+ public:
+  enum class Kind { Allocate, Shared };
+  Window(const Comm& comm, int64_t bytes, Kind kind);
+  ~Window();
+  Window(const Window&) = delete;
+  Window& operator=(const Window&) = delete;
+  MPI_Win get() const { return w_; }
+  void* base() const { return base_; }
+  int64_t bytes() const { return bytes_; }
+  void* shared_base(int rank) const;  // Kind::Shared only: another rank's segment
+
+ private:
+  MPI_Win w_ = MPI_WIN_NULL;
+  void* base_ = nullptr;
+  int64_t bytes_ = 0;
+  Kind kind_;
+};
+
+// MPI counts are int: large buffers go in chunks.
+constexpr int64_t kMaxCount = int64_t{1} << 30;
+
+}  // namespace gg::mpi

@@ -1,0 +1,280 @@
+#include "gossip/trainer.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <thread>
+
+#include "kernels/loss.hpp"
+#include "shuffle/loader.hpp"
+
+namespace gg::gossip {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string format_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const int64_t t = static_cast<int64_t>(s + 0.5);
+  char buf[32];
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%ldh%02ldm", static_cast<long>(t / 3600),
+                  static_cast<long>(t % 3600 / 60));
+  else
+    std::snprintf(buf, sizeof buf, "%ldm%02lds", static_cast<long>(t / 60),
+                  static_cast<long>(t % 60));
+  return buf;
+}
+
+kernels::ModelSpec model_spec(const Config& c, kernels::Dims input, int64_t classes) {
+  kernels::ModelSpec m;
+  m.name = c.model.name;
+  m.input = std::move(input);
+  m.classes = classes;
+  m.width = c.model.width;
+  m.batch_norm = c.model.batch_norm;
+  return m;
+}
+
+}  // namespace
+
+int compute_threads(const Config& c, const mpi::Comm& world) {
+  if (c.train.threads > 0) return c.train.threads;
+  mpi::Comm node = world.split_shared();
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / node.size());
+}
+
+Trainer::Trainer(const Config& c, const mpi::Comm& world, kernels::Dims input, int64_t classes,
+                 int64_t total_steps, int64_t steps_per_epoch)
+    : c_(c),
+      world_(world),
+      graph_(kernels::build_model(model_spec(c, std::move(input), classes))),
+      store_(graph_),
+      buckets_(kernels::make_buckets(graph_, std::max<int64_t>(1, c.gossip.bucket_kb * 256))),
+      sgd_(graph_.param_count(),
+           {static_cast<float>(c.train.momentum), static_cast<float>(c.train.weight_decay),
+            c.train.nesterov}),
+      schedule_({c.train.lr, c.train.base_batch, c.train.batch * world.size(),
+                 static_cast<int64_t>(std::llround(c.train.warmup_epochs * steps_per_epoch)),
+                 total_steps, 0.0}),
+      dlogits_(c.train.batch * classes) {
+  kernels::init_params(graph_, store_, c.train.seed);
+  // Every rank starts from rank 0's weights, whatever its RNG did.
+  world_.broadcast(store_.params.data(), graph_.param_count(), 0);
+  world_.broadcast(store_.buffers.data(), graph_.buffer_count(), 0);
+  const auto backend = kernels::parse_backend(c.train.backend);
+  train_exec_ = kernels::compile(graph_, backend, c.train.batch, store_, buckets_);
+  eval_exec_ = kernels::compile(graph_, backend, c.train.eval_batch, store_, buckets_);
+  exchange_ = std::make_unique<AllreduceExchange>(world_, store_.grads.data(), buckets_);
+}
+
+StepStats Trainer::step(const float* x, const int32_t* y) {
+  StepStats s;
+  const float* logits = train_exec_->forward(x, true);
+  const auto loss = kernels::softmax_cross_entropy(logits, y, c_.train.batch, graph_.classes(),
+                                                   dlogits_.data());
+  s.loss = loss.loss;
+  s.correct = loss.correct;
+  exchange_->begin_step(step_);
+  train_exec_->backward(dlogits_.data(), [this](int b) { exchange_->on_bucket_ready(b); });
+  s.comm_seconds = exchange_->finish_step();
+  s.lr = schedule_.at(step_);
+  sgd_.step(store_.params.data(), store_.grads.data(), static_cast<float>(s.lr));
+  ++step_;
+  return s;
+}
+
+EvalStats Trainer::evaluate(const shuffle::Dataset& data, float mean, float stddev) {
+  shuffle::LoaderOptions o;
+  o.batch = c_.train.eval_batch;
+  o.rank = world_.rank();
+  o.ranks = world_.size();
+  o.norm = {mean, stddev};
+  o.shuffle = false;
+  o.drop_last = false;
+  o.prefetch = 2;
+  shuffle::PrefetchLoader loader(data, o, 0, 1);
+  shuffle::Batch b;
+  double sums[4] = {0, 0, 0, 0};  // loss * n, correct, top5, n
+  while (loader.next(b)) {
+    const float* logits = eval_exec_->forward(b.x.data(), false);
+    const auto r = kernels::softmax_cross_entropy(logits, b.y.data(), o.batch, graph_.classes(),
+                                                  nullptr);
+    int64_t n = 0;
+    for (int32_t v : b.y) n += v >= 0;
+    sums[0] += r.loss * n;
+    sums[1] += r.correct;
+    sums[2] += r.top5;
+    sums[3] += n;
+  }
+  world_.allreduce_sum(sums, 4);
+  EvalStats e;
+  e.samples = static_cast<int64_t>(sums[3]);
+  if (e.samples > 0) {
+    e.loss = sums[0] / sums[3];
+    e.top1 = sums[1] / sums[3];
+    e.top5 = sums[2] / sums[3];
+  }
+  // Consensus distance: mean over ranks of ||w_r - mean_w||^2.
+  const int64_t n = graph_.param_count();
+  std::vector<float> avg(store_.params);
+  world_.allreduce_sum(avg.data(), n);
+  const float inv = 1.f / world_.size();
+  double d = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double diff = store_.params[i] - avg[i] * inv;
+    d += diff * diff;
+  }
+  world_.allreduce_sum(&d, 1);
+  e.consensus = d / world_.size();
+  return e;
+}
+
+RunSummary run_training(const Config& c, const mpi::Comm& world) {
+  const int rank = world.rank(), ranks = world.size();
+  const bool lead = rank == 0;
+  const int threads = compute_threads(c, world);
+  omp_set_num_threads(threads);
+
+  const shuffle::Dataset train = shuffle::load_idx_dir(c.data.dir, true);
+  const shuffle::Dataset test = shuffle::load_idx_dir(c.data.dir, false);
+  double sum = 0, sq = 0;
+  for (uint8_t v : train.pixels) {
+    sum += v / 255.0;
+    sq += (v / 255.0) * (v / 255.0);
+  }
+  const double npx = static_cast<double>(train.pixels.size());
+  const float mean = static_cast<float>(sum / npx);
+  const float stddev = static_cast<float>(std::sqrt(std::max(1e-12, sq / npx - (sum / npx) * (sum / npx))));
+
+  shuffle::LoaderOptions lo;
+  lo.batch = c.train.batch;
+  lo.rank = rank;
+  lo.ranks = ranks;
+  lo.seed = c.train.seed;
+  lo.norm = {mean, stddev};
+  lo.augment.enabled = c.data.augment;
+  lo.prefetch = c.data.prefetch;
+  const int64_t per_epoch = shuffle::batches_per_epoch(train.count, lo);
+  if (per_epoch < 1)
+    throw UsageError("train.batch = " + std::to_string(c.train.batch) + " is too large: " +
+                     std::to_string(train.count) + " samples over " + std::to_string(ranks) +
+                     " ranks give no full batch");
+  int64_t total = per_epoch * c.train.epochs;
+  if (c.train.max_steps > 0) total = std::min(total, c.train.max_steps);
+  const int64_t epochs = (total + per_epoch - 1) / per_epoch;
+
+  Trainer trainer(c, world, {train.channels, train.height, train.width}, train.classes, total,
+                  per_epoch);
+  MetricsWriter metrics;
+  if (lead) metrics = MetricsWriter(c.log.metrics, c.log.overwrite);
+  const int64_t global_batch = c.train.batch * ranks;
+  if (lead) {
+    std::printf("gossipgrad: %d ranks x %d threads, %s on %s (%lld params), %s backend\n", ranks,
+                threads, c.model.name.c_str(), c.data.dir.c_str(),
+                static_cast<long long>(trainer.graph().param_count()), c.train.backend.c_str());
+    std::printf("gossipgrad: %lld train / %lld test samples, global batch %lld, %lld steps/epoch, "
+                "%lld epochs, peak lr %.4g, exchange %s\n",
+                static_cast<long long>(train.count), static_cast<long long>(test.count),
+                static_cast<long long>(global_batch), static_cast<long long>(per_epoch),
+                static_cast<long long>(epochs), c.train.lr * global_batch / c.train.base_batch,
+                c.gossip.mode.c_str());
+    std::fflush(stdout);
+    metrics.write({{"event", "start"},
+                   {"ranks", ranks},
+                   {"threads", threads},
+                   {"model", c.model.name},
+                   {"params", trainer.graph().param_count()},
+                   {"global_batch", global_batch},
+                   {"steps", total},
+                   {"mode", c.gossip.mode},
+                   {"backend", c.train.backend}});
+  }
+
+  shuffle::PrefetchLoader loader(train, lo, 0, epochs);
+  shuffle::Batch batch;
+  RunSummary summary;
+  const auto t_start = Clock::now();
+  double train_seconds = 0, last_print = 0, loss_avg = 0, wait_before = 0;
+  int64_t epoch = 0;
+  for (int64_t s = 0; s < total; ++s) {
+    const auto t0 = Clock::now();
+    if (!loader.next(batch)) break;
+    const double data_wait = loader.wait_seconds() - wait_before;
+    wait_before = loader.wait_seconds();
+    const StepStats st = trainer.step(batch.x.data(), batch.y.data());
+    if (!std::isfinite(st.loss))
+      throw std::runtime_error("loss became " + std::to_string(st.loss) + " at step " +
+                               std::to_string(s) + "; lower train.lr");
+    const double dt = seconds_since(t0);
+    train_seconds += dt;
+    loss_avg = s == 0 ? st.loss : 0.95 * loss_avg + 0.05 * st.loss;
+    epoch = batch.epoch;
+    if (lead) {
+      metrics.write({{"event", "step"},
+                     {"step", s},
+                     {"epoch", epoch},
+                     {"loss", st.loss},
+                     {"lr", st.lr},
+                     {"images_per_s", global_batch / dt},
+                     {"step_s", dt},
+                     {"comm_s", st.comm_seconds},
+                     {"data_wait_s", data_wait}});
+      const double now = seconds_since(t_start);
+      if (c.log.progress && (now - last_print >= c.log.interval || s + 1 == total)) {
+        last_print = now;
+        const double ips = global_batch * (s + 1) / train_seconds;
+        std::printf("step %6lld/%lld  epoch %lld/%lld  loss %.4f  lr %.4f  %.0f img/s  ETA %s\n",
+                    static_cast<long long>(s + 1), static_cast<long long>(total),
+                    static_cast<long long>(epoch + 1), static_cast<long long>(epochs), loss_avg,
+                    st.lr, ips, format_duration((total - s - 1) * global_batch / ips).c_str());
+        std::fflush(stdout);
+      }
+    }
+    const bool epoch_end = (s + 1) % per_epoch == 0 || s + 1 == total;
+    if (epoch_end) {
+      const EvalStats e = trainer.evaluate(test, mean, stddev);
+      summary.final_top1 = e.top1;
+      summary.final_top5 = e.top5;
+      if (lead) {
+        std::printf("epoch %lld: test top-1 %.2f%%  top-5 %.2f%%  loss %.4f  (%lld samples)\n",
+                    static_cast<long long>(epoch + 1), 100 * e.top1, 100 * e.top5, e.loss,
+                    static_cast<long long>(e.samples));
+        std::fflush(stdout);
+        metrics.write({{"event", "eval"},
+                       {"epoch", epoch + 1},
+                       {"step", s + 1},
+                       {"top1", e.top1},
+                       {"top5", e.top5},
+                       {"loss", e.loss},
+                       {"consensus", e.consensus},
+                       {"wall_s", seconds_since(t_start)}});
+      }
+    }
+    summary.steps = s + 1;
+  }
+  summary.wall_seconds = seconds_since(t_start);
+  summary.images_per_second = train_seconds > 0 ? global_batch * summary.steps / train_seconds : 0;
+  if (lead) {
+    std::printf("done: %lld steps in %s, %.0f img/s, final test top-1 %.2f%% (metrics: %s)\n",
+                static_cast<long long>(summary.steps), format_duration(summary.wall_seconds).c_str(),
+                summary.images_per_second, 100 * summary.final_top1, c.log.metrics.c_str());
+    metrics.write({{"event", "summary"},
+                   {"steps", summary.steps},
+                   {"top1", summary.final_top1},
+                   {"top5", summary.final_top5},
+                   {"wall_s", summary.wall_seconds},
+                   {"images_per_s", summary.images_per_second},
+                   {"data_wait_s", loader.wait_seconds()}});
+  }
+  return summary;
+}
+
+}  // namespace gg::gossip

@@ -1,0 +1,83 @@
+// Data-parallel training of one rank: forward, backward with buckets handed to the exchange
+// engine as they complete, the optimizer step, evaluation, metrics and progress.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gossip/config.hpp"
+#include "gossip/exchange.hpp"
+#include "gossip/metrics.hpp"
+#include "gossip/mpi.hpp"
+#include "kernels/executor.hpp"
+#include "kernels/models.hpp"
+#include "kernels/optimizer.hpp"
+#include "shuffle/dataset.hpp"
+
+namespace gg::gossip {
+
+struct StepStats {
+  double loss = 0;
+  int64_t correct = 0;
+  double lr = 0;
+  double comm_seconds = 0;  // exposed: time the step waited for the exchange
+};
+
+struct EvalStats {
+  double loss = 0;
+  double top1 = 0;
+  double top5 = 0;
+  double consensus = 0;  // mean squared distance of the ranks' weights to their average
+  int64_t samples = 0;
+};
+
+struct RunSummary {
+  double final_top1 = 0;
+  double final_top5 = 0;
+  double wall_seconds = 0;
+  double images_per_second = 0;  // training images of all ranks per second of training
+  int64_t steps = 0;
+};
+
+class Trainer {
+ public:
+  // `input` and `classes` describe the samples; the model comes from the config.
+  Trainer(const Config& c, const mpi::Comm& world, kernels::Dims input, int64_t classes,
+          int64_t total_steps, int64_t steps_per_epoch);
+
+  // One training step on this rank's local batch (train.batch samples, NCHW, normalised).
+  StepStats step(const float* x, const int32_t* y);
+
+  // Top-1/top-5 of this rank's model over the whole data set, split across ranks.
+  EvalStats evaluate(const shuffle::Dataset& data, float mean, float stddev);
+
+  const kernels::Graph& graph() const { return graph_; }
+  kernels::ParamStore& store() { return store_; }
+  int64_t steps_done() const { return step_; }
+
+ private:
+  const Config& c_;
+  const mpi::Comm& world_;
+  kernels::Graph graph_;
+  kernels::ParamStore store_;
+  std::vector<kernels::Bucket> buckets_;
+  std::unique_ptr<kernels::Executor> train_exec_;
+  std::unique_ptr<kernels::Executor> eval_exec_;
+  std::unique_ptr<GradientExchange> exchange_;
+  kernels::Sgd sgd_;
+  kernels::LrSchedule schedule_;
+  std::vector<float> dlogits_;
+  int64_t step_ = 0;
+};
+
+// The whole `gossipgrad train` job: data, training loop, per-epoch evaluation, metrics,
+// progress on rank 0 and the final summary.
+RunSummary run_training(const Config& c, const mpi::Comm& world);
+
+// Compute threads for this rank: the configured count, or this node's cores shared evenly by
+// the ranks on this node.
+int compute_threads(const Config& c, const mpi::Comm& world);
+
+}  // namespace gg::gossip

@@ -1,0 +1,52 @@
+#include "kernels/executor.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "kernels/onednn/onednn_executor.hpp"
+#include "kernels/reference/reference_executor.hpp"
+
+namespace gg::kernels {
+
+Backend parse_backend(const std::string& name) {
+  if (name == "reference") return Backend::Reference;
+  if (name == "onednn") return Backend::OneDnn;
+  throw std::invalid_argument("unknown backend '" + name + "' (expected reference or onednn)");
+}
+
+const char* backend_name(Backend b) { return b == Backend::Reference ? "reference" : "onednn"; }
+
+std::unique_ptr<Executor> compile(const Graph& g, Backend backend, int64_t batch, ParamStore& store,
+                                  const std::vector<Bucket>& buckets) {
+  if (batch < 1) throw std::invalid_argument("batch must be >= 1");
+  if (g.output() < 0) throw std::invalid_argument("graph has no output");
+  if (static_cast<int64_t>(store.params.size()) != g.param_count() ||
+      static_cast<int64_t>(store.buffers.size()) != g.buffer_count())
+    throw std::invalid_argument("parameter store does not match the graph");
+  switch (backend) {
+    case Backend::Reference: return make_reference_executor(g, batch, store, buckets);
+    case Backend::OneDnn: return make_onednn_executor(g, batch, store, buckets);
+  }
+  throw std::logic_error("unhandled backend");
+}
+
+std::vector<std::vector<int>> bucket_completion(const Graph& g, const std::vector<Bucket>& buckets,
+                                                const std::vector<int>& order) {
+  std::vector<std::vector<int>> at(order.size());
+  std::vector<int> pos_of_node(g.nodes().size(), -1);
+  for (size_t i = 0; i < order.size(); ++i) pos_of_node[order[i]] = static_cast<int>(i);
+  int floor = 0;
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    int last = 0;
+    for (const TensorSpec& p : g.params()) {
+      if (p.offset + p.size() <= buckets[b].begin || p.offset >= buckets[b].end) continue;
+      if (pos_of_node[p.node] < 0) throw std::logic_error("parameter of a node backward never visits");
+      last = std::max(last, pos_of_node[p.node]);
+    }
+    floor = std::max(floor, last);  // fire in bucket order even if a graph visits out of order
+    at[floor].push_back(static_cast<int>(b));
+  }
+  return at;
+}
+
+}  // namespace gg::kernels

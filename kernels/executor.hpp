@@ -1,0 +1,60 @@
+// The backend seam: a Graph compiled once for one backend and one batch size, run every step.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/graph.hpp"
+
+namespace gg::kernels {
+
+enum class Backend { Reference, OneDnn };
+Backend parse_backend(const std::string& name);  // "reference" | "onednn"; throws otherwise
+const char* backend_name(Backend b);
+
+// The flat buffers every executor of a network views: parameters, their gradients (same layout)
+// and batch-norm running statistics. Allocated once; never resized while executors exist.
+struct ParamStore {
+  explicit ParamStore(const Graph& g)
+      : params(g.param_count(), 0.f), grads(g.param_count(), 0.f), buffers(g.buffer_count(), 0.f) {}
+  std::vector<float> params;
+  std::vector<float> grads;
+  std::vector<float> buffers;
+};
+
+// Fired during backward with the index of a bucket whose gradients are final.
+using BucketReady = std::function<void(int bucket)>;
+
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  int64_t batch() const { return batch_; }
+
+  // x: batch x input dims, plain NCHW floats. Returns the logits, batch x classes, row-major;
+  // valid until the next forward. In training mode batch norm uses batch statistics and updates
+  // the running statistics in the ParamStore.
+  virtual const float* forward(const float* x, bool train) = 0;
+
+  // dlogits: batch x classes, the gradient of the loss w.r.t. the logits of the last forward
+  // (which must have been a training forward). Overwrites ParamStore::grads and calls ready(b)
+  // for every bucket as soon as all of its gradients are written, in bucket order.
+  virtual void backward(const float* dlogits, const BucketReady& ready) = 0;
+
+ protected:
+  explicit Executor(int64_t batch) : batch_(batch) {}
+  int64_t batch_;
+};
+
+// Builds every primitive and buffer up front; forward/backward do not allocate.
+std::unique_ptr<Executor> compile(const Graph& g, Backend backend, int64_t batch, ParamStore& store,
+                                  const std::vector<Bucket>& buckets);
+
+// For each backward position, the buckets completed there. `order` lists the nodes in the order
+// backward visits them; the result has one entry per element of `order`.
+std::vector<std::vector<int>> bucket_completion(const Graph& g, const std::vector<Bucket>& buckets,
+                                                const std::vector<int>& order);
+
+}  // namespace gg::kernels

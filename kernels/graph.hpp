@@ -1,0 +1,128 @@
+// A network as a graph of layers, independent of any backend: shapes, parameter names and the
+// layout of the one flat parameter buffer. Backends compile a Graph into an Executor.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gg::kernels {
+
+// Per-sample dimensions: {C, H, W} for images, {F} for feature vectors. The batch is added when
+// a graph is compiled.
+using Dims = std::vector<int64_t>;
+
+int64_t numel(const Dims& d);
+std::string to_string(const Dims& d);
+
+enum class Op { Input, Conv, BatchNorm, Relu, MaxPool, AvgPool, GlobalAvgPool, FullyConnected, Add };
+const char* op_name(Op op);
+
+struct ConvAttr {
+  int64_t out_channels = 0;
+  int64_t kernel = 3;
+  int64_t stride = 1;
+  int64_t pad = 1;
+  bool bias = false;
+};
+
+struct PoolAttr {
+  int64_t kernel = 2;
+  int64_t stride = 2;
+  int64_t pad = 0;
+};
+
+struct BatchNormAttr {
+  float eps = 1e-5f;
+  float momentum = 0.1f;  // running = (1 - momentum) * running + momentum * batch (PyTorch)
+};
+
+struct FcAttr {
+  int64_t out_features = 0;
+  bool bias = true;
+};
+
+// One node produces one tensor; a node's id is the id of the tensor it produces.
+struct Node {
+  Op op = Op::Input;
+  std::string name;
+  std::vector<int> inputs;
+  Dims out;  // per-sample output dims
+  ConvAttr conv;
+  PoolAttr pool;
+  BatchNormAttr bn;
+  FcAttr fc;
+  // Indices into Graph::params() / Graph::buffers() owned by this node, in declaration order:
+  // conv {weight[, bias]}, batch norm {weight, bias} + buffers {running_mean, running_var},
+  // fully connected {weight[, bias]}.
+  std::vector<int> params;
+  std::vector<int> buffers;
+};
+
+// A named slice of a flat buffer. Names follow torchvision's state_dict ("layer1.0.conv1.weight").
+struct TensorSpec {
+  std::string name;
+  Dims dims;  // full dims, e.g. conv weight {O, I, kH, kW}, in PyTorch's (plain) layout
+  int64_t offset = 0;  // in elements, into the flat buffer
+  int node = -1;
+  int64_t size() const { return numel(dims); }
+};
+
+class Graph {
+ public:
+  explicit Graph(Dims input);
+
+  int input() const { return 0; }
+  int conv(const std::string& name, int x, ConvAttr a);
+  int batch_norm(const std::string& name, int x, BatchNormAttr a = {});
+  int relu(int x);
+  int max_pool(int x, PoolAttr a);
+  int avg_pool(int x, PoolAttr a);
+  int global_avg_pool(int x);
+  int fully_connected(const std::string& name, int x, FcAttr a);  // flattens {C,H,W} inputs
+  int add(int a, int b);
+  void set_output(int x);
+
+  const std::vector<Node>& nodes() const { return nodes_; }
+  const Node& node(int id) const { return nodes_.at(id); }
+  int output() const { return output_; }
+  const Dims& input_dims() const { return nodes_.front().out; }
+  int64_t classes() const;  // numel of the output tensor
+
+  // Learnable parameters, laid out in node (forward) order in one flat buffer.
+  const std::vector<TensorSpec>& params() const { return params_; }
+  int64_t param_count() const { return param_count_; }
+  // Non-learnable state (batch norm running statistics), in a second flat buffer.
+  const std::vector<TensorSpec>& buffers() const { return buffers_; }
+  int64_t buffer_count() const { return buffer_count_; }
+
+  // Forward multiply-accumulates per sample (2 FLOPs each) of convolutions and FC layers.
+  int64_t forward_macs() const;
+
+ private:
+  int push(Node n);
+  int add_param(int node, const std::string& name, Dims dims);
+  int add_buffer(int node, const std::string& name, Dims dims);
+  const Node& checked(int x) const;
+
+  std::vector<Node> nodes_;
+  std::vector<TensorSpec> params_;
+  std::vector<TensorSpec> buffers_;
+  int64_t param_count_ = 0;
+  int64_t buffer_count_ = 0;
+  int output_ = -1;
+};
+
+// A contiguous range [begin, end) of the flat gradient buffer. Buckets are numbered in the order
+// backward completes them: bucket 0 holds the last layers' gradients.
+struct Bucket {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+};
+
+// Groups parameters into buckets of at least `bucket_elements` (a parameter is never split),
+// walking backward from the output. Every parameter lands in exactly one bucket.
+std::vector<Bucket> make_buckets(const Graph& g, int64_t bucket_elements);
+
+}  // namespace gg::kernels

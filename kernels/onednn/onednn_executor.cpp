@@ -1,0 +1,471 @@
+#include "kernels/onednn/onednn_executor.hpp"
+
+#include <cstring>
+#include <functional>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <stdexcept>
+#include <unordered_map>
+
+namespace gg::kernels {
+namespace {
+
+using dnnl::memory;
+using tag = memory::format_tag;
+using dt = memory::data_type;
+using Args = std::unordered_map<int, memory>;
+
+// One unit of work in a step: a primitive with its arguments, or a small host function.
+struct Action {
+  dnnl::primitive prim;
+  Args args;
+  std::function<void()> host;
+};
+
+enum class When { Always, Train, Eval };
+
+struct ForwardAction {
+  Action a;
+  When when = When::Always;
+};
+
+// What a tensor (the output of one node) looks like on this backend.
+struct Value {
+  memory::desc md;
+  memory mem;
+  memory diff;                // total gradient, in md
+  std::vector<memory> edges;  // per-consumer gradients when there are several
+  int consumers = 0;
+};
+
+memory::dims batched(int64_t n, const Dims& d) {
+  memory::dims r{n};
+  r.insert(r.end(), d.begin(), d.end());
+  return r;
+}
+
+class OneDnnExecutor final : public Executor {
+ public:
+  OneDnnExecutor(const Graph& g, int64_t batch, ParamStore& store, const std::vector<Bucket>& buckets)
+      : Executor(batch), g_(g), store_(store), eng_(dnnl::engine::kind::cpu, 0), strm_(eng_) {
+    const auto& nodes = g.nodes();
+    values_.resize(nodes.size());
+    bwd_.resize(nodes.size());
+    for (const Node& n : nodes)
+      for (int in : n.inputs) values_[in].consumers++;
+    for (size_t id = 0; id < nodes.size(); ++id) compile_node(static_cast<int>(id));
+    // Several consumers each write their own gradient; sum them before the producer's backward.
+    for (size_t id = 1; id < nodes.size(); ++id) {
+      Value& v = values_[id];
+      if (v.edges.size() < 2) continue;
+      std::vector<memory::desc> mds(v.edges.size(), v.md);
+      dnnl::sum::primitive_desc pd(v.md, std::vector<float>(v.edges.size(), 1.f), mds, eng_);
+      Args args{{DNNL_ARG_DST, diff_of(static_cast<int>(id))}};
+      for (size_t i = 0; i < v.edges.size(); ++i)
+        args[DNNL_ARG_MULTIPLE_SRC + static_cast<int>(i)] = v.edges[i];
+      bwd_[id].insert(bwd_[id].begin(), Action{dnnl::sum(pd), std::move(args), {}});
+    }
+    for (int id = static_cast<int>(nodes.size()) - 1; id >= 0; --id) order_.push_back(id);
+    ready_at_ = bucket_completion(g, buckets, order_);
+    const Value& out = values_[g.output()];
+    if (out.md != memory::desc({batch, g.classes()}, dt::f32, tag::nc))
+      throw std::logic_error("oneDNN: logits are not in a plain layout");
+  }
+
+  const float* forward(const float* x, bool train) override {
+    values_[0].mem.set_data_handle(const_cast<float*>(x));
+    for (ForwardAction& f : fwd_) {
+      if ((f.when == When::Train && !train) || (f.when == When::Eval && train)) continue;
+      run(f.a);
+    }
+    strm_.wait();
+    trained_ = train;
+    return static_cast<const float*>(values_[g_.output()].mem.get_data_handle());
+  }
+
+  void backward(const float* dlogits, const BucketReady& ready) override {
+    if (!trained_) throw std::logic_error("backward needs a training forward first");
+    std::memcpy(diff_of(g_.output()).get_data_handle(), dlogits,
+                sizeof(float) * batch_ * g_.classes());
+    for (size_t pos = 0; pos < order_.size(); ++pos) {
+      for (Action& a : bwd_[order_[pos]]) run(a);
+      if (!ready_at_[pos].empty()) {
+        strm_.wait();
+        for (int b : ready_at_[pos]) ready(b);
+      }
+    }
+    strm_.wait();
+  }
+
+ private:
+  void run(Action& a) {
+    if (a.host) {
+      strm_.wait();
+      a.host();
+    } else {
+      a.prim.execute(strm_, a.args);
+    }
+  }
+
+  memory param_mem(int index, const memory::desc& md, bool grad) {
+    const TensorSpec& p = g_.params()[index];
+    float* base = grad ? store_.grads.data() : store_.params.data();
+    return memory(md, eng_, base + p.offset);
+  }
+  memory buffer_mem(int index, const memory::desc& md) {
+    return memory(md, eng_, store_.buffers.data() + g_.buffers()[index].offset);
+  }
+
+  memory& diff_of(int t) {
+    Value& v = values_[t];
+    if (!v.diff) v.diff = memory(v.md, eng_);
+    return v.diff;
+  }
+
+  // Where consumer writes its gradient w.r.t. tensor t.
+  memory edge(int t) {
+    Value& v = values_[t];
+    if (v.consumers <= 1) return diff_of(t);
+    v.edges.emplace_back(v.md, eng_);
+    return v.edges.back();
+  }
+
+  // Makes tensor t available in layout `want` to node `n`: the tensor itself when layouts agree,
+  // else a reordered copy. `diff_src` receives where n's backward should write d(t) in `want`;
+  // if that is a private buffer, a reorder into t's gradient follows the node's backward.
+  memory conform(int t, const memory::desc& want, int n, memory* diff_src,
+                 std::vector<Action>* diff_tail) {
+    Value& v = values_[t];
+    const bool need_diff = t != 0 && diff_src != nullptr;
+    if (v.md == want) {
+      if (need_diff) *diff_src = edge(t);
+      return v.mem;
+    }
+    memory copy(want, eng_);
+    fwd_.push_back({Action{dnnl::reorder(v.mem, copy), {{DNNL_ARG_FROM, v.mem}, {DNNL_ARG_TO, copy}}, {}},
+                    When::Always});
+    if (need_diff) {
+      memory private_diff(want, eng_);
+      memory target = edge(t);
+      *diff_src = private_diff;
+      diff_tail->push_back(Action{dnnl::reorder(private_diff, target),
+                                  {{DNNL_ARG_FROM, private_diff}, {DNNL_ARG_TO, target}},
+                                  {}});
+    }
+    (void)n;
+    return copy;
+  }
+
+  // Parameters live in PyTorch's plain layout in the flat buffer; a primitive that prefers a
+  // blocked layout gets a reordered copy refreshed each step (the weights change every step).
+
+  // `m` in layout `want`: itself, or a private copy made by a reorder appended to `list`.
+  memory as(const memory& m, const memory::desc& want, std::vector<Action>& list) {
+    if (m.get_desc() == want) return m;
+    memory copy(want, eng_);
+    list.push_back(Action{dnnl::reorder(m, copy), {{DNNL_ARG_FROM, m}, {DNNL_ARG_TO, copy}}, {}});
+    return copy;
+  }
+
+  // Where to write a result that belongs in `target` but is produced in layout `have`: the
+  // target itself, or a private buffer reordered into it by an action appended to `after`.
+  memory into(const memory& target, const memory::desc& have, std::vector<Action>& after) {
+    if (target.get_desc() == have) return target;
+    memory tmp(have, eng_);
+    after.push_back(Action{dnnl::reorder(tmp, target), {{DNNL_ARG_FROM, tmp}, {DNNL_ARG_TO, target}}, {}});
+    return tmp;
+  }
+
+  void push_fwd(dnnl::primitive p, Args args, When when = When::Always) {
+    fwd_.push_back({Action{std::move(p), std::move(args), {}}, when});
+  }
+
+  void compile_node(int id) {
+    const Node& n = g_.node(id);
+    Value& out = values_[id];
+    switch (n.op) {
+      case Op::Input:
+        out.md = memory::desc(batched(batch_, n.out), dt::f32,
+                              n.out.size() == 3 ? tag::nchw : tag::nc);
+        out.mem = memory(out.md, eng_, nullptr);
+        return;
+      case Op::Conv: return compile_conv(id, n);
+      case Op::FullyConnected: return compile_fc(id, n);
+      case Op::BatchNorm: return compile_bn(id, n);
+      case Op::Relu: return compile_relu(id, n);
+      case Op::MaxPool:
+      case Op::AvgPool:
+      case Op::GlobalAvgPool: return compile_pool(id, n);
+      case Op::Add: return compile_add(id, n);
+    }
+  }
+
+  void compile_conv(int id, const Node& n) {
+    const int in = n.inputs[0];
+    const Dims& xin = g_.node(in).out;
+    const memory::dims src_dims = batched(batch_, xin), dst_dims = batched(batch_, n.out);
+    const memory::dims w_dims{n.conv.out_channels, xin[0], n.conv.kernel, n.conv.kernel};
+    const memory::dims strides{n.conv.stride, n.conv.stride}, pad{n.conv.pad, n.conv.pad};
+    const memory::desc src_any(src_dims, dt::f32, tag::any), dst_any(dst_dims, dt::f32, tag::any);
+    const memory::desc w_any(w_dims, dt::f32, tag::any), w_plain(w_dims, dt::f32, tag::oihw);
+    const memory::desc b_md =
+        n.conv.bias ? memory::desc({n.conv.out_channels}, dt::f32, tag::x) : memory::desc();
+    const auto alg = dnnl::algorithm::convolution_direct;
+
+    dnnl::convolution_forward::primitive_desc fpd(
+        {dnnl::prop_kind::forward_training, alg, src_any, w_any, b_md, dst_any, strides, pad, pad},
+        eng_);
+    std::vector<Action> tail;
+    memory diff_src;
+    memory src = conform(in, fpd.src_desc(), id, in == 0 ? nullptr : &diff_src, &tail);
+    std::vector<Action> pre;
+    const memory w_user = param_mem(n.params[0], w_plain, false);
+    const memory w = as(w_user, fpd.weights_desc(), pre);
+    for (Action& a : pre) fwd_.push_back({std::move(a), When::Always});
+    Value& out = values_[id];
+    out.md = fpd.dst_desc();
+    out.mem = memory(out.md, eng_);
+    Args fa{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, out.mem}};
+    if (n.conv.bias) fa[DNNL_ARG_BIAS] = param_mem(n.params[1], b_md, false);
+    push_fwd(dnnl::convolution_forward(fpd), std::move(fa));
+
+    std::vector<Action>& bwd = bwd_[id];
+    // Backward picks its own layouts too; reorders bridge any difference from the forward's.
+    dnnl::convolution_backward_weights::primitive_desc wpd(
+        {alg, src_any, w_any, b_md, dst_any, strides, pad, pad}, eng_, fpd);
+    const memory ddst_w = as(diff_of(id), wpd.diff_dst_desc(), bwd);
+    const memory src_w = as(src, wpd.src_desc(), bwd);
+    const memory dw_user = param_mem(n.params[0], w_plain, true);
+    std::vector<Action> after_w;
+    const memory dw = into(dw_user, wpd.diff_weights_desc(), after_w);
+    Args wa{{DNNL_ARG_SRC, src_w}, {DNNL_ARG_DIFF_DST, ddst_w}, {DNNL_ARG_DIFF_WEIGHTS, dw}};
+    if (n.conv.bias) wa[DNNL_ARG_DIFF_BIAS] = param_mem(n.params[1], b_md, true);
+    bwd.push_back(Action{dnnl::convolution_backward_weights(wpd), std::move(wa), {}});
+    for (Action& a : after_w) bwd.push_back(std::move(a));
+    if (in == 0) return;  // no gradient w.r.t. the data
+    dnnl::convolution_backward_data::primitive_desc dpd(
+        {alg, src_any, w_any, dst_any, strides, pad, pad}, eng_, fpd);
+    const memory ddst_d = as(ddst_w, dpd.diff_dst_desc(), bwd);
+    const memory wd = dpd.weights_desc() == w.get_desc() ? w : as(w_user, dpd.weights_desc(), bwd);
+    std::vector<Action> after_d;
+    const memory dsrc = into(diff_src, dpd.diff_src_desc(), after_d);
+    bwd.push_back(Action{dnnl::convolution_backward_data(dpd),
+                         {{DNNL_ARG_DIFF_DST, ddst_d}, {DNNL_ARG_WEIGHTS, wd}, {DNNL_ARG_DIFF_SRC, dsrc}},
+                         {}});
+    for (Action& a : after_d) bwd.push_back(std::move(a));
+    for (Action& a : tail) bwd.push_back(std::move(a));
+  }
+
+  void compile_fc(int id, const Node& n) {
+    const int in = n.inputs[0];
+    const Dims& xin = g_.node(in).out;
+    const int64_t o = n.fc.out_features;
+    const memory::dims src_dims = batched(batch_, xin);
+    memory::dims w_dims{o};
+    w_dims.insert(w_dims.end(), xin.begin(), xin.end());
+    const bool spatial = xin.size() == 3;
+    const memory::desc src_any(src_dims, dt::f32, tag::any), w_any(w_dims, dt::f32, tag::any);
+    const memory::desc w_plain(w_dims, dt::f32, spatial ? tag::oihw : tag::oi);
+    const memory::desc dst_md({batch_, o}, dt::f32, tag::nc);
+    const memory::desc b_md = n.fc.bias ? memory::desc({o}, dt::f32, tag::x) : memory::desc();
+
+    dnnl::inner_product_forward::primitive_desc fpd(
+        {dnnl::prop_kind::forward_training, src_any, w_any, b_md, dst_md}, eng_);
+    std::vector<Action> tail;
+    memory diff_src;
+    memory src = conform(in, fpd.src_desc(), id, in == 0 ? nullptr : &diff_src, &tail);
+    std::vector<Action> pre;
+    const memory w_user = param_mem(n.params[0], w_plain, false);
+    const memory w = as(w_user, fpd.weights_desc(), pre);
+    for (Action& a : pre) fwd_.push_back({std::move(a), When::Always});
+    Value& out = values_[id];
+    out.md = dst_md;
+    out.mem = memory(out.md, eng_);
+    Args fa{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, out.mem}};
+    if (n.fc.bias) fa[DNNL_ARG_BIAS] = param_mem(n.params[1], b_md, false);
+    push_fwd(dnnl::inner_product_forward(fpd), std::move(fa));
+
+    std::vector<Action>& bwd = bwd_[id];
+    dnnl::inner_product_backward_weights::primitive_desc wpd({src_any, w_any, b_md, dst_md}, eng_,
+                                                             fpd);
+    const memory src_w = as(src, wpd.src_desc(), bwd);
+    const memory dw_user = param_mem(n.params[0], w_plain, true);
+    std::vector<Action> after_w;
+    const memory dw = into(dw_user, wpd.diff_weights_desc(), after_w);
+    Args wa{{DNNL_ARG_SRC, src_w}, {DNNL_ARG_DIFF_DST, diff_of(id)}, {DNNL_ARG_DIFF_WEIGHTS, dw}};
+    if (n.fc.bias) wa[DNNL_ARG_DIFF_BIAS] = param_mem(n.params[1], b_md, true);
+    bwd.push_back(Action{dnnl::inner_product_backward_weights(wpd), std::move(wa), {}});
+    for (Action& a : after_w) bwd.push_back(std::move(a));
+    if (in == 0) return;
+    dnnl::inner_product_backward_data::primitive_desc dpd({src_any, w_any, dst_md}, eng_, fpd);
+    const memory wd = dpd.weights_desc() == w.get_desc() ? w : as(w_user, dpd.weights_desc(), bwd);
+    std::vector<Action> after_d;
+    const memory dsrc = into(diff_src, dpd.diff_src_desc(), after_d);
+    bwd.push_back(Action{dnnl::inner_product_backward_data(dpd),
+                         {{DNNL_ARG_DIFF_DST, diff_of(id)}, {DNNL_ARG_WEIGHTS, wd}, {DNNL_ARG_DIFF_SRC, dsrc}},
+                         {}});
+    for (Action& a : after_d) bwd.push_back(std::move(a));
+    for (Action& a : tail) bwd.push_back(std::move(a));
+  }
+
+  void compile_bn(int id, const Node& n) {
+    const int in = n.inputs[0];
+    const memory::desc md = values_[in].md;
+    const int64_t c = n.out[0];
+    const memory::desc c_md({c}, dt::f32, tag::x);
+    const auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+    dnnl::batch_normalization_forward::primitive_desc fpd(
+        {dnnl::prop_kind::forward_training, md, n.bn.eps, flags}, eng_);
+    dnnl::batch_normalization_forward::primitive_desc ipd(
+        {dnnl::prop_kind::forward_inference, md, n.bn.eps,
+         flags | dnnl::normalization_flags::use_global_stats},
+        eng_);
+    Value& out = values_[id];
+    out.md = fpd.dst_desc();
+    out.mem = memory(out.md, eng_);
+    const memory src = values_[in].mem;
+    const memory scale = param_mem(n.params[0], c_md, false), shift = param_mem(n.params[1], c_md, false);
+    const memory mean(fpd.mean_desc(), eng_), var(fpd.variance_desc(), eng_);
+    push_fwd(dnnl::batch_normalization_forward(fpd),
+             {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, out.mem}, {DNNL_ARG_SCALE, scale},
+              {DNNL_ARG_SHIFT, shift}, {DNNL_ARG_MEAN, mean}, {DNNL_ARG_VARIANCE, var}},
+             When::Train);
+    const memory run_mean = buffer_mem(n.buffers[0], c_md), run_var = buffer_mem(n.buffers[1], c_md);
+    // oneDNN reports the biased batch variance; PyTorch's running_var tracks the unbiased one.
+    const double m = static_cast<double>(batch_) * numel(n.out) / c;
+    const float unbias = m > 1 ? static_cast<float>(m / (m - 1)) : 1.f;
+    const float mom = n.bn.momentum;
+    fwd_.push_back({Action{{}, {}, [=]() {
+                             const float* bm = static_cast<const float*>(mean.get_data_handle());
+                             const float* bv = static_cast<const float*>(var.get_data_handle());
+                             float* rm = static_cast<float*>(run_mean.get_data_handle());
+                             float* rv = static_cast<float*>(run_var.get_data_handle());
+                             for (int64_t i = 0; i < c; ++i) {
+                               rm[i] = (1 - mom) * rm[i] + mom * bm[i];
+                               rv[i] = (1 - mom) * rv[i] + mom * bv[i] * unbias;
+                             }
+                           }},
+                    When::Train});
+    push_fwd(dnnl::batch_normalization_forward(ipd),
+             {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, out.mem}, {DNNL_ARG_SCALE, scale},
+              {DNNL_ARG_SHIFT, shift}, {DNNL_ARG_MEAN, run_mean}, {DNNL_ARG_VARIANCE, run_var}},
+             When::Eval);
+
+    dnnl::batch_normalization_backward::primitive_desc bpd(
+        {dnnl::prop_kind::backward, out.md, md, n.bn.eps, flags}, eng_, fpd);
+    Args ba{{DNNL_ARG_SRC, src},
+            {DNNL_ARG_MEAN, mean},
+            {DNNL_ARG_VARIANCE, var},
+            {DNNL_ARG_SCALE, scale},
+            {DNNL_ARG_SHIFT, shift},
+            {DNNL_ARG_DIFF_DST, diff_of(id)},
+            {DNNL_ARG_DIFF_SCALE, param_mem(n.params[0], c_md, true)},
+            {DNNL_ARG_DIFF_SHIFT, param_mem(n.params[1], c_md, true)}};
+    ba[DNNL_ARG_DIFF_SRC] = in == 0 ? memory(md, eng_) : edge(in);
+    bwd_[id].push_back(Action{dnnl::batch_normalization_backward(bpd), std::move(ba), {}});
+  }
+
+  void compile_relu(int id, const Node& n) {
+    const int in = n.inputs[0];
+    Value& src = values_[in];
+    // In place when nothing else reads the input: backward then works from the output.
+    const bool in_place = in != 0 && src.consumers == 1;
+    const auto alg = in_place ? dnnl::algorithm::eltwise_relu_use_dst_for_bwd
+                              : dnnl::algorithm::eltwise_relu;
+    dnnl::eltwise_forward::primitive_desc fpd({dnnl::prop_kind::forward_training, alg, src.md, 0.f},
+                                              eng_);
+    Value& out = values_[id];
+    out.md = fpd.dst_desc();
+    out.mem = in_place ? src.mem : memory(out.md, eng_);
+    if (in_place) out.diff = diff_of(in);
+    push_fwd(dnnl::eltwise_forward(fpd), {{DNNL_ARG_SRC, src.mem}, {DNNL_ARG_DST, out.mem}});
+    (void)n;
+    if (in == 0) return;
+    dnnl::eltwise_backward::primitive_desc bpd({alg, out.md, src.md, 0.f}, eng_, fpd);
+    Args ba{{DNNL_ARG_DIFF_DST, diff_of(id)}, {DNNL_ARG_DIFF_SRC, in_place ? diff_of(in) : edge(in)}};
+    ba[in_place ? DNNL_ARG_DST : DNNL_ARG_SRC] = in_place ? out.mem : src.mem;
+    bwd_[id].push_back(Action{dnnl::eltwise_backward(bpd), std::move(ba), {}});
+  }
+
+  void compile_pool(int id, const Node& n) {
+    const int in = n.inputs[0];
+    const Value& src = values_[in];
+    const Dims& xin = g_.node(in).out;
+    memory::dims kernel, strides, pad;
+    dnnl::algorithm alg;
+    if (n.op == Op::GlobalAvgPool) {
+      kernel = {xin[1], xin[2]};
+      strides = kernel;
+      pad = {0, 0};
+      alg = dnnl::algorithm::pooling_avg_exclude_padding;
+    } else {
+      kernel = {n.pool.kernel, n.pool.kernel};
+      strides = {n.pool.stride, n.pool.stride};
+      pad = {n.pool.pad, n.pool.pad};
+      alg = n.op == Op::MaxPool ? dnnl::algorithm::pooling_max
+                                : dnnl::algorithm::pooling_avg_include_padding;
+    }
+    const memory::desc dst_any(batched(batch_, n.out), dt::f32, tag::any);
+    dnnl::pooling_forward::primitive_desc fpd(
+        {dnnl::prop_kind::forward_training, alg, src.md, dst_any, strides, kernel, pad, pad}, eng_);
+    Value& out = values_[id];
+    out.md = fpd.dst_desc();
+    out.mem = memory(out.md, eng_);
+    Args fa{{DNNL_ARG_SRC, src.mem}, {DNNL_ARG_DST, out.mem}};
+    memory ws;
+    if (alg == dnnl::algorithm::pooling_max) {
+      ws = memory(fpd.workspace_desc(), eng_);
+      fa[DNNL_ARG_WORKSPACE] = ws;
+    }
+    push_fwd(dnnl::pooling_forward(fpd), std::move(fa));
+    if (in == 0) return;
+    dnnl::pooling_backward::primitive_desc bpd({alg, src.md, out.md, strides, kernel, pad, pad}, eng_,
+                                               fpd);
+    Args ba{{DNNL_ARG_DIFF_DST, diff_of(id)}, {DNNL_ARG_DIFF_SRC, edge(in)}};
+    if (ws) ba[DNNL_ARG_WORKSPACE] = ws;
+    bwd_[id].push_back(Action{dnnl::pooling_backward(bpd), std::move(ba), {}});
+  }
+
+  void compile_add(int id, const Node& n) {
+    const Value& a = values_[n.inputs[0]];
+    const Value& b = values_[n.inputs[1]];
+    dnnl::sum::primitive_desc pd(a.md, {1.f, 1.f}, {a.md, b.md}, eng_);
+    Value& out = values_[id];
+    out.md = pd.dst_desc();
+    out.mem = memory(out.md, eng_);
+    push_fwd(dnnl::sum(pd), {{DNNL_ARG_MULTIPLE_SRC, a.mem},
+                             {DNNL_ARG_MULTIPLE_SRC + 1, b.mem},
+                             {DNNL_ARG_DST, out.mem}});
+    // d(a + b) passes the gradient unchanged to both inputs (reordered if their layout differs).
+    for (int in : n.inputs) {
+      if (in == 0) continue;
+      memory target = edge(in);
+      memory from = diff_of(id);
+      bwd_[id].push_back(
+          Action{dnnl::reorder(from, target), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, target}}, {}});
+    }
+  }
+
+  const Graph& g_;
+  ParamStore& store_;
+  dnnl::engine eng_;
+  dnnl::stream strm_;
+  std::vector<Value> values_;
+  std::vector<ForwardAction> fwd_;
+  std::vector<std::vector<Action>> bwd_;  // per node, run in reverse node order
+  std::vector<int> order_;
+  std::vector<std::vector<int>> ready_at_;
+  bool trained_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Executor> make_onednn_executor(const Graph& g, int64_t batch, ParamStore& store,
+                                               const std::vector<Bucket>& buckets) {
+  try {
+    return std::make_unique<OneDnnExecutor>(g, batch, store, buckets);
+  } catch (const dnnl::error& e) {
+    throw std::runtime_error(std::string("oneDNN could not build the network: ") + e.what());
+  }
+}
+
+}  // namespace gg::kernels

@@ -1,0 +1,14 @@
+// The oneDNN CPU backend: primitives created once with layouts chosen by oneDNN, blocked layouts
+// kept between layers, reorders only at the edges, and no allocation inside a step.
+#pragma once
+
+#include <memory>
+
+#include "kernels/executor.hpp"
+
+namespace gg::kernels {
+
+std::unique_ptr<Executor> make_onednn_executor(const Graph& g, int64_t batch, ParamStore& store,
+                                               const std::vector<Bucket>& buckets);
+
+}  // namespace gg::kernels

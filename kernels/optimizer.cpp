@@ -1,0 +1,53 @@
+#include "kernels/optimizer.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <stdexcept>
+
+namespace gg::kernels {
+
+void Sgd::step(float* w, const float* g, float lr) {
+  const int64_t n = static_cast<int64_t>(velocity_.size());
+  float* v = velocity_.data();
+  const float mu = o_.momentum, wd = o_.weight_decay;
+  if (!started_) {
+    // PyTorch seeds the momentum buffer with the first gradient.
+    for (int64_t i = 0; i < n; ++i) v[i] = g[i] + wd * w[i];
+    started_ = true;
+    if (o_.nesterov) {
+      for (int64_t i = 0; i < n; ++i) w[i] -= lr * (g[i] + wd * w[i] + mu * v[i]);
+    } else {
+      for (int64_t i = 0; i < n; ++i) w[i] -= lr * v[i];
+    }
+    return;
+  }
+  if (o_.nesterov) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float d = g[i] + wd * w[i];
+      v[i] = mu * v[i] + d;
+      w[i] -= lr * (d + mu * v[i]);
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      v[i] = mu * v[i] + g[i] + wd * w[i];
+      w[i] -= lr * v[i];
+    }
+  }
+}
+
+LrSchedule::LrSchedule(LrScheduleOptions o) : o_(o) {
+  if (o.base_batch < 1 || o.global_batch < 1 || o.total_steps < 1 || o.warmup_steps < 0)
+    throw std::invalid_argument("invalid learning-rate schedule");
+  peak_ = o.base_lr * static_cast<double>(o.global_batch) / static_cast<double>(o.base_batch);
+}
+
+double LrSchedule::at(int64_t step) const {
+  if (step < o_.warmup_steps) return peak_ * static_cast<double>(step + 1) / o_.warmup_steps;
+  const int64_t span = std::max<int64_t>(1, o_.total_steps - o_.warmup_steps);
+  const double t = std::clamp(static_cast<double>(step - o_.warmup_steps) / span, 0.0, 1.0);
+  const double floor = peak_ * o_.final_lr_fraction;
+  return floor + (peak_ - floor) * 0.5 * (1.0 + std::cos(std::numbers::pi * t));
+}
+
+}  // namespace gg::kernels

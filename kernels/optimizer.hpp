@@ -1,0 +1,50 @@
+// SGD with momentum and weight decay over the flat parameter buffer, and the learning-rate
+// schedule (linear scaling with the global batch, linear warm-up, cosine decay).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace gg::kernels {
+
+struct SgdOptions {
+  float momentum = 0.9f;
+  float weight_decay = 5e-4f;
+  bool nesterov = false;
+};
+
+// PyTorch's torch.optim.SGD update: g += wd * w; v = momentum * v + g; w -= lr * v (or, with
+// Nesterov, w -= lr * (g + momentum * v)). The first step starts from v = g.
+class Sgd {
+ public:
+  Sgd(int64_t size, SgdOptions o) : o_(o), velocity_(size, 0.f) {}
+  void step(float* params, const float* grads, float lr);
+  std::vector<float>& velocity() { return velocity_; }
+
+ private:
+  SgdOptions o_;
+  std::vector<float> velocity_;
+  bool started_ = false;
+};
+
+struct LrScheduleOptions {
+  double base_lr = 0.1;       // for a global batch of base_batch
+  int64_t base_batch = 256;   // linear scaling: peak = base_lr * global_batch / base_batch
+  int64_t global_batch = 256;
+  int64_t warmup_steps = 0;
+  int64_t total_steps = 1;
+  double final_lr_fraction = 0.0;  // cosine decays to peak * this
+};
+
+class LrSchedule {
+ public:
+  explicit LrSchedule(LrScheduleOptions o);
+  double peak() const { return peak_; }
+  double at(int64_t step) const;  // step counts from 0
+
+ private:
+  LrScheduleOptions o_;
+  double peak_;
+};
+
+}  // namespace gg::kernels

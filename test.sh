@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Fresh machine -> dependencies, a warnings-as-errors build, the format check and every test.
+set -euo pipefail
+cd "$(dirname "$0")"
+./scripts/deps.sh
+echo "test: clang-format check"
+git ls-files '*.cpp' '*.hpp' | xargs clang-format --dry-run --Werror
+cmake -S . -B build-test -G Ninja -DCMAKE_BUILD_TYPE=Release -DGG_WERROR=ON -DBUILD_TESTING=ON >/dev/null
+cmake --build build-test -j 2
+cd build-test
+OMP_NUM_THREADS=1 ctest --output-on-failure -j 2 --timeout 900

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The CLI contract: every usage error exits 2 with exactly one line naming the problem, and
+# writes nothing.
+set -uo pipefail
+BIN="$1"; ROOT="$2"
+TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
+cd "$TMP"
+fail=0
+expect() {  # expect NAME PATTERN -- ARGS...
+  local name="$1" pattern="$2"; shift 3
+  "$BIN" "$@" >"$TMP/out" 2>"$TMP/err"; local rc=$?
+  local lines; lines=$(wc -l <"$TMP/err")
+  if [ "$rc" -ne 2 ] || [ "$lines" -ne 1 ] || ! grep -q -- "$pattern" "$TMP/err"; then
+    echo "FAIL: $name: exit $rc, $lines stderr lines:"; cat "$TMP/err"; fail=1
+  else
+    echo "ok: $name -> $(cat "$TMP/err")"
+  fi
+}
+CFG="$ROOT/configs/laptop.ini"
+expect "negative batch" "train.batch = -3" -- train --config "$CFG" --train.batch -3
+expect "zero epochs" "train.epochs = 0" -- train --config "$CFG" --train.epochs 0
+expect "momentum out of range" "train.momentum" -- train --config "$CFG" --train.momentum 1.5
+expect "wrong type" "train.batch" -- train --config "$CFG" --train.batch lots
+expect "unknown option" "train.bogus" -- train --config "$CFG" --train.bogus 1
+expect "missing config file" "no-such.ini" -- train --config no-such.ini
+expect "unknown model" "model.name" -- train --config "$CFG" --model.name vgg99
+expect "unknown mode" "gossip.mode" -- train --config "$CFG" --gossip.mode telepathy
+expect "missing data folder" "data.dir" -- train --config "$CFG" --data.dir /nonexistent
+expect "unknown command" "unknown command" -- frobnicate
+expect "info without model" "model" -- info
+printf '[train]\nbatch = 8\nbogus_key = 1\n' >bad.ini
+expect "unknown key in the INI file" "bogus_key" -- train --config bad.ini
+printf '[train]\nbatch = eight\n' >badtype.ini
+expect "wrong type in the INI file" "batch" -- train --config badtype.ini
+mkdir -p runs && echo keep >runs/m.jsonl
+expect "existing metrics file is not overwritten" "already exists" -- train --config "$CFG" --log.metrics runs/m.jsonl
+grep -q keep runs/m.jsonl || { echo "FAIL: metrics file was touched"; fail=1; }
+if [ -n "$(ls "$TMP" | grep -v -e out -e err -e bad.ini -e badtype.ini -e runs)" ]; then
+  echo "FAIL: usage errors left files behind: $(ls "$TMP")"; fail=1
+fi
+# --help answers and exits 0.
+"$BIN" --help | grep -q "gossipgrad train" || { echo "FAIL: --help"; fail=1; }
+"$BIN" train --help | grep -q "train.batch" || { echo "FAIL: train --help"; fail=1; }
+"$BIN" info --model resnet8 | grep -q "parameters" || { echo "FAIL: info"; fail=1; }
+exit $fail

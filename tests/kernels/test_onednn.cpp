@@ -1,0 +1,654 @@
+// Tests for the oneDNN backend against the reference backend, the oracle: every layer kind,
+// forward and backward, on shapes that steer oneDNN into its blocked layouts and out of them
+// (channel counts that are and are not multiples of 8 and 16), the model zoo, bucket callbacks,
+// several training steps, and the executor contract.
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/executor.hpp"
+#include "kernels/graph.hpp"
+#include "kernels/loss.hpp"
+#include "kernels/models.hpp"
+#include "kernels/optimizer.hpp"
+
+using namespace gg::kernels;
+
+namespace {
+
+// Deterministic on every standard library (std::uniform_real_distribution is not).
+class Rng {
+ public:
+  explicit Rng(uint32_t seed) : engine_(seed) {}
+  float uniform(float lo, float hi) {
+    return lo + (hi - lo) * static_cast<float>(engine_() >> 8) / 16777216.f;
+  }
+  uint32_t below(uint32_t n) { return engine_() % n; }
+
+ private:
+  std::mt19937 engine_;
+};
+
+const TensorSpec& spec(const Graph& g, const std::string& name) {
+  for (const TensorSpec& t : g.params())
+    if (t.name == name) return t;
+  for (const TensorSpec& t : g.buffers())
+    if (t.name == name) return t;
+  throw std::invalid_argument("no tensor named " + name);
+}
+
+// Parameters at a scale where every layer's output stays O(1): weights ~ U(-1,1)/sqrt(fan_in),
+// biases ~ U(-0.5, 0.5), batch-norm scale in [0.5, 1.5]. Running statistics are random too
+// (mean in [-0.5, 0.5], variance in [0.5, 2]) so that an eval forward that ignored them, or a
+// training update that started from anything but their current values, shows.
+void init_random(const Graph& g, ParamStore& s, Rng& r) {
+  for (const TensorSpec& t : g.params()) {
+    const bool bn = g.node(t.node).op == Op::BatchNorm;
+    const bool is_weight = t.name.ends_with(".weight");
+    const double fan_in = t.dims.size() > 1 ? static_cast<double>(t.size() / t.dims[0]) : 1.0;
+    const float scale = static_cast<float>(1.0 / std::sqrt(fan_in));
+    for (int64_t i = 0; i < t.size(); ++i) {
+      float& v = s.params[t.offset + i];
+      if (bn && is_weight)
+        v = r.uniform(0.5f, 1.5f);
+      else
+        v = r.uniform(-1.f, 1.f) * (is_weight ? scale : 0.5f);
+    }
+  }
+  for (const TensorSpec& t : g.buffers())
+    for (int64_t i = 0; i < t.size(); ++i)
+      s.buffers[t.offset + i] =
+          t.name.ends_with("running_var") ? r.uniform(0.5f, 2.f) : r.uniform(-0.5f, 0.5f);
+}
+
+// A 3x3 convolution in front of the layer under test. The Executor does not expose the gradient
+// w.r.t. a layer's input, but the probe's weight and bias gradients are sums of exactly that
+// gradient times (shifted) inputs, so a wrong input gradient shows up in them. The probe also
+// makes the layer's input a non-graph-input tensor, which is what switches backward data on.
+// Before a batch norm the probe must not have a bias: its gradient is then zero up to rounding,
+// and comparing rounding noise proves nothing.
+int probe(Graph& g, int x, bool bias = true) {
+  return g.conv("probe", x,
+                {.out_channels = g.node(x).out[0], .kernel = 3, .pad = 1, .bias = bias});
+}
+
+// Makes the probe the identity (centre tap 1, all else 0): it then hands the layer under test the
+// graph input bit for bit on both backends (x * 1 + 0 * y is exact in any summation order).
+void make_identity_probe(const Graph& g, ParamStore& s) {
+  const TensorSpec& w = spec(g, "probe.weight");
+  const int64_t c = w.dims[0];
+  std::fill_n(s.params.begin() + w.offset, w.size(), 0.f);
+  for (int64_t o = 0; o < c; ++o) s.params[w.offset + (o * c + o) * 9 + 4] = 1.f;
+  for (int idx : g.node(w.node).params)
+    if (g.params()[idx].name == "probe.bias")
+      std::fill_n(s.params.begin() + g.params()[idx].offset, g.params()[idx].size(), 0.f);
+}
+
+// Every plane a shuffled ladder of values 0.05 apart: no two candidates of a max-pool window are
+// close, so both backends pick the same maximum.
+std::vector<float> distinct_per_plane(int64_t planes, int64_t plane, Rng& r) {
+  std::vector<float> v(planes * plane);
+  for (int64_t p = 0; p < planes; ++p) {
+    float* q = v.data() + p * plane;
+    for (int64_t i = 0; i < plane; ++i)
+      q[i] = 0.05f * static_cast<float>(i) - 0.025f * static_cast<float>(plane - 1);
+    for (int64_t i = plane - 1; i > 0; --i)
+      std::swap(q[i], q[r.below(static_cast<uint32_t>(i + 1))]);
+  }
+  return v;
+}
+
+// Tolerances. The reference accumulates in double; oneDNN accumulates in float, in blocked and
+// vectorised orders of its own. Their difference therefore scales with the magnitude of the
+// whole tensor, not with each element: an element that comes out near zero by cancellation (a
+// batch-norm bias gradient summing dy over a channel, a logit near 0) carries an absolute error
+// of the size of the terms it summed. So the check is norm-based:
+//   max_i |onednn_i - reference_i| <= tol * (max_i |reference_i| + 1e-3).
+// The 1e-3 floor only matters for tensors that are nearly all zero. A real bug (wrong index,
+// layout, padding rule, missing or doubled term) moves elements by the order of the tensor's
+// largest value, far beyond these tolerances; float rounding over the few thousand terms of one
+// sum stays near 1e-6. Gradients get more room than forwards: they pass through more layers,
+// and batch-norm backward subtracts nearly equal sums.
+constexpr double kForwardTol = 1e-4;
+constexpr double kGradTol = 5e-4;
+// Several SGD steps compound the per-step differences (and momentum carries them forward).
+constexpr double kTrainingTol = 2e-3;
+
+struct Mismatch {
+  double worst = 0;  // max |got - want|
+  double scale = 0;  // max |want|
+  int64_t at = -1;
+  float got = 0, want = 0;
+  int64_t non_finite = 0;  // NaN or inf on either side never counts as close
+};
+
+Mismatch compare(const float* got, const float* want, int64_t n) {
+  Mismatch m;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(got[i]) || !std::isfinite(want[i])) {
+      ++m.non_finite;
+      continue;
+    }
+    m.scale = std::max(m.scale, std::abs(static_cast<double>(want[i])));
+    const double d = std::abs(static_cast<double>(got[i]) - want[i]);
+    if (d > m.worst || m.at < 0) {
+      m.worst = d;
+      m.at = i;
+      m.got = got[i];
+      m.want = want[i];
+    }
+  }
+  return m;
+}
+
+// Returns whether the tensors agree, so that callers can stop at the first disagreement.
+bool check_close(const std::string& what, const float* got, const float* want, int64_t n,
+                 double tol) {
+  const Mismatch m = compare(got, want, n);
+  const bool ok = m.non_finite == 0 && m.worst <= tol * (m.scale + 1e-3);
+  INFO(what << ": max |onednn - reference| = " << m.worst << " at [" << m.at << "] (onednn "
+            << m.got << ", reference " << m.want << "); max |reference| = " << m.scale
+            << ", tolerance " << tol << ", non-finite " << m.non_finite << " of " << n);
+  CHECK(ok);
+  return ok;
+}
+
+// One graph compiled on both backends at the same batch, each over its own ParamStore holding
+// identical parameters and running statistics, fed the same input and labels.
+struct Twin {
+  Twin(Graph graph, int64_t batch_size, uint32_t seed, int64_t bucket_elements = 1)
+      : g(std::move(graph)),
+        batch(batch_size),
+        classes(g.classes()),
+        buckets(make_buckets(g, bucket_elements)),
+        ref_store(g),
+        dnn_store(g),
+        rng(seed) {
+    init_random(g, ref_store, rng);
+    sync();
+    ref = compile(g, Backend::Reference, batch, ref_store, buckets);
+    dnn = compile(g, Backend::OneDnn, batch, dnn_store, buckets);
+    x.resize(batch * numel(g.input_dims()));
+    for (float& v : x) v = rng.uniform(-1.f, 1.f);
+    labels.resize(batch);
+    for (int32_t& l : labels) l = static_cast<int32_t>(rng.below(static_cast<uint32_t>(classes)));
+  }
+  Twin(const Twin&) = delete;
+  Twin& operator=(const Twin&) = delete;
+
+  // Copies the reference store's parameters and statistics into the oneDNN store, element by
+  // element: the executors keep pointers into both buffers.
+  void sync() {
+    std::copy(ref_store.params.begin(), ref_store.params.end(), dnn_store.params.begin());
+    std::copy(ref_store.buffers.begin(), ref_store.buffers.end(), dnn_store.buffers.begin());
+  }
+
+  // A forward on both; the logits must agree. In eval mode the running statistics must come out
+  // untouched on both backends.
+  bool check_forward(bool train, double tol = kForwardTol) {
+    const std::vector<float> ref_before = ref_store.buffers, dnn_before = dnn_store.buffers;
+    const float* zr = ref->forward(x.data(), train);
+    const float* zd = dnn->forward(x.data(), train);
+    ref_logits.assign(zr, zr + batch * classes);
+    const bool ok =
+        check_close(train ? "logits (train)" : "logits (eval)", zd, zr, batch * classes, tol);
+    if (!train) {
+      CHECK(ref_store.buffers == ref_before);
+      CHECK(dnn_store.buffers == dnn_before);
+    }
+    return ok;
+  }
+
+  // Backward on both from one dlogits (the reference's, so that only backward is under test):
+  // every parameter gradient must agree.
+  bool check_backward(double tol = kGradTol) {
+    std::vector<float> dz(batch * classes);
+    softmax_cross_entropy(ref_logits.data(), labels.data(), batch, classes, dz.data());
+    ref->backward(dz.data(), {});
+    dnn->backward(dz.data(), [](int) {});
+    bool ok = true;
+    for (const TensorSpec& t : g.params()) {
+      const float* want = ref_store.grads.data() + t.offset;
+      ok &= check_close("d " + t.name, dnn_store.grads.data() + t.offset, want, t.size(), tol);
+      // Guards the comparison itself: an all-zero oracle gradient would match a backend that
+      // never wrote anything.
+      INFO("d " << t.name << " from the reference is all zero");
+      CHECK(std::any_of(want, want + t.size(), [](float v) { return v != 0.f; }));
+    }
+    return ok;
+  }
+
+  bool check_buffers(double tol = kForwardTol) {
+    bool ok = true;
+    for (const TensorSpec& t : g.buffers())
+      ok &= check_close(t.name, dnn_store.buffers.data() + t.offset,
+                        ref_store.buffers.data() + t.offset, t.size(), tol);
+    return ok;
+  }
+
+  // A training step on both backends: logits, every gradient and every running statistic.
+  void check_train_step() {
+    check_forward(true);
+    check_buffers();
+    check_backward();
+  }
+
+  Graph g;
+  int64_t batch;
+  int64_t classes;
+  std::vector<Bucket> buckets;
+  ParamStore ref_store, dnn_store;
+  Rng rng;
+  std::unique_ptr<Executor> ref, dnn;
+  std::vector<float> x;
+  std::vector<int32_t> labels;
+  std::vector<float> ref_logits;
+};
+
+// The layer under test gets a fully connected head to a few classes, so the loss sees all of it.
+Graph with_head(Graph g, int body, int64_t classes = 5) {
+  g.set_output(g.fully_connected("head", body, {.out_features = classes}));
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("onednn conv matches the reference for every kernel, stride, padding, bias and width",
+          "[onednn]") {
+  struct Case {
+    int64_t in, out, kernel, stride, pad;
+    bool bias;
+  };
+  // Channel counts 1, 3, 5 (plain layouts) and 8, 16, 24 (blocked), in and out, every kernel
+  // size with each stride, with and without padding and bias.
+  const Case c = GENERATE(values<Case>({{1, 8, 3, 1, 1, false},
+                                        {3, 16, 3, 2, 1, true},
+                                        {8, 8, 1, 1, 0, false},
+                                        {16, 24, 1, 2, 0, true},
+                                        {24, 16, 3, 1, 0, true},
+                                        {3, 8, 7, 2, 3, false},
+                                        {8, 3, 7, 1, 3, true},
+                                        {16, 16, 3, 1, 1, false},
+                                        {5, 24, 3, 2, 0, false},
+                                        {24, 1, 3, 1, 1, true},
+                                        {16, 5, 7, 2, 0, true}}));
+  const int64_t batch = GENERATE(1, 3, 8);
+  INFO("in " << c.in << " out " << c.out << " kernel " << c.kernel << " stride " << c.stride
+             << " pad " << c.pad << " bias " << c.bias << " batch " << batch);
+  Graph g({c.in, 9, 9});
+  const int y = g.conv("conv", probe(g, g.input()),
+                       {.out_channels = c.out,
+                        .kernel = c.kernel,
+                        .stride = c.stride,
+                        .pad = c.pad,
+                        .bias = c.bias});
+  Twin t(with_head(std::move(g), y), batch, 100);
+  t.check_train_step();
+}
+
+TEST_CASE("onednn batch norm training matches the reference: output, running stats, gradients",
+          "[onednn]") {
+  SECTION("on a {C,H,W} tensor") {
+    const int64_t channels = GENERATE(1, 3, 8, 16, 24);
+    const int64_t batch = GENERATE(1, 3, 8);
+    INFO("channels " << channels << " batch " << batch);
+    Graph g({channels, 5, 6});
+    const int y = g.batch_norm("bn", probe(g, g.input(), false), {.eps = 1e-5f, .momentum = 0.3f});
+    Twin t(with_head(std::move(g), y), batch, 200);
+    t.check_train_step();
+    // A second step: the running statistics move on from the updated values on both backends.
+    t.check_train_step();
+  }
+  SECTION("on a {F} feature vector") {
+    const int64_t features = GENERATE(3, 16, 24);
+    const int64_t batch = GENERATE(3, 8);
+    INFO("features " << features << " batch " << batch);
+    Graph g({3, 4, 4});
+    const int f =
+        g.fully_connected("fc", probe(g, g.input()), {.out_features = features, .bias = false});
+    const int y = g.batch_norm("bn", f);
+    Twin t(with_head(std::move(g), y), batch, 201);
+    t.check_train_step();
+    t.check_train_step();
+  }
+}
+
+TEST_CASE("onednn batch norm eval forward uses the running stats and leaves them unchanged",
+          "[onednn]") {
+  const int64_t channels = GENERATE(3, 16);
+  const int64_t batch = GENERATE(1, 8);
+  INFO("channels " << channels << " batch " << batch);
+  Graph g({channels, 5, 5});
+  const int y = g.batch_norm("bn", probe(g, g.input(), false));
+  Twin t(with_head(std::move(g), y), batch, 300);
+  // The running statistics are random, so batch statistics in their place would not match.
+  t.check_forward(false);
+  // After a training step has moved them, eval reads the moved values.
+  t.check_forward(true);
+  t.check_forward(false);
+}
+
+TEST_CASE("onednn relu in place (one consumer) matches the reference forward and backward",
+          "[onednn]") {
+  const int64_t channels = GENERATE(3, 16);
+  const int64_t batch = GENERATE(1, 3);
+  INFO("channels " << channels << " batch " << batch);
+  SECTION("the relu output feeds a conv, whose weight gradient reads the relu output") {
+    Graph g({channels, 6, 6});
+    const int r = g.relu(probe(g, g.input()));
+    const int y = g.conv("conv", r, {.out_channels = 8, .kernel = 3, .pad = 1});
+    Twin t(with_head(std::move(g), y), batch, 400);
+    t.check_train_step();
+  }
+  SECTION("two relus in a row, both in place over the same buffer") {
+    Graph g({channels, 6, 6});
+    const int y = g.relu(g.relu(probe(g, g.input())));
+    Twin t(with_head(std::move(g), y), batch, 401);
+    t.check_train_step();
+  }
+}
+
+TEST_CASE("onednn relu out of place (input read twice) keeps its input and matches the reference",
+          "[onednn]") {
+  const int64_t channels = GENERATE(3, 16);
+  const int64_t batch = GENERATE(1, 3);
+  INFO("channels " << channels << " batch " << batch);
+  SECTION("the relu input also feeds the add") {
+    Graph g({channels, 6, 6});
+    const int p = probe(g, g.input());
+    const int y = g.add(g.relu(p), p);
+    Twin t(with_head(std::move(g), y), batch, 500);
+    t.check_train_step();
+  }
+  SECTION("a relu on the graph input, which the caller owns") {
+    Graph g({channels, 6, 6});
+    const int y = g.conv("conv", g.relu(g.input()), {.out_channels = 4, .kernel = 3, .pad = 1});
+    Twin t(with_head(std::move(g), y), batch, 501);
+    const std::vector<float> x = t.x;
+    t.check_train_step();
+    CHECK(t.x == x);
+  }
+}
+
+TEST_CASE("onednn max pool matches the reference forward and backward", "[onednn]") {
+  const PoolAttr a = GENERATE(values<PoolAttr>({{2, 2, 0}, {3, 2, 1}, {3, 1, 1}, {2, 1, 1}}));
+  const int64_t channels = GENERATE(3, 16);
+  const int64_t batch = GENERATE(1, 3, 8);
+  INFO("kernel " << a.kernel << " stride " << a.stride << " pad " << a.pad << " channels "
+                 << channels << " batch " << batch);
+  Graph g({channels, 7, 7});
+  const int y = g.max_pool(probe(g, g.input()), a);
+  Twin t(with_head(std::move(g), y), batch, 600);
+  // An identity probe hands the pool the input exactly, and distinct values per plane leave no
+  // near-ties for rounding to break differently on the two backends.
+  make_identity_probe(t.g, t.ref_store);
+  t.sync();
+  t.x = distinct_per_plane(batch * channels, 49, t.rng);
+  t.check_train_step();
+}
+
+TEST_CASE("onednn avg pool counts padding in the divisor, as the reference does", "[onednn]") {
+  const PoolAttr a = GENERATE(values<PoolAttr>({{2, 2, 0}, {3, 2, 1}, {3, 1, 1}, {2, 1, 1}}));
+  const int64_t channels = GENERATE(3, 16);
+  const int64_t batch = GENERATE(1, 3, 8);
+  INFO("kernel " << a.kernel << " stride " << a.stride << " pad " << a.pad << " channels "
+                 << channels << " batch " << batch);
+  Graph g({channels, 7, 7});
+  const int y = g.avg_pool(probe(g, g.input()), a);
+  Twin t(with_head(std::move(g), y), batch, 700);
+  t.check_train_step();
+}
+
+TEST_CASE("onednn global avg pool matches the reference forward and backward", "[onednn]") {
+  const int64_t channels = GENERATE(1, 3, 16, 24);
+  const int64_t batch = GENERATE(1, 3, 8);
+  INFO("channels " << channels << " batch " << batch);
+  Graph g({channels, 5, 7});
+  const int y = g.global_avg_pool(probe(g, g.input()));
+  Twin t(with_head(std::move(g), y), batch, 800);
+  t.check_train_step();
+}
+
+TEST_CASE("onednn fully connected matches the reference on {C,H,W} and on {F} inputs", "[onednn]") {
+  const bool bias = GENERATE(false, true);
+  const int64_t batch = GENERATE(1, 3, 8);
+  INFO("bias " << bias << " batch " << batch);
+  SECTION("on a {C,H,W} input behind a conv (flattened in NCHW order)") {
+    const int64_t channels = GENERATE(3, 16);
+    INFO("channels " << channels);
+    Graph g({channels, 4, 5});
+    const int y = g.fully_connected("fc", probe(g, g.input()), {.out_features = 7, .bias = bias});
+    Twin t(with_head(std::move(g), y), batch, 900);
+    t.check_train_step();
+  }
+  SECTION("on the {C,H,W} graph input itself") {
+    Graph g({16, 3, 3});
+    const int in = g.input();
+    Twin t(with_head(std::move(g), in), batch, 901);
+    t.check_train_step();
+  }
+  SECTION("on a {F} input: fc, fc, head") {
+    Graph g({3, 4, 4});
+    const int f1 =
+        g.fully_connected("fc1", probe(g, g.input()), {.out_features = 24, .bias = bias});
+    const int f2 = g.fully_connected("fc2", f1, {.out_features = 9, .bias = bias});
+    Twin t(with_head(std::move(g), f2), batch, 902);
+    t.check_train_step();
+  }
+  SECTION("on a {F} graph input") {
+    Graph g({10});
+    const int f = g.relu(g.fully_connected("fc", g.input(), {.out_features = 6, .bias = bias}));
+    Twin t(with_head(std::move(g), f), batch, 903);
+    t.check_train_step();
+  }
+}
+
+TEST_CASE("onednn add passes the gradient to both inputs, whoever produced them", "[onednn]") {
+  const int64_t channels = GENERATE(3, 16);
+  const int64_t batch = GENERATE(1, 3);
+  INFO("channels " << channels << " batch " << batch);
+  Graph g({channels, 6, 6});
+  const ConvAttr same{.out_channels = channels, .kernel = 3, .pad = 1};
+  int y = -1;
+  SECTION("identity residual: conv(t) + t") {
+    const int p = probe(g, g.input());
+    y = g.add(g.conv("conv", p, same), p);
+  }
+  SECTION("shortcut with a different producer: bn(conv3x3(t)) + bn(conv1x1 stride 2(t))") {
+    const int p = probe(g, g.input(), false);
+    const int a = g.batch_norm(
+        "bn_a", g.conv("conv_a", p, {.out_channels = 8, .kernel = 3, .stride = 2, .pad = 1}));
+    const int b = g.batch_norm(
+        "bn_b", g.conv("conv_b", p, {.out_channels = 8, .kernel = 1, .stride = 2, .pad = 0}));
+    y = g.add(a, b);
+  }
+  SECTION("operands of different kinds: conv(t) + max_pool(t), then avg_pool(t) + that") {
+    const int p = probe(g, g.input());
+    const int a = g.add(g.conv("conv", p, same), g.max_pool(p, {3, 1, 1}));
+    y = g.add(g.avg_pool(p, {3, 1, 1}), a);
+  }
+  SECTION("the same tensor on both inputs") {
+    const int p = probe(g, g.input());
+    y = g.add(p, p);
+  }
+  SECTION("three consumers: (conv(t) + t) + t") {
+    const int p = probe(g, g.input());
+    y = g.add(g.add(g.conv("conv", p, {.out_channels = channels, .kernel = 1, .pad = 0}), p), p);
+  }
+  SECTION("the graph input as one operand") {
+    y = g.add(g.conv("conv", g.input(), same), g.input());
+    y = g.conv("after", y, same);  // so that the add has a gradient to pass on
+  }
+  y = g.relu(y);
+  Twin t(with_head(std::move(g), y), batch, 1000);
+  t.check_train_step();
+}
+
+TEST_CASE("onednn resnet8 and cnn match the reference at every width, with and without bn",
+          "[onednn][models]") {
+  struct Case {
+    const char* name;
+    bool bn;
+    int64_t width, batch;
+    Dims input;
+  };
+  const Case c = GENERATE(values<Case>({{"resnet8", true, 4, 8, {1, 28, 28}},
+                                        {"resnet8", true, 8, 3, {3, 32, 32}},
+                                        {"resnet8", true, 16, 1, {1, 28, 28}},
+                                        {"resnet8", false, 4, 3, {3, 32, 32}},
+                                        {"resnet8", false, 8, 1, {1, 28, 28}},
+                                        {"resnet8", false, 16, 8, {1, 16, 16}},
+                                        {"cnn", true, 4, 1, {1, 28, 28}},
+                                        {"cnn", true, 8, 8, {1, 28, 28}},
+                                        {"cnn", true, 16, 3, {3, 32, 32}},
+                                        {"cnn", false, 4, 8, {3, 32, 32}},
+                                        {"cnn", false, 8, 3, {1, 28, 28}},
+                                        {"cnn", false, 16, 1, {1, 28, 28}}}));
+  INFO(c.name << " batch_norm " << c.bn << " width " << c.width << " batch " << c.batch << " input "
+              << to_string(c.input));
+  const Graph g = build_model(
+      {.name = c.name, .input = c.input, .classes = 10, .width = c.width, .batch_norm = c.bn});
+  Twin t(g, c.batch, 1100);
+  // The model's own initialisation, with one seed for both stores.
+  init_params(t.g, t.ref_store, 7);
+  init_params(t.g, t.dnn_store, 7);
+  REQUIRE(t.ref_store.params == t.dnn_store.params);
+  t.check_train_step();
+  t.check_forward(false);  // eval, with the running statistics the training step produced
+}
+
+TEST_CASE("onednn bucket callbacks fire once each, in order, when their gradients are final",
+          "[onednn]") {
+  const int64_t bucket_elements = GENERATE(1, 300, 3000, 100000000);
+  INFO("bucket_elements " << bucket_elements);
+  const Graph g = build_model({.name = "resnet8", .input = {1, 12, 12}, .classes = 10, .width = 4});
+  Twin t(g, 3, 1200, bucket_elements);
+  const std::vector<Bucket>& buckets = t.buckets;
+  t.check_forward(true);
+  std::vector<float> dz(t.batch * t.classes);
+  softmax_cross_entropy(t.ref_logits.data(), t.labels.data(), t.batch, t.classes, dz.data());
+  const float sentinel = 12345.f;  // anything a callback sees of it was not written yet
+  std::fill(t.dnn_store.grads.begin(), t.dnn_store.grads.end(), sentinel);
+  std::vector<int> fired;
+  std::vector<std::vector<float>> seen(buckets.size());
+  bool stem_pending_at_bucket0 = false;
+  const int64_t stem = spec(g, "conv1.weight").offset;
+  t.dnn->backward(dz.data(), [&](int b) {
+    fired.push_back(b);
+    seen.at(b).assign(t.dnn_store.grads.begin() + buckets[b].begin,
+                      t.dnn_store.grads.begin() + buckets[b].end);
+    if (b == 0) stem_pending_at_bucket0 = t.dnn_store.grads[stem] == sentinel;
+  });
+  std::vector<int> expected(buckets.size());
+  for (size_t b = 0; b < buckets.size(); ++b) expected[b] = static_cast<int>(b);
+  CHECK(fired == expected);
+  for (size_t b = 0; b < buckets.size() && b < seen.size(); ++b) {
+    INFO("bucket " << b << " [" << buckets[b].begin << ", " << buckets[b].end << ")");
+    CHECK(seen[b] == std::vector<float>(t.dnn_store.grads.begin() + buckets[b].begin,
+                                        t.dnn_store.grads.begin() + buckets[b].end));
+  }
+  CHECK(std::count(t.dnn_store.grads.begin(), t.dnn_store.grads.end(), sentinel) == 0);
+  // Bucket 0 (the head) must not wait for the whole backward.
+  if (buckets.size() > 1) CHECK(stem_pending_at_bucket0);
+  // And what the buckets delivered is the right gradient.
+  t.ref->backward(dz.data(), {});
+  for (const TensorSpec& s : g.params())
+    check_close("d " + s.name, t.dnn_store.grads.data() + s.offset,
+                t.ref_store.grads.data() + s.offset, s.size(), kGradTol);
+}
+
+TEST_CASE("onednn backward accepts an empty bucket callback, as the reference does", "[onednn]") {
+  const Graph g = build_model({.name = "resnet8", .input = {1, 12, 12}, .classes = 10, .width = 4});
+  Twin t(g, 3, 1300, 1000);
+  REQUIRE(t.buckets.size() > 1);
+  t.check_forward(true);
+  std::vector<float> dz(t.batch * t.classes);
+  softmax_cross_entropy(t.ref_logits.data(), t.labels.data(), t.batch, t.classes, dz.data());
+  t.ref->backward(dz.data(), {});
+  CHECK_NOTHROW(t.dnn->backward(dz.data(), {}));
+  for (const TensorSpec& s : g.params())
+    check_close("d " + s.name, t.dnn_store.grads.data() + s.offset,
+                t.ref_store.grads.data() + s.offset, s.size(), kGradTol);
+}
+
+TEST_CASE("onednn and the reference stay together over several SGD steps of resnet8",
+          "[onednn][models]") {
+  const bool bn = GENERATE(true, false);
+  INFO("batch_norm " << bn);
+  const Graph g = build_model(
+      {.name = "resnet8", .input = {1, 16, 16}, .classes = 10, .width = 8, .batch_norm = bn});
+  Twin t(g, 8, 1400);
+  init_params(t.g, t.ref_store, 11);
+  init_params(t.g, t.dnn_store, 11);
+  Sgd ref_sgd(g.param_count(), {}), dnn_sgd(g.param_count(), {});
+  const int steps = 6;
+  for (int step = 0; step < steps; ++step) {
+    INFO("step " << step);
+    // A fresh batch every step, the same for both backends.
+    for (float& v : t.x) v = t.rng.uniform(-1.f, 1.f);
+    for (int32_t& l : t.labels) l = static_cast<int32_t>(t.rng.below(10));
+    // Each backend trains on its own logits and gradients: nothing is shared after the start.
+    const float* zr = t.ref->forward(t.x.data(), true);
+    const float* zd = t.dnn->forward(t.x.data(), true);
+    std::vector<float> dzr(t.batch * t.classes), dzd(t.batch * t.classes);
+    const double lr_loss =
+        softmax_cross_entropy(zr, t.labels.data(), t.batch, t.classes, dzr.data()).loss;
+    const double dnn_loss =
+        softmax_cross_entropy(zd, t.labels.data(), t.batch, t.classes, dzd.data()).loss;
+    CHECK(dnn_loss == Approx(lr_loss).epsilon(kTrainingTol));
+    if (!check_close("logits", zd, zr, t.batch * t.classes, kTrainingTol)) break;
+    t.ref->backward(dzr.data(), {});
+    t.dnn->backward(dzd.data(), [](int) {});
+    ref_sgd.step(t.ref_store.params.data(), t.ref_store.grads.data(), 0.05f);
+    dnn_sgd.step(t.dnn_store.params.data(), t.dnn_store.grads.data(), 0.05f);
+  }
+  bool ok = true;
+  for (const TensorSpec& s : g.params())
+    ok &= check_close(s.name + " after training", t.dnn_store.params.data() + s.offset,
+                      t.ref_store.params.data() + s.offset, s.size(), kTrainingTol);
+  if (ok) ok &= t.check_buffers(kTrainingTol);
+  // The trained parameters must have moved, or the loop above proved nothing.
+  ParamStore fresh(g);
+  init_params(g, fresh, 11);
+  CHECK(fresh.params != t.dnn_store.params);
+  if (ok) t.check_forward(false, kTrainingTol);
+}
+
+TEST_CASE("onednn backward without a training forward throws logic_error", "[onednn]") {
+  const Graph g = build_model({.name = "resnet8", .input = {1, 12, 12}, .classes = 10, .width = 4});
+  ParamStore s(g);
+  init_params(g, s, 3);
+  auto ex = compile(g, Backend::OneDnn, 2, s, make_buckets(g, 1));
+  const std::vector<float> x(2 * 144, 0.5f);
+  const std::vector<float> dlogits(2 * 10, 0.1f);
+  CHECK_THROWS_AS(ex->backward(dlogits.data(), [](int) {}), std::logic_error);
+  ex->forward(x.data(), true);
+  ex->forward(x.data(), false);
+  CHECK_THROWS_AS(ex->backward(dlogits.data(), [](int) {}), std::logic_error);
+  ex->forward(x.data(), true);
+  CHECK_NOTHROW(ex->backward(dlogits.data(), [](int) {}));
+}
+
+TEST_CASE("onednn backward overwrites the gradients instead of accumulating", "[onednn]") {
+  const Graph g = build_model({.name = "resnet8", .input = {1, 12, 12}, .classes = 10, .width = 8});
+  Twin t(g, 3, 1500);
+  t.check_forward(true);
+  std::vector<float> dz(t.batch * t.classes);
+  softmax_cross_entropy(t.ref_logits.data(), t.labels.data(), t.batch, t.classes, dz.data());
+  t.dnn->backward(dz.data(), [](int) {});
+  const std::vector<float> once = t.dnn_store.grads;
+  std::fill(t.dnn_store.grads.begin(), t.dnn_store.grads.end(), -7.f);
+  t.dnn->forward(t.x.data(), true);
+  t.dnn->backward(dz.data(), [](int) {});
+  CHECK(t.dnn_store.grads == once);
+  t.dnn->backward(dz.data(), [](int) {});  // twice on one forward: still no accumulation
+  CHECK(t.dnn_store.grads == once);
+}

@@ -1,0 +1,656 @@
+// Tests for the reference backend, the oracle every other backend is compared with: gradients
+// against central differences of the loss for every layer kind, and forwards against hand values.
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/executor.hpp"
+#include "kernels/graph.hpp"
+#include "kernels/loss.hpp"
+#include "kernels/reference/reference_executor.hpp"
+
+using namespace gg::kernels;
+
+namespace {
+
+// Deterministic on every standard library (std::uniform_real_distribution is not).
+class Rng {
+ public:
+  explicit Rng(uint32_t seed) : engine_(seed) {}
+  float uniform(float lo, float hi) {
+    return lo + (hi - lo) * static_cast<float>(engine_() >> 8) / 16777216.f;
+  }
+  uint32_t below(uint32_t n) { return engine_() % n; }
+
+ private:
+  std::mt19937 engine_;
+};
+
+const TensorSpec& spec(const Graph& g, const std::string& name) {
+  for (const TensorSpec& t : g.params())
+    if (t.name == name) return t;
+  for (const TensorSpec& t : g.buffers())
+    if (t.name == name) return t;
+  throw std::invalid_argument("no tensor named " + name);
+}
+
+float* param(const Graph& g, ParamStore& s, const std::string& name) {
+  return s.params.data() + spec(g, name).offset;
+}
+float* buffer(const Graph& g, ParamStore& s, const std::string& name) {
+  return s.buffers.data() + spec(g, name).offset;
+}
+
+// Parameters at a scale where every layer's output stays O(1): weights ~ U(-1,1)/sqrt(fan_in),
+// batch-norm scale around 1, running variance 1.
+void init_random(const Graph& g, ParamStore& s, Rng& r) {
+  for (const TensorSpec& t : g.params()) {
+    const bool bn = g.node(t.node).op == Op::BatchNorm;
+    const bool is_weight = t.name.ends_with(".weight");
+    const double fan_in = t.dims.size() > 1 ? static_cast<double>(t.size() / t.dims[0]) : 1.0;
+    const float scale = static_cast<float>(1.0 / std::sqrt(fan_in));
+    for (int64_t i = 0; i < t.size(); ++i) {
+      float& v = s.params[t.offset + i];
+      if (bn && is_weight)
+        v = r.uniform(0.5f, 1.5f);
+      else
+        v = r.uniform(-1.f, 1.f) * (is_weight ? scale : 0.5f);
+    }
+  }
+  for (const TensorSpec& t : g.buffers())
+    for (int64_t i = 0; i < t.size(); ++i)
+      s.buffers[t.offset + i] = t.name.ends_with("running_var") ? 1.f : 0.f;
+}
+
+// A 3x3 convolution that starts as the identity (centre tap 1, all else 0). Put in front of the
+// layer under test, it feeds that layer exactly the chosen input, and since the Executor does not
+// expose dx, the probe's weight and bias gradients (sums of dx times shifted inputs) are how the
+// layer's input gradient gets checked.
+int probe(Graph& g, int x) {
+  return g.conv("probe", x,
+                {.out_channels = g.node(x).out[0], .kernel = 3, .pad = 1, .bias = true});
+}
+
+void make_identity_probe(const Graph& g, ParamStore& s) {
+  const TensorSpec& w = spec(g, "probe.weight");
+  const int64_t c = w.dims[0];
+  for (int64_t i = 0; i < w.size(); ++i) s.params[w.offset + i] = 0.f;
+  for (int64_t o = 0; o < c; ++o) s.params[w.offset + (o * c + o) * 9 + 4] = 1.f;
+  const TensorSpec& b = spec(g, "probe.bias");
+  for (int64_t i = 0; i < b.size(); ++i) s.params[b.offset + i] = 0.f;
+}
+
+// Inputs kept away from ReLU's kink: |v| in [0.1, 1]. A probe perturbation of eps moves a value by
+// at most eps * max|v| = eps, far less than 0.1.
+std::vector<float> away_from_zero(int64_t n, Rng& r) {
+  std::vector<float> v(n);
+  for (float& e : v) e = r.uniform(0.1f, 1.f) * (r.below(2) ? 1.f : -1.f);
+  return v;
+}
+
+// Every plane a shuffled ladder of values 0.05 apart, so that no perturbation of the probe (which
+// moves a difference of two values by at most 2 * eps) reorders a pooling window.
+std::vector<float> distinct_per_plane(int64_t planes, int64_t plane, Rng& r) {
+  std::vector<float> v(planes * plane);
+  for (int64_t p = 0; p < planes; ++p) {
+    float* q = v.data() + p * plane;
+    for (int64_t i = 0; i < plane; ++i)
+      q[i] = 0.05f * static_cast<float>(i) - 0.025f * static_cast<float>(plane - 1);
+    for (int64_t i = plane - 1; i > 0; --i)
+      std::swap(q[i], q[r.below(static_cast<uint32_t>(i + 1))]);
+  }
+  return v;
+}
+
+// A graph compiled on the reference backend with random parameters, a batch and labels.
+struct Net {
+  Net(Graph graph, int64_t batch_size, uint32_t seed)
+      : g(std::move(graph)), batch(batch_size), store(g), rng(seed) {
+    init_random(g, store, rng);
+    ex = compile(g, Backend::Reference, batch, store, make_buckets(g, 1));
+    x.resize(batch * numel(g.input_dims()));
+    for (float& v : x) v = rng.uniform(-1.f, 1.f);
+    labels.resize(batch);
+    for (int32_t& l : labels)
+      l = static_cast<int32_t>(rng.below(static_cast<uint32_t>(g.classes())));
+  }
+  Net(const Net&) = delete;
+  Net& operator=(const Net&) = delete;
+
+  double loss() {
+    const float* z = ex->forward(x.data(), true);
+    return softmax_cross_entropy(z, labels.data(), batch, g.classes(), nullptr).loss;
+  }
+
+  std::vector<float> analytic_gradients() {
+    const float* z = ex->forward(x.data(), true);
+    std::vector<float> dz(batch * g.classes());
+    softmax_cross_entropy(z, labels.data(), batch, g.classes(), dz.data());
+    ex->backward(dz.data(), {});
+    return store.grads;
+  }
+
+  Graph g;
+  int64_t batch;
+  ParamStore store;
+  Rng rng;
+  std::unique_ptr<Executor> ex;
+  std::vector<float> x;
+  std::vector<int32_t> labels;
+};
+
+// A layer under test gets a fully connected head to a few classes, so the loss sees all of it.
+Graph with_head(Graph g, int body, int64_t classes = 3) {
+  g.set_output(g.fully_connected("head", body, {.out_features = classes}));
+  return g;
+}
+
+struct GradCheck {
+  float eps = 1e-2f;
+  // Skip elements whose one-sided differences disagree: a ReLU kink lies within eps of them and
+  // no difference quotient there means anything. Only for nets whose inputs the test cannot keep
+  // off the kinks; the layer tests choose their inputs and run without it.
+  bool skip_kinks = false;
+};
+
+// Central differences of the loss against backward, for every element of every parameter. An
+// element's error is measured against its own size plus a floor of 2% of its tensor's largest
+// gradient: the float forward limits the difference quotient to about 1e-4 absolute, while a
+// wrong term or index moves elements by the order of that largest gradient. The tensor-wide error
+// is also bounded, relative to the gradient's norm.
+void check_gradients(Net& net, GradCheck opt = {}) {
+  const std::vector<float> analytic = net.analytic_gradients();
+  const double l_mid = net.loss();
+  for (const TensorSpec& t : net.g.params()) {
+    double largest = 0, norm2 = 0, err2 = 0;
+    for (int64_t i = 0; i < t.size(); ++i) {
+      const double a = analytic[t.offset + i];
+      largest = std::max(largest, std::abs(a));
+      norm2 += a * a;
+    }
+    const double floor = 0.02 * largest + 1e-4;
+    double worst = 0, worst_num = 0, worst_ana = 0;
+    int64_t worst_at = -1, skipped = 0;
+    for (int64_t i = 0; i < t.size(); ++i) {
+      float& w = net.store.params[t.offset + i];
+      const float saved = w;
+      w = saved + opt.eps;
+      const float up = w;
+      const double l_up = net.loss();
+      w = saved - opt.eps;
+      const float down = w;
+      const double l_down = net.loss();
+      w = saved;
+      const double num = (l_up - l_down) / static_cast<double>(up - down);
+      const double ana = analytic[t.offset + i];
+      if (opt.skip_kinks) {
+        const double forward = (l_up - l_mid) / static_cast<double>(up - saved);
+        const double backward = (l_mid - l_down) / static_cast<double>(saved - down);
+        if (std::abs(forward - backward) > 0.05 * (std::abs(num) + floor)) {
+          ++skipped;
+          continue;
+        }
+      }
+      err2 += (num - ana) * (num - ana);
+      const double err = std::abs(num - ana) / (std::abs(ana) + floor);
+      if (err > worst) {
+        worst = err;
+        worst_at = i;
+        worst_num = num;
+        worst_ana = ana;
+      }
+    }
+    const double norm_err = std::sqrt(err2) / (std::sqrt(norm2) + 1e-4);
+    INFO(t.name << "[" << worst_at << "]: numeric " << worst_num << ", backward " << worst_ana
+                << " (largest |grad| " << largest << ", relative norm error " << norm_err << ", "
+                << skipped << " of " << t.size() << " skipped at kinks)");
+    CHECK(worst < 2e-2);
+    CHECK(norm_err < 1e-2);
+    CHECK(skipped <= t.size() / 4);  // kinks are rare; skipping most would prove nothing
+  }
+}
+
+}  // namespace
+
+TEST_CASE("conv gradients match finite differences for every stride, padding and bias",
+          "[reference][gradcheck]") {
+  struct Case {
+    int64_t kernel, stride, pad;
+    bool bias;
+  };
+  const Case c = GENERATE(values<Case>({{3, 1, 0, false},
+                                        {3, 1, 0, true},
+                                        {3, 1, 1, false},
+                                        {3, 1, 1, true},
+                                        {3, 2, 0, false},
+                                        {3, 2, 0, true},
+                                        {3, 2, 1, false},
+                                        {3, 2, 1, true},
+                                        {1, 2, 0, false}}));
+  INFO("kernel " << c.kernel << " stride " << c.stride << " pad " << c.pad << " bias " << c.bias);
+  Graph g({2, 6, 6});
+  const int y = g.conv(
+      "conv", probe(g, g.input()),
+      {.out_channels = 3, .kernel = c.kernel, .stride = c.stride, .pad = c.pad, .bias = c.bias});
+  Net net(with_head(std::move(g), y), 3, 11);
+  make_identity_probe(net.g, net.store);
+  check_gradients(net);
+}
+
+TEST_CASE("batch norm training gradients match finite differences through the batch statistics",
+          "[reference][gradcheck]") {
+  SECTION("on a {C,H,W} tensor") {
+    Graph g({3, 4, 4});
+    const int y = g.batch_norm("bn", probe(g, g.input()));
+    Net net(with_head(std::move(g), y), 4, 12);
+    make_identity_probe(net.g, net.store);
+    check_gradients(net);
+  }
+  SECTION("on a {F} feature vector") {
+    Graph g({2, 3, 3});
+    const int f = g.fully_connected("fc", probe(g, g.input()), {.out_features = 5});
+    const int y = g.batch_norm("bn", f);
+    Net net(with_head(std::move(g), y), 6, 13);
+    make_identity_probe(net.g, net.store);
+    check_gradients(net);
+  }
+}
+
+TEST_CASE("relu gradients match finite differences away from the kink", "[reference][gradcheck]") {
+  Graph g({2, 5, 5});
+  const int y = g.relu(probe(g, g.input()));
+  Net net(with_head(std::move(g), y), 3, 14);
+  make_identity_probe(net.g, net.store);
+  net.x = away_from_zero(static_cast<int64_t>(net.x.size()), net.rng);
+  check_gradients(net);
+}
+
+TEST_CASE("max pool gradients match finite differences", "[reference][gradcheck]") {
+  const PoolAttr a = GENERATE(values<PoolAttr>({{2, 2, 0}, {3, 2, 1}, {3, 1, 1}}));
+  INFO("kernel " << a.kernel << " stride " << a.stride << " pad " << a.pad);
+  Graph g({2, 6, 6});
+  const int y = g.max_pool(probe(g, g.input()), a);
+  Net net(with_head(std::move(g), y), 3, 15);
+  make_identity_probe(net.g, net.store);
+  net.x = distinct_per_plane(3 * 2, 36, net.rng);
+  check_gradients(net);
+}
+
+TEST_CASE("avg pool gradients match finite differences", "[reference][gradcheck]") {
+  const PoolAttr a = GENERATE(values<PoolAttr>({{2, 2, 0}, {3, 2, 1}, {3, 1, 1}}));
+  INFO("kernel " << a.kernel << " stride " << a.stride << " pad " << a.pad);
+  Graph g({2, 7, 7});
+  const int y = g.avg_pool(probe(g, g.input()), a);
+  Net net(with_head(std::move(g), y), 3, 16);
+  make_identity_probe(net.g, net.store);
+  check_gradients(net);
+}
+
+TEST_CASE("global avg pool gradients match finite differences", "[reference][gradcheck]") {
+  Graph g({3, 4, 5});
+  const int y = g.global_avg_pool(probe(g, g.input()));
+  Net net(with_head(std::move(g), y), 3, 17);
+  make_identity_probe(net.g, net.store);
+  check_gradients(net);
+}
+
+TEST_CASE("fully connected gradients match finite differences on a flattened input",
+          "[reference][gradcheck]") {
+  const bool bias = GENERATE(false, true);
+  INFO("bias " << bias);
+  Graph g({2, 3, 4});
+  const int y = g.fully_connected("fc", probe(g, g.input()), {.out_features = 4, .bias = bias});
+  Net net(with_head(std::move(g), y), 3, 18);
+  make_identity_probe(net.g, net.store);
+  check_gradients(net);
+}
+
+TEST_CASE("add sums the gradients of a tensor consumed by several nodes",
+          "[reference][gradcheck]") {
+  SECTION("residual: the probe feeds both a conv and the add") {
+    Graph g({2, 5, 5});
+    const int t = probe(g, g.input());
+    const int y = g.add(g.conv("conv", t, {.out_channels = 2, .kernel = 3, .pad = 1}), t);
+    Net net(with_head(std::move(g), y), 3, 19);
+    make_identity_probe(net.g, net.store);
+    check_gradients(net);
+  }
+  SECTION("the same tensor on both inputs of an add") {
+    Graph g({2, 4, 4});
+    const int t = probe(g, g.input());
+    const int y = g.add(t, t);
+    Net net(with_head(std::move(g), y), 3, 20);
+    make_identity_probe(net.g, net.store);
+    check_gradients(net);
+  }
+  SECTION("three consumers: the head also reads the tensor through a second path") {
+    Graph g({2, 4, 4});
+    const int t = probe(g, g.input());
+    const int a = g.add(g.conv("conv", t, {.out_channels = 2, .kernel = 1, .pad = 0}), t);
+    const int y = g.add(a, t);
+    Net net(with_head(std::move(g), y), 3, 21);
+    make_identity_probe(net.g, net.store);
+    check_gradients(net);
+  }
+}
+
+TEST_CASE("a residual block (conv, bn, relu, add, gap, fc) matches finite differences end to end",
+          "[reference][gradcheck]") {
+  Graph g({2, 4, 4});
+  const int stem = g.relu(g.batch_norm("bn0", g.conv("conv0", g.input(), {.out_channels = 3})));
+  const int a = g.relu(g.batch_norm("bn1", g.conv("conv1", stem, {.out_channels = 3})));
+  const int b = g.batch_norm("bn2", g.conv("conv2", a, {.out_channels = 3}));
+  const int pooled = g.global_avg_pool(g.relu(g.add(b, stem)));
+  Net net(with_head(std::move(g), pooled, 4), 2, 22);
+  // The ReLU inputs here are not chosen by the test, so a few sit within a step of their kink.
+  check_gradients(net, {.eps = 2e-3f, .skip_kinks = true});
+}
+
+TEST_CASE("conv computes cross-correlation with {O,I,k,k} weights, bias, stride and zero padding",
+          "[reference]") {
+  // x: one sample, one channel, 3x3 holding 1..9.
+  const std::vector<float> x = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  SECTION("2x2 asymmetric kernel, stride 1, no padding, bias") {
+    Graph g({1, 3, 3});
+    const int y =
+        g.conv("conv", g.input(), {.out_channels = 1, .kernel = 2, .pad = 0, .bias = true});
+    g.set_output(g.fully_connected("head", y, {.out_features = 4, .bias = false}));
+    ParamStore s(g);
+    const float w[] = {1, 2, 3, 4};
+    std::copy(w, w + 4, param(g, s, "conv.weight"));
+    param(g, s, "conv.bias")[0] = 0.5f;
+    float* head = param(g, s, "head.weight");
+    for (int i = 0; i < 4; ++i) head[i * 4 + i] = 1.f;
+    auto ex = make_reference_executor(g, 1, s, make_buckets(g, 1));
+    const float* z = ex->forward(x.data(), false);
+    // y[0,0] = 1*1 + 2*2 + 3*4 + 4*5 = 37; a flipped (true) convolution would give 23.
+    CHECK(std::vector<float>(z, z + 4) == std::vector<float>{37.5f, 47.5f, 67.5f, 77.5f});
+  }
+  SECTION("3x3 ones kernel, stride 2, padding 1") {
+    Graph g({1, 3, 3});
+    const int y =
+        g.conv("conv", g.input(), {.out_channels = 1, .kernel = 3, .stride = 2, .pad = 1});
+    g.set_output(g.fully_connected("head", y, {.out_features = 4, .bias = false}));
+    ParamStore s(g);
+    std::fill_n(param(g, s, "conv.weight"), 9, 1.f);
+    float* head = param(g, s, "head.weight");
+    for (int i = 0; i < 4; ++i) head[i * 4 + i] = 1.f;
+    auto ex = make_reference_executor(g, 1, s, make_buckets(g, 1));
+    const float* z = ex->forward(x.data(), false);
+    CHECK(std::vector<float>(z, z + 4) == std::vector<float>{12, 16, 24, 28});
+  }
+  SECTION("1x1 kernel mixes channels as y[o] = sum_c w[o,c] x[c], per sample") {
+    Graph g({2, 1, 1});
+    const int y = g.conv("conv", g.input(), {.out_channels = 2, .kernel = 1, .pad = 0});
+    g.set_output(g.fully_connected("head", y, {.out_features = 2, .bias = false}));
+    ParamStore s(g);
+    const float w[] = {1, 2, 3, 4};  // w[0,1] = 2: out channel 0 reads in channel 1 twice
+    std::copy(w, w + 4, param(g, s, "conv.weight"));
+    float* head = param(g, s, "head.weight");
+    head[0] = head[3] = 1.f;
+    auto ex = make_reference_executor(g, 2, s, make_buckets(g, 1));
+    const std::vector<float> in = {1, 10, 2, 20};  // sample 0: (1, 10), sample 1: (2, 20)
+    const float* z = ex->forward(in.data(), false);
+    CHECK(std::vector<float>(z, z + 4) == std::vector<float>{21, 43, 42, 86});
+  }
+}
+
+TEST_CASE("max pool takes the window maximum and padding never wins", "[reference]") {
+  Graph g({1, 4, 4});
+  SECTION("2x2 windows, stride 2") {
+    g.set_output(g.fully_connected("head", g.max_pool(g.input(), {2, 2, 0}),
+                                   {.out_features = 4, .bias = false}));
+    ParamStore s(g);
+    for (int i = 0; i < 4; ++i) param(g, s, "head.weight")[i * 4 + i] = 1.f;
+    auto ex = make_reference_executor(g, 1, s, make_buckets(g, 1));
+    const std::vector<float> x = {1, 5, 2, 0,  //
+                                  3, 4, 8, 1,  //
+                                  9, 0, 3, 3,  //
+                                  2, 7, 6, 4};
+    const float* z = ex->forward(x.data(), false);
+    CHECK(std::vector<float>(z, z + 4) == std::vector<float>{5, 8, 9, 6});
+  }
+  SECTION("3x3 windows, stride 2, padding 1 on an all-negative input") {
+    g.set_output(g.fully_connected("head", g.max_pool(g.input(), {3, 2, 1}),
+                                   {.out_features = 4, .bias = false}));
+    ParamStore s(g);
+    for (int i = 0; i < 4; ++i) param(g, s, "head.weight")[i * 4 + i] = 1.f;
+    auto ex = make_reference_executor(g, 1, s, make_buckets(g, 1));
+    std::vector<float> x(16);
+    for (int i = 0; i < 16; ++i) x[i] = -1.f - static_cast<float>(i);  // -1 .. -16
+    const float* z = ex->forward(x.data(), false);
+    // Windows cover rows/cols {-1,0,1} and {1,2,3}; a zero padding would have won every window.
+    CHECK(std::vector<float>(z, z + 4) == std::vector<float>{-1, -2, -5, -6});
+  }
+}
+
+TEST_CASE("max pool sends the gradient to the first maximum in scan order", "[reference]") {
+  // Channel 0 holds the pooled values, with ties; channel 1 holds each pixel's index. The probe
+  // conv passes channel 0 through (weight {1, 0}), so d probe.weight[0,1] = sum over windows of
+  // dlogit * (index of the pixel that received the gradient).
+  Graph g({2, 4, 4});
+  const int t = g.conv("probe", g.input(), {.out_channels = 1, .kernel = 1, .pad = 0});
+  g.set_output(
+      g.fully_connected("head", g.max_pool(t, {2, 2, 0}), {.out_features = 4, .bias = false}));
+  ParamStore s(g);
+  param(g, s, "probe.weight")[0] = 1.f;
+  for (int i = 0; i < 4; ++i) param(g, s, "head.weight")[i * 4 + i] = 1.f;
+  auto ex = make_reference_executor(g, 1, s, make_buckets(g, 1));
+  std::vector<float> x = {7, 7, 1, 2,   //  window 0: four-way tie, first is 0
+                          7, 7, 3, 3,   //  window 1: tie at 6 and 7
+                          0, 5, 4, 4,   //  window 2: single max at 13
+                          1, 9, 4, 4};  //  window 3: four-way tie, first is 10
+  for (int i = 0; i < 16; ++i) x.push_back(static_cast<float>(i));
+  ex->forward(x.data(), true);
+  // Radix 16 keeps each window's pixel index apart in the one summed gradient.
+  const std::vector<float> dlogits = {1, 16, 256, 4096};
+  ex->backward(dlogits.data(), {});
+  CHECK(s.grads[spec(g, "probe.weight").offset + 1] == 0 + 16 * 6 + 256 * 13 + 4096 * 10);
+}
+
+TEST_CASE("avg pool divides by the full kernel area, padding included", "[reference]") {
+  Graph g({1, 3, 3});
+  g.set_output(g.fully_connected("head", g.avg_pool(g.input(), {3, 2, 1}),
+                                 {.out_features = 4, .bias = false}));
+  ParamStore s(g);
+  for (int i = 0; i < 4; ++i) param(g, s, "head.weight")[i * 4 + i] = 1.f;
+  auto ex = make_reference_executor(g, 1, s, make_buckets(g, 1));
+  const std::vector<float> x(9, 1.f);
+  const float* z = ex->forward(x.data(), false);
+  // Every window covers 4 real ones and 5 padded zeros.
+  for (int i = 0; i < 4; ++i) CHECK(z[i] == Approx(4.0 / 9.0));
+}
+
+TEST_CASE("global avg pool averages each channel of each sample", "[reference]") {
+  Graph g({2, 2, 2});
+  g.set_output(
+      g.fully_connected("head", g.global_avg_pool(g.input()), {.out_features = 2, .bias = false}));
+  ParamStore s(g);
+  param(g, s, "head.weight")[0] = param(g, s, "head.weight")[3] = 1.f;
+  auto ex = make_reference_executor(g, 2, s, make_buckets(g, 1));
+  const std::vector<float> x = {1, 2, 3, 4, 10, 20, 30, 40, -1, -1, -1, -1, 0, 0, 0, 8};
+  const float* z = ex->forward(x.data(), false);
+  CHECK(std::vector<float>(z, z + 4) == std::vector<float>{2.5f, 25, -1, 2});
+}
+
+TEST_CASE("fully connected computes x W^T + b on the flattened input", "[reference]") {
+  Graph g({1, 1, 3});
+  g.set_output(g.fully_connected("fc", g.input(), {.out_features = 2}));
+  ParamStore s(g);
+  const float w[] = {1, 2, 3, -1, 0, 1};  // W is {2, 3}: row o holds output o's weights
+  std::copy(w, w + 6, param(g, s, "fc.weight"));
+  param(g, s, "fc.bias")[0] = 0.5f;
+  param(g, s, "fc.bias")[1] = -0.5f;
+  auto ex = make_reference_executor(g, 2, s, make_buckets(g, 1));
+  const std::vector<float> x = {1, 1, 1, 1, 2, 3};
+  const float* z = ex->forward(x.data(), false);
+  CHECK(std::vector<float>(z, z + 4) == std::vector<float>{6.5f, -0.5f, 14.5f, 1.5f});
+}
+
+TEST_CASE("batch norm in eval mode normalises with the running statistics and leaves them alone",
+          "[reference]") {
+  Graph g({2, 1, 2});
+  const int y = g.batch_norm("bn", g.input());
+  g.set_output(g.fully_connected("head", y, {.out_features = 4, .bias = false}));
+  ParamStore s(g);
+  for (int i = 0; i < 4; ++i) param(g, s, "head.weight")[i * 4 + i] = 1.f;
+  const float gamma[] = {2.f, 0.5f}, beta[] = {1.f, -1.f}, mean[] = {0.5f, -1.f},
+              var[] = {4.f, 0.25f};
+  std::copy(gamma, gamma + 2, param(g, s, "bn.weight"));
+  std::copy(beta, beta + 2, param(g, s, "bn.bias"));
+  std::copy(mean, mean + 2, buffer(g, s, "bn.running_mean"));
+  std::copy(var, var + 2, buffer(g, s, "bn.running_var"));
+  const std::vector<float> before = s.buffers;
+  auto ex = make_reference_executor(g, 2, s, make_buckets(g, 1));
+  const std::vector<float> x = {2.5f, -1.5f, 0.f, 1.f, 4.5f, 0.5f, -2.f, -1.5f};
+  const float* z = ex->forward(x.data(), false);
+  for (int n = 0; n < 2; ++n)
+    for (int c = 0; c < 2; ++c)
+      for (int i = 0; i < 2; ++i) {
+        const int at = (n * 2 + c) * 2 + i;
+        const double want = gamma[c] * (x[at] - mean[c]) / std::sqrt(var[c] + 1e-5) + beta[c];
+        INFO("sample " << n << " channel " << c << " pixel " << i);
+        CHECK(z[at] == Approx(want).epsilon(1e-6));
+      }
+  CHECK(z[0] == Approx(3.0).epsilon(1e-4));  // 2 * (2.5 - 0.5) / 2 + 1, by hand
+  CHECK(s.buffers == before);
+}
+
+TEST_CASE("batch norm training forward uses biased batch variance and updates running statistics",
+          "[reference]") {
+  Graph g({2, 1, 3});
+  const int y = g.batch_norm("bn", g.input(), {.eps = 1e-5f, .momentum = 0.25f});
+  g.set_output(g.fully_connected("head", y, {.out_features = 6, .bias = false}));
+  ParamStore s(g);
+  for (int i = 0; i < 6; ++i) param(g, s, "head.weight")[i * 6 + i] = 1.f;
+  std::fill_n(param(g, s, "bn.weight"), 2, 1.f);
+  const float old_mean[] = {1.f, 2.f}, old_var[] = {3.f, 4.f};
+  std::copy(old_mean, old_mean + 2, buffer(g, s, "bn.running_mean"));
+  std::copy(old_var, old_var + 2, buffer(g, s, "bn.running_var"));
+  auto ex = make_reference_executor(g, 2, s, make_buckets(g, 1));
+  // Channel 0 holds 1..6 (mean 3.5, biased var 35/12, unbiased 3.5); channel 1 holds 0,0,0,0,0,6
+  // (mean 1, biased var 5, unbiased 6).
+  const std::vector<float> x = {1, 2, 3, 0, 0, 0, 4, 5, 6, 0, 0, 6};
+  const float* z = ex->forward(x.data(), true);
+  CHECK(z[0] == Approx((1 - 3.5) / std::sqrt(35.0 / 12 + 1e-5)).epsilon(1e-5));
+  CHECK(z[3] == Approx((0 - 1) / std::sqrt(5 + 1e-5)).epsilon(1e-5));
+  CHECK(buffer(g, s, "bn.running_mean")[0] == Approx(0.75 * 1 + 0.25 * 3.5));
+  CHECK(buffer(g, s, "bn.running_mean")[1] == Approx(0.75 * 2 + 0.25 * 1));
+  CHECK(buffer(g, s, "bn.running_var")[0] == Approx(0.75 * 3 + 0.25 * 3.5));
+  CHECK(buffer(g, s, "bn.running_var")[1] == Approx(0.75 * 4 + 0.25 * 6));
+  SECTION("a second training forward applies the update again, from the new values") {
+    ex->forward(x.data(), true);
+    CHECK(buffer(g, s, "bn.running_mean")[0] ==
+          Approx(0.75 * (0.75 * 1 + 0.25 * 3.5) + 0.25 * 3.5));
+  }
+}
+
+namespace {
+
+// conv, bn, relu, conv, residual add, relu, gap, fc: seven parameters over five nodes.
+Graph residual_net() {
+  Graph g({2, 6, 6});
+  const int a =
+      g.relu(g.batch_norm("bn1", g.conv("conv1", g.input(), {.out_channels = 4, .bias = true})));
+  const int b = g.conv("conv2", a, {.out_channels = 4});
+  g.set_output(
+      g.fully_connected("fc", g.global_avg_pool(g.relu(g.add(b, a))), {.out_features = 3}));
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("bucket callbacks fire once each, in bucket order, after their gradients are final",
+          "[reference]") {
+  const int64_t bucket_elements = GENERATE(1, 40, 1000000);
+  INFO("bucket_elements " << bucket_elements);
+  const Graph g = residual_net();
+  const std::vector<Bucket> buckets = make_buckets(g, bucket_elements);
+  ParamStore s(g);
+  Rng r(30);
+  init_random(g, s, r);
+  auto ex = make_reference_executor(g, 2, s, buckets);
+  std::vector<float> x(2 * 72);
+  for (float& v : x) v = r.uniform(-1.f, 1.f);
+  ex->forward(x.data(), true);
+  const std::vector<float> dlogits = {0.1f, -0.3f, 0.2f, -0.25f, 0.05f, 0.2f};
+  const float sentinel = 12345.f;  // anything a callback sees of it was not written yet
+  std::fill(s.grads.begin(), s.grads.end(), sentinel);
+  std::vector<int> fired;
+  std::vector<std::vector<float>> seen(buckets.size());
+  bool first_layer_pending_at_bucket0 = false;
+  const int64_t conv1_weight = spec(g, "conv1.weight").offset;
+  ex->backward(dlogits.data(), [&](int b) {
+    fired.push_back(b);
+    seen.at(b).assign(s.grads.begin() + buckets[b].begin, s.grads.begin() + buckets[b].end);
+    if (b == 0) first_layer_pending_at_bucket0 = s.grads[conv1_weight] == sentinel;
+  });
+  std::vector<int> expected(buckets.size());
+  for (size_t b = 0; b < buckets.size(); ++b) expected[b] = static_cast<int>(b);
+  CHECK(fired == expected);
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    INFO("bucket " << b);
+    CHECK(seen[b] ==
+          std::vector<float>(s.grads.begin() + buckets[b].begin, s.grads.begin() + buckets[b].end));
+  }
+  CHECK(std::count(s.grads.begin(), s.grads.end(), sentinel) == 0);
+  if (buckets.size() > 1) CHECK(first_layer_pending_at_bucket0);  // bucket 0 did not wait for all
+}
+
+TEST_CASE("backward overwrites the gradients instead of accumulating", "[reference]") {
+  const Graph g = residual_net();
+  ParamStore s(g);
+  Rng r(31);
+  init_random(g, s, r);
+  auto ex = make_reference_executor(g, 2, s, make_buckets(g, 1));
+  std::vector<float> x(2 * 72);
+  for (float& v : x) v = r.uniform(-1.f, 1.f);
+  const std::vector<float> dlogits = {0.1f, -0.3f, 0.2f, -0.25f, 0.05f, 0.2f};
+  ex->forward(x.data(), true);
+  ex->backward(dlogits.data(), {});
+  const std::vector<float> once = s.grads;
+  std::fill(s.grads.begin(), s.grads.end(), -7.f);
+  ex->forward(x.data(), true);
+  ex->backward(dlogits.data(), {});
+  CHECK(s.grads == once);
+  ex->backward(dlogits.data(), {});  // twice on one forward: still no accumulation
+  CHECK(s.grads == once);
+}
+
+TEST_CASE("backward without a preceding training forward throws logic_error", "[reference]") {
+  const Graph g = residual_net();
+  ParamStore s(g);
+  auto ex = make_reference_executor(g, 2, s, make_buckets(g, 1));
+  const std::vector<float> x(2 * 72, 0.5f);
+  const std::vector<float> dlogits(6, 0.1f);
+  CHECK_THROWS_AS(ex->backward(dlogits.data(), {}), std::logic_error);
+  ex->forward(x.data(), true);
+  ex->forward(x.data(), false);
+  CHECK_THROWS_AS(ex->backward(dlogits.data(), {}), std::logic_error);
+  ex->forward(x.data(), true);
+  CHECK_NOTHROW(ex->backward(dlogits.data(), {}));
+}
+
+TEST_CASE("compile on the reference backend gives the same logits as make_reference_executor",
+          "[reference]") {
+  const Graph g = residual_net();
+  ParamStore s(g);
+  Rng r(32);
+  init_random(g, s, r);
+  std::vector<float> x(2 * 72);
+  for (float& v : x) v = r.uniform(-1.f, 1.f);
+  auto a = make_reference_executor(g, 2, s, make_buckets(g, 1));
+  auto b = compile(g, Backend::Reference, 2, s, make_buckets(g, 1));
+  const float* za = a->forward(x.data(), false);
+  const std::vector<float> logits(za, za + 6);
+  const float* zb = b->forward(x.data(), false);
+  CHECK(std::vector<float>(zb, zb + 6) == logits);
+  CHECK(b->batch() == 2);
+}
