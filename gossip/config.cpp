@@ -159,27 +159,36 @@ Config parse_train_args(const std::vector<std::string>& args) {
   top.add(opts);
   po::variables_map vm;
   try {
-    const auto parsed = po::command_line_parser(join_values(args))
-                            .options(top)
-                            .style(po::command_line_style::unix_style &
-                                   ~po::command_line_style::allow_guessing)
-                            .run();
+    const auto parsed =
+        po::command_line_parser(join_values(args))
+            .options(top)
+            .style(po::command_line_style::unix_style & ~po::command_line_style::allow_guessing)
+            .run();
     for (const auto& o : parsed.options)
       if (o.unregistered || o.string_key.empty())
-        throw UsageError("unknown argument '" + (o.original_tokens.empty() ? o.string_key
-                                                                         : o.original_tokens[0]) +
+        throw UsageError("unknown argument '" +
+                         (o.original_tokens.empty() ? o.string_key : o.original_tokens[0]) +
                          "' (see gossipgrad train --help)");
     po::store(parsed, vm);
     // The command line is stored first, so it wins over the file for every key it sets.
     if (vm.count("config")) {
       const std::string path = vm["config"].as<std::string>();
       std::ifstream f(path);
-      if (!f) throw UsageError("config file " + path + " cannot be read (missing or unreadable)");
-      po::store(po::parse_config_file(f, opts, /*allow_unregistered=*/false), vm);
+      if (!f || fs::is_directory(path))
+        throw UsageError("config file " + path + " cannot be read (missing or unreadable)");
+      try {
+        po::store(po::parse_config_file(f, opts, /*allow_unregistered=*/false), vm);
+      } catch (const po::unknown_option& e) {
+        throw UsageError("config file " + path + ": unknown key '" + e.get_option_name() +
+                         "' (see gossipgrad train --help for the valid keys)");
+      } catch (const po::error& e) {
+        throw UsageError("config file " + path + ": " + one_line(e.what()));
+      }
     }
     po::notify(vm);
   } catch (const po::unknown_option& e) {
-    throw UsageError("unknown option '" + e.get_option_name() +
+    const std::string name = e.get_option_name();
+    throw UsageError("unknown option '" + name.substr(0, name.find('=')) +
                      "' (see gossipgrad train --help for the valid keys)");
   } catch (const po::error& e) {
     throw UsageError(one_line(e.what()));

@@ -30,14 +30,14 @@ struct Config {
     std::string backend = "onednn";
     int64_t batch = 64;  // per rank
     int64_t epochs = 4;
-    double lr = 0.1;           // for a global batch of base_batch (linear scaling)
+    double lr = 0.1;  // for a global batch of base_batch (linear scaling)
     int64_t base_batch = 256;
     double momentum = 0.9;
     double weight_decay = 5e-4;
     bool nesterov = false;
     double warmup_epochs = 0.5;
     uint64_t seed = 1;
-    int threads = 0;  // 0: cores of this node / ranks on this node
+    int threads = 0;        // 0: cores of this node / ranks on this node
     int64_t max_steps = 0;  // 0: every step of every epoch
     int64_t eval_batch = 500;
   } train;

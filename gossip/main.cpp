@@ -82,11 +82,15 @@ int cmd_info(const std::vector<std::string>& args) {
     for (const auto& n : g.nodes()) {
       int64_t params = 0;
       for (int p : n.params) params += g.params()[p].size();
-      layers.push_back({{"name", n.name}, {"op", gg::kernels::op_name(n.op)}, {"output", n.out},
+      layers.push_back({{"name", n.name},
+                        {"op", gg::kernels::op_name(n.op)},
+                        {"output", n.out},
                         {"params", params}});
     }
-    std::cout << nlohmann::json{{"model", spec.name}, {"input", spec.input},
-                                {"params", g.param_count()}, {"forward_flops", flops},
+    std::cout << nlohmann::json{{"model", spec.name},
+                                {"input", spec.input},
+                                {"params", g.param_count()},
+                                {"forward_flops", flops},
                                 {"layers", layers}}
                      .dump(2)
               << "\n";

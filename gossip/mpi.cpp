@@ -76,7 +76,9 @@ void allreduce_chunks(MPI_Comm c, T* data, int64_t count, MPI_Datatype type, MPI
 }
 }  // namespace
 
-void Comm::allreduce_sum(float* d, int64_t n) const { allreduce_chunks(c_, d, n, MPI_FLOAT, MPI_SUM); }
+void Comm::allreduce_sum(float* d, int64_t n) const {
+  allreduce_chunks(c_, d, n, MPI_FLOAT, MPI_SUM);
+}
 void Comm::allreduce_sum(double* d, int64_t n) const {
   allreduce_chunks(c_, d, n, MPI_DOUBLE, MPI_SUM);
 }

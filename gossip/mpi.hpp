@@ -18,9 +18,9 @@ struct MpiError : std::runtime_error {
 
 [[noreturn]] void fail(int code, const char* call, const char* file, int line);
 
-#define GG_MPI_CHECK(call)                                                   \
-  do {                                                                       \
-    const int gg_mpi_rc_ = (call);                                           \
+#define GG_MPI_CHECK(call)                                                                 \
+  do {                                                                                     \
+    const int gg_mpi_rc_ = (call);                                                         \
     if (gg_mpi_rc_ != MPI_SUCCESS) ::gg::mpi::fail(gg_mpi_rc_, #call, __FILE__, __LINE__); \
   } while (0)
 

@@ -55,38 +55,38 @@ Trainer::Trainer(const Config& c, const mpi::Comm& world, kernels::Dims input, i
                  int64_t total_steps, int64_t steps_per_epoch)
     : c_(c),
       world_(world),
-      graph_(kernels::build_model(model_spec(c, std::move(input), classes))),
-      store_(graph_),
-      buckets_(kernels::make_buckets(graph_, std::max<int64_t>(1, c.gossip.bucket_kb * 256))),
-      sgd_(graph_.param_count(),
+      net_(kernels::build_model(model_spec(c, std::move(input), classes)),
+           kernels::parse_backend(c.train.backend), std::max<int64_t>(1, c.gossip.bucket_kb * 256)),
+      sgd_(net_.graph().param_count(),
            {static_cast<float>(c.train.momentum), static_cast<float>(c.train.weight_decay),
             c.train.nesterov}),
       schedule_({c.train.lr, c.train.base_batch, c.train.batch * world.size(),
                  static_cast<int64_t>(std::llround(c.train.warmup_epochs * steps_per_epoch)),
                  total_steps, 0.0}),
       dlogits_(c.train.batch * classes) {
-  kernels::init_params(graph_, store_, c.train.seed);
+  kernels::ParamStore& store = net_.store();
+  const kernels::Graph& g = net_.graph();
+  kernels::init_params(g, store, c.train.seed);
   // Every rank starts from rank 0's weights, whatever its RNG did.
-  world_.broadcast(store_.params.data(), graph_.param_count(), 0);
-  world_.broadcast(store_.buffers.data(), graph_.buffer_count(), 0);
-  const auto backend = kernels::parse_backend(c.train.backend);
-  train_exec_ = kernels::compile(graph_, backend, c.train.batch, store_, buckets_);
-  eval_exec_ = kernels::compile(graph_, backend, c.train.eval_batch, store_, buckets_);
-  exchange_ = std::make_unique<AllreduceExchange>(world_, store_.grads.data(), buckets_);
+  world_.broadcast(store.params.data(), g.param_count(), 0);
+  world_.broadcast(store.buffers.data(), g.buffer_count(), 0);
+  train_exec_ = &net_.at_batch(c.train.batch);
+  eval_exec_ = &net_.at_batch(c.train.eval_batch);
+  exchange_ = std::make_unique<AllreduceExchange>(world_, store.grads.data(), net_.buckets());
 }
 
 StepStats Trainer::step(const float* x, const int32_t* y) {
   StepStats s;
   const float* logits = train_exec_->forward(x, true);
-  const auto loss = kernels::softmax_cross_entropy(logits, y, c_.train.batch, graph_.classes(),
-                                                   dlogits_.data());
+  const auto loss =
+      kernels::softmax_cross_entropy(logits, y, c_.train.batch, graph().classes(), dlogits_.data());
   s.loss = loss.loss;
   s.correct = loss.correct;
   exchange_->begin_step(step_);
   train_exec_->backward(dlogits_.data(), [this](int b) { exchange_->on_bucket_ready(b); });
   s.comm_seconds = exchange_->finish_step();
   s.lr = schedule_.at(step_);
-  sgd_.step(store_.params.data(), store_.grads.data(), static_cast<float>(s.lr));
+  sgd_.step(store().params.data(), store().grads.data(), static_cast<float>(s.lr));
   ++step_;
   return s;
 }
@@ -105,8 +105,8 @@ EvalStats Trainer::evaluate(const shuffle::Dataset& data, float mean, float stdd
   double sums[4] = {0, 0, 0, 0};  // loss * n, correct, top5, n
   while (loader.next(b)) {
     const float* logits = eval_exec_->forward(b.x.data(), false);
-    const auto r = kernels::softmax_cross_entropy(logits, b.y.data(), o.batch, graph_.classes(),
-                                                  nullptr);
+    const auto r =
+        kernels::softmax_cross_entropy(logits, b.y.data(), o.batch, graph().classes(), nullptr);
     int64_t n = 0;
     for (int32_t v : b.y) n += v >= 0;
     sums[0] += r.loss * n;
@@ -123,13 +123,13 @@ EvalStats Trainer::evaluate(const shuffle::Dataset& data, float mean, float stdd
     e.top5 = sums[2] / sums[3];
   }
   // Consensus distance: mean over ranks of ||w_r - mean_w||^2.
-  const int64_t n = graph_.param_count();
-  std::vector<float> avg(store_.params);
+  const int64_t n = graph().param_count();
+  std::vector<float> avg(store().params);
   world_.allreduce_sum(avg.data(), n);
   const float inv = 1.f / world_.size();
   double d = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const double diff = store_.params[i] - avg[i] * inv;
+    const double diff = store().params[i] - avg[i] * inv;
     d += diff * diff;
   }
   world_.allreduce_sum(&d, 1);
@@ -152,7 +152,8 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
   }
   const double npx = static_cast<double>(train.pixels.size());
   const float mean = static_cast<float>(sum / npx);
-  const float stddev = static_cast<float>(std::sqrt(std::max(1e-12, sq / npx - (sum / npx) * (sum / npx))));
+  const float stddev =
+      static_cast<float>(std::sqrt(std::max(1e-12, sq / npx - (sum / npx) * (sum / npx))));
 
   shuffle::LoaderOptions lo;
   lo.batch = c.train.batch;
@@ -164,9 +165,9 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
   lo.prefetch = c.data.prefetch;
   const int64_t per_epoch = shuffle::batches_per_epoch(train.count, lo);
   if (per_epoch < 1)
-    throw UsageError("train.batch = " + std::to_string(c.train.batch) + " is too large: " +
-                     std::to_string(train.count) + " samples over " + std::to_string(ranks) +
-                     " ranks give no full batch");
+    throw UsageError("train.batch = " + std::to_string(c.train.batch) +
+                     " is too large: " + std::to_string(train.count) + " samples over " +
+                     std::to_string(ranks) + " ranks give no full batch");
   int64_t total = per_epoch * c.train.epochs;
   if (c.train.max_steps > 0) total = std::min(total, c.train.max_steps);
   const int64_t epochs = (total + per_epoch - 1) / per_epoch;
@@ -180,12 +181,13 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
     std::printf("gossipgrad: %d ranks x %d threads, %s on %s (%lld params), %s backend\n", ranks,
                 threads, c.model.name.c_str(), c.data.dir.c_str(),
                 static_cast<long long>(trainer.graph().param_count()), c.train.backend.c_str());
-    std::printf("gossipgrad: %lld train / %lld test samples, global batch %lld, %lld steps/epoch, "
-                "%lld epochs, peak lr %.4g, exchange %s\n",
-                static_cast<long long>(train.count), static_cast<long long>(test.count),
-                static_cast<long long>(global_batch), static_cast<long long>(per_epoch),
-                static_cast<long long>(epochs), c.train.lr * global_batch / c.train.base_batch,
-                c.gossip.mode.c_str());
+    std::printf(
+        "gossipgrad: %lld train / %lld test samples, global batch %lld, %lld steps/epoch, "
+        "%lld epochs, peak lr %.4g, exchange %s\n",
+        static_cast<long long>(train.count), static_cast<long long>(test.count),
+        static_cast<long long>(global_batch), static_cast<long long>(per_epoch),
+        static_cast<long long>(epochs), c.train.lr * global_batch / c.train.base_batch,
+        c.gossip.mode.c_str());
     std::fflush(stdout);
     metrics.write({{"event", "start"},
                    {"ranks", ranks},
@@ -264,8 +266,9 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
   summary.images_per_second = train_seconds > 0 ? global_batch * summary.steps / train_seconds : 0;
   if (lead) {
     std::printf("done: %lld steps in %s, %.0f img/s, final test top-1 %.2f%% (metrics: %s)\n",
-                static_cast<long long>(summary.steps), format_duration(summary.wall_seconds).c_str(),
-                summary.images_per_second, 100 * summary.final_top1, c.log.metrics.c_str());
+                static_cast<long long>(summary.steps),
+                format_duration(summary.wall_seconds).c_str(), summary.images_per_second,
+                100 * summary.final_top1, c.log.metrics.c_str());
     metrics.write({{"event", "summary"},
                    {"steps", summary.steps},
                    {"top1", summary.final_top1},

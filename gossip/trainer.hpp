@@ -13,6 +13,7 @@
 #include "gossip/mpi.hpp"
 #include "kernels/executor.hpp"
 #include "kernels/models.hpp"
+#include "kernels/net.hpp"
 #include "kernels/optimizer.hpp"
 #include "shuffle/dataset.hpp"
 
@@ -53,18 +54,16 @@ class Trainer {
   // Top-1/top-5 of this rank's model over the whole data set, split across ranks.
   EvalStats evaluate(const shuffle::Dataset& data, float mean, float stddev);
 
-  const kernels::Graph& graph() const { return graph_; }
-  kernels::ParamStore& store() { return store_; }
+  const kernels::Graph& graph() const { return net_.graph(); }
+  kernels::ParamStore& store() { return net_.store(); }
   int64_t steps_done() const { return step_; }
 
  private:
   const Config& c_;
   const mpi::Comm& world_;
-  kernels::Graph graph_;
-  kernels::ParamStore store_;
-  std::vector<kernels::Bucket> buckets_;
-  std::unique_ptr<kernels::Executor> train_exec_;
-  std::unique_ptr<kernels::Executor> eval_exec_;
+  kernels::Net net_;
+  kernels::Executor* train_exec_;
+  kernels::Executor* eval_exec_;
   std::unique_ptr<GradientExchange> exchange_;
   kernels::Sgd sgd_;
   kernels::LrSchedule schedule_;

@@ -24,8 +24,10 @@ std::unique_ptr<Executor> compile(const Graph& g, Backend backend, int64_t batch
       static_cast<int64_t>(store.buffers.size()) != g.buffer_count())
     throw std::invalid_argument("parameter store does not match the graph");
   switch (backend) {
-    case Backend::Reference: return make_reference_executor(g, batch, store, buckets);
-    case Backend::OneDnn: return make_onednn_executor(g, batch, store, buckets);
+    case Backend::Reference:
+      return make_reference_executor(g, batch, store, buckets);
+    case Backend::OneDnn:
+      return make_onednn_executor(g, batch, store, buckets);
   }
   throw std::logic_error("unhandled backend");
 }
@@ -40,7 +42,8 @@ std::vector<std::vector<int>> bucket_completion(const Graph& g, const std::vecto
     int last = 0;
     for (const TensorSpec& p : g.params()) {
       if (p.offset + p.size() <= buckets[b].begin || p.offset >= buckets[b].end) continue;
-      if (pos_of_node[p.node] < 0) throw std::logic_error("parameter of a node backward never visits");
+      if (pos_of_node[p.node] < 0)
+        throw std::logic_error("parameter of a node backward never visits");
       last = std::max(last, pos_of_node[p.node]);
     }
     floor = std::max(floor, last);  // fire in bucket order even if a graph visits out of order

@@ -22,15 +22,24 @@ std::string to_string(const Dims& d) {
 
 const char* op_name(Op op) {
   switch (op) {
-    case Op::Input: return "input";
-    case Op::Conv: return "conv";
-    case Op::BatchNorm: return "batch_norm";
-    case Op::Relu: return "relu";
-    case Op::MaxPool: return "max_pool";
-    case Op::AvgPool: return "avg_pool";
-    case Op::GlobalAvgPool: return "global_avg_pool";
-    case Op::FullyConnected: return "fully_connected";
-    case Op::Add: return "add";
+    case Op::Input:
+      return "input";
+    case Op::Conv:
+      return "conv";
+    case Op::BatchNorm:
+      return "batch_norm";
+    case Op::Relu:
+      return "relu";
+    case Op::MaxPool:
+      return "max_pool";
+    case Op::AvgPool:
+      return "avg_pool";
+    case Op::GlobalAvgPool:
+      return "global_avg_pool";
+    case Op::FullyConnected:
+      return "fully_connected";
+    case Op::Add:
+      return "add";
   }
   return "?";
 }
@@ -46,7 +55,8 @@ int64_t window_out(int64_t in, int64_t k, int64_t s, int64_t p, const std::strin
 }  // namespace
 
 Graph::Graph(Dims input) {
-  if (input.empty() || numel(input) <= 0) throw std::invalid_argument("graph input has no elements");
+  if (input.empty() || numel(input) <= 0)
+    throw std::invalid_argument("graph input has no elements");
   Node n;
   n.op = Op::Input;
   n.name = "input";
@@ -91,7 +101,8 @@ int Graph::conv(const std::string& name, int x, ConvAttr a) {
   n.out = {a.out_channels, window_out(in[1], a.kernel, a.stride, a.pad, name),
            window_out(in[2], a.kernel, a.stride, a.pad, name)};
   const int id = push(std::move(n));
-  nodes_[id].params.push_back(add_param(id, name + ".weight", {a.out_channels, in[0], a.kernel, a.kernel}));
+  nodes_[id].params.push_back(
+      add_param(id, name + ".weight", {a.out_channels, in[0], a.kernel, a.kernel}));
   if (a.bias) nodes_[id].params.push_back(add_param(id, name + ".bias", {a.out_channels}));
   return id;
 }
@@ -124,7 +135,8 @@ int Graph::relu(int x) {
 int Graph::max_pool(int x, PoolAttr a) {
   const Dims in = checked(x).out;
   if (in.size() != 3) throw std::invalid_argument("max_pool needs a {C,H,W} input");
-  if (2 * a.pad > a.kernel) throw std::invalid_argument("max_pool: padding exceeds half the kernel");
+  if (2 * a.pad > a.kernel)
+    throw std::invalid_argument("max_pool: padding exceeds half the kernel");
   Node n;
   n.op = Op::MaxPool;
   n.name = "maxpool" + std::to_string(nodes_.size());

@@ -15,7 +15,17 @@ using Dims = std::vector<int64_t>;
 int64_t numel(const Dims& d);
 std::string to_string(const Dims& d);
 
-enum class Op { Input, Conv, BatchNorm, Relu, MaxPool, AvgPool, GlobalAvgPool, FullyConnected, Add };
+enum class Op {
+  Input,
+  Conv,
+  BatchNorm,
+  Relu,
+  MaxPool,
+  AvgPool,
+  GlobalAvgPool,
+  FullyConnected,
+  Add
+};
 const char* op_name(Op op);
 
 struct ConvAttr {
@@ -62,7 +72,7 @@ struct Node {
 // A named slice of a flat buffer. Names follow torchvision's state_dict ("layer1.0.conv1.weight").
 struct TensorSpec {
   std::string name;
-  Dims dims;  // full dims, e.g. conv weight {O, I, kH, kW}, in PyTorch's (plain) layout
+  Dims dims;           // full dims, e.g. conv weight {O, I, kH, kW}, in PyTorch's (plain) layout
   int64_t offset = 0;  // in elements, into the flat buffer
   int node = -1;
   int64_t size() const { return numel(dims); }

@@ -25,8 +25,8 @@ int basic_block(Graph& g, const std::string& p, int x, int64_t out, int64_t stri
   y = conv_bn_relu(g, p + ".conv2", p + ".bn2", y, {out, 3, 1, 1, false}, bn, false);
   int shortcut = x;
   if (stride != 1 || in != out)
-    shortcut = conv_bn_relu(g, p + ".downsample.0", p + ".downsample.1", x, {out, 1, stride, 0, false},
-                            bn, false);
+    shortcut = conv_bn_relu(g, p + ".downsample.0", p + ".downsample.1", x,
+                            {out, 1, stride, 0, false}, bn, false);
   return g.relu(g.add(y, shortcut));
 }
 
@@ -37,7 +37,8 @@ Graph build_model(const ModelSpec& s) {
     throw std::invalid_argument("model input must be {C,H,W} with H,W >= 8, got " +
                                 to_string(s.input));
   if (s.classes < 2) throw std::invalid_argument("model needs at least 2 classes");
-  if (s.width < 1 || s.width > 1024) throw std::invalid_argument("model width must be in [1, 1024]");
+  if (s.width < 1 || s.width > 1024)
+    throw std::invalid_argument("model width must be in [1, 1024]");
   Graph g(s.input);
   const int64_t w = s.width;
   int x = g.input();

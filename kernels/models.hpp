@@ -15,8 +15,8 @@ struct ModelSpec {
   std::string name = "resnet8";  // see model_names()
   Dims input = {1, 28, 28};
   int64_t classes = 10;
-  int64_t width = 16;       // channels of the first stage (small nets only)
-  bool batch_norm = true;   // small nets only: false drops every batch norm (conv gets a bias)
+  int64_t width = 16;      // channels of the first stage (small nets only)
+  bool batch_norm = true;  // small nets only: false drops every batch norm (conv gets a bias)
 };
 
 // Names build_model accepts.

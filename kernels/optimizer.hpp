@@ -28,8 +28,8 @@ class Sgd {
 };
 
 struct LrScheduleOptions {
-  double base_lr = 0.1;       // for a global batch of base_batch
-  int64_t base_batch = 256;   // linear scaling: peak = base_lr * global_batch / base_batch
+  double base_lr = 0.1;      // for a global batch of base_batch
+  int64_t base_batch = 256;  // linear scaling: peak = base_lr * global_batch / base_batch
   int64_t global_batch = 256;
   int64_t warmup_steps = 0;
   int64_t total_steps = 1;

@@ -45,14 +45,17 @@ memory::dims batched(int64_t n, const Dims& d) {
 
 class OneDnnExecutor final : public Executor {
  public:
-  OneDnnExecutor(const Graph& g, int64_t batch, ParamStore& store, const std::vector<Bucket>& buckets)
+  OneDnnExecutor(const Graph& g, int64_t batch, ParamStore& store,
+                 const std::vector<Bucket>& buckets)
       : Executor(batch), g_(g), store_(store), eng_(dnnl::engine::kind::cpu, 0), strm_(eng_) {
     const auto& nodes = g.nodes();
     values_.resize(nodes.size());
     bwd_.resize(nodes.size());
     for (const Node& n : nodes)
       for (int in : n.inputs) values_[in].consumers++;
+    values_[g.output()].consumers++;  // the loss reads the logits too
     for (size_t id = 0; id < nodes.size(); ++id) compile_node(static_cast<int>(id));
+    loss_edge_ = edge(g.output());  // where backward puts dlogits
     // Several consumers each write their own gradient; sum them before the producer's backward.
     for (size_t id = 1; id < nodes.size(); ++id) {
       Value& v = values_[id];
@@ -63,6 +66,15 @@ class OneDnnExecutor final : public Executor {
       for (size_t i = 0; i < v.edges.size(); ++i)
         args[DNNL_ARG_MULTIPLE_SRC + static_cast<int>(i)] = v.edges[i];
       bwd_[id].insert(bwd_[id].begin(), Action{dnnl::sum(pd), std::move(args), {}});
+    }
+    // A tensor that nothing reads and that is not the output gets a zero gradient, as in the
+    // reference; left unwritten, its producer's backward would read uninitialised memory.
+    for (size_t id = 1; id < nodes.size(); ++id) {
+      if (values_[id].consumers > 0 || static_cast<int>(id) == g.output()) continue;
+      const memory d = diff_of(static_cast<int>(id));
+      bwd_[id].insert(
+          bwd_[id].begin(),
+          Action{{}, {}, [d]() { std::memset(d.get_data_handle(), 0, d.get_desc().get_size()); }});
     }
     for (int id = static_cast<int>(nodes.size()) - 1; id >= 0; --id) order_.push_back(id);
     ready_at_ = bucket_completion(g, buckets, order_);
@@ -84,11 +96,10 @@ class OneDnnExecutor final : public Executor {
 
   void backward(const float* dlogits, const BucketReady& ready) override {
     if (!trained_) throw std::logic_error("backward needs a training forward first");
-    std::memcpy(diff_of(g_.output()).get_data_handle(), dlogits,
-                sizeof(float) * batch_ * g_.classes());
+    std::memcpy(loss_edge_.get_data_handle(), dlogits, sizeof(float) * batch_ * g_.classes());
     for (size_t pos = 0; pos < order_.size(); ++pos) {
       for (Action& a : bwd_[order_[pos]]) run(a);
-      if (!ready_at_[pos].empty()) {
+      if (ready && !ready_at_[pos].empty()) {  // an empty callback is allowed, as in reference
         strm_.wait();
         for (int b : ready_at_[pos]) ready(b);
       }
@@ -141,8 +152,9 @@ class OneDnnExecutor final : public Executor {
       return v.mem;
     }
     memory copy(want, eng_);
-    fwd_.push_back({Action{dnnl::reorder(v.mem, copy), {{DNNL_ARG_FROM, v.mem}, {DNNL_ARG_TO, copy}}, {}},
-                    When::Always});
+    fwd_.push_back(
+        {Action{dnnl::reorder(v.mem, copy), {{DNNL_ARG_FROM, v.mem}, {DNNL_ARG_TO, copy}}, {}},
+         When::Always});
     if (need_diff) {
       memory private_diff(want, eng_);
       memory target = edge(t);
@@ -171,7 +183,8 @@ class OneDnnExecutor final : public Executor {
   memory into(const memory& target, const memory::desc& have, std::vector<Action>& after) {
     if (target.get_desc() == have) return target;
     memory tmp(have, eng_);
-    after.push_back(Action{dnnl::reorder(tmp, target), {{DNNL_ARG_FROM, tmp}, {DNNL_ARG_TO, target}}, {}});
+    after.push_back(
+        Action{dnnl::reorder(tmp, target), {{DNNL_ARG_FROM, tmp}, {DNNL_ARG_TO, target}}, {}});
     return tmp;
   }
 
@@ -184,18 +197,24 @@ class OneDnnExecutor final : public Executor {
     Value& out = values_[id];
     switch (n.op) {
       case Op::Input:
-        out.md = memory::desc(batched(batch_, n.out), dt::f32,
-                              n.out.size() == 3 ? tag::nchw : tag::nc);
+        out.md =
+            memory::desc(batched(batch_, n.out), dt::f32, n.out.size() == 3 ? tag::nchw : tag::nc);
         out.mem = memory(out.md, eng_, nullptr);
         return;
-      case Op::Conv: return compile_conv(id, n);
-      case Op::FullyConnected: return compile_fc(id, n);
-      case Op::BatchNorm: return compile_bn(id, n);
-      case Op::Relu: return compile_relu(id, n);
+      case Op::Conv:
+        return compile_conv(id, n);
+      case Op::FullyConnected:
+        return compile_fc(id, n);
+      case Op::BatchNorm:
+        return compile_bn(id, n);
+      case Op::Relu:
+        return compile_relu(id, n);
       case Op::MaxPool:
       case Op::AvgPool:
-      case Op::GlobalAvgPool: return compile_pool(id, n);
-      case Op::Add: return compile_add(id, n);
+      case Op::GlobalAvgPool:
+        return compile_pool(id, n);
+      case Op::Add:
+        return compile_add(id, n);
     }
   }
 
@@ -248,9 +267,10 @@ class OneDnnExecutor final : public Executor {
     const memory wd = dpd.weights_desc() == w.get_desc() ? w : as(w_user, dpd.weights_desc(), bwd);
     std::vector<Action> after_d;
     const memory dsrc = into(diff_src, dpd.diff_src_desc(), after_d);
-    bwd.push_back(Action{dnnl::convolution_backward_data(dpd),
-                         {{DNNL_ARG_DIFF_DST, ddst_d}, {DNNL_ARG_WEIGHTS, wd}, {DNNL_ARG_DIFF_SRC, dsrc}},
-                         {}});
+    bwd.push_back(
+        Action{dnnl::convolution_backward_data(dpd),
+               {{DNNL_ARG_DIFF_DST, ddst_d}, {DNNL_ARG_WEIGHTS, wd}, {DNNL_ARG_DIFF_SRC, dsrc}},
+               {}});
     for (Action& a : after_d) bwd.push_back(std::move(a));
     for (Action& a : tail) bwd.push_back(std::move(a));
   }
@@ -300,9 +320,10 @@ class OneDnnExecutor final : public Executor {
     const memory wd = dpd.weights_desc() == w.get_desc() ? w : as(w_user, dpd.weights_desc(), bwd);
     std::vector<Action> after_d;
     const memory dsrc = into(diff_src, dpd.diff_src_desc(), after_d);
-    bwd.push_back(Action{dnnl::inner_product_backward_data(dpd),
-                         {{DNNL_ARG_DIFF_DST, diff_of(id)}, {DNNL_ARG_WEIGHTS, wd}, {DNNL_ARG_DIFF_SRC, dsrc}},
-                         {}});
+    bwd.push_back(Action{
+        dnnl::inner_product_backward_data(dpd),
+        {{DNNL_ARG_DIFF_DST, diff_of(id)}, {DNNL_ARG_WEIGHTS, wd}, {DNNL_ARG_DIFF_SRC, dsrc}},
+        {}});
     for (Action& a : after_d) bwd.push_back(std::move(a));
     for (Action& a : tail) bwd.push_back(std::move(a));
   }
@@ -323,18 +344,26 @@ class OneDnnExecutor final : public Executor {
     out.md = fpd.dst_desc();
     out.mem = memory(out.md, eng_);
     const memory src = values_[in].mem;
-    const memory scale = param_mem(n.params[0], c_md, false), shift = param_mem(n.params[1], c_md, false);
+    const memory scale = param_mem(n.params[0], c_md, false),
+                 shift = param_mem(n.params[1], c_md, false);
     const memory mean(fpd.mean_desc(), eng_), var(fpd.variance_desc(), eng_);
     push_fwd(dnnl::batch_normalization_forward(fpd),
-             {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, out.mem}, {DNNL_ARG_SCALE, scale},
-              {DNNL_ARG_SHIFT, shift}, {DNNL_ARG_MEAN, mean}, {DNNL_ARG_VARIANCE, var}},
+             {{DNNL_ARG_SRC, src},
+              {DNNL_ARG_DST, out.mem},
+              {DNNL_ARG_SCALE, scale},
+              {DNNL_ARG_SHIFT, shift},
+              {DNNL_ARG_MEAN, mean},
+              {DNNL_ARG_VARIANCE, var}},
              When::Train);
-    const memory run_mean = buffer_mem(n.buffers[0], c_md), run_var = buffer_mem(n.buffers[1], c_md);
+    const memory run_mean = buffer_mem(n.buffers[0], c_md),
+                 run_var = buffer_mem(n.buffers[1], c_md);
     // oneDNN reports the biased batch variance; PyTorch's running_var tracks the unbiased one.
     const double m = static_cast<double>(batch_) * numel(n.out) / c;
     const float unbias = m > 1 ? static_cast<float>(m / (m - 1)) : 1.f;
     const float mom = n.bn.momentum;
-    fwd_.push_back({Action{{}, {}, [=]() {
+    fwd_.push_back({Action{{},
+                           {},
+                           [=]() {
                              const float* bm = static_cast<const float*>(mean.get_data_handle());
                              const float* bv = static_cast<const float*>(var.get_data_handle());
                              float* rm = static_cast<float*>(run_mean.get_data_handle());
@@ -346,8 +375,12 @@ class OneDnnExecutor final : public Executor {
                            }},
                     When::Train});
     push_fwd(dnnl::batch_normalization_forward(ipd),
-             {{DNNL_ARG_SRC, src}, {DNNL_ARG_DST, out.mem}, {DNNL_ARG_SCALE, scale},
-              {DNNL_ARG_SHIFT, shift}, {DNNL_ARG_MEAN, run_mean}, {DNNL_ARG_VARIANCE, run_var}},
+             {{DNNL_ARG_SRC, src},
+              {DNNL_ARG_DST, out.mem},
+              {DNNL_ARG_SCALE, scale},
+              {DNNL_ARG_SHIFT, shift},
+              {DNNL_ARG_MEAN, run_mean},
+              {DNNL_ARG_VARIANCE, run_var}},
              When::Eval);
 
     dnnl::batch_normalization_backward::primitive_desc bpd(
@@ -369,8 +402,8 @@ class OneDnnExecutor final : public Executor {
     Value& src = values_[in];
     // In place when nothing else reads the input: backward then works from the output.
     const bool in_place = in != 0 && src.consumers == 1;
-    const auto alg = in_place ? dnnl::algorithm::eltwise_relu_use_dst_for_bwd
-                              : dnnl::algorithm::eltwise_relu;
+    const auto alg =
+        in_place ? dnnl::algorithm::eltwise_relu_use_dst_for_bwd : dnnl::algorithm::eltwise_relu;
     dnnl::eltwise_forward::primitive_desc fpd({dnnl::prop_kind::forward_training, alg, src.md, 0.f},
                                               eng_);
     Value& out = values_[id];
@@ -381,7 +414,8 @@ class OneDnnExecutor final : public Executor {
     (void)n;
     if (in == 0) return;
     dnnl::eltwise_backward::primitive_desc bpd({alg, out.md, src.md, 0.f}, eng_, fpd);
-    Args ba{{DNNL_ARG_DIFF_DST, diff_of(id)}, {DNNL_ARG_DIFF_SRC, in_place ? diff_of(in) : edge(in)}};
+    Args ba{{DNNL_ARG_DIFF_DST, diff_of(id)},
+            {DNNL_ARG_DIFF_SRC, in_place ? diff_of(in) : edge(in)}};
     ba[in_place ? DNNL_ARG_DST : DNNL_ARG_SRC] = in_place ? out.mem : src.mem;
     bwd_[id].push_back(Action{dnnl::eltwise_backward(bpd), std::move(ba), {}});
   }
@@ -418,8 +452,8 @@ class OneDnnExecutor final : public Executor {
     }
     push_fwd(dnnl::pooling_forward(fpd), std::move(fa));
     if (in == 0) return;
-    dnnl::pooling_backward::primitive_desc bpd({alg, src.md, out.md, strides, kernel, pad, pad}, eng_,
-                                               fpd);
+    dnnl::pooling_backward::primitive_desc bpd({alg, src.md, out.md, strides, kernel, pad, pad},
+                                               eng_, fpd);
     Args ba{{DNNL_ARG_DIFF_DST, diff_of(id)}, {DNNL_ARG_DIFF_SRC, edge(in)}};
     if (ws) ba[DNNL_ARG_WORKSPACE] = ws;
     bwd_[id].push_back(Action{dnnl::pooling_backward(bpd), std::move(ba), {}});
@@ -454,6 +488,7 @@ class OneDnnExecutor final : public Executor {
   std::vector<std::vector<Action>> bwd_;  // per node, run in reverse node order
   std::vector<int> order_;
   std::vector<std::vector<int>> ready_at_;
+  memory loss_edge_;
   bool trained_ = false;
 };
 

@@ -62,8 +62,9 @@ int main(int argc, char** argv) {
   world.allreduce_max(&max_diff, 1);
   const bool ok = max_diff <= 1e-5 && moved > 1e-2;
   if (rank == 0)
-    std::printf("p=%d: %lld params, %lld steps, max |allreduce - single| = %.3g, max change = %.3g: %s\n",
-                p, static_cast<long long>(a.size()), static_cast<long long>(steps), max_diff, moved,
-                ok ? "PASS" : "FAIL");
+    std::printf(
+        "p=%d: %lld params, %lld steps, max |allreduce - single| = %.3g, max change = %.3g: %s\n",
+        p, static_cast<long long>(a.size()), static_cast<long long>(steps), max_diff, moved,
+        ok ? "PASS" : "FAIL");
   return ok ? 0 : 1;
 }

@@ -26,7 +26,8 @@ std::string error_of(const std::vector<std::string>& args) {
 }  // namespace
 
 TEST_CASE("INI keys set options and the command line overrides the file") {
-  const auto ini = write_ini("gg_cfg_a.ini", "[train]\nbatch = 8\nepochs = 3\n[model]\nwidth = 4\n");
+  const auto ini =
+      write_ini("gg_cfg_a.ini", "[train]\nbatch = 8\nepochs = 3\n[model]\nwidth = 4\n");
   const Config c = parse_train_args({"--config", ini, "--train.epochs", "2"});
   CHECK(c.train.batch == 8);
   CHECK(c.train.epochs == 2);
@@ -75,8 +76,8 @@ TEST_CASE("usage errors name the option and the problem in one line") {
 TEST_CASE("unknown keys and wrong types inside the INI file are errors") {
   CHECK(error_of({"--config", write_ini("gg_cfg_c.ini", "[train]\nbogus = 1\n")}).find("bogus") !=
         std::string::npos);
-  CHECK(error_of({"--config", write_ini("gg_cfg_d.ini", "[train]\nbatch = x\n")})
-            .find("batch") != std::string::npos);
+  CHECK(error_of({"--config", write_ini("gg_cfg_d.ini", "[train]\nbatch = x\n")}).find("batch") !=
+        std::string::npos);
 }
 
 TEST_CASE("an existing metrics file is refused unless overwrite is set") {

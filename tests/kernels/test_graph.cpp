@@ -39,8 +39,8 @@ TEST_CASE("parameters are laid out contiguously in node order with torchvision n
 TEST_CASE("resnet8 has the parameter count of its PyTorch twin") {
   // conv1 1*16*9 + bn 32; layer1: 2*(16*16*9) + 2*32; layer2: 16*32*9 + 32*32*9 + 2*64 +
   // downsample 16*32 + 64; layer3: 32*64*9 + 64*64*9 + 2*128 + 32*64 + 128; fc 64*10 + 10.
-  const int64_t expected = 144 + 32 + 4608 + 64 + 4608 + 9216 + 128 + 512 + 64 + 18432 + 36864 +
-                           256 + 2048 + 128 + 650;
+  const int64_t expected =
+      144 + 32 + 4608 + 64 + 4608 + 9216 + 128 + 512 + 64 + 18432 + 36864 + 256 + 2048 + 128 + 650;
   CHECK(build_model({"resnet8", {1, 28, 28}, 10, 16, true}).param_count() == expected);
 }
 

@@ -137,7 +137,7 @@ TEST_CASE("partition without shuffle gives identity order in ceil(n/ranks) slice
   CHECK(partition(5, 0, 1, 1, 9, false) == std::vector<int64_t>{0, 1, 2, 3, 4});
 }
 
-TEST_CASE("partition rejects a rank outside [0, ranks) and negative counts",
+TEST_CASE("partition rejects a rank outside 0..ranks-1 and negative counts",
           "[shuffle][partition]") {
   CHECK_THROWS_AS(partition(10, 4, 4, 1, 0, true), std::invalid_argument);
   CHECK_THROWS_AS(partition(10, -1, 4, 1, 0, true), std::invalid_argument);

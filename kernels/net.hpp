@@ -1,0 +1,43 @@
+// A network built once: its graph, the flat parameter/gradient/statistics buffers, the gradient
+// buckets, and one compiled executor per batch size it is run at. Layers hold views into the
+// flat buffers, so the optimizer and the exchange engine see every parameter as one array.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "kernels/executor.hpp"
+#include "kernels/graph.hpp"
+#include "kernels/tensor.hpp"
+
+namespace gg::kernels {
+
+class Net {
+ public:
+  Net(Graph g, Backend backend, int64_t bucket_elements);
+  Net(const Net&) = delete;  // executors point into this object's buffers
+  Net& operator=(const Net&) = delete;
+
+  const Graph& graph() const { return graph_; }
+  ParamStore& store() { return store_; }
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+  Backend backend() const { return backend_; }
+
+  // Views into the flat buffers by torchvision name ("layer1.0.conv1.weight").
+  Tensor param(const std::string& name);
+  Tensor grad(const std::string& name);
+  Tensor buffer(const std::string& name);
+
+  // The executor for this batch size, compiled on first use.
+  Executor& at_batch(int64_t batch);
+
+ private:
+  Graph graph_;
+  Backend backend_;
+  ParamStore store_;
+  std::vector<Bucket> buckets_;
+  std::map<int64_t, std::unique_ptr<Executor>> executors_;
+};
+
+}  // namespace gg::kernels
