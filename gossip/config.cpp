@@ -1,9 +1,11 @@
 #include "gossip/config.hpp"
 
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <sstream>
 
 #include "kernels/models.hpp"
@@ -57,7 +59,25 @@ po::options_description describe(Config& c) {
     ("train.eval_batch", po::value(&c.train.eval_batch)->default_value(c.train.eval_batch),
      "batch of the evaluation pass [1, 65536]")
     ("gossip.mode", po::value(&c.gossip.mode)->default_value(c.gossip.mode),
-     "how ranks mix gradients: allreduce")
+     "grad: average gradients with this step's partner; model: average weights after the "
+     "update; both; allreduce: exact average over all ranks (the baseline)")
+    ("gossip.schedule", po::value(&c.gossip.schedule)->default_value(c.gossip.schedule),
+     "partners: dissemination, hypercube (power-of-two ranks), ring, random")
+    ("gossip.rotate", po::value(&c.gossip.rotate)->default_value(c.gossip.rotate),
+     "permute the virtual ranks every ceil(log2 p) steps (seeded, no communication)")
+    ("gossip.transport", po::value(&c.gossip.transport)->default_value(c.gossip.transport),
+     "auto (shm on this node, p2p across nodes), shm, rma, p2p")
+    ("gossip.threading", po::value(&c.gossip.threading)->default_value(c.gossip.threading),
+     "funneled (one comm thread), concurrent (gossip.comm_threads), chained (bucket order)")
+    ("gossip.comm_threads", po::value(&c.gossip.comm_threads)->default_value(c.gossip.comm_threads),
+     "communication threads with threading = concurrent [1, 64]")
+    ("gossip.staleness", po::value(&c.gossip.staleness)->default_value(c.gossip.staleness),
+     "0: wait for the partner; 1: never wait, mix the partner's latest bucket")
+    ("gossip.global_every", po::value(&c.gossip.global_every)->default_value(c.gossip.global_every),
+     "exact global average of the weights every H steps (0: never)")
+    ("gossip.consensus_every",
+     po::value(&c.gossip.consensus_every)->default_value(c.gossip.consensus_every),
+     "measure the consensus distance every N steps (0: only at evaluation)")
     ("gossip.bucket_kb", po::value(&c.gossip.bucket_kb)->default_value(c.gossip.bucket_kb),
      "gradient bucket size in KiB; a bucket is exchanged as soon as backward completes it")
     ("log.metrics", po::value(&c.log.metrics)->default_value(c.log.metrics),
@@ -108,9 +128,26 @@ void validate(const Config& c) {
   require(c.train.max_steps >= 0, "train.max_steps", c.train.max_steps, "must be >= 0");
   require(c.train.eval_batch >= 1 && c.train.eval_batch <= 65536, "train.eval_batch",
           c.train.eval_batch, "must be in [1, 65536]");
-  if (c.gossip.mode != "allreduce")
-    throw UsageError("gossip.mode = " + c.gossip.mode +
-                     " is not available in this build: use allreduce");
+  const auto one_of = [](const std::string& key, const std::string& v,
+                         std::initializer_list<const char*> ok) {
+    std::string list;
+    for (const char* o : ok) {
+      if (v == o) return;
+      list += list.empty() ? o : std::string(", ") + o;
+    }
+    throw UsageError(key + " = " + v + " is unknown: use " + list);
+  };
+  one_of("gossip.mode", c.gossip.mode, {"grad", "model", "both", "allreduce"});
+  one_of("gossip.schedule", c.gossip.schedule, {"dissemination", "hypercube", "ring", "random"});
+  one_of("gossip.transport", c.gossip.transport, {"auto", "shm", "rma", "p2p"});
+  one_of("gossip.threading", c.gossip.threading, {"funneled", "concurrent", "chained"});
+  require(c.gossip.comm_threads >= 1 && c.gossip.comm_threads <= 64, "gossip.comm_threads",
+          c.gossip.comm_threads, "must be in [1, 64]");
+  require(c.gossip.staleness == 0 || c.gossip.staleness == 1, "gossip.staleness",
+          c.gossip.staleness, "must be 0 or 1");
+  require(c.gossip.global_every >= 0, "gossip.global_every", c.gossip.global_every, "must be >= 0");
+  require(c.gossip.consensus_every >= 0, "gossip.consensus_every", c.gossip.consensus_every,
+          "must be >= 0");
   require(c.gossip.bucket_kb >= 1 && c.gossip.bucket_kb <= (int64_t{1} << 22), "gossip.bucket_kb",
           c.gossip.bucket_kb, "must be in [1, 4194304]");
   require(c.log.interval > 0.1 && c.log.interval <= 3600, "log.interval", c.log.interval,
@@ -218,9 +255,13 @@ std::string to_ini(const Config& c) {
     << "\nwarmup_epochs = " << c.train.warmup_epochs << "\nseed = " << c.train.seed
     << "\nthreads = " << c.train.threads << "\nmax_steps = " << c.train.max_steps
     << "\neval_batch = " << c.train.eval_batch << "\n\n[gossip]\nmode = " << c.gossip.mode
-    << "\nbucket_kb = " << c.gossip.bucket_kb << "\n\n[log]\nmetrics = " << c.log.metrics
-    << "\noverwrite = " << c.log.overwrite << "\nprogress = " << c.log.progress
-    << "\ninterval = " << c.log.interval << "\n";
+    << "\nschedule = " << c.gossip.schedule << "\nrotate = " << c.gossip.rotate
+    << "\ntransport = " << c.gossip.transport << "\nthreading = " << c.gossip.threading
+    << "\ncomm_threads = " << c.gossip.comm_threads << "\nstaleness = " << c.gossip.staleness
+    << "\nglobal_every = " << c.gossip.global_every
+    << "\nconsensus_every = " << c.gossip.consensus_every << "\nbucket_kb = " << c.gossip.bucket_kb
+    << "\n\n[log]\nmetrics = " << c.log.metrics << "\noverwrite = " << c.log.overwrite
+    << "\nprogress = " << c.log.progress << "\ninterval = " << c.log.interval << "\n";
   return s.str();
 }
 

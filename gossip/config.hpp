@@ -42,7 +42,15 @@ struct Config {
     int64_t eval_batch = 500;
   } train;
   struct {
-    std::string mode = "allreduce";
+    std::string mode = "both";  // grad | model | both | allreduce
+    std::string schedule = "dissemination";
+    bool rotate = true;
+    std::string transport = "auto";
+    std::string threading = "funneled";
+    int comm_threads = 2;
+    int staleness = 0;
+    int64_t global_every = 0;
+    int64_t consensus_every = 50;
     int64_t bucket_kb = 512;
   } gossip;
   struct {

@@ -1,5 +1,6 @@
 #include "gossip/exchange.hpp"
 
+#include <algorithm>
 #include <chrono>
 
 namespace gg::gossip {
@@ -68,6 +69,204 @@ void AllreduceExchange::loop() {
     }
     cv_.notify_all();
   }
+}
+
+}  // namespace gg::gossip
+
+namespace gg::gossip {
+
+GossipExchange::GossipExchange(const mpi::Comm& world, float* buffer,
+                               std::vector<kernels::Bucket> buckets, GossipOptions o)
+    : comm_(world.dup()),
+      buffer_(buffer),
+      buckets_(std::move(buckets)),
+      o_(std::move(o)),
+      rank_(world.rank()),
+      latest_step_(buckets_.size(), -1),
+      completed_(buckets_.size(), -1) {
+  if (o_.schedule.p != comm_.size())
+    throw std::invalid_argument("gossip schedule is for " + std::to_string(o_.schedule.p) +
+                                " ranks but the job has " + std::to_string(comm_.size()));
+  if (o_.threading != "funneled" && o_.threading != "concurrent" && o_.threading != "chained")
+    throw std::invalid_argument("unknown threading '" + o_.threading +
+                                "' (expected funneled, concurrent or chained)");
+  if (o_.staleness != 0 && o_.staleness != 1)
+    throw std::invalid_argument("staleness must be 0 or 1");
+  partners::validate(o_.schedule);
+  BufferLayout layout;
+  layout.count = buckets_.empty() ? 0 : buckets_.front().end;
+  layout.buckets = buckets_;
+  transport_ = make_transport(o_.transport, comm_, layout);
+  if (o_.staleness == 1 && std::string(transport_->name()) != "shm" &&
+      std::string(transport_->name()) != "p2p")
+    throw std::invalid_argument("gossip.staleness 1 needs the shm or p2p transport, not " +
+                                std::string(transport_->name()));
+  if (o_.staleness == 1) {
+    send_stage_.resize(layout.count);
+    latest_.resize(layout.count);
+  }
+  const int threads = o_.threading == "concurrent" ? std::max(1, o_.comm_threads) : 1;
+  for (int i = 0; i < threads; ++i) workers_.emplace_back([this, i] { worker(i); });
+}
+
+GossipExchange::~GossipExchange() {
+  {
+    std::unique_lock lock(mu_);
+    // Let exchanges already started finish: the partner is waiting for them.
+    cv_.wait(lock, [&] { return queue_.empty() || error_; });
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (std::thread& t : workers_) t.join();
+}
+
+partners::Partners GossipExchange::partners_at(int64_t step) const {
+  return partners::partners(o_.schedule, rank_, step);
+}
+
+void GossipExchange::begin_step(int64_t step) {
+  const partners::Partners peers = partners_at(step);
+  transport_->begin_step(peers.recv_from, step);
+  std::lock_guard lock(mu_);
+  step_ = step;
+  peers_ = peers;
+  done_ = 0;
+  next_chained_ = 0;
+}
+
+const float* GossipExchange::source(int b) const {
+  return (o_.staleness == 1 ? send_stage_.data() : buffer_) + buckets_[b].begin;
+}
+
+void GossipExchange::on_bucket_ready(int b) {
+  std::unique_lock lock(mu_);
+  if (o_.staleness == 1) {
+    // Bounded staleness: the previous exchange of this bucket must be over before its staging
+    // copy is reused.
+    cv_.wait(lock, [&] { return completed_[b] >= step_ - 1 || error_; });
+    if (error_) std::rethrow_exception(error_);
+    const kernels::Bucket& k = buckets_[b];
+    std::copy(buffer_ + k.begin, buffer_ + k.end, send_stage_.begin() + k.begin);
+  }
+  queue_.push_back({step_, b, peers_});
+  lock.unlock();
+  cv_.notify_all();
+}
+
+void GossipExchange::start(const Job& j) {
+  transport_->expect(j.peers.recv_from, j.step, j.bucket);
+  transport_->send(j.peers.send_to, j.step, j.bucket, source(j.bucket));
+}
+
+void GossipExchange::complete(const Job& j) {
+  const kernels::Bucket& k = buckets_[j.bucket];
+  const float* in = transport_->received(j.peers.recv_from, j.step, j.bucket);
+  if (o_.staleness == 0) {
+    float* x = buffer_ + k.begin;
+    for (int64_t i = 0; i < k.size(); ++i) x[i] = 0.5f * (x[i] + in[i]);
+  } else {
+    std::lock_guard lock(mu_);
+    std::copy(in, in + k.size(), latest_.begin() + k.begin);
+    latest_step_[j.bucket] = j.step;
+  }
+  transport_->finish_send(j.peers.send_to, j.step, j.bucket);
+  transport_->release(j.peers.recv_from, j.step, j.bucket);
+}
+
+void GossipExchange::mark_done(const Job& j) {
+  {
+    std::lock_guard lock(mu_);
+    completed_[j.bucket] = j.step;
+    if (j.step == step_) ++done_;
+  }
+  cv_.notify_all();
+}
+
+void GossipExchange::run_blocking(const Job& j) {
+  start(j);
+  complete(j);
+  mark_done(j);
+}
+
+void GossipExchange::worker(int) {
+  for (;;) {
+    std::vector<Job> batch;
+    {
+      std::unique_lock lock(mu_);
+      if (o_.threading == "chained") {
+        // Strictly in bucket order: wait for the next bucket even if later ones are ready.
+        cv_.wait(lock, [&] {
+          if (stop_) return true;
+          for (const Job& j : queue_)
+            if (j.step < step_ || j.bucket == next_chained_) return true;
+          return false;
+        });
+        if (stop_ && queue_.empty()) return;
+        auto it = std::find_if(queue_.begin(), queue_.end(), [&](const Job& j) {
+          return j.step < step_ || j.bucket == next_chained_;
+        });
+        if (it == queue_.end()) continue;
+        batch.push_back(*it);
+        queue_.erase(it);
+        if (batch[0].step == step_) ++next_chained_;
+      } else {
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (stop_ && queue_.empty()) return;
+        if (o_.threading == "funneled") {
+          batch.assign(queue_.begin(), queue_.end());
+          queue_.clear();
+        } else {
+          batch.push_back(queue_.front());
+          queue_.pop_front();
+        }
+      }
+    }
+    cv_.notify_all();  // the destructor may be waiting for an empty queue
+    try {
+      if (batch.size() == 1) {
+        run_blocking(batch[0]);
+      } else {
+        // Funneled: every ready bucket is on the wire before the first one is waited for.
+        for (const Job& j : batch) start(j);
+        for (const Job& j : batch) {
+          complete(j);
+          mark_done(j);
+        }
+      }
+    } catch (...) {
+      std::lock_guard lock(mu_);
+      error_ = std::current_exception();
+      cv_.notify_all();
+      return;
+    }
+  }
+}
+
+double GossipExchange::finish_step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_lock lock(mu_);
+  if (o_.staleness == 0) {
+    cv_.wait(lock, [&] { return done_ == buckets_.size() || error_; });
+    if (error_) std::rethrow_exception(error_);
+  } else {
+    if (error_) std::rethrow_exception(error_);
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      if (latest_step_[b] < step_ - 1) continue;  // nothing from the partner yet
+      const kernels::Bucket& k = buckets_[b];
+      float* x = buffer_ + k.begin;
+      const float* in = latest_.data() + k.begin;
+      for (int64_t i = 0; i < k.size(); ++i) x[i] = 0.5f * (x[i] + in[i]);
+    }
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+double GossipExchange::exchange_all(int64_t step) {
+  const auto t0 = std::chrono::steady_clock::now();
+  begin_step(step);
+  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) on_bucket_ready(b);
+  finish_step();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace gg::gossip

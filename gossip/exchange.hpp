@@ -8,11 +8,14 @@
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "gossip/mpi.hpp"
+#include "gossip/transport.hpp"
 #include "kernels/graph.hpp"
+#include "partners/schedule.hpp"
 
 namespace gg::gossip {
 
@@ -54,6 +57,71 @@ class AllreduceExchange final : public GradientExchange {
   bool stop_ = false;
   std::exception_ptr error_;
   std::thread worker_;
+};
+
+struct GossipOptions {
+  partners::Schedule schedule;         // p must equal the communicator's size
+  std::string transport = "auto";      // auto | shm | rma | p2p
+  std::string threading = "funneled";  // funneled | concurrent | chained
+  int comm_threads = 2;                // concurrent only
+  int staleness = 0;  // 0: wait for the partner; 1: never wait, mix what has arrived
+};
+
+// Gossip: bucket b is averaged with the same bucket of this step's partner, x = (x + x_from) / 2,
+// where the schedule says who sends to whom. Transports move the bytes; threading decides who
+// drives them:
+//   funneled    one communication thread starts every ready bucket, then completes them
+//   concurrent  several threads, each exchanging a whole bucket (MPI_THREAD_MULTIPLE)
+//   chained     one thread, one bucket at a time, strictly in bucket order
+// With staleness 1 a bucket is copied aside when it is ready, and finish_step mixes whatever the
+// partner's latest completed bucket is (this step's or the previous one's) without waiting; a
+// bucket is queued again only once its previous exchange is complete (staleness bounded by 1).
+class GossipExchange final : public GradientExchange {
+ public:
+  GossipExchange(const mpi::Comm& world, float* buffer, std::vector<kernels::Bucket> buckets,
+                 GossipOptions o);
+  ~GossipExchange() override;
+  const char* name() const override { return "gossip"; }
+  void begin_step(int64_t step) override;
+  void on_bucket_ready(int bucket) override;
+  double finish_step() override;
+  // Every bucket at once (model averaging after the update); returns the seconds it took.
+  double exchange_all(int64_t step);
+  partners::Partners partners_at(int64_t step) const;
+
+ private:
+  struct Job {
+    int64_t step;
+    int bucket;
+    partners::Partners peers;
+  };
+  void worker(int id);
+  void run_blocking(const Job& j);
+  void start(const Job& j);
+  void complete(const Job& j);
+  void mark_done(const Job& j);
+  const float* source(int bucket) const;
+
+  mpi::Comm comm_;
+  float* buffer_;
+  std::vector<kernels::Bucket> buckets_;
+  GossipOptions o_;
+  int rank_;
+  std::unique_ptr<Transport> transport_;
+  std::vector<float> send_stage_;     // staleness 1: the bucket as it was when ready
+  std::vector<float> latest_;         // staleness 1: the partner's latest completed bucket
+  std::vector<int64_t> latest_step_;  // step of latest_[b], -1 = none yet
+  std::vector<int64_t> completed_;    // step whose exchange of bucket b finished, -1 = none
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;
+  int64_t step_ = 0;
+  partners::Partners peers_;
+  size_t done_ = 0;
+  int next_chained_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::vector<std::thread> workers_;
 };
 
 }  // namespace gg::gossip

@@ -72,7 +72,31 @@ Trainer::Trainer(const Config& c, const mpi::Comm& world, kernels::Dims input, i
   world_.broadcast(store.buffers.data(), g.buffer_count(), 0);
   train_exec_ = &net_.at_batch(c.train.batch);
   eval_exec_ = &net_.at_batch(c.train.eval_batch);
-  exchange_ = std::make_unique<AllreduceExchange>(world_, store.grads.data(), net_.buckets());
+  if (c.gossip.mode == "allreduce") {
+    exchange_ = std::make_unique<AllreduceExchange>(world_, store.grads.data(), net_.buckets());
+    return;
+  }
+  GossipOptions o;
+  try {
+    o.schedule = {partners::parse_kind(c.gossip.schedule), world.size(), c.gossip.rotate,
+                  c.train.seed};
+    partners::validate(o.schedule);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("gossip.schedule: ") + e.what());
+  }
+  o.transport = c.gossip.transport;
+  o.threading = c.gossip.threading;
+  o.comm_threads = c.gossip.comm_threads;
+  o.staleness = c.gossip.staleness;
+  try {
+    if (c.gossip.mode == "grad" || c.gossip.mode == "both")
+      exchange_ = std::make_unique<GossipExchange>(world_, store.grads.data(), net_.buckets(), o);
+    if (c.gossip.mode == "model" || c.gossip.mode == "both")
+      model_exchange_ =
+          std::make_unique<GossipExchange>(world_, store.params.data(), net_.buckets(), o);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("gossip: ") + e.what());
+  }
 }
 
 StepStats Trainer::step(const float* x, const int32_t* y) {
@@ -82,16 +106,37 @@ StepStats Trainer::step(const float* x, const int32_t* y) {
       kernels::softmax_cross_entropy(logits, y, c_.train.batch, graph().classes(), dlogits_.data());
   s.loss = loss.loss;
   s.correct = loss.correct;
-  exchange_->begin_step(step_);
-  train_exec_->backward(dlogits_.data(), [this](int b) { exchange_->on_bucket_ready(b); });
-  s.comm_seconds = exchange_->finish_step();
+  if (exchange_) {
+    exchange_->begin_step(step_);
+    train_exec_->backward(dlogits_.data(), [this](int b) { exchange_->on_bucket_ready(b); });
+    s.comm_seconds = exchange_->finish_step();
+  } else {
+    train_exec_->backward(dlogits_.data(), {});
+  }
   s.lr = schedule_.at(step_);
   sgd_.step(store().params.data(), store().grads.data(), static_cast<float>(s.lr));
+  if (model_exchange_) s.comm_seconds += model_exchange_->exchange_all(step_);
+  const int64_t h = c_.gossip.global_every;
+  if (c_.gossip.mode != "allreduce" && h > 0 && (step_ + 1) % h == 0) {
+    const auto t0 = std::chrono::steady_clock::now();
+    average_over_ranks(store().params);
+    average_over_ranks(store().buffers);
+    s.comm_seconds += seconds_since(t0);
+  }
+  const int64_t n = c_.gossip.consensus_every;
+  if (n > 0 && (step_ + 1) % n == 0) s.consensus = consensus_distance();
   ++step_;
   return s;
 }
 
 EvalStats Trainer::evaluate(const shuffle::Dataset& data, float mean, float stddev) {
+  // Evaluate the average model, then give every rank its own weights back.
+  const double consensus = consensus_distance();
+  const std::vector<float> own_params = store().params, own_buffers = store().buffers;
+  if (world_.size() > 1) {
+    average_over_ranks(store().params);
+    average_over_ranks(store().buffers);
+  }
   shuffle::LoaderOptions o;
   o.batch = c_.train.eval_batch;
   o.rank = world_.rank();
@@ -122,19 +167,29 @@ EvalStats Trainer::evaluate(const shuffle::Dataset& data, float mean, float stdd
     e.top1 = sums[1] / sums[3];
     e.top5 = sums[2] / sums[3];
   }
-  // Consensus distance: mean over ranks of ||w_r - mean_w||^2.
-  const int64_t n = graph().param_count();
-  std::vector<float> avg(store().params);
-  world_.allreduce_sum(avg.data(), n);
-  const float inv = 1.f / world_.size();
+  store().params = own_params;
+  store().buffers = own_buffers;
+  e.consensus = consensus;
+  return e;
+}
+
+void Trainer::average_over_ranks(std::vector<float>& v) {
+  world_.allreduce_sum(v.data(), static_cast<int64_t>(v.size()));
+  const float inv = 1.f / static_cast<float>(world_.size());
+  for (float& x : v) x *= inv;
+}
+
+double Trainer::consensus_distance() {
+  const std::vector<float>& w = store().params;
+  std::vector<float> avg(w);
+  average_over_ranks(avg);
   double d = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double diff = store().params[i] - avg[i] * inv;
+  for (size_t i = 0; i < w.size(); ++i) {
+    const double diff = static_cast<double>(w[i]) - avg[i];
     d += diff * diff;
   }
   world_.allreduce_sum(&d, 1);
-  e.consensus = d / world_.size();
-  return e;
+  return d / world_.size();
 }
 
 RunSummary run_training(const Config& c, const mpi::Comm& world) {
@@ -177,17 +232,22 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
   MetricsWriter metrics;
   if (lead) metrics = MetricsWriter(c.log.metrics, c.log.overwrite);
   const int64_t global_batch = c.train.batch * ranks;
+  const std::string mixing = c.gossip.mode == "allreduce"
+                                 ? std::string("allreduce")
+                                 : "gossip " + c.gossip.mode + " (" + c.gossip.schedule +
+                                       (c.gossip.rotate ? "+rotate" : "") + ", " +
+                                       c.gossip.transport + ")";
   if (lead) {
     std::printf("gossipgrad: %d ranks x %d threads, %s on %s (%lld params), %s backend\n", ranks,
                 threads, c.model.name.c_str(), c.data.dir.c_str(),
                 static_cast<long long>(trainer.graph().param_count()), c.train.backend.c_str());
     std::printf(
         "gossipgrad: %lld train / %lld test samples, global batch %lld, %lld steps/epoch, "
-        "%lld epochs, peak lr %.4g, exchange %s\n",
+        "%lld epochs, peak lr %.4g, mixing: %s\n",
         static_cast<long long>(train.count), static_cast<long long>(test.count),
         static_cast<long long>(global_batch), static_cast<long long>(per_epoch),
         static_cast<long long>(epochs), c.train.lr * global_batch / c.train.base_batch,
-        c.gossip.mode.c_str());
+        mixing.c_str());
     std::fflush(stdout);
     metrics.write({{"event", "start"},
                    {"ranks", ranks},
@@ -229,6 +289,8 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
                      {"step_s", dt},
                      {"comm_s", st.comm_seconds},
                      {"data_wait_s", data_wait}});
+      if (st.consensus >= 0)
+        metrics.write({{"event", "consensus"}, {"step", s + 1}, {"consensus", st.consensus}});
       const double now = seconds_since(t_start);
       if (c.log.progress && (now - last_print >= c.log.interval || s + 1 == total)) {
         last_print = now;

@@ -24,6 +24,7 @@ struct StepStats {
   int64_t correct = 0;
   double lr = 0;
   double comm_seconds = 0;  // exposed: time the step waited for the exchange
+  double consensus = -1;    // measured this step (every gossip.consensus_every steps), else -1
 };
 
 struct EvalStats {
@@ -51,20 +52,27 @@ class Trainer {
   // One training step on this rank's local batch (train.batch samples, NCHW, normalised).
   StepStats step(const float* x, const int32_t* y);
 
-  // Top-1/top-5 of this rank's model over the whole data set, split across ranks.
+  // Top-1/top-5 over the whole data set (split across ranks) of the ranks' average model: with
+  // gossip every rank holds its own model, and their average is what training converges to.
   EvalStats evaluate(const shuffle::Dataset& data, float mean, float stddev);
+
+  // Mean over ranks of ||w_r - mean_w||^2 (a collective: every rank must call it).
+  double consensus_distance();
 
   const kernels::Graph& graph() const { return net_.graph(); }
   kernels::ParamStore& store() { return net_.store(); }
   int64_t steps_done() const { return step_; }
 
  private:
+  void average_over_ranks(std::vector<float>& v);
+
   const Config& c_;
   const mpi::Comm& world_;
   kernels::Net net_;
   kernels::Executor* train_exec_;
   kernels::Executor* eval_exec_;
-  std::unique_ptr<GradientExchange> exchange_;
+  std::unique_ptr<GradientExchange> exchange_;      // gradients (grad, both, allreduce)
+  std::unique_ptr<GossipExchange> model_exchange_;  // weights after the update (model, both)
   kernels::Sgd sgd_;
   kernels::LrSchedule schedule_;
   std::vector<float> dlogits_;

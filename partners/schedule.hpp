@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace gg::partners {
 
@@ -19,5 +20,43 @@ int rounds_per_cycle(int p);
 // Dissemination: at step t, k = t mod ceil(log2 p); rank v sends to (v + 2^k) mod p and
 // receives from (v - 2^k) mod p.
 Partners dissemination(int rank, int p, int64_t step);
+
+// The partner patterns a run can choose; see DESIGN.md "partners: the schedule".
+enum class Kind { Dissemination, Hypercube, Ring, Random };
+
+// "dissemination", "hypercube", "ring", "random"; anything else throws std::invalid_argument with
+// one line that lists the valid names.
+Kind parse_kind(const std::string& name);
+const char* kind_name(Kind kind);
+
+// Everything a rank needs to compute its partners at any step without talking to anyone.
+// `seed` only matters for `Random` and for `rotate`; every rank must use the same value.
+struct Schedule {
+  Kind kind = Kind::Dissemination;
+  int p = 1;
+  bool rotate = false;
+  uint64_t seed = 1;
+};
+
+// Throws std::invalid_argument (one line, naming the fix) if p < 1 or the kind cannot serve p
+// (hypercube needs a power of two).
+void validate(const Schedule& s);
+
+// Steps per rotation round: ceil(log2 p), at least 1. Rotation changes the virtual-rank
+// permutation only at multiples of this, so a dissemination/hypercube round stays intact.
+int round_length(int p);
+
+// THE schedule: (rank, p, step, seed) -> {send_to, recv_from}. Every step is a permutation
+// (each rank sends once and receives once) with no self-sends for p >= 2; p = 1 talks to itself.
+// O(1) for unrotated dissemination/hypercube/ring, O(p) when a permutation has to be drawn.
+Partners partners(const Schedule& s, int rank, int64_t step);
+
+// partners() for every rank at once, in O(p): what the simulator and the CLI use.
+std::vector<Partners> step_partners(const Schedule& s, int64_t step);
+
+// The virtual rank each real rank plays during the round that contains `step`
+// (the identity when rotation is off). Drawn from (seed, round) by a counter-based hash and
+// Fisher-Yates, so it is bit-identical on every rank, compiler and platform.
+std::vector<int> rotation(const Schedule& s, int64_t step);
 
 }  // namespace gg::partners

@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
   c.train.weight_decay = 5e-4;
   c.train.warmup_epochs = 0;
   c.train.eval_batch = 4;
+  c.gossip.mode = "allreduce";
   c.gossip.bucket_kb = 1;  // several buckets, so the overlap path is exercised
   c.train.batch = local;
   gossip::Config single = c;

@@ -98,7 +98,7 @@ TEST_CASE("to_ini round-trips every setting") {
 
 TEST_CASE("the shipped laptop config parses and is complete") {
   const Config c = parse_train_args({"--config", GG_SOURCE_DIR "/configs/laptop.ini"});
-  CHECK(c.gossip.mode == "allreduce");
+  CHECK(c.gossip.mode == "both");
   CHECK(c.model.name == "resnet8");
   const std::string ini = gg::gossip::to_ini(c);
   std::ifstream f(GG_SOURCE_DIR "/configs/laptop.ini");

@@ -1,0 +1,159 @@
+// Run under mpirun with P ranks: every transport and threading mode delivers exactly the
+// partner's bytes, the mixed values follow the simulator's prediction step by step, and random
+// delays on the ranks cause no deadlock.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gossip/exchange.hpp"
+#include "gossip/mpi.hpp"
+#include "partners/simulator.hpp"
+
+using namespace gg;
+
+namespace {
+
+int failures = 0;
+
+void check(bool ok, const std::string& what, int rank) {
+  if (!ok) {
+    std::fprintf(stderr, "rank %d: FAIL: %s\n", rank, what.c_str());
+    ++failures;
+  }
+}
+
+// Buckets of uneven sizes, the last element of the buffer in bucket 0 (as backward makes them).
+std::vector<kernels::Bucket> make_layout(int64_t count) {
+  std::vector<kernels::Bucket> b;
+  int64_t end = count, size = 1;
+  while (end > 0) {
+    const int64_t begin = std::max<int64_t>(0, end - size);
+    b.push_back({begin, end});
+    end = begin;
+    size = size * 3 + 5;
+  }
+  return b;
+}
+
+float initial(int rank, int64_t i) { return static_cast<float>((rank * 7 + i * 3) % 64); }
+
+void run_case(const mpi::Comm& world, const std::string& transport, const std::string& threading,
+              partners::Kind kind, bool rotate, bool delays) {
+  const int rank = world.rank(), p = world.size();
+  const int64_t count = 1000;
+  const int steps = 7;
+  const auto buckets = make_layout(count);
+  std::vector<float> x(count);
+  for (int64_t i = 0; i < count; ++i) x[i] = initial(rank, i);
+  gossip::GossipOptions o;
+  o.schedule = {kind, p, rotate, 42};
+  o.transport = transport;
+  o.threading = threading;
+  o.comm_threads = 3;
+  const std::string name = transport + "/" + threading + "/" + partners::kind_name(kind) +
+                           (rotate ? "+rotate" : "") + (delays ? "+delays" : "");
+  if (rank == 0 && std::getenv("GG_TRACE")) std::fprintf(stderr, "start %s\n", name.c_str());
+  std::mt19937 rng(1000 + rank);
+  {
+    gossip::GossipExchange ex(world, x.data(), buckets, o);
+    for (int s = 0; s < steps; ++s) {
+      ex.begin_step(s);
+      for (int b = 0; b < static_cast<int>(buckets.size()); ++b) {
+        if (delays) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 2000));
+        ex.on_bucket_ready(b);
+      }
+      ex.finish_step();
+      if (s == 0) {
+        // Exactly the partner's bytes: the values are small integers, so (a + b) / 2 is exact.
+        const int from = ex.partners_at(0).recv_from;
+        bool exact = true;
+        for (int64_t i = 0; i < count; ++i)
+          exact &= x[i] == 0.5f * (initial(rank, i) + initial(from, i));
+        check(exact, name + ": step 0 holds exactly (mine + partner's) / 2", rank);
+      }
+    }
+  }
+  // Every rank's values against the simulator, element by element.
+  std::vector<float> all(static_cast<size_t>(count) * p, 0.f);
+  std::copy(x.begin(), x.end(), all.begin() + rank * count);
+  world.allreduce_sum(all.data(), static_cast<int64_t>(all.size()));
+  double worst = 0;
+  for (int64_t i = 0; i < count; i += 37) {
+    std::vector<double> start(p);
+    for (int v = 0; v < p; ++v) start[v] = initial(v, i);
+    const std::vector<double> want = partners::mix(o.schedule, start, 0, steps);
+    for (int v = 0; v < p; ++v) worst = std::max(worst, std::fabs(all[v * count + i] - want[v]));
+  }
+  check(worst < 1e-4, name + ": matches the simulator (max error " + std::to_string(worst) + ")",
+        rank);
+  if (rank == 0) std::printf("%-48s max |engine - simulator| = %.2g\n", name.c_str(), worst);
+}
+
+// Staleness 1 never waits for the partner: values stay convex combinations of the start
+// values (within their range), and nothing deadlocks under random delays.
+void run_stale(const mpi::Comm& world, const std::string& transport) {
+  const int rank = world.rank(), p = world.size();
+  const int64_t count = 500;
+  const auto buckets = make_layout(count);
+  std::vector<float> x(count);
+  for (int64_t i = 0; i < count; ++i) x[i] = initial(rank, i);
+  gossip::GossipOptions o;
+  o.schedule = {partners::Kind::Dissemination, p, true, 7};
+  o.transport = transport;
+  o.staleness = 1;
+  std::mt19937 rng(77 + rank);
+  {
+    gossip::GossipExchange ex(world, x.data(), buckets, o);
+    for (int s = 0; s < 12; ++s) {
+      ex.begin_step(s);
+      for (int b = 0; b < static_cast<int>(buckets.size()); ++b) {
+        std::this_thread::sleep_for(std::chrono::microseconds(rng() % 1500));
+        ex.on_bucket_ready(b);
+      }
+      ex.finish_step();
+    }
+  }
+  bool ok = true;
+  for (float v : x) ok &= std::isfinite(v) && v >= 0.f && v <= 63.f;
+  check(ok, transport + "/staleness 1: values stay within the start range", rank);
+  if (rank == 0) std::printf("%-48s ok\n", (transport + "/funneled/staleness 1+delays").c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  mpi::Environment env(&argc, &argv);
+  const mpi::Comm world = mpi::Comm::world();
+  const int p = world.size();
+  const bool pow2 = (p & (p - 1)) == 0;
+  try {
+    // rma (PSCW) hung at 3+ ranks with Debian's MPICH 4.0.2 when partners rotate: it is tested
+    // where it works and kept out of auto (see gossip/transport.hpp).
+    const bool rma = p <= 2;
+    if (!rma && world.rank() == 0) std::printf("rma skipped at p=%d (known MPICH PSCW hang)\n", p);
+    for (const char* transport : {"p2p", "rma", "shm", "auto"})
+      for (const char* threading : {"funneled", "concurrent", "chained"})
+        if (rma || std::string(transport) != "rma")
+          run_case(world, transport, threading, partners::Kind::Dissemination, true, false);
+    for (const char* transport : {"p2p", "rma", "shm"})
+      if (rma || std::string(transport) != "rma")
+        run_case(world, transport, "funneled", partners::Kind::Dissemination, true, true);
+    run_case(world, "shm", "concurrent", partners::Kind::Random, false, true);
+    run_case(world, rma ? "rma" : "p2p", "funneled", partners::Kind::Ring, false, false);
+    run_stale(world, "shm");
+    run_stale(world, "p2p");
+    if (pow2) run_case(world, "auto", "funneled", partners::Kind::Hypercube, true, true);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: error: %s\n", world.rank(), e.what());
+    ++failures;
+  }
+  int bad = failures;
+  MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (world.rank() == 0) std::printf("gossip exchange on %d ranks: %s\n", p, bad ? "FAIL" : "PASS");
+  return bad ? 1 : 0;
+}
