@@ -161,6 +161,9 @@ void GossipExchange::start(const Job& j) {
 void GossipExchange::complete(const Job& j) {
   const kernels::Bucket& k = buckets_[j.bucket];
   const float* in = transport_->received(j.peers.recv_from, j.step, j.bucket);
+  // The outgoing bucket may still be read by MPI (p2p rendezvous) until the send completes:
+  // only then may it be overwritten by the mix.
+  transport_->finish_send(j.peers.send_to, j.step, j.bucket);
   if (o_.staleness == 0) {
     float* x = buffer_ + k.begin;
     for (int64_t i = 0; i < k.size(); ++i) x[i] = 0.5f * (x[i] + in[i]);
@@ -169,7 +172,6 @@ void GossipExchange::complete(const Job& j) {
     std::copy(in, in + k.size(), latest_.begin() + k.begin);
     latest_step_[j.bucket] = j.step;
   }
-  transport_->finish_send(j.peers.send_to, j.step, j.bucket);
   transport_->release(j.peers.recv_from, j.step, j.bucket);
 }
 

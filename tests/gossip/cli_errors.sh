@@ -35,11 +35,13 @@ expect "wrong type in the INI file" "batch" -- train --config badtype.ini
 mkdir -p runs && echo keep >runs/m.jsonl
 expect "existing metrics file is not overwritten" "already exists" -- train --config "$CFG" --log.metrics runs/m.jsonl
 grep -q keep runs/m.jsonl || { echo "FAIL: metrics file was touched"; fail=1; }
-if [ -n "$(ls "$TMP" | grep -v -e out -e err -e bad.ini -e badtype.ini -e runs)" ]; then
+if [ -n "$(ls "$TMP" | grep -v -e out -e err -e bad.ini -e badtype.ini -e runs -e help.txt)" ]; then
   echo "FAIL: usage errors left files behind: $(ls "$TMP")"; fail=1
 fi
 # --help answers and exits 0.
-"$BIN" --help | grep -q "gossipgrad train" || { echo "FAIL: --help"; fail=1; }
-"$BIN" train --help | grep -q "train.batch" || { echo "FAIL: train --help"; fail=1; }
-"$BIN" info --model resnet8 | grep -q "parameters" || { echo "FAIL: info"; fail=1; }
+# (Output goes to a file first: grep -q closing the pipe early would fail the writer under
+# pipefail.)
+"$BIN" --help >help.txt && grep -q "gossipgrad train" help.txt || { echo "FAIL: --help"; fail=1; }
+"$BIN" train --help >help.txt && grep -q "train.batch" help.txt || { echo "FAIL: train --help"; fail=1; }
+"$BIN" info --model resnet8 >help.txt && grep -q "parameters" help.txt || { echo "FAIL: info"; fail=1; }
 exit $fail
