@@ -105,7 +105,9 @@ GossipExchange::GossipExchange(const mpi::Comm& world, float* buffer,
     send_stage_.resize(layout.count);
     latest_.resize(layout.count);
   }
-  const int threads = o_.threading == "concurrent" ? std::max(1, o_.comm_threads) : 1;
+  // A whole-step transport (rma) is driven by one thread whatever the threading option.
+  const int threads =
+      o_.threading == "concurrent" && !transport_->whole_step() ? std::max(1, o_.comm_threads) : 1;
   for (int i = 0; i < threads; ++i) workers_.emplace_back([this, i] { worker(i); });
 }
 
@@ -126,7 +128,7 @@ partners::Partners GossipExchange::partners_at(int64_t step) const {
 
 void GossipExchange::begin_step(int64_t step) {
   const partners::Partners peers = partners_at(step);
-  transport_->begin_step(peers.recv_from, step);
+  transport_->begin_step(peers.recv_from, peers.send_to, step);
   std::lock_guard lock(mu_);
   step_ = step;
   peers_ = peers;
@@ -225,7 +227,20 @@ void GossipExchange::worker(int) {
     }
     cv_.notify_all();  // the destructor may be waiting for an empty queue
     try {
-      if (batch.size() == 1) {
+      if (transport_->whole_step()) {
+        // Put each bucket as it comes; once the step's last one is out, close the epoch and mix.
+        for (const Job& j : batch) {
+          transport_->send(j.peers.send_to, j.step, j.bucket, source(j.bucket));
+          if (++sent_ < static_cast<int>(buckets_.size())) continue;
+          sent_ = 0;
+          transport_->end_sends(j.peers.send_to, j.step);
+          for (int k = 0; k < static_cast<int>(buckets_.size()); ++k) {
+            const Job done{j.step, k, j.peers};
+            complete(done);
+            mark_done(done);
+          }
+        }
+      } else if (batch.size() == 1) {
         run_blocking(batch[0]);
       } else {
         // Funneled: every ready bucket is on the wire before the first one is waited for.

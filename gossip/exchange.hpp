@@ -119,6 +119,7 @@ class GossipExchange final : public GradientExchange {
   partners::Partners peers_;
   size_t done_ = 0;
   int next_chained_ = 0;
+  int sent_ = 0;  // whole-step transports: buckets of the current step sent so far
   bool stop_ = false;
   std::exception_ptr error_;
   std::vector<std::thread> workers_;

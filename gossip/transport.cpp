@@ -86,31 +86,33 @@ class RmaTransport final : public Transport {
  public:
   RmaTransport(const mpi::Comm& comm, const BufferLayout& layout)
       : comm_(comm.dup()), layout_(layout), groups_(comm_) {
-    for (const kernels::Bucket& k : layout.buckets) {
-      // Never below 4 KiB: Debian's MPICH 4.0.2 lost PSCW puts into 4- and 8-byte windows.
-      const int64_t bytes = std::max<int64_t>(4096, k.size() * sizeof(float));
-      windows_.push_back(std::make_unique<mpi::Window>(comm_, bytes, mpi::Window::Kind::Allocate));
-    }
+    for (const kernels::Bucket& k : layout.buckets) checked_count(k);
+    // Never below 4 KiB: Debian's MPICH 4.0.2 lost PSCW puts into 4- and 8-byte windows.
+    const int64_t bytes = std::max<int64_t>(4096, layout.count * sizeof(float));
+    window_ = std::make_unique<mpi::Window>(comm_, bytes, mpi::Window::Kind::Allocate);
   }
   const char* name() const override { return "rma"; }
+  bool whole_step() const override { return true; }
 
-  // Posting every window up front matters: MPICH's MPI_Win_start blocks until the target has
-  // posted, and with posts issued bucket by bucket, threads of neighbouring ranks waiting on
-  // each other's buckets deadlocked (seen at 4 ranks with concurrent and funneled threading).
-  void begin_step(int from, int64_t) override {
-    for (auto& w : windows_) GG_MPI_CHECK(MPI_Win_post(groups_[from], 0, w->get()));
+  void begin_step(int from, int to, int64_t) override {
+    GG_MPI_CHECK(MPI_Win_post(groups_[from], 0, window_->get()));
+    GG_MPI_CHECK(MPI_Win_start(groups_[to], 0, window_->get()));
+    waited_ = false;
   }
   void expect(int, int64_t, int) override {}
   void send(int to, int64_t, int b, const float* data) override {
-    const int n = checked_count(layout_.buckets[b]);
-    MPI_Win w = windows_[b]->get();
-    GG_MPI_CHECK(MPI_Win_start(groups_[to], 0, w));
-    GG_MPI_CHECK(MPI_Put(data, n, MPI_FLOAT, to, 0, n, MPI_FLOAT, w));
-    GG_MPI_CHECK(MPI_Win_complete(w));
+    const kernels::Bucket& k = layout_.buckets[b];
+    const int n = checked_count(k);
+    GG_MPI_CHECK(MPI_Put(data, n, MPI_FLOAT, to, static_cast<MPI_Aint>(k.begin * sizeof(float)), n,
+                         MPI_FLOAT, window_->get()));
   }
+  void end_sends(int, int64_t) override { GG_MPI_CHECK(MPI_Win_complete(window_->get())); }
   const float* received(int, int64_t, int b) override {
-    GG_MPI_CHECK(MPI_Win_wait(windows_[b]->get()));
-    return static_cast<const float*>(windows_[b]->base());
+    if (!waited_) {
+      GG_MPI_CHECK(MPI_Win_wait(window_->get()));
+      waited_ = true;
+    }
+    return static_cast<const float*>(window_->base()) + layout_.buckets[b].begin;
   }
   void release(int, int64_t, int) override {}
 
@@ -118,7 +120,8 @@ class RmaTransport final : public Transport {
   mpi::Comm comm_;
   BufferLayout layout_;
   SingletonGroups groups_;
-  std::vector<std::unique_ptr<mpi::Window>> windows_;
+  std::unique_ptr<mpi::Window> window_;
+  bool waited_ = false;
 };
 
 // comm rank -> rank in `node` (MPI_UNDEFINED when not on this node).
@@ -219,7 +222,10 @@ class AutoTransport final : public Transport {
     if (multi_node) rma_ = make_p2p_transport(comm, layout);
   }
   const char* name() const override { return rma_ ? (shm_ ? "auto" : "p2p") : "shm"; }
-  void begin_step(int from, int64_t t) override { pick(from).begin_step(from, t); }
+  void begin_step(int from, int to, int64_t t) override {
+    // Both halves of a step go through shm or p2p, which need no per-step set-up.
+    (void)from, (void)to, (void)t;
+  }
   void expect(int from, int64_t t, int b) override { pick(from).expect(from, t, b); }
   void send(int to, int64_t t, int b, const float* d) override { pick(to).send(to, t, b, d); }
   const float* received(int from, int64_t t, int b) override {

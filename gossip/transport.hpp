@@ -3,8 +3,7 @@
 // through different transports (auto: shared memory to a partner on this node, RMA otherwise).
 //
 // Protocol for bucket b at step t, on every rank (partners from the schedule):
-//   0. begin_step(from, t)       once per step, before any bucket (rma: PSCW post on every
-//                                bucket window, so no sender ever waits for a late post)
+//   0. begin_step(from, to, t)   once per step, before any bucket (rma: PSCW post + start)
 //   1. expect(from, t, b)        announce readiness to receive a bucket (Irecv, nothing)
 //   2. send(to, t, b, data)      move this rank's bucket to `to` (store / put / Isend)
 //   3. received(from, t, b)      block until the partner's bucket is here; returns a pointer to
@@ -29,7 +28,11 @@ class Transport {
  public:
   virtual ~Transport() = default;
   virtual const char* name() const = 0;
-  virtual void begin_step(int from, int64_t step) { (void)from, (void)step; }
+  virtual void begin_step(int from, int to, int64_t step) { (void)from, (void)to, (void)step; }
+  // A whole-step transport delivers a step's buckets together: after every bucket's send(),
+  // end_sends() closes the step, and only then may received() be called.
+  virtual bool whole_step() const { return false; }
+  virtual void end_sends(int to, int64_t step) { (void)to, (void)step; }
   virtual void expect(int from, int64_t step, int bucket) = 0;
   virtual void send(int to, int64_t step, int bucket, const float* data) = 0;
   virtual const float* received(int from, int64_t step, int bucket) = 0;
@@ -48,9 +51,11 @@ struct BufferLayout {
 // Isend/Irecv into a private receive buffer: portable, works everywhere.
 std::unique_ptr<Transport> make_p2p_transport(const mpi::Comm& comm, const BufferLayout& layout);
 
-// MPI_Put into the partner's MPI_Win_allocate window (one per bucket), with generalized
-// active-target synchronisation (post/start/complete/wait on one-member groups). Known issue:
-// hangs seen at 3+ ranks with MPICH 4.0.2 when partners rotate; reliable at 2 ranks.
+// MPI_Put into the partner's MPI_Win_allocate window over the whole flat buffer, with
+// generalized active-target synchronisation: one post/start/complete/wait epoch per step, each
+// bucket put as soon as it is ready, the receiver mixing once the epoch is complete. (One epoch
+// per bucket on per-bucket windows hung Debian's MPICH 4.0.2 once partners change between
+// steps: several windows with rotating PSCW groups deadlock even in a single-threaded program.)
 std::unique_ptr<Transport> make_rma_transport(const mpi::Comm& comm, const BufferLayout& layout);
 
 // A store straight into the partner's segment of an MPI_Win_allocate_shared window on the node
@@ -60,8 +65,7 @@ std::unique_ptr<Transport> make_shm_transport(const mpi::Comm& comm, const mpi::
                                               const BufferLayout& layout);
 
 // shm for partners on this node, p2p for the others (decided per peer; both sides agree). Not
-// rma: with Debian's MPICH 4.0.2, PSCW epochs whose groups rotate from step to step hung at 3+
-// ranks in our tests (tests/gossip/mpi_gossip.cpp), while p2p was also faster.
+// rma: it delivers a step's buckets only together, and p2p was faster in bench/comm.
 std::unique_ptr<Transport> make_auto_transport(const mpi::Comm& comm, const BufferLayout& layout);
 
 // "p2p" | "rma" | "shm" | "auto"; throws std::invalid_argument otherwise. shm throws when the

@@ -132,9 +132,9 @@ int main(int argc, char** argv) {
   const int p = world.size();
   const bool pow2 = (p & (p - 1)) == 0;
   try {
-    // rma (PSCW) hung at 3+ ranks with Debian's MPICH 4.0.2 when partners rotate: it is tested
-    // where it works and kept out of auto (see gossip/transport.hpp).
-    const bool rma = p <= 2;
+    // rma at 8 ranks (4 per core here) hung in about half of our runs inside MPICH 4.0.2's
+    // PSCW calls; it passed every run at 2, 3 and 4 ranks. Known issue, see the README.
+    const bool rma = p <= 4;
     if (!rma && world.rank() == 0) std::printf("rma skipped at p=%d (known MPICH PSCW hang)\n", p);
     for (const char* transport : {"p2p", "rma", "shm", "auto"})
       for (const char* threading : {"funneled", "concurrent", "chained"})
