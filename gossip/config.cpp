@@ -73,6 +73,10 @@ po::options_description describe(Config& c) {
      "communication threads with threading = concurrent [1, 64]")
     ("gossip.staleness", po::value(&c.gossip.staleness)->default_value(c.gossip.staleness),
      "0: wait for the partner; 1: never wait, mix the partner's latest bucket")
+    ("gossip.overlap_model",
+     po::value(&c.gossip.overlap_model)->default_value(c.gossip.overlap_model),
+     "model/both: exchange the weights behind the next step and apply the correction "
+     "(w_partner - w_sent) / 2 before its update, instead of waiting after each update")
     ("gossip.global_every", po::value(&c.gossip.global_every)->default_value(c.gossip.global_every),
      "exact global average of the weights every H steps (0: never)")
     ("gossip.consensus_every",
@@ -258,6 +262,7 @@ std::string to_ini(const Config& c) {
     << "\nschedule = " << c.gossip.schedule << "\nrotate = " << c.gossip.rotate
     << "\ntransport = " << c.gossip.transport << "\nthreading = " << c.gossip.threading
     << "\ncomm_threads = " << c.gossip.comm_threads << "\nstaleness = " << c.gossip.staleness
+    << "\noverlap_model = " << c.gossip.overlap_model
     << "\nglobal_every = " << c.gossip.global_every
     << "\nconsensus_every = " << c.gossip.consensus_every << "\nbucket_kb = " << c.gossip.bucket_kb
     << "\n\n[log]\nmetrics = " << c.log.metrics << "\noverwrite = " << c.log.overwrite

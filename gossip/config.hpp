@@ -49,6 +49,7 @@ struct Config {
     std::string threading = "funneled";
     int comm_threads = 2;
     int staleness = 0;
+    bool overlap_model = true;  // model/both: weight averaging overlapped with the next step
     int64_t global_every = 0;
     int64_t consensus_every = 50;
     int64_t bucket_kb = 512;

@@ -105,6 +105,11 @@ GossipExchange::GossipExchange(const mpi::Comm& world, float* buffer,
     send_stage_.resize(layout.count);
     latest_.resize(layout.count);
   }
+  if (o_.delayed) {
+    if (o_.staleness != 0) throw std::invalid_argument("delayed mixing needs staleness 0");
+    send_stage_.resize(layout.count);
+    delta_.resize(layout.count);
+  }
   // A whole-step transport (rma) is driven by one thread whatever the threading option.
   const int threads =
       o_.threading == "concurrent" && !transport_->whole_step() ? std::max(1, o_.comm_threads) : 1;
@@ -137,7 +142,7 @@ void GossipExchange::begin_step(int64_t step) {
 }
 
 const float* GossipExchange::source(int b) const {
-  return (o_.staleness == 1 ? send_stage_.data() : buffer_) + buckets_[b].begin;
+  return (o_.staleness == 1 || o_.delayed ? send_stage_.data() : buffer_) + buckets_[b].begin;
 }
 
 void GossipExchange::on_bucket_ready(int b) {
@@ -166,7 +171,11 @@ void GossipExchange::complete(const Job& j) {
   // The outgoing bucket may still be read by MPI (p2p rendezvous) until the send completes:
   // only then may it be overwritten by the mix.
   transport_->finish_send(j.peers.send_to, j.step, j.bucket);
-  if (o_.staleness == 0) {
+  if (o_.delayed) {
+    const float* mine = send_stage_.data() + k.begin;
+    float* d = delta_.data() + k.begin;
+    for (int64_t i = 0; i < k.size(); ++i) d[i] = 0.5f * (in[i] - mine[i]);
+  } else if (o_.staleness == 0) {
     float* x = buffer_ + k.begin;
     for (int64_t i = 0; i < k.size(); ++i) x[i] = 0.5f * (x[i] + in[i]);
   } else {
@@ -284,6 +293,25 @@ double GossipExchange::exchange_all(int64_t step) {
   for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) on_bucket_ready(b);
   finish_step();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void GossipExchange::start_delayed(int64_t step) {
+  if (!o_.delayed) throw std::logic_error("start_delayed on an exchange built without delayed");
+  finish_delayed();
+  const int64_t n = static_cast<int64_t>(send_stage_.size());
+  std::copy(buffer_, buffer_ + n, send_stage_.begin());
+  begin_step(step);
+  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) on_bucket_ready(b);
+  pending_ = true;
+}
+
+double GossipExchange::finish_delayed() {
+  if (!pending_) return 0;
+  const double waited = finish_step();
+  pending_ = false;
+  const int64_t n = static_cast<int64_t>(delta_.size());
+  for (int64_t i = 0; i < n; ++i) buffer_[i] += delta_[i];
+  return waited;
 }
 
 }  // namespace gg::gossip

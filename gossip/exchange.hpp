@@ -64,7 +64,8 @@ struct GossipOptions {
   std::string transport = "auto";      // auto | shm | rma | p2p
   std::string threading = "funneled";  // funneled | concurrent | chained
   int comm_threads = 2;                // concurrent only
-  int staleness = 0;  // 0: wait for the partner; 1: never wait, mix what has arrived
+  int staleness = 0;     // 0: wait for the partner; 1: never wait, mix what has arrived
+  bool delayed = false;  // start_delayed/finish_delayed: mix as a correction applied later
 };
 
 // Gossip: bucket b is averaged with the same bucket of this step's partner, x = (x + x_from) / 2,
@@ -87,6 +88,12 @@ class GossipExchange final : public GradientExchange {
   double finish_step() override;
   // Every bucket at once (model averaging after the update); returns the seconds it took.
   double exchange_all(int64_t step);
+  // Overlapped averaging (options.delayed): start_delayed snapshots the buffer and exchanges the
+  // snapshot in the background; finish_delayed waits for it and adds the correction
+  // (x_partner - x_snapshot) / 2 to the buffer, which may have changed meanwhile. Returns the
+  // seconds it waited; does nothing when no exchange is pending.
+  void start_delayed(int64_t step);
+  double finish_delayed();
   partners::Partners partners_at(int64_t step) const;
 
  private:
@@ -112,6 +119,8 @@ class GossipExchange final : public GradientExchange {
   std::vector<float> latest_;         // staleness 1: the partner's latest completed bucket
   std::vector<int64_t> latest_step_;  // step of latest_[b], -1 = none yet
   std::vector<int64_t> completed_;    // step whose exchange of bucket b finished, -1 = none
+  std::vector<float> delta_;          // delayed: (partner - snapshot) / 2, per element
+  bool pending_ = false;              // delayed: an exchange was started and not yet applied
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> queue_;

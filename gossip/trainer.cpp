@@ -91,9 +91,12 @@ Trainer::Trainer(const Config& c, const mpi::Comm& world, kernels::Dims input, i
   try {
     if (c.gossip.mode == "grad" || c.gossip.mode == "both")
       exchange_ = std::make_unique<GossipExchange>(world_, store.grads.data(), net_.buckets(), o);
-    if (c.gossip.mode == "model" || c.gossip.mode == "both")
+    if (c.gossip.mode == "model" || c.gossip.mode == "both") {
+      GossipOptions m = o;
+      m.delayed = c.gossip.overlap_model;
       model_exchange_ =
-          std::make_unique<GossipExchange>(world_, store.params.data(), net_.buckets(), o);
+          std::make_unique<GossipExchange>(world_, store.params.data(), net_.buckets(), m);
+    }
   } catch (const std::invalid_argument& e) {
     throw UsageError(std::string("gossip: ") + e.what());
   }
@@ -114,11 +117,18 @@ StepStats Trainer::step(const float* x, const int32_t* y) {
     train_exec_->backward(dlogits_.data(), {});
   }
   s.lr = schedule_.at(step_);
+  s.comm_seconds += flush_model();
   sgd_.step(store().params.data(), store().grads.data(), static_cast<float>(s.lr));
-  if (model_exchange_) s.comm_seconds += model_exchange_->exchange_all(step_);
+  if (model_exchange_) {
+    if (c_.gossip.overlap_model)
+      model_exchange_->start_delayed(step_);
+    else
+      s.comm_seconds += model_exchange_->exchange_all(step_);
+  }
   const int64_t h = c_.gossip.global_every;
   if (c_.gossip.mode != "allreduce" && h > 0 && (step_ + 1) % h == 0) {
     const auto t0 = std::chrono::steady_clock::now();
+    flush_model();
     average_over_ranks(store().params);
     average_over_ranks(store().buffers);
     s.comm_seconds += seconds_since(t0);
@@ -131,6 +141,7 @@ StepStats Trainer::step(const float* x, const int32_t* y) {
 
 EvalStats Trainer::evaluate(const shuffle::Dataset& data, float mean, float stddev) {
   // Evaluate the average model, then give every rank its own weights back.
+  flush_model();
   const double consensus = consensus_distance();
   const std::vector<float> own_params = store().params, own_buffers = store().buffers;
   if (world_.size() > 1) {
@@ -171,6 +182,10 @@ EvalStats Trainer::evaluate(const shuffle::Dataset& data, float mean, float stdd
   store().buffers = own_buffers;
   e.consensus = consensus;
   return e;
+}
+
+double Trainer::flush_model() {
+  return model_exchange_ && c_.gossip.overlap_model ? model_exchange_->finish_delayed() : 0.0;
 }
 
 void Trainer::average_over_ranks(std::vector<float>& v) {

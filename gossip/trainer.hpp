@@ -65,6 +65,7 @@ class Trainer {
 
  private:
   void average_over_ranks(std::vector<float>& v);
+  double flush_model();  // applies a pending overlapped weight exchange
 
   const Config& c_;
   const mpi::Comm& world_;
