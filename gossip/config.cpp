@@ -66,7 +66,8 @@ po::options_description describe(Config& c) {
     ("gossip.rotate", po::value(&c.gossip.rotate)->default_value(c.gossip.rotate),
      "permute the virtual ranks every ceil(log2 p) steps (seeded, no communication)")
     ("gossip.transport", po::value(&c.gossip.transport)->default_value(c.gossip.transport),
-     "auto (shm on this node, p2p across nodes), shm, rma, p2p")
+     "auto (shm on this node, p2p across nodes), shm, p2p, rma (experimental: MPICH 4.0.2 "
+     "PSCW hangs now and then when partners rotate)")
     ("gossip.threading", po::value(&c.gossip.threading)->default_value(c.gossip.threading),
      "funneled (one comm thread), concurrent (gossip.comm_threads), chained (bucket order)")
     ("gossip.comm_threads", po::value(&c.gossip.comm_threads)->default_value(c.gossip.comm_threads),

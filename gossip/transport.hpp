@@ -55,7 +55,8 @@ std::unique_ptr<Transport> make_p2p_transport(const mpi::Comm& comm, const Buffe
 // generalized active-target synchronisation: one post/start/complete/wait epoch per step, each
 // bucket put as soon as it is ready, the receiver mixing once the epoch is complete. (One epoch
 // per bucket on per-bucket windows hung Debian's MPICH 4.0.2 once partners change between
-// steps: several windows with rotating PSCW groups deadlock even in a single-threaded program.)
+// steps: several windows with rotating PSCW groups deadlock even in a single-threaded program.
+// Even with one window, rotating partners still hang now and then at 4+ ranks: experimental.)
 std::unique_ptr<Transport> make_rma_transport(const mpi::Comm& comm, const BufferLayout& layout);
 
 // A store straight into the partner's segment of an MPI_Win_allocate_shared window on the node

@@ -167,9 +167,10 @@ int main(int argc, char** argv) {
   const int p = world.size();
   const bool pow2 = (p & (p - 1)) == 0;
   try {
-    // rma at 8 ranks (4 per core here) hung in about half of our runs inside MPICH 4.0.2's
-    // PSCW calls; it passed every run at 2, 3 and 4 ranks. Known issue, see the README.
-    const bool rma = p <= 4;
+    // rma with partners that change between steps hangs now and then inside MPICH 4.0.2's PSCW
+    // calls (seen at 4 and 8 ranks under load); at 2 ranks the partner never changes and it
+    // passed every run. Known issue, see the README.
+    const bool rma = p <= 2;
     if (!rma && world.rank() == 0) std::printf("rma skipped at p=%d (known MPICH PSCW hang)\n", p);
     for (const char* transport : {"p2p", "rma", "shm", "auto"})
       for (const char* threading : {"funneled", "concurrent", "chained"})
