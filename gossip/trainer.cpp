@@ -279,7 +279,7 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
   shuffle::Batch batch;
   RunSummary summary;
   const auto t_start = Clock::now();
-  double train_seconds = 0, last_print = 0, loss_avg = 0, wait_before = 0;
+  double train_seconds = 0, last_print = 0, loss_avg = 0, wait_before = 0, comm_seconds = 0;
   int64_t epoch = 0;
   for (int64_t s = 0; s < total; ++s) {
     const auto t0 = Clock::now();
@@ -292,6 +292,7 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
                                std::to_string(s) + "; lower train.lr");
     const double dt = seconds_since(t0);
     train_seconds += dt;
+    comm_seconds += st.comm_seconds;
     loss_avg = s == 0 ? st.loss : 0.95 * loss_avg + 0.05 * st.loss;
     epoch = batch.epoch;
     if (lead) {
@@ -342,16 +343,21 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
   summary.wall_seconds = seconds_since(t_start);
   summary.images_per_second = train_seconds > 0 ? global_batch * summary.steps / train_seconds : 0;
   if (lead) {
-    std::printf("done: %lld steps in %s, %.0f img/s, final test top-1 %.2f%% (metrics: %s)\n",
-                static_cast<long long>(summary.steps),
-                format_duration(summary.wall_seconds).c_str(), summary.images_per_second,
-                100 * summary.final_top1, c.log.metrics.c_str());
+    const double comm_share = train_seconds > 0 ? comm_seconds / train_seconds : 0;
+    std::printf(
+        "done: %lld steps in %s, %.0f img/s, exposed communication %.1f%% of step time, final "
+        "test top-1 %.2f%% (metrics: %s)\n",
+        static_cast<long long>(summary.steps), format_duration(summary.wall_seconds).c_str(),
+        summary.images_per_second, 100 * comm_share, 100 * summary.final_top1,
+        c.log.metrics.c_str());
     metrics.write({{"event", "summary"},
                    {"steps", summary.steps},
                    {"top1", summary.final_top1},
                    {"top5", summary.final_top5},
                    {"wall_s", summary.wall_seconds},
                    {"images_per_s", summary.images_per_second},
+                   {"comm_s", comm_seconds},
+                   {"exposed_comm_share", comm_share},
                    {"data_wait_s", loader.wait_seconds()}});
   }
   return summary;
