@@ -42,6 +42,28 @@ std::vector<kernels::Bucket> make_layout(int64_t count) {
 
 float initial(int rank, int64_t i) { return static_cast<float>((rank * 7 + i * 3) % 64); }
 
+// Every rank's values against the simulator's prediction after `steps` steps from the start
+// values, element by element (every `stride`-th element); reports and checks the worst error.
+void check_against_simulator(const mpi::Comm& world, const std::vector<float>& x,
+                             const partners::Schedule& schedule, int steps, int64_t stride,
+                             const std::string& name) {
+  const int rank = world.rank(), p = world.size();
+  const int64_t count = static_cast<int64_t>(x.size());
+  std::vector<float> all(static_cast<size_t>(count) * p, 0.f);
+  std::copy(x.begin(), x.end(), all.begin() + rank * count);
+  world.allreduce_sum(all.data(), static_cast<int64_t>(all.size()));
+  double worst = 0;
+  for (int64_t i = 0; i < count; i += stride) {
+    std::vector<double> start(p);
+    for (int v = 0; v < p; ++v) start[v] = initial(v, i);
+    const std::vector<double> want = partners::mix(schedule, start, 0, steps);
+    for (int v = 0; v < p; ++v) worst = std::max(worst, std::fabs(all[v * count + i] - want[v]));
+  }
+  check(worst < 1e-4, name + ": matches the simulator (max error " + std::to_string(worst) + ")",
+        rank);
+  if (rank == 0) std::printf("%-48s max |engine - simulator| = %.2g\n", name.c_str(), worst);
+}
+
 void run_case(const mpi::Comm& world, const std::string& transport, const std::string& threading,
               partners::Kind kind, bool rotate, bool delays) {
   const int rank = world.rank(), p = world.size();
@@ -78,20 +100,7 @@ void run_case(const mpi::Comm& world, const std::string& transport, const std::s
       }
     }
   }
-  // Every rank's values against the simulator, element by element.
-  std::vector<float> all(static_cast<size_t>(count) * p, 0.f);
-  std::copy(x.begin(), x.end(), all.begin() + rank * count);
-  world.allreduce_sum(all.data(), static_cast<int64_t>(all.size()));
-  double worst = 0;
-  for (int64_t i = 0; i < count; i += 37) {
-    std::vector<double> start(p);
-    for (int v = 0; v < p; ++v) start[v] = initial(v, i);
-    const std::vector<double> want = partners::mix(o.schedule, start, 0, steps);
-    for (int v = 0; v < p; ++v) worst = std::max(worst, std::fabs(all[v * count + i] - want[v]));
-  }
-  check(worst < 1e-4, name + ": matches the simulator (max error " + std::to_string(worst) + ")",
-        rank);
-  if (rank == 0) std::printf("%-48s max |engine - simulator| = %.2g\n", name.c_str(), worst);
+  check_against_simulator(world, x, o.schedule, steps, 37, name);
 }
 
 // Staleness 1 never waits for the partner: values stay convex combinations of the start
@@ -144,19 +153,7 @@ void run_delayed(const mpi::Comm& world, const std::string& transport) {
       ex.finish_delayed();
     }
   }
-  std::vector<float> all(static_cast<size_t>(count) * p, 0.f);
-  std::copy(x.begin(), x.end(), all.begin() + rank * count);
-  world.allreduce_sum(all.data(), static_cast<int64_t>(all.size()));
-  double worst = 0;
-  for (int64_t i = 0; i < count; i += 13) {
-    std::vector<double> start(p);
-    for (int v = 0; v < p; ++v) start[v] = initial(v, i);
-    const std::vector<double> want = partners::mix(o.schedule, start, 0, steps);
-    for (int v = 0; v < p; ++v) worst = std::max(worst, std::fabs(all[v * count + i] - want[v]));
-  }
-  check(worst < 1e-4, transport + "/delayed: matches the simulator", rank);
-  if (rank == 0)
-    std::printf("%-48s max |engine - simulator| = %.2g\n", (transport + "/delayed").c_str(), worst);
+  check_against_simulator(world, x, o.schedule, steps, 13, transport + "/delayed");
 }
 
 }  // namespace
