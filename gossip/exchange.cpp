@@ -97,8 +97,9 @@ GossipExchange::GossipExchange(const mpi::Comm& world, float* buffer,
   layout.count = buckets_.empty() ? 0 : buckets_.front().end;
   layout.buckets = buckets_;
   transport_ = make_transport(o_.transport, comm_, layout);
-  if (o_.staleness == 1 && std::string(transport_->name()) != "shm" &&
-      std::string(transport_->name()) != "p2p")
+  // A whole-step transport opens the next step's epoch in begin_step, which must not happen
+  // while the previous step's exchange may still be running.
+  if (o_.staleness == 1 && transport_->whole_step())
     throw std::invalid_argument("gossip.staleness 1 needs the shm or p2p transport, not " +
                                 std::string(transport_->name()));
   if (o_.staleness == 1) {
@@ -287,10 +288,14 @@ double GossipExchange::finish_step() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-double GossipExchange::exchange_all(int64_t step) {
-  const auto t0 = std::chrono::steady_clock::now();
+void GossipExchange::queue_all(int64_t step) {
   begin_step(step);
   for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) on_bucket_ready(b);
+}
+
+double GossipExchange::exchange_all(int64_t step) {
+  const auto t0 = std::chrono::steady_clock::now();
+  queue_all(step);
   finish_step();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -300,8 +305,7 @@ void GossipExchange::start_delayed(int64_t step) {
   finish_delayed();
   const int64_t n = static_cast<int64_t>(send_stage_.size());
   std::copy(buffer_, buffer_ + n, send_stage_.begin());
-  begin_step(step);
-  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) on_bucket_ready(b);
+  queue_all(step);
   pending_ = true;
 }
 

@@ -102,6 +102,7 @@ class GossipExchange final : public GradientExchange {
     int bucket;
     partners::Partners peers;
   };
+  void queue_all(int64_t step);  // begin_step, then every bucket ready
   void worker(int id);
   void run_blocking(const Job& j);
   void start(const Job& j);

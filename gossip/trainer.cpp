@@ -142,12 +142,12 @@ StepStats Trainer::step(const float* x, const int32_t* y) {
 EvalStats Trainer::evaluate(const shuffle::Dataset& data, float mean, float stddev) {
   // Evaluate the average model, then give every rank its own weights back.
   flush_model();
-  const double consensus = consensus_distance();
   const std::vector<float> own_params = store().params, own_buffers = store().buffers;
   if (world_.size() > 1) {
     average_over_ranks(store().params);
     average_over_ranks(store().buffers);
   }
+  const double consensus = distance_to_average(own_params, store().params);
   shuffle::LoaderOptions o;
   o.batch = c_.train.eval_batch;
   o.rank = world_.rank();
@@ -195,9 +195,12 @@ void Trainer::average_over_ranks(std::vector<float>& v) {
 }
 
 double Trainer::consensus_distance() {
-  const std::vector<float>& w = store().params;
-  std::vector<float> avg(w);
+  std::vector<float> avg(store().params);
   average_over_ranks(avg);
+  return distance_to_average(store().params, avg);
+}
+
+double Trainer::distance_to_average(const std::vector<float>& w, const std::vector<float>& avg) {
   double d = 0;
   for (size_t i = 0; i < w.size(); ++i) {
     const double diff = static_cast<double>(w[i]) - avg[i];

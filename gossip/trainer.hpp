@@ -65,6 +65,8 @@ class Trainer {
 
  private:
   void average_over_ranks(std::vector<float>& v);
+  // Mean over ranks of ||w - avg||^2, where avg is the ranks' average of w (a collective).
+  double distance_to_average(const std::vector<float>& w, const std::vector<float>& avg);
   double flush_model();  // applies a pending overlapped weight exchange
 
   const Config& c_;

@@ -219,9 +219,9 @@ class AutoTransport final : public Transport {
     int any_shared = node.size() > 1;
     GG_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &any_shared, 1, MPI_INT, MPI_MAX, comm.get()));
     if (any_shared) shm_ = make_shm_transport(comm, node, layout);
-    if (multi_node) rma_ = make_p2p_transport(comm, layout);
+    if (multi_node) remote_ = make_p2p_transport(comm, layout);
   }
-  const char* name() const override { return rma_ ? (shm_ ? "auto" : "p2p") : "shm"; }
+  const char* name() const override { return remote_ ? (shm_ ? "auto" : "p2p") : "shm"; }
   void begin_step(int from, int to, int64_t t) override {
     // Both halves of a step go through shm or p2p, which need no per-step set-up.
     (void)from, (void)to, (void)t;
@@ -237,12 +237,12 @@ class AutoTransport final : public Transport {
  private:
   Transport& pick(int peer) {
     const bool local = to_node_.at(peer) != MPI_UNDEFINED;
-    Transport* t = local && shm_ ? shm_.get() : rma_.get();
+    Transport* t = local && shm_ ? shm_.get() : remote_.get();
     if (!t) t = shm_.get();
     return *t;
   }
   std::vector<int> to_node_;
-  std::unique_ptr<Transport> shm_, rma_;  // rma_ holds the off-node transport (p2p for now)
+  std::unique_ptr<Transport> shm_, remote_;  // remote_: partners on other nodes (p2p)
 };
 
 }  // namespace
@@ -251,7 +251,8 @@ std::unique_ptr<Transport> make_p2p_transport(const mpi::Comm& comm, const Buffe
   return std::make_unique<P2pTransport>(comm, layout);
 }
 
-std::unique_ptr<Transport> make_rma_transport(const mpi::Comm& comm, const BufferLayout& layout) {
+std::unique_ptr<Transport> make_remote_transport(const mpi::Comm& comm,
+                                                 const BufferLayout& layout) {
   return std::make_unique<RmaTransport>(comm, layout);
 }
 
@@ -267,7 +268,7 @@ std::unique_ptr<Transport> make_auto_transport(const mpi::Comm& comm, const Buff
 std::unique_ptr<Transport> make_transport(const std::string& name, const mpi::Comm& comm,
                                           const BufferLayout& layout) {
   if (name == "p2p") return make_p2p_transport(comm, layout);
-  if (name == "rma") return make_rma_transport(comm, layout);
+  if (name == "rma") return make_remote_transport(comm, layout);
   if (name == "auto") return make_auto_transport(comm, layout);
   if (name == "shm") {
     mpi::Comm node = comm.split_shared();

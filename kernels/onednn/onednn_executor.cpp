@@ -143,7 +143,7 @@ class OneDnnExecutor final : public Executor {
   // Makes tensor t available in layout `want` to node `n`: the tensor itself when layouts agree,
   // else a reordered copy. `diff_src` receives where n's backward should write d(t) in `want`;
   // if that is a private buffer, a reorder into t's gradient follows the node's backward.
-  memory conform(int t, const memory::desc& want, int n, memory* diff_src,
+  memory conform(int t, const memory::desc& want, memory* diff_src,
                  std::vector<Action>* diff_tail) {
     Value& v = values_[t];
     const bool need_diff = t != 0 && diff_src != nullptr;
@@ -163,7 +163,6 @@ class OneDnnExecutor final : public Executor {
                                   {{DNNL_ARG_FROM, private_diff}, {DNNL_ARG_TO, target}},
                                   {}});
     }
-    (void)n;
     return copy;
   }
 
@@ -235,7 +234,7 @@ class OneDnnExecutor final : public Executor {
         eng_);
     std::vector<Action> tail;
     memory diff_src;
-    memory src = conform(in, fpd.src_desc(), id, in == 0 ? nullptr : &diff_src, &tail);
+    memory src = conform(in, fpd.src_desc(), in == 0 ? nullptr : &diff_src, &tail);
     std::vector<Action> pre;
     const memory w_user = param_mem(n.params[0], w_plain, false);
     const memory w = as(w_user, fpd.weights_desc(), pre);
@@ -292,7 +291,7 @@ class OneDnnExecutor final : public Executor {
         {dnnl::prop_kind::forward_training, src_any, w_any, b_md, dst_md}, eng_);
     std::vector<Action> tail;
     memory diff_src;
-    memory src = conform(in, fpd.src_desc(), id, in == 0 ? nullptr : &diff_src, &tail);
+    memory src = conform(in, fpd.src_desc(), in == 0 ? nullptr : &diff_src, &tail);
     std::vector<Action> pre;
     const memory w_user = param_mem(n.params[0], w_plain, false);
     const memory w = as(w_user, fpd.weights_desc(), pre);
@@ -411,7 +410,6 @@ class OneDnnExecutor final : public Executor {
     out.mem = in_place ? src.mem : memory(out.md, eng_);
     if (in_place) out.diff = diff_of(in);
     push_fwd(dnnl::eltwise_forward(fpd), {{DNNL_ARG_SRC, src.mem}, {DNNL_ARG_DST, out.mem}});
-    (void)n;
     if (in == 0) return;
     dnnl::eltwise_backward::primitive_desc bpd({alg, out.md, src.md, 0.f}, eng_, fpd);
     Args ba{{DNNL_ARG_DIFF_DST, diff_of(id)},

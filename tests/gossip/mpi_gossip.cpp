@@ -42,6 +42,12 @@ std::vector<kernels::Bucket> make_layout(int64_t count) {
 
 float initial(int rank, int64_t i) { return static_cast<float>((rank * 7 + i * 3) % 64); }
 
+std::vector<float> initial_values(int rank, int64_t count) {
+  std::vector<float> x(count);
+  for (int64_t i = 0; i < count; ++i) x[i] = initial(rank, i);
+  return x;
+}
+
 // Every rank's values against the simulator's prediction after `steps` steps from the start
 // values, element by element (every `stride`-th element); reports and checks the worst error.
 void check_against_simulator(const mpi::Comm& world, const std::vector<float>& x,
@@ -70,8 +76,7 @@ void run_case(const mpi::Comm& world, const std::string& transport, const std::s
   const int64_t count = 1000;
   const int steps = 7;
   const auto buckets = make_layout(count);
-  std::vector<float> x(count);
-  for (int64_t i = 0; i < count; ++i) x[i] = initial(rank, i);
+  std::vector<float> x = initial_values(rank, count);
   gossip::GossipOptions o;
   o.schedule = {kind, p, rotate, 42};
   o.transport = transport;
@@ -109,8 +114,7 @@ void run_stale(const mpi::Comm& world, const std::string& transport) {
   const int rank = world.rank(), p = world.size();
   const int64_t count = 500;
   const auto buckets = make_layout(count);
-  std::vector<float> x(count);
-  for (int64_t i = 0; i < count; ++i) x[i] = initial(rank, i);
+  std::vector<float> x = initial_values(rank, count);
   gossip::GossipOptions o;
   o.schedule = {partners::Kind::Dissemination, p, true, 7};
   o.transport = transport;
@@ -139,8 +143,7 @@ void run_delayed(const mpi::Comm& world, const std::string& transport) {
   const int rank = world.rank(), p = world.size();
   const int64_t count = 300;
   const auto buckets = make_layout(count);
-  std::vector<float> x(count);
-  for (int64_t i = 0; i < count; ++i) x[i] = initial(rank, i);
+  std::vector<float> x = initial_values(rank, count);
   gossip::GossipOptions o;
   o.schedule = {partners::Kind::Dissemination, p, true, 5};
   o.transport = transport;
