@@ -96,7 +96,14 @@ GossipExchange::GossipExchange(const mpi::Comm& world, float* buffer,
   BufferLayout layout;
   layout.count = buckets_.empty() ? 0 : buckets_.front().end;
   layout.buckets = buckets_;
-  transport_ = make_transport(o_.transport, comm_, layout);
+  transport_ = make_transport(o_.transport, comm_, layout, buffer_ == nullptr);
+  if (!buffer_) {
+    buffer_ = transport_->shared_home();
+    if (!buffer_) {
+      own_.assign(layout.count, 0.f);
+      buffer_ = own_.data();
+    }
+  }
   // A whole-step transport opens the next step's epoch in begin_step, which must not happen
   // while the previous step's exchange may still be running.
   if (o_.staleness == 1 && transport_->whole_step())
@@ -142,6 +149,11 @@ void GossipExchange::begin_step(int64_t step) {
   next_chained_ = 0;
 }
 
+bool GossipExchange::in_place(const partners::Partners& peers) const {
+  return buffer_ == transport_->shared_home() && o_.staleness == 0 && !o_.delayed &&
+         peers.send_to == peers.recv_from && transport_->pairs_in_place(peers.send_to);
+}
+
 const float* GossipExchange::source(int b) const {
   return (o_.staleness == 1 || o_.delayed ? send_stage_.data() : buffer_) + buckets_[b].begin;
 }
@@ -162,11 +174,13 @@ void GossipExchange::on_bucket_ready(int b) {
 }
 
 void GossipExchange::start(const Job& j) {
+  if (in_place(j.peers)) return transport_->publish(j.peers.send_to, j.step, j.bucket);
   transport_->expect(j.peers.recv_from, j.step, j.bucket);
   transport_->send(j.peers.send_to, j.step, j.bucket, source(j.bucket));
 }
 
 void GossipExchange::complete(const Job& j) {
+  if (in_place(j.peers)) return transport_->average_in_place(j.peers.send_to, j.step, j.bucket);
   const kernels::Bucket& k = buckets_[j.bucket];
   const float* in = transport_->received(j.peers.recv_from, j.step, j.bucket);
   // The outgoing bucket may still be read by MPI (p2p rendezvous) until the send completes:

@@ -77,6 +77,11 @@ struct GossipOptions {
 // With staleness 1 a bucket is copied aside when it is ready, and finish_step mixes whatever the
 // partner's latest completed bucket is (this step's or the previous one's) without waiting; a
 // bucket is queued again only once its previous exchange is complete (staleness bounded by 1).
+//
+// buffer == nullptr asks the exchange to provide the flat buffer (buffer()): in the shm
+// transport's window where it has one, so that partners that pair up in a step (send_to ==
+// recv_from: every step at p = 2, hypercube, every other step of dissemination at p = 4) average
+// it in place with no copy (see transport.hpp); in private memory otherwise.
 class GossipExchange final : public GradientExchange {
  public:
   GossipExchange(const mpi::Comm& world, float* buffer, std::vector<kernels::Bucket> buckets,
@@ -95,6 +100,9 @@ class GossipExchange final : public GradientExchange {
   void start_delayed(int64_t step);
   double finish_delayed();
   partners::Partners partners_at(int64_t step) const;
+  float* buffer() const { return buffer_; }
+  // Whether a bucket exchanged in `step` is averaged in place (no copy).
+  bool in_place(const partners::Partners& peers) const;
 
  private:
   struct Job {
@@ -116,6 +124,7 @@ class GossipExchange final : public GradientExchange {
   GossipOptions o_;
   int rank_;
   std::unique_ptr<Transport> transport_;
+  std::vector<float> own_;            // buffer() when asked for and not in shared memory
   std::vector<float> send_stage_;     // staleness 1: the bucket as it was when ready
   std::vector<float> latest_;         // staleness 1: the partner's latest completed bucket
   std::vector<int64_t> latest_step_;  // step of latest_[b], -1 = none yet

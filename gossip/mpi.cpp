@@ -128,7 +128,14 @@ bool Request::test() {
 Window::Window(const Comm& comm, int64_t bytes, Kind kind) : bytes_(bytes), kind_(kind) {
   const MPI_Aint size = static_cast<MPI_Aint>(bytes);
   if (kind == Kind::Shared) {
-    GG_MPI_CHECK(MPI_Win_allocate_shared(size, 1, MPI_INFO_NULL, comm.get(), &base_, &w_));
+    // Non-contiguous: every rank's segment starts on its own page (and so its own cache line),
+    // in memory first touched by its owner.
+    MPI_Info info;
+    GG_MPI_CHECK(MPI_Info_create(&info));
+    GG_MPI_CHECK(MPI_Info_set(info, "alloc_shared_noncontig", "true"));
+    const int rc = MPI_Win_allocate_shared(size, 1, info, comm.get(), &base_, &w_);
+    MPI_Info_free(&info);
+    GG_MPI_CHECK(rc);
   } else {
     GG_MPI_CHECK(MPI_Win_allocate(size, 1, MPI_INFO_NULL, comm.get(), &base_, &w_));
   }

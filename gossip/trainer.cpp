@@ -70,15 +70,22 @@ Trainer::Trainer(const Config& c, const mpi::Comm& world, kernels::Dims input, i
   // Every rank starts from rank 0's weights, whatever its RNG did.
   world_.broadcast(store.params.data(), g.param_count(), 0);
   world_.broadcast(store.buffers.data(), g.buffer_count(), 0);
+  make_exchanges();
+  // Compiled only now: the gradient buffer may have moved into the exchange's shared memory.
   train_exec_ = &net_.at_batch(c.train.batch);
   eval_exec_ = &net_.at_batch(c.train.eval_batch);
+}
+
+void Trainer::make_exchanges() {
+  const Config& c = c_;
+  kernels::ParamStore& store = net_.store();
   if (c.gossip.mode == "allreduce") {
     exchange_ = std::make_unique<AllreduceExchange>(world_, store.grads.data(), net_.buckets());
     return;
   }
   GossipOptions o;
   try {
-    o.schedule = {partners::parse_kind(c.gossip.schedule), world.size(), c.gossip.rotate,
+    o.schedule = {partners::parse_kind(c.gossip.schedule), world_.size(), c.gossip.rotate,
                   c.train.seed};
     partners::validate(o.schedule);
   } catch (const std::invalid_argument& e) {
@@ -89,8 +96,13 @@ Trainer::Trainer(const Config& c, const mpi::Comm& world, kernels::Dims input, i
   o.comm_threads = c.gossip.comm_threads;
   o.staleness = c.gossip.staleness;
   try {
-    if (c.gossip.mode == "grad" || c.gossip.mode == "both")
-      exchange_ = std::make_unique<GossipExchange>(world_, store.grads.data(), net_.buckets(), o);
+    if (c.gossip.mode == "grad" || c.gossip.mode == "both") {
+      // The exchange provides the gradient buffer: in shared memory, partners on this node that
+      // pair up in a step average it in place, with no copy.
+      auto grads = std::make_unique<GossipExchange>(world_, nullptr, net_.buckets(), o);
+      net_.share_grads(grads->buffer());
+      exchange_ = std::move(grads);
+    }
     if (c.gossip.mode == "model" || c.gossip.mode == "both") {
       GossipOptions m = o;
       m.delayed = c.gossip.overlap_model;

@@ -64,6 +64,7 @@ class Trainer {
   int64_t steps_done() const { return step_; }
 
  private:
+  void make_exchanges();  // before any executor is compiled
   void average_over_ranks(std::vector<float>& v);
   // Mean over ranks of ||w - avg||^2, where avg is the ranks' average of w (a collective).
   double distance_to_average(const std::vector<float>& w, const std::vector<float>& avg);

@@ -29,6 +29,21 @@ void wait_until(Ready ready) {
   while (!ready()) std::this_thread::sleep_for(std::chrono::microseconds(20));
 }
 
+// Floats, rounded up to whole cache lines, so that two ranks writing neighbouring ranges never
+// share a line.
+int64_t line_up(int64_t floats) { return (floats + 15) / 16 * 16; }
+
+}  // namespace
+
+void Transport::publish(int, int64_t, int) {
+  throw std::logic_error(std::string(name()) + " transport cannot pair in place");
+}
+void Transport::average_in_place(int, int64_t, int) {
+  throw std::logic_error(std::string(name()) + " transport cannot pair in place");
+}
+
+namespace {
+
 class P2pTransport final : public Transport {
  public:
   P2pTransport(const mpi::Comm& comm, const BufferLayout& layout)
@@ -139,11 +154,16 @@ std::vector<int> node_ranks(const mpi::Comm& comm, const mpi::Comm& node) {
 
 class ShmTransport final : public Transport {
  public:
-  ShmTransport(const mpi::Comm& comm, const mpi::Comm& node, const BufferLayout& layout)
-      : node_(node.dup()), layout_(layout), to_node_(node_ranks(comm, node)) {
+  ShmTransport(const mpi::Comm& comm, const mpi::Comm& node, const BufferLayout& layout, bool home)
+      : node_(node.dup()),
+        layout_(layout),
+        to_node_(node_ranks(comm, node)),
+        rank_(comm.rank()),
+        home_floats_(home ? line_up(layout.count) : 0) {
     const int64_t nb = static_cast<int64_t>(layout.buckets.size());
-    flags_ = (4 * nb + 7) / 8 * 8;  // ready[2][nb], done[2][nb], padded to 64 bytes
-    bytes_ = flags_ * 8 + 2 * layout.count * static_cast<int64_t>(sizeof(float));
+    // ready[2][nb], done[2][nb], published[nb], averaged[nb], padded to 64 bytes
+    flags_ = (6 * nb + 7) / 8 * 8;
+    bytes_ = flags_ * 8 + (home_floats_ + 2 * layout.count) * static_cast<int64_t>(sizeof(float));
     window_ = std::make_unique<mpi::Window>(node_, bytes_, mpi::Window::Kind::Shared);
     std::memset(window_->base(), 0, bytes_);
     segments_.resize(node_.size());
@@ -157,6 +177,36 @@ class ShmTransport final : public Transport {
   }
   ~ShmTransport() override { MPI_Win_unlock_all(window_->get()); }
   const char* name() const override { return "shm"; }
+
+  float* shared_home() override { return home_floats_ ? home(segments_[self_]) : nullptr; }
+  bool pairs_in_place(int peer) const override {
+    return home_floats_ > 0 && to_node_.at(peer) != MPI_UNDEFINED;
+  }
+  void publish(int, int64_t step, int b) override {
+    std::atomic_ref<int64_t>(flag(segments_[self_], kPublished, b))
+        .store(step + 1, std::memory_order_release);
+  }
+  void average_in_place(int peer, int64_t step, int b) override {
+    char* mine = segments_[self_];
+    char* theirs = segment(peer);
+    std::atomic_ref<int64_t> published(flag(theirs, kPublished, b));
+    wait_until([&] { return published.load(std::memory_order_acquire) >= step + 1; });
+    const kernels::Bucket& k = layout_.buckets[b];
+    const int64_t half = std::min(k.size(), line_up(k.size() / 2));
+    const int64_t lo = rank_ < peer ? 0 : half, hi = rank_ < peer ? half : k.size();
+    float* __restrict a = home(mine) + k.begin;
+    float* __restrict c = home(theirs) + k.begin;
+    for (int64_t i = lo; i < hi; ++i) {
+      const float m = 0.5f * (a[i] + c[i]);
+      a[i] = m;
+      c[i] = m;
+    }
+    std::atomic_ref<int64_t>(flag(mine, kAveraged, b)).store(step + 1, std::memory_order_release);
+    // Nobody sent into this step's receive slot: it is free for the sender two steps on.
+    release(peer, step, b);
+    std::atomic_ref<int64_t> averaged(flag(theirs, kAveraged, b));
+    wait_until([&] { return averaged.load(std::memory_order_acquire) >= step + 1; });
+  }
 
   void expect(int, int64_t, int) override {}
   void send(int to, int64_t step, int b, const float* data) override {
@@ -191,17 +241,21 @@ class ShmTransport final : public Transport {
                                " is on another node");
     return segments_[r];
   }
+  static constexpr int kPublished = 4, kAveraged = 5;  // after ready[2] and done[2]
   int64_t& flag(char* seg, int which, int b) const {
     return reinterpret_cast<int64_t*>(
         seg)[which * static_cast<int64_t>(layout_.buckets.size()) + b];
   }
+  float* home(char* seg) const { return reinterpret_cast<float*>(seg + flags_ * 8); }
   float* payload(char* seg, int slot) const {
-    return reinterpret_cast<float*>(seg + flags_ * 8) + slot * layout_.count;
+    return home(seg) + home_floats_ + slot * layout_.count;
   }
 
   mpi::Comm node_;
   BufferLayout layout_;
   std::vector<int> to_node_;
+  int rank_;                 // in comm
+  int64_t home_floats_ = 0;  // 0: no home buffer in the window
   int64_t flags_ = 0, bytes_ = 0;
   std::unique_ptr<mpi::Window> window_;
   std::vector<char*> segments_;
@@ -210,7 +264,7 @@ class ShmTransport final : public Transport {
 
 class AutoTransport final : public Transport {
  public:
-  AutoTransport(const mpi::Comm& comm, const BufferLayout& layout) {
+  AutoTransport(const mpi::Comm& comm, const BufferLayout& layout, bool home) {
     mpi::Comm node = comm.split_shared();
     to_node_ = node_ranks(comm, node);
     // Collective decisions: every rank of comm must create the same windows.
@@ -218,7 +272,7 @@ class AutoTransport final : public Transport {
     GG_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &multi_node, 1, MPI_INT, MPI_MAX, comm.get()));
     int any_shared = node.size() > 1;
     GG_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &any_shared, 1, MPI_INT, MPI_MAX, comm.get()));
-    if (any_shared) shm_ = make_shm_transport(comm, node, layout);
+    if (any_shared) shm_ = make_shm_transport(comm, node, layout, home);
     if (multi_node) remote_ = make_p2p_transport(comm, layout);
   }
   const char* name() const override { return remote_ ? (shm_ ? "auto" : "p2p") : "shm"; }
@@ -233,6 +287,12 @@ class AutoTransport final : public Transport {
   }
   void release(int from, int64_t t, int b) override { pick(from).release(from, t, b); }
   void finish_send(int to, int64_t t, int b) override { pick(to).finish_send(to, t, b); }
+  float* shared_home() override { return shm_ ? shm_->shared_home() : nullptr; }
+  bool pairs_in_place(int peer) const override {
+    return shm_ && to_node_.at(peer) != MPI_UNDEFINED && shm_->pairs_in_place(peer);
+  }
+  void publish(int peer, int64_t t, int b) override { shm_->publish(peer, t, b); }
+  void average_in_place(int peer, int64_t t, int b) override { shm_->average_in_place(peer, t, b); }
 
  private:
   Transport& pick(int peer) {
@@ -257,19 +317,20 @@ std::unique_ptr<Transport> make_remote_transport(const mpi::Comm& comm,
 }
 
 std::unique_ptr<Transport> make_shm_transport(const mpi::Comm& comm, const mpi::Comm& node,
-                                              const BufferLayout& layout) {
-  return std::make_unique<ShmTransport>(comm, node, layout);
+                                              const BufferLayout& layout, bool home) {
+  return std::make_unique<ShmTransport>(comm, node, layout, home);
 }
 
-std::unique_ptr<Transport> make_auto_transport(const mpi::Comm& comm, const BufferLayout& layout) {
-  return std::make_unique<AutoTransport>(comm, layout);
+std::unique_ptr<Transport> make_auto_transport(const mpi::Comm& comm, const BufferLayout& layout,
+                                               bool home) {
+  return std::make_unique<AutoTransport>(comm, layout, home);
 }
 
 std::unique_ptr<Transport> make_transport(const std::string& name, const mpi::Comm& comm,
-                                          const BufferLayout& layout) {
+                                          const BufferLayout& layout, bool home) {
   if (name == "p2p") return make_p2p_transport(comm, layout);
   if (name == "rma") return make_remote_transport(comm, layout);
-  if (name == "auto") return make_auto_transport(comm, layout);
+  if (name == "auto") return make_auto_transport(comm, layout, home);
   if (name == "shm") {
     mpi::Comm node = comm.split_shared();
     int spans = node.size() < comm.size();
@@ -277,7 +338,7 @@ std::unique_ptr<Transport> make_transport(const std::string& name, const mpi::Co
     if (spans)
       throw std::invalid_argument(
           "the shm transport needs every rank on one node; use auto or rma across nodes");
-    return make_shm_transport(comm, node, layout);
+    return make_shm_transport(comm, node, layout, home);
   }
   throw std::invalid_argument("unknown transport '" + name + "' (expected auto, shm, rma or p2p)");
 }

@@ -9,6 +9,14 @@
 //   3. received(from, t, b)      block until the partner's bucket is here; returns a pointer to
 //                                it, valid until release()
 //   4. release(from, t, b)       the data has been mixed; the slot may be reused
+// Zero-copy pairs (shm): when the flat buffer itself lives in the transport's shared memory
+// (shared_home()) and this step's partner both sends to and receives from this rank, nothing is
+// copied. Instead:
+//   1. publish(peer, t, b)           this rank's bucket is final (a flag, no data moves)
+//   2. average_in_place(peer, t, b)  once the partner's is final too, each of the two averages
+//                                    its half of the bucket, reading both buffers and storing
+//                                    the mean in both; returns when the partner's half is done
+// Each rank reads one bucket's worth and writes one bucket's worth: the traffic of one memcpy.
 // Windows and buffers are created once, in the constructor, over the whole flat buffer; they
 // are freed in the destructor, which must run before MPI_Finalize.
 #pragma once
@@ -39,6 +47,12 @@ class Transport {
   virtual void release(int from, int64_t step, int bucket) = 0;
   // Completes local send resources (p2p requests); called after received().
   virtual void finish_send(int to, int64_t step, int bucket) { (void)to, (void)step, (void)bucket; }
+  // The flat buffer in memory the partners on this node can reach, when it was asked for and the
+  // transport has such memory; nullptr otherwise.
+  virtual float* shared_home() { return nullptr; }
+  virtual bool pairs_in_place(int peer) const { return (void)peer, false; }
+  virtual void publish(int peer, int64_t step, int bucket);
+  virtual void average_in_place(int peer, int64_t step, int bucket);
 };
 
 // The layout every transport shares: bucket b covers elements [begin, end) of a flat buffer of
@@ -62,16 +76,20 @@ std::unique_ptr<Transport> make_rma_transport(const mpi::Comm& comm, const Buffe
 // A store straight into the partner's segment of an MPI_Win_allocate_shared window on the node
 // communicator, double-buffered by step parity, with ready/done sequence flags per bucket. Only
 // for partners on this node; `node` must be comm split by MPI_COMM_TYPE_SHARED.
+// With `home`, the window also holds this rank's flat buffer (shared_home()), and partners
+// that pair up average it in place.
 std::unique_ptr<Transport> make_shm_transport(const mpi::Comm& comm, const mpi::Comm& node,
-                                              const BufferLayout& layout);
+                                              const BufferLayout& layout, bool home = false);
 
 // shm for partners on this node, p2p for the others (decided per peer; both sides agree). Not
 // rma: it delivers a step's buckets only together, and p2p was faster in bench/comm.
-std::unique_ptr<Transport> make_auto_transport(const mpi::Comm& comm, const BufferLayout& layout);
+std::unique_ptr<Transport> make_auto_transport(const mpi::Comm& comm, const BufferLayout& layout,
+                                               bool home = false);
 
 // "p2p" | "rma" | "shm" | "auto"; throws std::invalid_argument otherwise. shm throws when the
-// communicator spans several nodes.
+// communicator spans several nodes. `home`: place the flat buffer in shared memory where the
+// transport has it (shm, auto), for zero-copy pairs.
 std::unique_ptr<Transport> make_transport(const std::string& name, const mpi::Comm& comm,
-                                          const BufferLayout& layout);
+                                          const BufferLayout& layout, bool home = false);
 
 }  // namespace gg::gossip

@@ -16,6 +16,13 @@ Backend parse_backend(const std::string& name) {
 
 const char* backend_name(Backend b) { return b == Backend::Reference ? "reference" : "onednn"; }
 
+void FlatBuffer::adopt(float* memory) {
+  if (memory == data_) return;
+  std::copy(begin(), end(), memory);
+  data_ = memory;
+  std::vector<float>().swap(own_);
+}
+
 std::unique_ptr<Executor> compile(const Graph& g, Backend backend, int64_t batch, ParamStore& store,
                                   const std::vector<Bucket>& buckets) {
   if (batch < 1) throw std::invalid_argument("batch must be >= 1");

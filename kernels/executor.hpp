@@ -1,6 +1,7 @@
 // The backend seam: a Graph compiled once for one backend and one batch size, run every step.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -15,13 +16,45 @@ enum class Backend { Reference, OneDnn };
 Backend parse_backend(const std::string& name);  // "reference" | "onednn"; throws otherwise
 const char* backend_name(Backend b);
 
+// A flat float array that owns its memory or lives in memory someone else owns (the gradient
+// buffer in a node-shared window, which the partner on this node reads and writes in place).
+class FlatBuffer {
+ public:
+  explicit FlatBuffer(int64_t n) : own_(n, 0.f), data_(own_.data()), size_(n) {}
+  FlatBuffer(const FlatBuffer&) = delete;  // executors hold pointers into it
+  FlatBuffer& operator=(const FlatBuffer&) = delete;
+  // Moves the contents into `memory` (at least size() floats, outliving this object) and uses it
+  // from now on. Pointers taken before are stale.
+  void adopt(float* memory);
+  bool external() const { return own_.empty() && size_ > 0; }
+
+  float* data() { return data_; }
+  const float* data() const { return data_; }
+  int64_t size() const { return size_; }
+  float* begin() { return data_; }
+  float* end() { return data_ + size_; }
+  const float* begin() const { return data_; }
+  const float* end() const { return data_ + size_; }
+  float& operator[](int64_t i) { return data_[i]; }
+  float operator[](int64_t i) const { return data_[i]; }
+  operator std::vector<float>() const { return {begin(), end()}; }  // a copy
+  friend bool operator==(const FlatBuffer& a, const std::vector<float>& b) {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end());
+  }
+
+ private:
+  std::vector<float> own_;
+  float* data_;
+  int64_t size_;
+};
+
 // The flat buffers every executor of a network views: parameters, their gradients (same layout)
 // and batch-norm running statistics. Allocated once; never resized while executors exist.
 struct ParamStore {
   explicit ParamStore(const Graph& g)
-      : params(g.param_count(), 0.f), grads(g.param_count(), 0.f), buffers(g.buffer_count(), 0.f) {}
+      : params(g.param_count(), 0.f), grads(g.param_count()), buffers(g.buffer_count(), 0.f) {}
   std::vector<float> params;
-  std::vector<float> grads;
+  FlatBuffer grads;
   std::vector<float> buffers;
 };
 

@@ -31,6 +31,11 @@ Tensor Net::buffer(const std::string& name) {
   return Tensor::view(store_.buffers.data() + t.offset, t.dims);
 }
 
+void Net::share_grads(float* memory) {
+  if (!executors_.empty()) throw std::logic_error("Net::share_grads after executors were compiled");
+  store_.grads.adopt(memory);
+}
+
 Executor& Net::at_batch(int64_t batch) {
   auto it = executors_.find(batch);
   if (it == executors_.end())

@@ -29,6 +29,11 @@ class Net {
   Tensor grad(const std::string& name);
   Tensor buffer(const std::string& name);
 
+  // Moves the gradient buffer into `memory` (param_count floats that outlive the Net), e.g. a
+  // window the exchange engine shares with partners on this node. Only before the first
+  // at_batch(): compiled executors hold pointers into the old buffer.
+  void share_grads(float* memory);
+
   // The executor for this batch size, compiled on first use.
   Executor& at_batch(int64_t batch);
 

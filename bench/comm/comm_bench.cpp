@@ -1,5 +1,6 @@
 // bench/comm: time of one gossip exchange (each transport) against MPI_Allreduce and against a
-// local memcpy of the same bytes, for a range of sizes, at the rank count it is launched with.
+// local memcpy of the same bytes (on every rank at once, as the exchange runs), for a range of
+// sizes, at the rank count it is launched with.
 // Prints the machine and inputs, then CSV rows: ranks,method,bytes,median_s,min_s,runs.
 #include <mpi.h>
 
@@ -46,8 +47,10 @@ int main(int argc, char** argv) {
   const int rank = world.rank(), p = world.size();
   int64_t max_bytes = int64_t{128} << 20;
   int runs = 7;
-  std::vector<std::string> methods = {"memcpy", "shm", "p2p", "allreduce"};
-  if (p == 2) methods.insert(methods.begin() + 3, "rma");
+  // shm: the buffer lives in the shm window and pairs average it in place, as in training;
+  // shm-copy: the caller's own buffer, copied into the partner's window (the general path).
+  std::vector<std::string> methods = {"memcpy", "shm", "shm-copy", "p2p", "allreduce"};
+  if (p == 2) methods.insert(methods.begin() + 4, "rma");
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::string(argv[i]) == "--max-bytes") max_bytes = std::stoll(argv[i + 1]);
     if (std::string(argv[i]) == "--runs") runs = std::stoi(argv[i + 1]);
@@ -84,8 +87,10 @@ int main(int argc, char** argv) {
       } else {
         gossip::GossipOptions o;
         o.schedule = {partners::Kind::Dissemination, p, true, 1};
-        o.transport = m;
-        gossip::GossipExchange ex(world, x.data(), buckets, o);
+        o.transport = m == "shm-copy" ? "shm" : m;
+        const bool home = m == "shm";
+        gossip::GossipExchange ex(world, home ? nullptr : x.data(), buckets, o);
+        if (home) std::copy(x.begin(), x.end(), ex.buffer());
         t = time_runs(world, runs, [&](int step) { ex.exchange_all(step); });
       }
       if (rank == 0)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench/comm: gossip exchange (shm, p2p, rma at p=2) vs MPI_Allreduce vs a local memcpy, 4 KiB to
+# bench/comm: gossip exchange (shm, shm-copy, p2p, rma at p=2) vs MPI_Allreduce vs a local memcpy, 4 KiB to
 # 128 MiB, for each rank count given (default 2). Writes bench/results/comm-<host>.csv, a
 # markdown summary and a PNG plot (gnuplot). Usage: bench/comm/run.sh [RANKS...]
 set -euo pipefail
@@ -40,6 +40,6 @@ set xlabel "bytes per rank"
 set ylabel "median seconds"
 set key top left
 set title "gossip exchange vs MPI_Allreduce vs memcpy ($(hostname), p=${RANKS[0]})"
-plot for [m in "memcpy shm p2p rma allreduce"] "< grep ',".m.",' $OUT.csv | grep '^${RANKS[0]},'" using 3:4 with linespoints title m
+plot for [m in "memcpy shm shm-copy p2p rma allreduce"] "< grep ',".m.",' $OUT.csv | grep '^${RANKS[0]},'" using 3:4 with linespoints title m
 GP
 echo "bench/comm: wrote $OUT.csv, $OUT.md, $OUT.png"

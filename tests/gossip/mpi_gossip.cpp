@@ -70,8 +70,10 @@ void check_against_simulator(const mpi::Comm& world, const std::vector<float>& x
   if (rank == 0) std::printf("%-48s max |engine - simulator| = %.2g\n", name.c_str(), worst);
 }
 
+// home: the exchange provides the buffer (in shared memory for shm/auto), and partners that pair
+// up average it in place; the test checks such steps happened where the schedule pairs ranks.
 void run_case(const mpi::Comm& world, const std::string& transport, const std::string& threading,
-              partners::Kind kind, bool rotate, bool delays) {
+              partners::Kind kind, bool rotate, bool delays, bool home = false) {
   const int rank = world.rank(), p = world.size();
   const int64_t count = 1000;
   const int steps = 7;
@@ -83,12 +85,19 @@ void run_case(const mpi::Comm& world, const std::string& transport, const std::s
   o.threading = threading;
   o.comm_threads = 3;
   const std::string name = transport + "/" + threading + "/" + partners::kind_name(kind) +
-                           (rotate ? "+rotate" : "") + (delays ? "+delays" : "");
+                           (rotate ? "+rotate" : "") + (delays ? "+delays" : "") +
+                           (home ? "+home" : "");
   if (rank == 0 && std::getenv("GG_TRACE")) std::fprintf(stderr, "start %s\n", name.c_str());
   std::mt19937 rng(1000 + rank);
   {
-    gossip::GossipExchange ex(world, x.data(), buckets, o);
+    gossip::GossipExchange ex(world, home ? nullptr : x.data(), buckets, o);
+    float* buf = ex.buffer();
+    if (home) std::copy(x.begin(), x.end(), buf);
+    int paired = 0, pair_steps = 0;
     for (int s = 0; s < steps; ++s) {
+      const partners::Partners peers = ex.partners_at(s);
+      pair_steps += peers.send_to == peers.recv_from;
+      paired += ex.in_place(peers);
       ex.begin_step(s);
       for (int b = 0; b < static_cast<int>(buckets.size()); ++b) {
         if (delays) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 2000));
@@ -100,10 +109,16 @@ void run_case(const mpi::Comm& world, const std::string& transport, const std::s
         const int from = ex.partners_at(0).recv_from;
         bool exact = true;
         for (int64_t i = 0; i < count; ++i)
-          exact &= x[i] == 0.5f * (initial(rank, i) + initial(from, i));
+          exact &= buf[i] == 0.5f * (initial(rank, i) + initial(from, i));
         check(exact, name + ": step 0 holds exactly (mine + partner's) / 2", rank);
       }
     }
+    const bool shared = home && transport != "p2p" && transport != "rma";
+    check(paired == (shared ? pair_steps : 0),
+          name + ": " + std::to_string(paired) + " steps averaged in place, expected " +
+              std::to_string(shared ? pair_steps : 0),
+          rank);
+    if (home) std::copy(buf, buf + count, x.begin());
   }
   check_against_simulator(world, x, o.schedule, steps, 37, name);
 }
@@ -180,12 +195,18 @@ int main(int argc, char** argv) {
       if (rma || std::string(transport) != "rma")
         run_case(world, transport, "funneled", partners::Kind::Dissemination, true, true);
     run_case(world, "shm", "concurrent", partners::Kind::Random, false, true);
+    // Zero-copy pairs: at p = 2 every step pairs, at p = 4 and 8 every other / third step.
+    for (const char* threading : {"funneled", "concurrent", "chained"})
+      run_case(world, "shm", threading, partners::Kind::Dissemination, true, true, true);
+    run_case(world, "auto", "funneled", partners::Kind::Random, false, false, true);
+    run_case(world, "p2p", "funneled", partners::Kind::Dissemination, true, false, true);
     run_case(world, rma ? "rma" : "p2p", "funneled", partners::Kind::Ring, false, false);
     run_delayed(world, "shm");
     run_delayed(world, "p2p");
     run_stale(world, "shm");
     run_stale(world, "p2p");
     if (pow2) run_case(world, "auto", "funneled", partners::Kind::Hypercube, true, true);
+    if (pow2) run_case(world, "shm", "funneled", partners::Kind::Hypercube, true, false, true);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d: error: %s\n", world.rank(), e.what());
     ++failures;
