@@ -1,0 +1,136 @@
+// bench/compute: training throughput of one network on one process: forward + loss + backward +
+// SGD update, images/s as the median over timed steps after warm-up, and the peak resident
+// memory of the process. The same measurement in PyTorch is torch_bench.py; run.sh runs both.
+// Prints one CSV row: impl,model,batch,res,threads,precision,median_step_s,images_per_s,
+// peak_rss_mb,params
+#include <omp.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/loss.hpp"
+#include "kernels/models.hpp"
+#include "kernels/net.hpp"
+#include "kernels/optimizer.hpp"
+
+using namespace gg;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Args {
+  std::string model = "resnet50";
+  int64_t batch = 16, res = 224, classes = 1000;
+  int threads = 2, steps = 10, warmup = 3;
+  std::string precision = "fp32", backend = "onednn";
+};
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr,
+               "gg_bench_compute: %s\nusage: gg_bench_compute [--model NAME] [--batch B] [--res R] "
+               "[--classes N] [--threads T] [--steps N] [--warmup N] [--precision fp32] "
+               "[--backend onednn|reference]\n",
+               why.c_str());
+  std::exit(2);
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (k == "--help" || k == "-h") usage("training images/s of one network");
+    if (i + 1 >= argc) usage("option " + k + " needs a value");
+    const std::string v = argv[++i];
+    try {
+      if (k == "--model")
+        a.model = v;
+      else if (k == "--batch")
+        a.batch = std::stoll(v);
+      else if (k == "--res")
+        a.res = std::stoll(v);
+      else if (k == "--classes")
+        a.classes = std::stoll(v);
+      else if (k == "--threads")
+        a.threads = std::stoi(v);
+      else if (k == "--steps")
+        a.steps = std::stoi(v);
+      else if (k == "--warmup")
+        a.warmup = std::stoi(v);
+      else if (k == "--precision")
+        a.precision = v;
+      else if (k == "--backend")
+        a.backend = v;
+      else
+        usage("unknown option " + k);
+    } catch (const std::logic_error&) {
+      usage("option " + k + " needs a number, got '" + v + "'");
+    }
+  }
+  if (a.batch < 1 || a.res < 1 || a.threads < 1 || a.steps < 1 || a.warmup < 0)
+    usage("batch, res, threads and steps must be positive");
+  if (a.precision != "fp32") usage("precision '" + a.precision + "' is not supported (fp32)");
+  return a;
+}
+
+double peak_rss_mb() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args a = parse(argc, argv);
+  try {
+    omp_set_num_threads(a.threads);
+    kernels::ModelSpec spec;
+    spec.name = a.model;
+    spec.input = {3, a.res, a.res};
+    spec.classes = a.classes;
+    kernels::Net net(kernels::build_model(spec), kernels::parse_backend(a.backend), 1 << 20);
+    kernels::init_params(net.graph(), net.store(), 1);
+    kernels::Sgd sgd(net.graph().param_count(), {0.9f, 1e-4f, false});
+    kernels::Executor& ex = net.at_batch(a.batch);
+
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal;
+    std::vector<float> x(a.batch * 3 * a.res * a.res);
+    for (float& v : x) v = normal(rng);
+    std::vector<int32_t> y(a.batch);
+    for (int64_t i = 0; i < a.batch; ++i) y[i] = static_cast<int32_t>(rng() % a.classes);
+    std::vector<float> dlogits(a.batch * a.classes);
+
+    std::vector<double> times;
+    for (int s = 0; s < a.warmup + a.steps; ++s) {
+      const auto t0 = Clock::now();
+      const float* logits = ex.forward(x.data(), true);
+      kernels::softmax_cross_entropy(logits, y.data(), a.batch, a.classes, dlogits.data());
+      ex.backward(dlogits.data(), {});
+      sgd.step(net.store().params.data(), net.store().grads.data(), 0.01f);
+      const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (s >= a.warmup) times.push_back(dt);
+      std::fprintf(stderr, "\rgg_bench_compute %s: step %d/%d %.3f s", a.model.c_str(), s + 1,
+                   a.warmup + a.steps, dt);
+    }
+    std::fprintf(stderr, "\n");
+    std::sort(times.begin(), times.end());
+    const double med = times[times.size() / 2];
+    std::printf("gossipgrad-%s,%s,%lld,%lld,%d,%s,%.6g,%.4g,%.1f,%lld\n", a.backend.c_str(),
+                a.model.c_str(), static_cast<long long>(a.batch), static_cast<long long>(a.res),
+                a.threads, a.precision.c_str(), med, a.batch / med, peak_rss_mb(),
+                static_cast<long long>(net.graph().param_count()));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gg_bench_compute: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
