@@ -16,19 +16,27 @@ struct Slot {
 
 }  // namespace
 
-NpzEntries export_weights(const Graph& g, const ParamStore& s, int64_t batches_tracked) {
+NpzEntries export_weights(const Graph& g, const std::vector<float>& params,
+                          const std::vector<float>& buffers, int64_t batches_tracked) {
+  if (static_cast<int64_t>(params.size()) != g.param_count() ||
+      static_cast<int64_t>(buffers.size()) != g.buffer_count())
+    throw std::invalid_argument("export_weights: buffers do not match the graph");
   NpzEntries out;
   const auto slice = [](const TensorSpec& t, const std::vector<float>& flat) {
     return NpyArray::floats(
         t.dims, std::vector<float>(flat.begin() + t.offset, flat.begin() + t.offset + t.size()));
   };
   for (const Node& n : g.nodes()) {
-    for (int p : n.params) out.emplace_back(g.params()[p].name, slice(g.params()[p], s.params));
-    for (int b : n.buffers) out.emplace_back(g.buffers()[b].name, slice(g.buffers()[b], s.buffers));
+    for (int p : n.params) out.emplace_back(g.params()[p].name, slice(g.params()[p], params));
+    for (int b : n.buffers) out.emplace_back(g.buffers()[b].name, slice(g.buffers()[b], buffers));
     if (n.op == Op::BatchNorm)
       out.emplace_back(n.name + kTracked, NpyArray::int64s({}, {batches_tracked}));
   }
   return out;
+}
+
+NpzEntries export_weights(const Graph& g, const ParamStore& s, int64_t batches_tracked) {
+  return export_weights(g, s.params, s.buffers, batches_tracked);
 }
 
 void import_weights(const Graph& g, ParamStore& s, const NpzEntries& arrays,
@@ -73,9 +81,9 @@ void import_weights(const Graph& g, ParamStore& s, const NpzEntries& arrays,
     std::copy(a->f.begin(), a->f.end(), slot->flat->begin() + slot->spec->offset);
 }
 
-void save_weights(const std::string& path, const Graph& g, const ParamStore& s,
-                  int64_t batches_tracked) {
-  write_npz(path, export_weights(g, s, batches_tracked));
+void save_weights(const std::string& path, const Graph& g, const std::vector<float>& params,
+                  const std::vector<float>& buffers, int64_t batches_tracked) {
+  write_npz(path, export_weights(g, params, buffers, batches_tracked));
 }
 
 void load_weights(const std::string& path, const Graph& g, ParamStore& s) {

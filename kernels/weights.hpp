@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kernels/executor.hpp"
 #include "kernels/graph.hpp"
@@ -15,6 +16,9 @@ namespace gg::kernels {
 
 // The arrays of a state_dict, in the graph's order. `batches_tracked` becomes every
 // num_batches_tracked (PyTorch counts the training forwards each batch norm has seen).
+// `params` and `buffers` are laid out like ParamStore's.
+NpzEntries export_weights(const Graph& g, const std::vector<float>& params,
+                          const std::vector<float>& buffers, int64_t batches_tracked);
 NpzEntries export_weights(const Graph& g, const ParamStore& s, int64_t batches_tracked);
 
 // Copies every parameter and running statistic the graph expects from `arrays` into `s`. Extra
@@ -25,8 +29,8 @@ void import_weights(const Graph& g, ParamStore& s, const NpzEntries& arrays,
                     const std::string& source);
 
 // export_weights + write_npz, and read_npz + import_weights.
-void save_weights(const std::string& path, const Graph& g, const ParamStore& s,
-                  int64_t batches_tracked);
+void save_weights(const std::string& path, const Graph& g, const std::vector<float>& params,
+                  const std::vector<float>& buffers, int64_t batches_tracked);
 void load_weights(const std::string& path, const Graph& g, ParamStore& s);
 
 }  // namespace gg::kernels
