@@ -669,7 +669,12 @@ NpzEntries read_npz(const std::string& path) {
     if (le32(local) != kLocalSig)
       throw NpyError(where + ": no local header at offset " + std::to_string(m.local_offset) +
                      " (corrupt archive)");
-    const uint64_t data_at = m.local_offset + 30 + le16(local + 26) + le16(local + 28);
+    const uint64_t local_name_len = le16(local + 26);
+    std::string local_name(local_name_len, '\0');
+    f.read_at(m.local_offset + 30, local_name.data(), local_name_len, where + ": local header");
+    if (local_name != m.name)
+      throw NpyError(where + ": its local header names it '" + local_name + "' (corrupt archive)");
+    const uint64_t data_at = m.local_offset + 30 + local_name_len + le16(local + 28);
     if (data_at > d.offset || m.compressed > d.offset - data_at)
       throw NpyError(where + ": its " + std::to_string(m.compressed) +
                      " bytes of data overrun the archive (truncated or corrupt)");
