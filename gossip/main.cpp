@@ -2,7 +2,6 @@
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
