@@ -8,9 +8,9 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF >/de
 cmake --build build --target gossipgrad
 RUN="runs/quickstart-$(date +%Y%m%d-%H%M%S)"
 RANKS="${RANKS:-2}"
-echo "quickstart: mpirun -n $RANKS build/gossip/gossipgrad train --config configs/laptop.ini --log.metrics $RUN/metrics.jsonl $*"
+echo "quickstart: mpirun -n $RANKS build/gossip/gossipgrad train --config configs/laptop.ini --log.metrics $RUN/metrics.jsonl --checkpoint.dir $RUN/checkpoint $*"
 mpirun -n "$RANKS" build/gossip/gossipgrad train --config configs/laptop.ini \
-  --log.metrics "$RUN/metrics.jsonl" "$@"
+  --log.metrics "$RUN/metrics.jsonl" --checkpoint.dir "$RUN/checkpoint" "$@"
 python3 - "$RUN/metrics.jsonl" <<'PY'
 import json, sys
 evals = [e for e in map(json.loads, open(sys.argv[1])) if e["event"] == "eval"]

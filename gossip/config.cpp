@@ -8,6 +8,7 @@
 #include <initializer_list>
 #include <sstream>
 
+#include "gossip/checkpoint.hpp"
 #include "kernels/models.hpp"
 
 namespace po = boost::program_options;
@@ -58,6 +59,9 @@ po::options_description describe(Config& c) {
      "stop after this many steps (0: run every epoch)")
     ("train.eval_batch", po::value(&c.train.eval_batch)->default_value(c.train.eval_batch),
      "batch of the evaluation pass [1, 65536]")
+    ("train.init_from", po::value(&c.train.init_from)->default_value(c.train.init_from),
+     "start from these weights (.npz with torchvision state_dict names, e.g. from gossipgrad "
+     "export) instead of a random initialisation; empty: random")
     ("gossip.mode", po::value(&c.gossip.mode)->default_value(c.gossip.mode),
      "grad: average gradients with this step's partner; model: average weights after the "
      "update; both; allreduce: exact average over all ranks (the baseline)")
@@ -85,10 +89,16 @@ po::options_description describe(Config& c) {
      "measure the consensus distance every N steps (0: only at evaluation)")
     ("gossip.bucket_kb", po::value(&c.gossip.bucket_kb)->default_value(c.gossip.bucket_kb),
      "gradient bucket size in KiB; a bucket is exchanged as soon as backward completes it")
+    ("checkpoint.dir", po::value(&c.checkpoint.dir)->default_value(c.checkpoint.dir),
+     "folder for checkpoints of the ranks' average model (model.npz + meta.json, rank 0); "
+     "empty: none. An existing checkpoint there is refused unless log.overwrite")
+    ("checkpoint.every_epochs",
+     po::value(&c.checkpoint.every_epochs)->default_value(c.checkpoint.every_epochs),
+     "also checkpoint after every N epochs (0: only at the end of training)")
     ("log.metrics", po::value(&c.log.metrics)->default_value(c.log.metrics),
      "JSON Lines metrics file (rank 0)")
     ("log.overwrite", po::value(&c.log.overwrite)->default_value(c.log.overwrite),
-     "replace an existing metrics file instead of refusing to start")
+     "replace an existing metrics file and checkpoint instead of refusing to start")
     ("log.progress", po::value(&c.log.progress)->default_value(c.log.progress),
      "print a live progress line")
     ("log.interval", po::value(&c.log.interval)->default_value(c.log.interval),
@@ -161,6 +171,21 @@ void validate(const Config& c) {
     throw UsageError("data.dir = " + c.data.dir +
                      " is not a folder (Debian's dataset-fashion-mnist package installs "
                      "/usr/share/datasets/fashion-mnist)");
+  if (!c.train.init_from.empty() && !fs::is_regular_file(c.train.init_from))
+    throw UsageError("train.init_from = " + c.train.init_from + " is not a file");
+  require(c.checkpoint.every_epochs >= 0, "checkpoint.every_epochs", c.checkpoint.every_epochs,
+          "must be >= 0");
+  if (c.checkpoint.every_epochs > 0 && c.checkpoint.dir.empty())
+    throw UsageError("checkpoint.every_epochs = " + std::to_string(c.checkpoint.every_epochs) +
+                     " needs checkpoint.dir");
+  if (!c.checkpoint.dir.empty()) {
+    if (fs::exists(c.checkpoint.dir) && !fs::is_directory(c.checkpoint.dir))
+      throw UsageError("checkpoint.dir = " + c.checkpoint.dir + " exists and is not a folder");
+    if (holds_checkpoint(c.checkpoint.dir) && !c.log.overwrite)
+      throw UsageError("checkpoint.dir = " + c.checkpoint.dir +
+                       " already holds a checkpoint: choose a new folder or pass "
+                       "--log.overwrite true");
+  }
   if (c.log.metrics.empty()) throw UsageError("log.metrics must name a file");
   if (fs::exists(c.log.metrics) && !c.log.overwrite)
     throw UsageError("log.metrics = " + c.log.metrics +
@@ -259,15 +284,17 @@ std::string to_ini(const Config& c) {
     << "\nweight_decay = " << c.train.weight_decay << "\nnesterov = " << c.train.nesterov
     << "\nwarmup_epochs = " << c.train.warmup_epochs << "\nseed = " << c.train.seed
     << "\nthreads = " << c.train.threads << "\nmax_steps = " << c.train.max_steps
-    << "\neval_batch = " << c.train.eval_batch << "\n\n[gossip]\nmode = " << c.gossip.mode
-    << "\nschedule = " << c.gossip.schedule << "\nrotate = " << c.gossip.rotate
-    << "\ntransport = " << c.gossip.transport << "\nthreading = " << c.gossip.threading
-    << "\ncomm_threads = " << c.gossip.comm_threads << "\nstaleness = " << c.gossip.staleness
-    << "\noverlap_model = " << c.gossip.overlap_model
+    << "\neval_batch = " << c.train.eval_batch << "\ninit_from = " << c.train.init_from
+    << "\n\n[gossip]\nmode = " << c.gossip.mode << "\nschedule = " << c.gossip.schedule
+    << "\nrotate = " << c.gossip.rotate << "\ntransport = " << c.gossip.transport
+    << "\nthreading = " << c.gossip.threading << "\ncomm_threads = " << c.gossip.comm_threads
+    << "\nstaleness = " << c.gossip.staleness << "\noverlap_model = " << c.gossip.overlap_model
     << "\nglobal_every = " << c.gossip.global_every
     << "\nconsensus_every = " << c.gossip.consensus_every << "\nbucket_kb = " << c.gossip.bucket_kb
-    << "\n\n[log]\nmetrics = " << c.log.metrics << "\noverwrite = " << c.log.overwrite
-    << "\nprogress = " << c.log.progress << "\ninterval = " << c.log.interval << "\n";
+    << "\n\n[checkpoint]\ndir = " << c.checkpoint.dir
+    << "\nevery_epochs = " << c.checkpoint.every_epochs << "\n\n[log]\nmetrics = " << c.log.metrics
+    << "\noverwrite = " << c.log.overwrite << "\nprogress = " << c.log.progress
+    << "\ninterval = " << c.log.interval << "\n";
   return s.str();
 }
 

@@ -40,6 +40,7 @@ struct Config {
     int threads = 0;        // 0: cores of this node / ranks on this node
     int64_t max_steps = 0;  // 0: every step of every epoch
     int64_t eval_batch = 500;
+    std::string init_from;  // .npz with torchvision names; empty: initialise from the seed
   } train;
   struct {
     std::string mode = "both";  // grad | model | both | allreduce
@@ -54,6 +55,10 @@ struct Config {
     int64_t consensus_every = 50;
     int64_t bucket_kb = 512;
   } gossip;
+  struct {
+    std::string dir;           // empty: no checkpoints
+    int64_t every_epochs = 0;  // 0: only at the end of training
+  } checkpoint;
   struct {
     std::string metrics = "runs/latest/metrics.jsonl";
     bool overwrite = false;

@@ -2,16 +2,21 @@
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "gossip/checkpoint.hpp"
 #include "gossip/config.hpp"
 #include "gossip/mpi.hpp"
 #include "gossip/trainer.hpp"
 #include "kernels/models.hpp"
+#include "kernels/net.hpp"
+#include "kernels/npz.hpp"
+#include "kernels/weights.hpp"
 #include "partners/schedule.hpp"
 #include "partners/simulator.hpp"
 
@@ -25,11 +30,16 @@ constexpr const char* kUsage =
     "usage:\n"
     "  mpirun -n P gossipgrad train --config FILE [--section.key value ...]\n"
     "  gossipgrad info --model NAME [--input C,H,W] [--classes N] [--width W] [--json]\n"
+    "  gossipgrad export --checkpoint DIR --output W.npz [--overwrite]\n"
+    "  gossipgrad infer --model NAME --weights W.npz --input X.npy --output Y.npy [--classes N]\n"
+    "                   [--backend onednn|reference] [--batch B] [--overwrite]\n"
     "  gossipgrad partners --ranks P [--schedule S] [--rotate] [--steps T] [--seed N] [--json]\n"
     "  gossipgrad help | --help | COMMAND --help\n\n"
     "commands:\n"
     "  train   train a model on this rank's share of the data (run under mpirun)\n"
     "  info    print a model's layers, parameter count and forward FLOPs\n"
+    "  export  write a checkpoint's model as .npz with torchvision state_dict names\n"
+    "  infer   logits (eval mode) of a model with .npz weights for the images in a .npy file\n"
     "  partners  print who talks to whom at each step, and how fast the schedule mixes\n\n"
     "example: mpirun -n 2 gossipgrad train --config configs/laptop.ini\n";
 
@@ -234,6 +244,189 @@ int cmd_partners(const std::vector<std::string>& args) {
   return 0;
 }
 
+namespace fs = std::filesystem;
+
+// Parses a subcommand's options. Returns false after printing the help for --help.
+bool parse_options(const std::vector<std::string>& args, const po::options_description& d,
+                   const std::string& usage, po::variables_map& vm) {
+  try {
+    po::store(
+        po::command_line_parser(args)
+            .options(d)
+            .style(po::command_line_style::unix_style & ~po::command_line_style::allow_guessing)
+            .run(),
+        vm);
+    if (vm.count("help")) {
+      std::cout << usage << "\n\n" << d;
+      return false;
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw UsageError(e.what());
+  }
+  return true;
+}
+
+void require_input_file(const std::string& path, const std::string& option) {
+  if (!fs::exists(path)) throw UsageError(option + " " + path + " does not exist");
+  if (fs::is_directory(path)) throw UsageError(option + " " + path + " is a folder, not a file");
+}
+
+void require_output_file(const std::string& path, bool overwrite, const std::string& option) {
+  if (path.empty()) throw UsageError(option + " must name a file");
+  if (fs::is_directory(path)) throw UsageError(option + " " + path + " is a folder");
+  if (fs::exists(path) && !overwrite)
+    throw UsageError(option + " " + path +
+                     " already exists: choose a new path or pass --overwrite");
+  const fs::path parent = fs::path(path).parent_path();
+  if (!parent.empty() && !fs::is_directory(parent))
+    throw UsageError(option + " " + path + ": the folder " + parent.string() + " does not exist");
+}
+
+int cmd_export(const std::vector<std::string>& args) {
+  std::string dir, output;
+  bool overwrite = false;
+  po::options_description d("export options");
+  d.add_options()("help", "this help")("checkpoint", po::value(&dir)->required(),
+                                       "checkpoint folder written by gossipgrad train")(
+      "output", po::value(&output)->required(),
+      ".npz to write, with torchvision state_dict names (loads into PyTorch with "
+      "load_state_dict)")("overwrite", po::bool_switch(&overwrite),
+                          "replace an existing output file");
+  po::variables_map vm;
+  if (!parse_options(args, d,
+                     "usage: gossipgrad export --checkpoint DIR --output W.npz [--overwrite]", vm))
+    return 0;
+  require_output_file(output, overwrite, "--output");
+  const gg::gossip::CheckpointMeta meta = gg::gossip::read_checkpoint_meta(dir);
+  const std::string weights = (fs::path(dir) / gg::gossip::kCheckpointModel).string();
+  require_input_file(weights, "--checkpoint " + dir + ":");
+  const std::string meta_path = (fs::path(dir) / gg::gossip::kCheckpointMeta).string();
+  gg::kernels::Graph g = [&] {
+    try {
+      return gg::kernels::build_model(meta.model);
+    } catch (const std::invalid_argument& e) {
+      throw std::runtime_error(meta_path + ": " + e.what());
+    }
+  }();
+  gg::kernels::ParamStore store(g);
+  try {
+    gg::kernels::load_weights(weights, g, store);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(std::string(e.what()) + " (it does not match " + meta_path + ")");
+  }
+  gg::kernels::save_weights(output, g, store.params, store.buffers, meta.step);
+  std::printf("exported %s (epoch %lld, step %lld, %lld parameters) from %s to %s\n",
+              meta.model.name.c_str(), static_cast<long long>(meta.epoch),
+              static_cast<long long>(meta.step), static_cast<long long>(g.param_count()),
+              dir.c_str(), output.c_str());
+  return 0;
+}
+
+// The first-stage width of the small nets, read off the first convolution in the weights;
+// `fallback` for models whose first layer does not scale with the width.
+int64_t width_from_weights(gg::kernels::ModelSpec spec, const gg::kernels::NpzEntries& w,
+                           int64_t fallback) {
+  spec.width = 1;
+  const gg::kernels::Graph g1 = gg::kernels::build_model(spec);
+  spec.width = 2;
+  const gg::kernels::Graph g2 = gg::kernels::build_model(spec);
+  const gg::kernels::TensorSpec& p1 = g1.params().front();
+  const gg::kernels::TensorSpec& p2 = g2.params().front();
+  if (p1.name != p2.name || p2.dims[0] != 2 * p1.dims[0]) return fallback;
+  const gg::kernels::NpyArray* a = gg::kernels::find_array(w, p1.name);
+  if (!a || a->shape.empty() || a->shape[0] < 1 || a->shape[0] % p1.dims[0] != 0) return fallback;
+  return a->shape[0] / p1.dims[0];
+}
+
+// The class count: the output dimension of the last layer's weight in the weights file.
+int64_t classes_from_weights(const gg::kernels::ModelSpec& spec, const gg::kernels::NpzEntries& w,
+                             int64_t fallback) {
+  const gg::kernels::Graph g = gg::kernels::build_model(spec);
+  const gg::kernels::Node& out = g.node(g.output());
+  if (out.params.empty()) return fallback;
+  const gg::kernels::NpyArray* a = gg::kernels::find_array(w, g.params()[out.params[0]].name);
+  return a && !a->shape.empty() && a->shape[0] >= 2 ? a->shape[0] : fallback;
+}
+
+int cmd_infer(const std::vector<std::string>& args) {
+  gg::kernels::ModelSpec spec;
+  std::string weights, input, output, backend_name = "onednn";
+  int64_t batch = 32;
+  bool overwrite = false;
+  po::options_description d("infer options");
+  // clang-format off
+  d.add_options()
+    ("help", "this help")
+    ("model", po::value(&spec.name)->required(), "model name (see gossipgrad --help)")
+    ("weights", po::value(&weights)->required(),
+     ".npz with torchvision state_dict names (gossipgrad export, or numpy.savez of a PyTorch "
+     "state_dict)")
+    ("input", po::value(&input)->required(), ".npy of float32 images, shape (N, C, H, W)")
+    ("output", po::value(&output)->required(), ".npy to write: float32 logits, shape (N, classes)")
+    ("classes", po::value(&spec.classes), "output classes (default: read off the weights)")
+    ("width", po::value(&spec.width), "first-stage channels of the small nets (default: read off "
+     "the weights)")
+    ("batch_norm", po::value(&spec.batch_norm), "small nets with batch norm (default: whether the "
+     "weights hold running statistics)")
+    ("backend", po::value(&backend_name)->default_value(backend_name), "onednn or reference")
+    ("batch", po::value(&batch)->default_value(batch), "images per forward pass [1, 65536]")
+    ("overwrite", po::bool_switch(&overwrite), "replace an existing output file");
+  // clang-format on
+  po::variables_map vm;
+  if (!parse_options(args, d,
+                     "usage: gossipgrad infer --model NAME --weights W.npz --input X.npy --output "
+                     "Y.npy [--classes N] [--backend onednn|reference] [--batch B]",
+                     vm))
+    return 0;
+  require_input_file(weights, "--weights");
+  require_input_file(input, "--input");
+  require_output_file(output, overwrite, "--output");
+  if (batch < 1 || batch > 65536)
+    throw UsageError("--batch " + std::to_string(batch) + " must be in [1, 65536]");
+  const gg::kernels::Backend backend = [&] {
+    try {
+      return gg::kernels::parse_backend(backend_name);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(std::string("--backend: ") + e.what());
+    }
+  }();
+
+  gg::kernels::NpyArray x = gg::kernels::read_npy(input);
+  if (!x.is_float() || x.shape.size() != 4)
+    throw UsageError("--input " + input + " holds " + gg::kernels::npy_type_name(x.type) + " " +
+                     gg::kernels::to_string(x.shape) +
+                     ": expected float32 images of shape (N, C, H, W)");
+  spec.input = {x.shape[1], x.shape[2], x.shape[3]};
+  const gg::kernels::NpzEntries w = gg::kernels::read_npz(weights);
+  try {
+    if (!vm.count("batch_norm"))
+      spec.batch_norm = std::any_of(
+          w.begin(), w.end(), [](const auto& e) { return e.first.ends_with(".running_var"); });
+    if (!vm.count("width")) spec.width = width_from_weights(spec, w, spec.width);
+    if (!vm.count("classes")) spec.classes = classes_from_weights(spec, w, spec.classes);
+    gg::kernels::Net net(gg::kernels::build_model(spec), backend, int64_t{1} << 40);
+    gg::kernels::import_weights(net.graph(), net.store(), w, weights);
+
+    const int64_t n = x.shape[0], per = gg::kernels::numel(spec.input), k = spec.classes;
+    std::vector<float> y(n * k);
+    for (int64_t at = 0; at < n; at += batch) {
+      const int64_t m = std::min(batch, n - at);
+      const float* logits = net.at_batch(m).forward(x.f.data() + at * per, false);
+      std::copy(logits, logits + m * k, y.begin() + at * k);
+    }
+    gg::kernels::write_npy(output, gg::kernels::NpyArray::floats({n, k}, std::move(y)));
+    std::printf("%lld images %s -> %s (%s, %s backend) -> %s logits %s\n",
+                static_cast<long long>(n), gg::kernels::to_string(spec.input).c_str(),
+                spec.name.c_str(), weights.c_str(), gg::kernels::backend_name(backend),
+                output.c_str(), gg::kernels::to_string({n, k}).c_str());
+  } catch (const std::invalid_argument& e) {
+    // An unknown model, an input it cannot take, or weights that do not fit it.
+    throw UsageError(e.what());
+  }
+  return 0;
+}
+
 int cmd_train(const std::vector<std::string>& args, int argc, char** argv) {
   for (const auto& a : args)
     if (a == "--help" || a == "-h") {
@@ -278,6 +471,8 @@ int main(int argc, char** argv) {
     if (cmd == "train") return cmd_train(rest, argc, argv);
     if (cmd == "info") return cmd_info(rest);
     if (cmd == "partners") return cmd_partners(rest);
+    if (cmd == "export") return cmd_export(rest);
+    if (cmd == "infer") return cmd_infer(rest);
     throw UsageError("unknown command '" + cmd + "' (try gossipgrad --help)");
   } catch (const UsageError& e) {
     std::fprintf(stderr, "gossipgrad: error: %s\n", e.what());

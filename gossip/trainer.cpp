@@ -8,7 +8,9 @@
 #include <cstdio>
 #include <thread>
 
+#include "gossip/checkpoint.hpp"
 #include "kernels/loss.hpp"
+#include "kernels/weights.hpp"
 #include "shuffle/loader.hpp"
 
 namespace gg::gossip {
@@ -67,6 +69,7 @@ Trainer::Trainer(const Config& c, const mpi::Comm& world, kernels::Dims input, i
   kernels::ParamStore& store = net_.store();
   const kernels::Graph& g = net_.graph();
   kernels::init_params(g, store, c.train.seed);
+  if (!c.train.init_from.empty()) load_initial_weights();
   // Every rank starts from rank 0's weights, whatever its RNG did.
   world_.broadcast(store.params.data(), g.param_count(), 0);
   world_.broadcast(store.buffers.data(), g.buffer_count(), 0);
@@ -196,6 +199,35 @@ EvalStats Trainer::evaluate(const shuffle::Dataset& data, float mean, float stdd
   return e;
 }
 
+void Trainer::load_initial_weights() {
+  // Rank 0 reads the file; its verdict is shared so that every rank fails the same way.
+  std::string error;  // "U<message>": weights that do not fit the model; "R<message>": unreadable
+  if (world_.rank() == 0) {
+    try {
+      kernels::load_weights(c_.train.init_from, net_.graph(), net_.store());
+    } catch (const std::invalid_argument& e) {
+      error = std::string("U") + "train.init_from: " + e.what();
+    } catch (const std::exception& e) {
+      error = std::string("R") + "train.init_from: " + e.what();
+    }
+  }
+  world_.broadcast(error, 0);
+  if (error.empty()) return;
+  if (error[0] == 'U') throw UsageError(error.substr(1));
+  if (world_.rank() == 0) throw std::runtime_error(error.substr(1));
+  throw std::runtime_error("rank 0 could not read train.init_from");
+}
+
+void Trainer::average_model(std::vector<float>& params, std::vector<float>& buffers) {
+  flush_model();
+  params = store().params;
+  buffers = store().buffers;
+  if (world_.size() > 1) {
+    average_over_ranks(params);
+    average_over_ranks(buffers);
+  }
+}
+
 double Trainer::flush_model() {
   return model_exchange_ && c_.gossip.overlap_model ? model_exchange_->finish_delayed() : 0.0;
 }
@@ -261,6 +293,12 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
                   per_epoch);
   MetricsWriter metrics;
   if (lead) metrics = MetricsWriter(c.log.metrics, c.log.overwrite);
+  CheckpointMeta checkpoint;
+  checkpoint.model = model_spec(c, {train.channels, train.height, train.width}, train.classes);
+  checkpoint.ranks = ranks;
+  checkpoint.input_mean = mean;
+  checkpoint.input_std = stddev;
+  std::vector<float> avg_params, avg_buffers;
   const int64_t global_batch = c.train.batch * ranks;
   const std::string mixing = c.gossip.mode == "allreduce"
                                  ? std::string("allreduce")
@@ -351,6 +389,21 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
                        {"loss", e.loss},
                        {"consensus", e.consensus},
                        {"wall_s", seconds_since(t_start)}});
+      }
+      const int64_t every = c.checkpoint.every_epochs;
+      if (!c.checkpoint.dir.empty() &&
+          (s + 1 == total || (every > 0 && (epoch + 1) % every == 0))) {
+        trainer.average_model(avg_params, avg_buffers);
+        checkpoint.epoch = epoch + 1;
+        checkpoint.step = s + 1;
+        checkpoint.top1 = e.top1;
+        if (lead) {
+          write_checkpoint(c.checkpoint.dir, checkpoint, trainer.graph(), avg_params, avg_buffers);
+          metrics.write({{"event", "checkpoint"},
+                         {"epoch", epoch + 1},
+                         {"step", s + 1},
+                         {"dir", c.checkpoint.dir}});
+        }
       }
     }
     summary.steps = s + 1;

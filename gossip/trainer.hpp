@@ -59,6 +59,10 @@ class Trainer {
   // Mean over ranks of ||w_r - mean_w||^2 (a collective: every rank must call it).
   double consensus_distance();
 
+  // The ranks' average weights and running statistics, the model evaluate() measures (a
+  // collective: every rank must call it).
+  void average_model(std::vector<float>& params, std::vector<float>& buffers);
+
   const kernels::Graph& graph() const { return net_.graph(); }
   kernels::ParamStore& store() { return net_.store(); }
   int64_t steps_done() const { return step_; }
@@ -68,7 +72,8 @@ class Trainer {
   void average_over_ranks(std::vector<float>& v);
   // Mean over ranks of ||w - avg||^2, where avg is the ranks' average of w (a collective).
   double distance_to_average(const std::vector<float>& w, const std::vector<float>& avg);
-  double flush_model();  // applies a pending overlapped weight exchange
+  double flush_model();         // applies a pending overlapped weight exchange
+  void load_initial_weights();  // train.init_from, read by rank 0
 
   const Config& c_;
   const mpi::Comm& world_;

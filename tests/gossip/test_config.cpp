@@ -111,6 +111,29 @@ TEST_CASE("the shipped laptop config parses and is complete") {
     if (eq == std::string::npos) continue;
     const std::string key = line.substr(0, eq);
     INFO(key);
-    CHECK(text.find("\n" + key + " = ") != std::string::npos);
+    CHECK(text.find("\n" + key + " =") != std::string::npos);
   }
+}
+
+TEST_CASE("a checkpoint folder that already holds a checkpoint is refused unless overwrite") {
+  const fs::path dir = fs::temp_directory_path() / "gg_cfg_ckpt";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  CHECK(parse_train_args({"--checkpoint.dir", dir.string()}).checkpoint.dir == dir.string());
+  std::ofstream(dir / "meta.json") << "{}";
+  CHECK(error_of({"--checkpoint.dir", dir.string()}).find("already holds a checkpoint") !=
+        std::string::npos);
+  CHECK(parse_train_args({"--checkpoint.dir", dir.string(), "--log.overwrite", "true"})
+            .log.overwrite);
+  CHECK(error_of({"--checkpoint.every_epochs", "2"}).find("needs checkpoint.dir") !=
+        std::string::npos);
+  CHECK(error_of({"--checkpoint.dir", dir.string(), "--checkpoint.every_epochs", "-1"})
+            .find("checkpoint.every_epochs = -1 is out of range") != std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("train.init_from must name an existing file") {
+  CHECK(error_of({"--train.init_from", "/nonexistent/w.npz"}) ==
+        "train.init_from = /nonexistent/w.npz is not a file");
+  CHECK(parse_train_args({}).train.init_from.empty());
 }
