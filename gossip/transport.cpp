@@ -272,7 +272,8 @@ class AutoTransport final : public Transport {
     GG_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &multi_node, 1, MPI_INT, MPI_MAX, comm.get()));
     int any_shared = node.size() > 1;
     GG_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &any_shared, 1, MPI_INT, MPI_MAX, comm.get()));
-    if (any_shared) shm_ = make_shm_transport(comm, node, layout, home);
+    // A single rank (p = 1) pairs with itself through shm: the exchange is the identity.
+    if (any_shared || !multi_node) shm_ = make_shm_transport(comm, node, layout, home);
     if (multi_node) remote_ = make_p2p_transport(comm, layout);
   }
   const char* name() const override { return remote_ ? (shm_ ? "auto" : "p2p") : "shm"; }

@@ -18,3 +18,10 @@ top1 = [e for e in events if e["event"] == "eval"][-1]["top1"]
 print(f"top-1 after 300 steps: {top1:.4f}")
 assert top1 > 0.75, top1
 PY
+
+# One rank in the default gossip mode: its only partner is itself, the exchange is the identity.
+OMP_NUM_THREADS=1 "$BIN" train --config "$ROOT/configs/laptop.ini" --train.max_steps 20 \
+  --model.width 4 --train.threads 1 --train.eval_batch 1000 --log.metrics "$TMP/one.jsonl" \
+  --log.interval 5 >/dev/null
+grep -q '"event":"summary"' "$TMP/one.jsonl"
+echo "one rank, gossip mode: ok"
