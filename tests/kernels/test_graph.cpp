@@ -1,4 +1,9 @@
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cmath>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "kernels/executor.hpp"
 #include "kernels/graph.hpp"
@@ -80,4 +85,73 @@ TEST_CASE("unknown models and bad inputs are clear errors") {
   CHECK_THROWS_WITH(build_model({"vgg99", {1, 28, 28}, 10, 16, true}),
                     Catch::Contains("unknown model 'vgg99'"));
   CHECK_THROWS_AS(build_model({"resnet8", {1, 4, 4}, 10, 16, true}), std::invalid_argument);
+}
+
+TEST_CASE("ceil-mode pooling follows PyTorch's output size rule") {
+  struct Case {
+    int64_t in, kernel, stride, pad, ceil_out, floor_out;
+  };
+  // floor_out 0: the window does not fit in floor mode.
+  const Case c = GENERATE(values<Case>({{112, 3, 2, 0, 56, 55},
+                                        {4, 3, 2, 0, 2, 1},
+                                        {5, 2, 2, 1, 3, 3},  // ceil's extra window would start
+                                                             // in the right padding: dropped
+                                        {2, 3, 2, 0, 1, 0},  // window larger than the input
+                                        {14, 2, 2, 0, 7, 7},
+                                        {7, 3, 1, 1, 7, 7}}));
+  INFO("in " << c.in << " kernel " << c.kernel << " stride " << c.stride << " pad " << c.pad);
+  Graph g({2, c.in, c.in});
+  const int y = g.max_pool(g.input(), {c.kernel, c.stride, c.pad, true});
+  CHECK(g.node(y).out == Dims{2, c.ceil_out, c.ceil_out});
+  if (c.floor_out > 0)
+    CHECK(g.node(g.max_pool(g.input(), {c.kernel, c.stride, c.pad, false})).out ==
+          Dims{2, c.floor_out, c.floor_out});
+  else
+    CHECK_THROWS_AS(g.max_pool(g.input(), {c.kernel, c.stride, c.pad, false}),
+                    std::invalid_argument);
+}
+
+TEST_CASE("concat, dropout and LRN check their inputs and attributes") {
+  Graph g({4, 6, 6});
+  const int a = g.conv("a", g.input(), {3, 3, 1, 1, false});
+  const int b = g.conv("b", g.input(), {5, 1, 1, 0, false});
+  const int cat = g.concat({a, b, a}, "cat");
+  CHECK(g.node(cat).out == Dims{11, 6, 6});
+  CHECK(g.node(cat).name == "cat");
+  CHECK_THROWS_AS(g.concat({a}), std::invalid_argument);
+  CHECK_THROWS_AS(g.concat({a, g.max_pool(b, {2, 2, 0})}), std::invalid_argument);
+  CHECK_THROWS_AS(g.dropout(a, {.p = 1.f}), std::invalid_argument);
+  CHECK_THROWS_AS(g.dropout(a, {.p = -0.1f}), std::invalid_argument);
+  CHECK(g.node(g.dropout(a, {.p = 0.f})).out == Dims{3, 6, 6});
+  CHECK_THROWS_WITH(g.lrn(a, {.size = 4}), Catch::Contains("odd"));
+  CHECK_THROWS_AS(g.lrn(g.fully_connected("f", a, {4, true}), {}), std::invalid_argument);
+  CHECK_THROWS_AS(g.lrn(a, {.size = 3, .k = 0.f}), std::invalid_argument);
+  CHECK_THROWS_WITH(g.avg_pool(a, {3, 2, 0, true}), Catch::Contains("ceil_mode"));
+}
+
+TEST_CASE("dropout masks are seeded, deterministic and drop a fraction p, scaled by 1/(1-p)") {
+  const DropoutAttr a{.p = 0.2f, .seed = 7};
+  const int64_t n = 100000;
+  int64_t zeros = 0, others = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float m = dropout_multiplier(a, 3, 5, i);
+    zeros += m == 0.f;
+    others += m != 0.f && m != 1.f / 0.8f;
+  }
+  CHECK(others == 0);
+  CHECK(static_cast<double>(zeros) / n == Approx(0.2).margin(0.01));
+  int same_step = 0, other_step = 0, other_node = 0, other_seed = 0;
+  for (int64_t i = 0; i < 1000; ++i) {
+    const float m = dropout_multiplier(a, 3, 5, i);
+    same_step += m == dropout_multiplier(a, 3, 5, i);
+    other_step += m == dropout_multiplier(a, 3, 6, i);
+    other_node += m == dropout_multiplier(a, 4, 5, i);
+    other_seed += m == dropout_multiplier({.p = 0.2f, .seed = 8}, 3, 5, i);
+  }
+  CHECK(same_step == 1000);
+  // Independent masks agree where both keep or both drop: 0.8^2 + 0.2^2 = 68% of the time.
+  CHECK(other_step < 800);
+  CHECK(other_node < 800);
+  CHECK(other_seed < 800);
+  CHECK(dropout_multiplier({.p = 0.f}, 0, 0, 0) == 1.f);
 }
