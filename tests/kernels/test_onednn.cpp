@@ -801,6 +801,9 @@ TEST_CASE(
     y = g.concat(
         {conv("a", p, 16, 1), conv("b", p, 8, 3), conv("c", p, 24, 1), conv("d", p, 3, 1)});
   }
+  SECTION("aligned offsets, a last input that fills part of its block: 32 | 16 | 3") {
+    y = g.concat({conv("a", p, 32, 1), conv("b", p, 16, 3), conv("c", p, 3, 1)});
+  }
   SECTION("plain widths: 3 | 5 | 1") {
     y = g.concat({conv("a", p, 3, 1), conv("b", p, 5, 3), conv("c", p, 1, 1)});
   }
