@@ -28,9 +28,10 @@ po::options_description describe(Config& c) {
     ("data.prefetch", po::value(&c.data.prefetch)->default_value(c.data.prefetch),
      "ready batches queued by the loader thread [1, 64]")
     ("model.name", po::value(&c.model.name)->default_value(c.model.name),
-     "network: resnet8 (small residual CNN) or cnn")
+     "network: resnet8 (small residual CNN) or cnn, for 28x28/32x32 inputs; or torchvision's "
+     "resnet18, resnet34, resnet50, resnet101, resnet152 or googlenet")
     ("model.width", po::value(&c.model.width)->default_value(c.model.width),
-     "channels of the first stage [1, 1024]")
+     "channels of the first stage of resnet8 and cnn [1, 1024]")
     ("model.batch_norm", po::value(&c.model.batch_norm)->default_value(c.model.batch_norm),
      "use batch norm (false: convolutions get a bias instead)")
     ("train.backend", po::value(&c.train.backend)->default_value(c.train.backend),
@@ -119,8 +120,11 @@ void validate(const Config& c) {
   require(c.data.prefetch >= 1 && c.data.prefetch <= 64, "data.prefetch", c.data.prefetch,
           "must be in [1, 64]");
   const auto names = kernels::model_names();
-  if (std::find(names.begin(), names.end(), c.model.name) == names.end())
-    throw UsageError("model.name = " + c.model.name + " is unknown: use resnet8 or cnn");
+  if (std::find(names.begin(), names.end(), c.model.name) == names.end()) {
+    std::string list;
+    for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+    throw UsageError("model.name = " + c.model.name + " is unknown: use one of " + list);
+  }
   require(c.model.width >= 1 && c.model.width <= 1024, "model.width", c.model.width,
           "must be in [1, 1024]");
   if (c.train.backend != "onednn" && c.train.backend != "reference")

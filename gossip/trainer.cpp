@@ -34,8 +34,10 @@ std::string format_duration(double s) {
   return buf;
 }
 
-kernels::ModelSpec model_spec(const Config& c, kernels::Dims input, int64_t classes) {
+kernels::ModelSpec model_spec(const Config& c, int rank, kernels::Dims input, int64_t classes) {
   kernels::ModelSpec m;
+  // Dropout masks (googlenet) differ between ranks, as the data they see does.
+  m.seed = c.train.seed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(rank + 1);
   m.name = c.model.name;
   m.input = std::move(input);
   m.classes = classes;
@@ -57,7 +59,7 @@ Trainer::Trainer(const Config& c, const mpi::Comm& world, kernels::Dims input, i
                  int64_t total_steps, int64_t steps_per_epoch)
     : c_(c),
       world_(world),
-      net_(kernels::build_model(model_spec(c, std::move(input), classes)),
+      net_(kernels::build_model(model_spec(c, world.rank(), std::move(input), classes)),
            kernels::parse_backend(c.train.backend), std::max<int64_t>(1, c.gossip.bucket_kb * 256)),
       sgd_(net_.graph().param_count(),
            {static_cast<float>(c.train.momentum), static_cast<float>(c.train.weight_decay),

@@ -76,9 +76,16 @@ class Executor {
   // for every bucket as soon as all of its gradients are written, in bucket order.
   virtual void backward(const float* dlogits, const BucketReady& ready) = 0;
 
+  // Dropout masks are a pure function of (seed, node, step, element), where the step counts this
+  // executor's training forwards from 0. Setting it (to resume a run, or to repeat a forward with
+  // the same masks) makes the next training forward use `step`; later ones count on from there.
+  uint64_t dropout_step() const { return dropout_step_; }
+  void set_dropout_step(uint64_t step) { dropout_step_ = step; }
+
  protected:
   explicit Executor(int64_t batch) : batch_(batch) {}
   int64_t batch_;
+  uint64_t dropout_step_ = 0;  // backends advance it after every training forward
 };
 
 // Builds every primitive and buffer up front; forward/backward do not allocate.

@@ -40,8 +40,33 @@ const char* op_name(Op op) {
       return "fully_connected";
     case Op::Add:
       return "add";
+    case Op::Concat:
+      return "concat";
+    case Op::Dropout:
+      return "dropout";
+    case Op::Lrn:
+      return "lrn";
   }
   return "?";
+}
+
+namespace {
+// splitmix64's finaliser: a bijection of 64-bit words that mixes every input bit into every
+// output bit.
+uint64_t mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+}  // namespace
+
+float dropout_multiplier(const DropoutAttr& a, int node, uint64_t step, int64_t index) {
+  uint64_t h = mix(a.seed + 0x9e3779b97f4a7c15ull);
+  h = mix(h ^ static_cast<uint64_t>(node));
+  h = mix(h ^ step);
+  h = mix(h ^ static_cast<uint64_t>(index));
+  const float u = static_cast<float>(h >> 40) * (1.f / 16777216.f);  // 24 bits: exact in float
+  return u < a.p ? 0.f : 1.f / (1.f - a.p);
 }
 
 namespace {
@@ -51,6 +76,24 @@ int64_t window_out(int64_t in, int64_t k, int64_t s, int64_t p, const std::strin
   const int64_t out = (in + 2 * p - k) / s + 1;
   if (in + 2 * p < k || out < 1) throw std::invalid_argument(what + ": window larger than input");
   return out;
+}
+
+// PyTorch's pooling_output_shape: in ceil mode the size rounds up, unless the last window would
+// then start beyond the input and its left padding; so a ceil-mode window may be larger than the
+// padded input, as long as it overlaps it.
+int64_t pool_out(int64_t in, const PoolAttr& a, const std::string& what) {
+  if (!a.ceil_mode) return window_out(in, a.kernel, a.stride, a.pad, what);
+  if (a.kernel < 1 || a.stride < 1 || a.pad < 0)
+    throw std::invalid_argument(what + ": invalid kernel/stride/padding");
+  const int64_t span = in + 2 * a.pad - a.kernel + a.stride - 1;  // may be negative
+  int64_t out = (span >= 0 ? span / a.stride : -((-span + a.stride - 1) / a.stride)) + 1;
+  if (out >= 1 && (out - 1) * a.stride >= in + a.pad) --out;
+  if (out < 1) throw std::invalid_argument(what + ": window larger than input");
+  return out;
+}
+
+std::string name_or(const std::string& name, const char* prefix, size_t id) {
+  return name.empty() ? prefix + std::to_string(id) : name;
 }
 }  // namespace
 
@@ -132,34 +175,35 @@ int Graph::relu(int x) {
   return push(std::move(n));
 }
 
-int Graph::max_pool(int x, PoolAttr a) {
+int Graph::max_pool(int x, PoolAttr a, const std::string& name) {
   const Dims in = checked(x).out;
-  if (in.size() != 3) throw std::invalid_argument("max_pool needs a {C,H,W} input");
-  if (2 * a.pad > a.kernel)
-    throw std::invalid_argument("max_pool: padding exceeds half the kernel");
   Node n;
   n.op = Op::MaxPool;
-  n.name = "maxpool" + std::to_string(nodes_.size());
+  n.name = name_or(name, "maxpool", nodes_.size());
+  if (in.size() != 3) throw std::invalid_argument(n.name + ": pooling needs a {C,H,W} input");
+  if (2 * a.pad > a.kernel)
+    throw std::invalid_argument(n.name + ": padding exceeds half the kernel");
   n.inputs = {x};
   n.pool = a;
-  n.out = {in[0], window_out(in[1], a.kernel, a.stride, a.pad, n.name),
-           window_out(in[2], a.kernel, a.stride, a.pad, n.name)};
+  n.out = {in[0], pool_out(in[1], a, n.name), pool_out(in[2], a, n.name)};
   return push(std::move(n));
 }
 
-int Graph::avg_pool(int x, PoolAttr a) {
-  const int id = max_pool(x, a);
+int Graph::avg_pool(int x, PoolAttr a, const std::string& name) {
+  // PyTorch shrinks the divisor of windows that reach past the padding in ceil mode; oneDNN's
+  // include-padding average does not, so ceil mode is refused rather than computed two ways.
+  if (a.ceil_mode) throw std::invalid_argument("avg_pool: ceil_mode is not supported");
+  const int id = max_pool(x, a, name_or(name, "avgpool", nodes_.size()));
   nodes_[id].op = Op::AvgPool;
-  nodes_[id].name = "avgpool" + std::to_string(id);
   return id;
 }
 
-int Graph::global_avg_pool(int x) {
+int Graph::global_avg_pool(int x, const std::string& name) {
   const Dims in = checked(x).out;
   if (in.size() != 3) throw std::invalid_argument("global_avg_pool needs a {C,H,W} input");
   Node n;
   n.op = Op::GlobalAvgPool;
-  n.name = "gap" + std::to_string(nodes_.size());
+  n.name = name_or(name, "gap", nodes_.size());
   n.inputs = {x};
   n.out = {in[0], 1, 1};
   return push(std::move(n));
@@ -192,6 +236,56 @@ int Graph::add(int a, int b) {
   return push(std::move(n));
 }
 
+int Graph::concat(const std::vector<int>& xs, const std::string& name) {
+  Node n;
+  n.op = Op::Concat;
+  n.name = name_or(name, "concat", nodes_.size());
+  if (xs.size() < 2) throw std::invalid_argument(n.name + ": concat needs at least two inputs");
+  int64_t channels = 0;
+  for (int x : xs) {
+    const Dims& d = checked(x).out;
+    const Dims& first = checked(xs[0]).out;
+    if (d.size() != 3 || first.size() != 3 || d[1] != first[1] || d[2] != first[2])
+      throw std::invalid_argument(n.name + ": concat needs {C,H,W} inputs of one H,W, got " +
+                                  to_string(first) + " and " + to_string(d));
+    channels += d[0];
+  }
+  n.inputs = xs;
+  n.out = checked(xs[0]).out;
+  n.out[0] = channels;
+  return push(std::move(n));
+}
+
+int Graph::dropout(int x, DropoutAttr a, const std::string& name) {
+  Node n;
+  n.op = Op::Dropout;
+  n.name = name_or(name, "dropout", nodes_.size());
+  if (!(a.p >= 0.f && a.p < 1.f))
+    throw std::invalid_argument(n.name + ": dropout probability must be in [0, 1)");
+  n.inputs = {x};
+  n.dropout = a;
+  n.out = checked(x).out;
+  return push(std::move(n));
+}
+
+int Graph::lrn(int x, LrnAttr a, const std::string& name) {
+  Node n;
+  n.op = Op::Lrn;
+  n.name = name_or(name, "lrn", nodes_.size());
+  if (checked(x).out.size() != 3)
+    throw std::invalid_argument(n.name + ": LRN needs a {C,H,W} input");
+  if (a.size < 1 || a.size % 2 == 0)
+    throw std::invalid_argument(n.name +
+                                ": LRN size must be odd (oneDNN and PyTorch place even "
+                                "windows differently)");
+  if (!(a.k > 0.f) || !(a.alpha >= 0.f) || !(a.beta >= 0.f))
+    throw std::invalid_argument(n.name + ": LRN needs k > 0, alpha >= 0 and beta >= 0");
+  n.inputs = {x};
+  n.lrn = a;
+  n.out = checked(x).out;
+  return push(std::move(n));
+}
+
 void Graph::set_output(int x) {
   if (checked(x).out.size() != 1) throw std::invalid_argument("graph output must be a {F} tensor");
   output_ = x;
@@ -213,6 +307,42 @@ int64_t Graph::forward_macs() const {
     }
   }
   return macs;
+}
+
+int64_t Graph::flops(int id) const {
+  const Node& n = checked(id);
+  const int64_t out = numel(n.out);
+  switch (n.op) {
+    case Op::Input:
+    case Op::Concat:
+    case Op::Dropout:
+      return 0;
+    case Op::Conv: {
+      const int64_t fan_in = nodes_[n.inputs[0]].out[0] * n.conv.kernel * n.conv.kernel;
+      return out * (2 * fan_in + (n.conv.bias ? 1 : 0));
+    }
+    case Op::FullyConnected:
+      return out * (2 * numel(nodes_[n.inputs[0]].out) + (n.fc.bias ? 1 : 0));
+    case Op::BatchNorm:
+      return 2 * out;
+    case Op::Relu:
+    case Op::Add:
+      return out;
+    case Op::MaxPool:
+    case Op::AvgPool:
+      return out * n.pool.kernel * n.pool.kernel;
+    case Op::GlobalAvgPool:
+      return numel(nodes_[n.inputs[0]].out);
+    case Op::Lrn:
+      return out * (2 * n.lrn.size + 3);
+  }
+  return 0;
+}
+
+int64_t Graph::forward_flops() const {
+  int64_t total = 0;
+  for (size_t id = 0; id < nodes_.size(); ++id) total += flops(static_cast<int>(id));
+  return total;
 }
 
 std::vector<Bucket> make_buckets(const Graph& g, int64_t bucket_elements) {

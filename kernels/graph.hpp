@@ -24,7 +24,10 @@ enum class Op {
   AvgPool,
   GlobalAvgPool,
   FullyConnected,
-  Add
+  Add,
+  Concat,   // along channels
+  Dropout,  // inverted dropout in training, identity in eval
+  Lrn       // local response normalisation across channels
 };
 const char* op_name(Op op);
 
@@ -40,6 +43,9 @@ struct PoolAttr {
   int64_t kernel = 2;
   int64_t stride = 2;
   int64_t pad = 0;
+  // PyTorch's ceil_mode: the output size rounds up, but the last window must start inside the
+  // input or its left padding. Max pool only.
+  bool ceil_mode = false;
 };
 
 struct BatchNormAttr {
@@ -52,6 +58,35 @@ struct FcAttr {
   bool bias = true;
 };
 
+struct DropoutAttr {
+  float p = 0.5f;     // probability of zeroing an element in training, in [0, 1)
+  uint64_t seed = 0;  // the masks are a pure function of (seed, node, training step, element)
+};
+
+// PyTorch's nn.LocalResponseNorm across channels, for odd sizes (where oneDNN's window is
+// PyTorch's): y_c = x_c * (k + alpha / size * sum_{|c' - c| <= size/2} x_c'^2)^-beta, with
+// channels outside [0, C) counting as zero.
+struct LrnAttr {
+  int64_t size = 5;
+  float alpha = 1e-4f;
+  float beta = 0.75f;
+  float k = 1.f;
+};
+
+// Inverted dropout's multiplier for one element in the `step`-th training forward of an
+// executor (counting from 0): 0 with probability p, else 1 / (1 - p). `index` runs over the batch
+// in plain NCHW order. Every backend draws its masks from here, so they agree bit for bit.
+float dropout_multiplier(const DropoutAttr& a, int node, uint64_t step, int64_t index);
+
+// How a model initialises its conv and fully connected weights; torchvision differs per model.
+enum class WeightInit {
+  // Conv: Kaiming normal (fan_out, ReLU gain); linear: PyTorch's default uniform (ResNet).
+  KaimingFanOut,
+  // Conv and linear weights: N(0, 0.01) truncated to [-2, 2]; linear bias: PyTorch's default
+  // (GoogLeNet).
+  TruncatedNormal,
+};
+
 // One node produces one tensor; a node's id is the id of the tensor it produces.
 struct Node {
   Op op = Op::Input;
@@ -62,6 +97,8 @@ struct Node {
   PoolAttr pool;
   BatchNormAttr bn;
   FcAttr fc;
+  DropoutAttr dropout;
+  LrnAttr lrn;
   // Indices into Graph::params() / Graph::buffers() owned by this node, in declaration order:
   // conv {weight[, bias]}, batch norm {weight, bias} + buffers {running_mean, running_var},
   // fully connected {weight[, bias]}.
@@ -85,13 +122,19 @@ class Graph {
   int input() const { return 0; }
   int conv(const std::string& name, int x, ConvAttr a);
   int batch_norm(const std::string& name, int x, BatchNormAttr a = {});
+  // Layers without parameters take an optional name (for `gossipgrad info`); by default they are
+  // named after their op and id.
   int relu(int x);
-  int max_pool(int x, PoolAttr a);
-  int avg_pool(int x, PoolAttr a);
-  int global_avg_pool(int x);
+  int max_pool(int x, PoolAttr a, const std::string& name = {});
+  int avg_pool(int x, PoolAttr a, const std::string& name = {});  // counts padding in the divisor
+  int global_avg_pool(int x, const std::string& name = {});
   int fully_connected(const std::string& name, int x, FcAttr a);  // flattens {C,H,W} inputs
   int add(int a, int b);
+  int concat(const std::vector<int>& xs, const std::string& name = {});  // {C,H,W}, same H, W
+  int dropout(int x, DropoutAttr a, const std::string& name = {});
+  int lrn(int x, LrnAttr a, const std::string& name = {});  // {C,H,W} inputs, odd sizes
   void set_output(int x);
+  void set_weight_init(WeightInit w) { weight_init_ = w; }
 
   const std::vector<Node>& nodes() const { return nodes_; }
   const Node& node(int id) const { return nodes_.at(id); }
@@ -106,8 +149,16 @@ class Graph {
   const std::vector<TensorSpec>& buffers() const { return buffers_; }
   int64_t buffer_count() const { return buffer_count_; }
 
-  // Forward multiply-accumulates per sample (2 FLOPs each) of convolutions and FC layers.
+  WeightInit weight_init() const { return weight_init_; }
+
+  // Forward multiply-accumulates per sample of convolutions and FC layers.
   int64_t forward_macs() const;
+  // Forward FLOPs per sample of one node, as inference runs it; a multiply-add counts as 2.
+  // conv / fully connected: 2 * fan-in per output (+1 with bias); batch norm: 2 per element (scale
+  // and shift, statistics folded); relu, add: 1 per element; max/avg pool: kernel^2 per output;
+  // global avg pool: H*W per output; LRN: 2 * size + 3 per element; input, concat, dropout: 0.
+  int64_t flops(int id) const;
+  int64_t forward_flops() const;  // sum over the nodes
 
  private:
   int push(Node n);
@@ -121,6 +172,7 @@ class Graph {
   int64_t param_count_ = 0;
   int64_t buffer_count_ = 0;
   int output_ = -1;
+  WeightInit weight_init_ = WeightInit::KaimingFanOut;
 };
 
 // A contiguous range [begin, end) of the flat gradient buffer. Buckets are numbered in the order

@@ -1,8 +1,10 @@
 #include "kernels/onednn/onednn_executor.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <optional>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -41,6 +43,11 @@ memory::dims batched(int64_t n, const Dims& d) {
   memory::dims r{n};
   r.insert(r.end(), d.begin(), d.end());
   return r;
+}
+
+// PyTorch's layout of a batch of per-sample dims {C,H,W} or {F}.
+memory::desc plain_md(int64_t n, const Dims& d) {
+  return memory::desc(batched(n, d), dt::f32, d.size() == 3 ? tag::nchw : tag::nc);
 }
 
 class OneDnnExecutor final : public Executor {
@@ -91,6 +98,7 @@ class OneDnnExecutor final : public Executor {
     }
     strm_.wait();
     trained_ = train;
+    if (train) ++dropout_step_;
     return static_cast<const float*>(values_[g_.output()].mem.get_data_handle());
   }
 
@@ -214,6 +222,12 @@ class OneDnnExecutor final : public Executor {
         return compile_pool(id, n);
       case Op::Add:
         return compile_add(id, n);
+      case Op::Concat:
+        return compile_concat(id, n);
+      case Op::Dropout:
+        return compile_dropout(id, n);
+      case Op::Lrn:
+        return compile_lrn(id, n);
     }
   }
 
@@ -422,23 +436,30 @@ class OneDnnExecutor final : public Executor {
     const int in = n.inputs[0];
     const Value& src = values_[in];
     const Dims& xin = g_.node(in).out;
-    memory::dims kernel, strides, pad;
+    memory::dims kernel, strides, pad, pad_r;
     dnnl::algorithm alg;
     if (n.op == Op::GlobalAvgPool) {
       kernel = {xin[1], xin[2]};
       strides = kernel;
       pad = {0, 0};
+      pad_r = pad;
       alg = dnnl::algorithm::pooling_avg_exclude_padding;
     } else {
-      kernel = {n.pool.kernel, n.pool.kernel};
-      strides = {n.pool.stride, n.pool.stride};
-      pad = {n.pool.pad, n.pool.pad};
+      const int64_t k = n.pool.kernel, s = n.pool.stride, p = n.pool.pad;
+      kernel = {k, k};
+      strides = {s, s};
+      pad = {p, p};
+      // Ceil mode as right padding: enough for the last window. Max pool never picks padding, and
+      // in floor mode this is the left padding again (avg pool, which counts padding, is floor).
+      for (int d = 1; d <= 2; ++d)
+        pad_r.push_back(std::max(p, (n.out[d] - 1) * s + k - xin[d] - p));
       alg = n.op == Op::MaxPool ? dnnl::algorithm::pooling_max
                                 : dnnl::algorithm::pooling_avg_include_padding;
     }
     const memory::desc dst_any(batched(batch_, n.out), dt::f32, tag::any);
     dnnl::pooling_forward::primitive_desc fpd(
-        {dnnl::prop_kind::forward_training, alg, src.md, dst_any, strides, kernel, pad, pad}, eng_);
+        {dnnl::prop_kind::forward_training, alg, src.md, dst_any, strides, kernel, pad, pad_r},
+        eng_);
     Value& out = values_[id];
     out.md = fpd.dst_desc();
     out.mem = memory(out.md, eng_);
@@ -450,7 +471,7 @@ class OneDnnExecutor final : public Executor {
     }
     push_fwd(dnnl::pooling_forward(fpd), std::move(fa));
     if (in == 0) return;
-    dnnl::pooling_backward::primitive_desc bpd({alg, src.md, out.md, strides, kernel, pad, pad},
+    dnnl::pooling_backward::primitive_desc bpd({alg, src.md, out.md, strides, kernel, pad, pad_r},
                                                eng_, fpd);
     Args ba{{DNNL_ARG_DIFF_DST, diff_of(id)}, {DNNL_ARG_DIFF_SRC, edge(in)}};
     if (ws) ba[DNNL_ARG_WORKSPACE] = ws;
@@ -475,6 +496,145 @@ class OneDnnExecutor final : public Executor {
       bwd_[id].push_back(
           Action{dnnl::reorder(from, target), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, target}}, {}});
     }
+  }
+
+  // Channel slice i of a tensor of layout `md` holding the concatenation of `n`'s inputs, or an
+  // empty vector when the layout cannot be sliced there (a blocked layout whose block straddles
+  // a boundary between inputs).
+  std::vector<memory::desc> channel_slices(const memory::desc& md, const Node& n) const {
+    std::vector<memory::desc> slices;
+    memory::dim first = 0;
+    for (int in : n.inputs) {
+      const memory::dims dims = batched(batch_, g_.node(in).out);
+      const memory::desc sub = md.submemory_desc(dims, {0, first, 0, 0}, true);
+      if (sub == memory::desc()) return {};
+      slices.push_back(sub);
+      first += dims[1];
+    }
+    return slices;
+  }
+
+  // The format tag all of n's inputs are laid out in, if they share one of the usual ones.
+  std::optional<tag> common_tag(const Node& n) const {
+    for (tag t : {tag::nChw16c, tag::nChw8c, tag::nhwc, tag::nchw}) {
+      const bool all = std::all_of(n.inputs.begin(), n.inputs.end(), [&](int in) {
+        return values_[in].md == memory::desc(batched(batch_, g_.node(in).out), dt::f32, t);
+      });
+      if (all) return t;
+    }
+    return std::nullopt;
+  }
+
+  // Forward: one concat primitive, reading every input in its own layout. Backward: each input's
+  // gradient is a reorder out of a view (submemory) of the concat's gradient, no copy in between.
+  // The output keeps the inputs' common layout (so that consumers that want it need no reorder),
+  // else takes oneDNN's choice, else NCHW: the first of these that can be sliced at every input.
+  void compile_concat(int id, const Node& n) {
+    std::vector<memory::desc> srcs;
+    Args fa;
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      srcs.push_back(values_[n.inputs[i]].md);
+      fa[DNNL_ARG_MULTIPLE_SRC + static_cast<int>(i)] = values_[n.inputs[i]].mem;
+    }
+    const memory::dims dims = batched(batch_, n.out);
+    std::vector<memory::desc> candidates;
+    if (const std::optional<tag> t = common_tag(n)) candidates.emplace_back(dims, dt::f32, *t);
+    candidates.emplace_back(dims, dt::f32, tag::any);
+    candidates.push_back(plain_md(batch_, n.out));  // always sliceable
+    dnnl::concat::primitive_desc pd;
+    std::vector<memory::desc> slices;
+    for (const memory::desc& dst : candidates) {
+      pd = dnnl::concat::primitive_desc(dst, 1, srcs, eng_);
+      slices = channel_slices(pd.dst_desc(), n);
+      if (!slices.empty()) break;
+    }
+    if (slices.empty()) throw std::logic_error(n.name + ": NCHW concat cannot be sliced");
+    Value& out = values_[id];
+    out.md = pd.dst_desc();
+    out.mem = memory(out.md, eng_);
+    fa[DNNL_ARG_DST] = out.mem;
+    push_fwd(dnnl::concat(pd), std::move(fa));
+    void* diff = diff_of(id).get_data_handle();
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      if (n.inputs[i] == 0) continue;
+      memory from(slices[i], eng_, diff);
+      memory target = edge(n.inputs[i]);
+      bwd_[id].push_back(
+          Action{dnnl::reorder(from, target), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, target}}, {}});
+    }
+  }
+
+  // Training: y = x * mask, the mask drawn on the host in NCHW order (dropout_multiplier, the
+  // reference's draw) and reordered into x's layout; backward dx = dy * mask. In place over x when
+  // nothing else reads it, as ReLU; then eval has nothing to do, else it copies.
+  void compile_dropout(int id, const Node& n) {
+    const int in = n.inputs[0];
+    Value& src = values_[in];
+    const bool in_place = in != 0 && src.consumers == 1;
+    Value& out = values_[id];
+    out.md = src.md;
+    out.mem = in_place ? src.mem : memory(out.md, eng_);
+    if (in_place) out.diff = diff_of(in);
+    const memory::desc plain = plain_md(batch_, n.out);
+    const memory mask_plain(plain, eng_);
+    const DropoutAttr attr = n.dropout;
+    fwd_.push_back({Action{{},
+                           {},
+                           [this, mask_plain, attr, id]() {
+                             float* m = static_cast<float*>(mask_plain.get_data_handle());
+                             const int64_t count =
+                                 static_cast<int64_t>(mask_plain.get_desc().get_size() / 4);
+                             for (int64_t i = 0; i < count; ++i)
+                               m[i] = dropout_multiplier(attr, id, dropout_step_, i);
+                           }},
+                    When::Train});
+    std::vector<Action> to_layout;
+    const memory mask = as(mask_plain, out.md, to_layout);
+    for (Action& a : to_layout) fwd_.push_back({std::move(a), When::Train});
+    dnnl::binary::primitive_desc mul({dnnl::algorithm::binary_mul, out.md, out.md, out.md}, eng_);
+    push_fwd(dnnl::binary(mul),
+             {{DNNL_ARG_SRC_0, src.mem}, {DNNL_ARG_SRC_1, mask}, {DNNL_ARG_DST, out.mem}},
+             When::Train);
+    if (!in_place)
+      push_fwd(dnnl::reorder(src.mem, out.mem), {{DNNL_ARG_FROM, src.mem}, {DNNL_ARG_TO, out.mem}},
+               When::Eval);
+    if (in == 0) return;
+    bwd_[id].push_back(Action{dnnl::binary(mul),
+                              {{DNNL_ARG_SRC_0, diff_of(id)},
+                               {DNNL_ARG_SRC_1, mask},
+                               {DNNL_ARG_DST, in_place ? diff_of(in) : edge(in)}},
+                              {}});
+  }
+
+  // oneDNN's LRN across channels on the input's own layout, its workspace kept for backward.
+  void compile_lrn(int id, const Node& n) {
+    const int in = n.inputs[0];
+    const Value& src = values_[in];
+    const auto alg = dnnl::algorithm::lrn_across_channels;
+    const LrnAttr& a = n.lrn;
+    dnnl::lrn_forward::primitive_desc fpd(
+        {dnnl::prop_kind::forward_training, alg, src.md, a.size, a.alpha, a.beta, a.k}, eng_);
+    Value& out = values_[id];
+    out.md = fpd.dst_desc();
+    out.mem = memory(out.md, eng_);
+    Args fa{{DNNL_ARG_SRC, src.mem}, {DNNL_ARG_DST, out.mem}};
+    memory ws;
+    if (fpd.workspace_desc().get_size() > 0) {
+      ws = memory(fpd.workspace_desc(), eng_);
+      fa[DNNL_ARG_WORKSPACE] = ws;
+    }
+    push_fwd(dnnl::lrn_forward(fpd), std::move(fa));
+    if (in == 0) return;
+    dnnl::lrn_backward::primitive_desc bpd({alg, src.md, out.md, a.size, a.alpha, a.beta, a.k},
+                                           eng_, fpd);
+    std::vector<Action>& bwd = bwd_[id];
+    const memory ddst = as(diff_of(id), bpd.diff_dst_desc(), bwd);
+    std::vector<Action> after;
+    const memory dsrc = into(edge(in), bpd.diff_src_desc(), after);
+    Args ba{{DNNL_ARG_SRC, src.mem}, {DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_DIFF_SRC, dsrc}};
+    if (ws) ba[DNNL_ARG_WORKSPACE] = ws;
+    bwd.push_back(Action{dnnl::lrn_backward(bpd), std::move(ba), {}});
+    for (Action& x : after) bwd.push_back(std::move(x));
   }
 
   const Graph& g_;

@@ -36,6 +36,8 @@ struct NodeState {
   std::vector<float> dy;  // summed over every consumer, hence zeroed before each backward
   std::vector<float> mean, inv_std;  // batch norm: statistics the last training forward used
   std::vector<int64_t> argmax;       // max pool: input offset (within the plane) of each output
+  std::vector<float> mask;           // dropout: the multipliers of the last training forward
+  std::vector<double> denom;         // LRN: k + alpha / size * (window sum of squares)
 };
 
 class ReferenceExecutor final : public Executor {
@@ -62,6 +64,10 @@ class ReferenceExecutor final : public Executor {
         s.inv_std.assign(node.out[0], 0.f);
       } else if (node.op == Op::MaxPool) {
         s.argmax.assign(elems, 0);
+      } else if (node.op == Op::Dropout) {
+        s.mask.assign(elems, 0.f);
+      } else if (node.op == Op::Lrn) {
+        s.denom.assign(elems, 0.0);
       }
     }
     for (int id = n - 1; id >= 0; --id) order_.push_back(id);
@@ -72,6 +78,7 @@ class ReferenceExecutor final : public Executor {
     trained_ = false;  // a forward that throws halfway must not leave a backward possible
     for (int id = 0; id < static_cast<int>(state_.size()); ++id) forward_node(id, x, train);
     trained_ = train;
+    if (train) ++dropout_step_;
     return state_[g_.output()].y.data();
   }
 
@@ -145,6 +152,21 @@ class ReferenceExecutor final : public Executor {
         for (size_t i = 0; i < y.size(); ++i) y[i] = a[i] + b[i];
         return;
       }
+      case Op::Concat:
+        return concat(n, y.data(), false);
+      case Op::Dropout: {
+        const std::vector<float>& in = in_y(n);
+        std::vector<float>& mask = state_[id].mask;
+        for (size_t i = 0; i < y.size(); ++i) {
+          mask[i] = train
+                        ? dropout_multiplier(n.dropout, id, dropout_step_, static_cast<int64_t>(i))
+                        : 1.f;
+          y[i] = in[i] * mask[i];
+        }
+        return;
+      }
+      case Op::Lrn:
+        return lrn_forward(n, state_[id]);
     }
     throw std::logic_error("reference: unhandled op");
   }
@@ -202,8 +224,88 @@ class ReferenceExecutor final : public Executor {
         }
         return;
       }
+      case Op::Concat:
+        return concat(n, state_[id].dy.data(), true);
+      case Op::Dropout: {
+        if (!wants_dx(n)) return;
+        std::vector<float>& dx = in_dy(n);
+        const std::vector<float>& mask = state_[id].mask;
+        for (size_t i = 0; i < dy.size(); ++i) dx[i] += dy[i] * mask[i];
+        return;
+      }
+      case Op::Lrn:
+        return lrn_backward(n, state_[id]);
     }
     throw std::logic_error("reference: unhandled op");
+  }
+
+  // Forward copies each input's channels into its slice of y; backward adds each slice of dy
+  // into that input's gradient (one input at a time, so concat(x, x) gets both slices).
+  void concat(const Node& n, float* cat, bool backward) {
+    const Chw out = chw(n.out);
+    const int64_t plane = out.h * out.w;
+    int64_t first = 0;  // first channel of this input in the output
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      const int64_t c = g_.node(n.inputs[i]).out[0];
+      if (!backward || wants_dx(n, i)) {
+        for (int64_t s = 0; s < batch_; ++s) {
+          const int64_t at_out = (s * out.c + first) * plane, at_in = s * c * plane;
+          if (backward) {
+            std::vector<float>& dx = in_dy(n, i);
+            for (int64_t k = 0; k < c * plane; ++k) dx[at_in + k] += cat[at_out + k];
+          } else {
+            const std::vector<float>& x = in_y(n, i);
+            std::copy(x.begin() + at_in, x.begin() + at_in + c * plane, cat + at_out);
+          }
+        }
+      }
+      first += c;
+    }
+  }
+
+  // y_c = x_c * d_c^-beta with d_c = k + alpha / size * sum_{|j - c| <= size/2} x_j^2 (PyTorch's
+  // nn.LocalResponseNorm for odd sizes; channels outside [0, C) count as zero).
+  void lrn_forward(const Node& n, NodeState& st) const {
+    const Chw s = chw(n.out);
+    const int64_t plane = s.h * s.w, half = n.lrn.size / 2;
+    const double scale = static_cast<double>(n.lrn.alpha) / static_cast<double>(n.lrn.size);
+    const std::vector<float>& x = in_y(n);
+    for (int64_t b = 0; b < batch_; ++b)
+      for (int64_t c = 0; c < s.c; ++c)
+        for (int64_t i = 0; i < plane; ++i) {
+          double sum = 0;
+          for (int64_t j = std::max<int64_t>(0, c - half); j <= std::min(s.c - 1, c + half); ++j) {
+            const double v = x[(b * s.c + j) * plane + i];
+            sum += v * v;
+          }
+          const int64_t at = (b * s.c + c) * plane + i;
+          st.denom[at] = n.lrn.k + scale * sum;
+          st.y[at] = static_cast<float>(x[at] * std::pow(st.denom[at], -n.lrn.beta));
+        }
+  }
+
+  // dx_j = dy_j d_j^-beta - 2 beta alpha / size * x_j * sum_{|c - j| <= size/2} dy_c x_c
+  // d_c^(-beta-1): the window is symmetric, so j is in c's window exactly when c is in j's.
+  void lrn_backward(const Node& n, const NodeState& st) {
+    if (!wants_dx(n)) return;
+    const Chw s = chw(n.out);
+    const int64_t plane = s.h * s.w, half = n.lrn.size / 2;
+    const double beta = n.lrn.beta;
+    const double scale = 2.0 * beta * n.lrn.alpha / static_cast<double>(n.lrn.size);
+    const std::vector<float>& x = in_y(n);
+    std::vector<float>& dx = in_dy(n);
+    for (int64_t b = 0; b < batch_; ++b)
+      for (int64_t j = 0; j < s.c; ++j)
+        for (int64_t i = 0; i < plane; ++i) {
+          double cross = 0;
+          for (int64_t c = std::max<int64_t>(0, j - half); c <= std::min(s.c - 1, j + half); ++c) {
+            const int64_t at = (b * s.c + c) * plane + i;
+            cross += st.dy[at] * static_cast<double>(x[at]) * std::pow(st.denom[at], -beta - 1);
+          }
+          const int64_t at = (b * s.c + j) * plane + i;
+          dx[at] +=
+              static_cast<float>(st.dy[at] * std::pow(st.denom[at], -beta) - scale * x[at] * cross);
+        }
   }
 
   // y[n,o,oh,ow] = b[o] + sum_{c,kh,kw} w[o,c,kh,kw] * x[n,c,oh*s-p+kh,ow*s-p+kw], zero outside.
@@ -373,8 +475,8 @@ class ReferenceExecutor final : public Executor {
     }
   }
 
-  // Floor mode; padded positions never win (they act as -inf), ties go to the first in scan
-  // order, which is what PyTorch's CPU kernel does.
+  // Padded positions never win (they act as -inf), nor do positions past the input that ceil mode
+  // adds; ties go to the first in scan order, which is what PyTorch's CPU kernel does.
   void max_pool_forward(const Node& n, NodeState& st) const {
     const Chw in = chw(g_.node(n.inputs[0]).out);
     const Chw out = chw(n.out);

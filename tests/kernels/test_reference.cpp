@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -125,11 +126,13 @@ struct Net {
   Net& operator=(const Net&) = delete;
 
   double loss() {
+    if (fixed_dropout_step) ex->set_dropout_step(*fixed_dropout_step);
     const float* z = ex->forward(x.data(), true);
     return softmax_cross_entropy(z, labels.data(), batch, g.classes(), nullptr).loss;
   }
 
   std::vector<float> analytic_gradients() {
+    if (fixed_dropout_step) ex->set_dropout_step(*fixed_dropout_step);
     const float* z = ex->forward(x.data(), true);
     std::vector<float> dz(batch * g.classes());
     softmax_cross_entropy(z, labels.data(), batch, g.classes(), dz.data());
@@ -144,6 +147,9 @@ struct Net {
   std::unique_ptr<Executor> ex;
   std::vector<float> x;
   std::vector<int32_t> labels;
+  // Every training forward draws the same dropout masks, so that the loss is a function of the
+  // parameters alone and finite differences mean something.
+  std::optional<uint64_t> fixed_dropout_step;
 };
 
 // A layer under test gets a fully connected head to a few classes, so the loss sees all of it.
@@ -653,4 +659,172 @@ TEST_CASE("compile on the reference backend gives the same logits as make_refere
   const float* zb = b->forward(x.data(), false);
   CHECK(std::vector<float>(zb, zb + 6) == logits);
   CHECK(b->batch() == 2);
+}
+
+TEST_CASE("ceil-mode max pool gradients match finite differences, edge windows included",
+          "[reference][gradcheck]") {
+  struct Case {
+    int64_t in;
+    PoolAttr a;
+  };
+  // 7 -> 4 and 4 -> 2 with a last window hanging off the input; 5 -> 3 where ceil's extra window
+  // is dropped; 2 -> 1 with a window larger than the input; inception's stride-1 pool.
+  const Case c = GENERATE(values<Case>({{7, {3, 2, 0, true}},
+                                        {4, {3, 2, 0, true}},
+                                        {5, {2, 2, 1, true}},
+                                        {2, {3, 2, 0, true}},
+                                        {6, {3, 1, 1, true}},
+                                        {7, {2, 2, 0, true}}}));
+  INFO("in " << c.in << " kernel " << c.a.kernel << " stride " << c.a.stride << " pad " << c.a.pad);
+  Graph g({2, c.in, c.in});
+  const int y = g.max_pool(probe(g, g.input()), c.a);
+  Net net(with_head(std::move(g), y), 3, 40);
+  make_identity_probe(net.g, net.store);
+  net.x = distinct_per_plane(3 * 2, c.in * c.in, net.rng);
+  check_gradients(net);
+}
+
+TEST_CASE("concat gradients match finite differences", "[reference][gradcheck]") {
+  SECTION("three branches of different widths") {
+    Graph g({2, 4, 4});
+    const int p = probe(g, g.input());
+    const int a = g.conv("a", p, {.out_channels = 3, .kernel = 1, .pad = 0});
+    const int b = g.conv("b", p, {.out_channels = 1, .kernel = 3, .pad = 1});
+    const int y = g.concat({a, p, b});
+    Net net(with_head(std::move(g), y), 3, 41);
+    make_identity_probe(net.g, net.store);
+    check_gradients(net);
+  }
+  SECTION("the same tensor twice, next to the graph input") {
+    Graph g({2, 4, 4});
+    const int p = probe(g, g.input());
+    const int y = g.concat({p, g.input(), p});
+    Net net(with_head(std::move(g), y), 3, 42);
+    make_identity_probe(net.g, net.store);
+    check_gradients(net);
+  }
+}
+
+TEST_CASE("dropout gradients match finite differences under a fixed mask",
+          "[reference][gradcheck]") {
+  const float p = GENERATE(0.f, 0.3f, 0.6f);
+  INFO("p " << p);
+  Graph g({2, 4, 4});
+  const int y = g.dropout(probe(g, g.input()), {.p = p, .seed = 9});
+  Net net(with_head(std::move(g), y), 3, 43);
+  make_identity_probe(net.g, net.store);
+  net.fixed_dropout_step = 4;
+  check_gradients(net);
+}
+
+TEST_CASE("LRN gradients match finite differences", "[reference][gradcheck]") {
+  struct Case {
+    int64_t channels;
+    LrnAttr a;
+  };
+  // Large alpha so that the normalisation matters; windows wider than the channel count.
+  const Case c = GENERATE(values<Case>({{4, {.size = 3, .alpha = 0.5f, .beta = 0.75f, .k = 2.f}},
+                                        {5, {.size = 5, .alpha = 1.f, .beta = 0.75f, .k = 1.f}},
+                                        {2, {.size = 5, .alpha = 2.f, .beta = 0.5f, .k = 1.f}},
+                                        {3, {.size = 1, .alpha = 1.f, .beta = 1.f, .k = 0.5f}}}));
+  INFO("channels " << c.channels << " size " << c.a.size);
+  Graph g({c.channels, 3, 3});
+  const int y = g.lrn(probe(g, g.input()), c.a);
+  Net net(with_head(std::move(g), y), 3, 44);
+  make_identity_probe(net.g, net.store);
+  check_gradients(net);
+}
+
+TEST_CASE(
+    "an inception block (branches, ceil max pool, concat, dropout) matches finite "
+    "differences end to end",
+    "[reference][gradcheck]") {
+  Graph g({3, 5, 5});
+  const int stem = g.relu(g.batch_norm("bn0", g.conv("conv0", g.input(), {.out_channels = 4})));
+  const int b1 = g.conv("b1", stem, {.out_channels = 2, .kernel = 1, .pad = 0});
+  const int b2 =
+      g.conv("b2", g.relu(g.conv("b2r", stem, {.out_channels = 2, .kernel = 1, .pad = 0})),
+             {.out_channels = 3});
+  const int b4 =
+      g.conv("b4", g.max_pool(stem, {3, 1, 1, true}), {.out_channels = 2, .kernel = 1, .pad = 0});
+  const int cat = g.max_pool(g.concat({b1, b2, b4}), {2, 2, 0, true});
+  const int y = g.dropout(g.global_avg_pool(cat), {.p = 0.25f, .seed = 3});
+  Net net(with_head(std::move(g), y, 4), 2, 45);
+  net.fixed_dropout_step = 0;
+  check_gradients(net, {.eps = 1e-3f, .skip_kinks = true});
+}
+
+TEST_CASE("ceil-mode max pool gives PyTorch's values on windows hanging off the input",
+          "[reference]") {
+  // torch.nn.functional.max_pool2d(torch.arange(1., 17.).view(1, 1, 4, 4), 3, 2, 0,
+  // ceil_mode=True) is [[11, 12], [15, 16]]: the second window covers rows and columns 2..4.
+  Graph g({1, 4, 4});
+  g.set_output(g.fully_connected("head", g.max_pool(g.input(), {3, 2, 0, true}),
+                                 {.out_features = 4, .bias = false}));
+  ParamStore s(g);
+  for (int i = 0; i < 4; ++i) param(g, s, "head.weight")[i * 4 + i] = 1.f;
+  auto ex = make_reference_executor(g, 1, s, make_buckets(g, 1));
+  std::vector<float> x(16);
+  for (int i = 0; i < 16; ++i) x[i] = static_cast<float>(i + 1);
+  const float* z = ex->forward(x.data(), false);
+  CHECK(std::vector<float>(z, z + 4) == std::vector<float>{11, 12, 15, 16});
+}
+
+TEST_CASE("concat stacks the inputs' channels per sample, in input order", "[reference]") {
+  Graph g({1, 1, 2});
+  const int y = g.concat({g.input(), g.input()});
+  g.set_output(g.fully_connected("head", y, {.out_features = 4, .bias = false}));
+  ParamStore s(g);
+  for (int i = 0; i < 4; ++i) param(g, s, "head.weight")[i * 4 + i] = 1.f;
+  auto ex = make_reference_executor(g, 2, s, make_buckets(g, 1));
+  const std::vector<float> x = {1, 2, 3, 4};  // sample 0: (1, 2), sample 1: (3, 4)
+  const float* z = ex->forward(x.data(), false);
+  CHECK(std::vector<float>(z, z + 8) == std::vector<float>{1, 2, 1, 2, 3, 4, 3, 4});
+}
+
+TEST_CASE("LRN gives PyTorch's nn.LocalResponseNorm values", "[reference]") {
+  // torch.nn.LocalResponseNorm(3, alpha=0.5, beta=0.75, k=2.)(x) for x of shape (1, 4, 1, 2)
+  // holding the values below (channel-major), as printed by PyTorch 1.13.
+  const std::vector<float> x = {1, -2, 3, 0.5f, -1.5f, 2.5f, 4, -0.5f};
+  const std::vector<double> want = {0.37739524245262146, -0.9473345875740051, 1.0524485111236572,
+                                    0.18554385006427765, -0.3667118549346924, 1.0636591911315918,
+                                    1.1888563632965088,  -0.21488426625728607};
+  Graph g({4, 1, 2});
+  const int y = g.lrn(g.input(), {.size = 3, .alpha = 0.5f, .beta = 0.75f, .k = 2.f});
+  g.set_output(g.fully_connected("head", y, {.out_features = 8, .bias = false}));
+  ParamStore s(g);
+  for (int i = 0; i < 8; ++i) param(g, s, "head.weight")[i * 8 + i] = 1.f;
+  auto ex = make_reference_executor(g, 1, s, make_buckets(g, 1));
+  const float* z = ex->forward(x.data(), false);
+  for (int i = 0; i < 8; ++i) {
+    INFO("element " << i);
+    CHECK(z[i] == Approx(want[i]).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("dropout: identity in eval, the seeded inverted mask in training", "[reference]") {
+  Graph g({3, 4, 4});
+  const DropoutAttr a{.p = 0.5f, .seed = 21};
+  const int d = g.dropout(g.input(), a);
+  g.set_output(g.fully_connected("head", d, {.out_features = 48, .bias = false}));
+  ParamStore s(g);
+  for (int i = 0; i < 48; ++i) param(g, s, "head.weight")[i * 48 + i] = 1.f;
+  auto ex = make_reference_executor(g, 2, s, make_buckets(g, 1));
+  std::vector<float> x(96);
+  for (int i = 0; i < 96; ++i) x[i] = 0.25f * static_cast<float>(i + 1);
+  const float* z = ex->forward(x.data(), false);
+  CHECK(std::vector<float>(z, z + 96) == x);
+  CHECK(ex->dropout_step() == 0);  // eval forwards draw no mask
+  for (uint64_t step = 0; step < 2; ++step) {
+    INFO("step " << step);
+    z = ex->forward(x.data(), true);
+    int zeros = 0;
+    for (int i = 0; i < 96; ++i) {
+      CHECK(z[i] == x[i] * dropout_multiplier(a, d, step, i));
+      zeros += z[i] == 0.f;
+    }
+    CHECK(zeros > 20);
+    CHECK(zeros < 76);
+  }
+  CHECK(ex->dropout_step() == 2);
 }
