@@ -2,7 +2,8 @@
 # Fresh machine -> dependencies, a warnings-as-errors build, the format check and every test.
 set -euo pipefail
 cd "$(dirname "$0")"
-./scripts/deps.sh
+# PyTorch and torchvision: the tests that compare logits with torchvision's models run with them.
+./scripts/deps.sh python3-torch python3-torchvision
 echo "test: clang-format check"
 git ls-files '*.cpp' '*.hpp' | xargs clang-format --dry-run --Werror
 cmake -S . -B build-test -G Ninja -DCMAKE_BUILD_TYPE=Release -DGG_WERROR=ON -DBUILD_TESTING=ON >/dev/null
