@@ -96,6 +96,33 @@ po::options_description describe(Config& c) {
     ("checkpoint.every_epochs",
      po::value(&c.checkpoint.every_epochs)->default_value(c.checkpoint.every_epochs),
      "also checkpoint after every N epochs (0: only at the end of training)")
+    ("network.inter_latency_us",
+     po::value(&c.network.inter_latency_us)->default_value(c.network.inter_latency_us),
+     "simulate: latency between nodes, microseconds")
+    ("network.inter_bandwidth_gbs",
+     po::value(&c.network.inter_bandwidth_gbs)->default_value(c.network.inter_bandwidth_gbs),
+     "simulate: bandwidth of a node's network link, GB/s, shared by its ranks")
+    ("network.intra_latency_us",
+     po::value(&c.network.intra_latency_us)->default_value(c.network.intra_latency_us),
+     "simulate: latency within a node, microseconds")
+    ("network.intra_bandwidth_gbs",
+     po::value(&c.network.intra_bandwidth_gbs)->default_value(c.network.intra_bandwidth_gbs),
+     "simulate: bandwidth between two ranks of a node, GB/s")
+    ("network.mix_bandwidth_gbs",
+     po::value(&c.network.mix_bandwidth_gbs)->default_value(c.network.mix_bandwidth_gbs),
+     "simulate: GB/s of one operand through the local averaging or reduction")
+    ("network.ranks_per_node",
+     po::value(&c.network.ranks_per_node)->default_value(c.network.ranks_per_node),
+     "simulate: ranks per node (consecutive ranks share a node)")
+    ("simulate.forward_ms", po::value(&c.simulate.forward_ms)->default_value(c.simulate.forward_ms),
+     "simulate: forward time per step on one rank, ms (0: measure here)")
+    ("simulate.backward_ms",
+     po::value(&c.simulate.backward_ms)->default_value(c.simulate.backward_ms),
+     "simulate: backward time per step, ms (0: measure here)")
+    ("simulate.update_ms", po::value(&c.simulate.update_ms)->default_value(c.simulate.update_ms),
+     "simulate: optimizer step time, ms (0: measure here)")
+    ("simulate.steps", po::value(&c.simulate.steps)->default_value(c.simulate.steps),
+     "simulate: gossip steps averaged per prediction")
     ("log.metrics", po::value(&c.log.metrics)->default_value(c.log.metrics),
      "JSON Lines metrics file (rank 0)")
     ("log.overwrite", po::value(&c.log.overwrite)->default_value(c.log.overwrite),
@@ -116,7 +143,7 @@ void require(bool ok, const std::string& key, const T& value, const std::string&
   throw UsageError(s.str());
 }
 
-void validate(const Config& c) {
+void validate(const Config& c, bool check_paths) {
   require(c.data.prefetch >= 1 && c.data.prefetch <= 64, "data.prefetch", c.data.prefetch,
           "must be in [1, 64]");
   const auto names = kernels::model_names();
@@ -171,6 +198,25 @@ void validate(const Config& c) {
           c.gossip.bucket_kb, "must be in [1, 4194304]");
   require(c.log.interval > 0.1 && c.log.interval <= 3600, "log.interval", c.log.interval,
           "must be in (0.1, 3600]");
+  const auto positive = [&](double v, const char* key) {
+    require(std::isfinite(v) && v > 0 && v < 1e9, key, v, "must be positive");
+  };
+  positive(c.network.inter_bandwidth_gbs, "network.inter_bandwidth_gbs");
+  positive(c.network.intra_bandwidth_gbs, "network.intra_bandwidth_gbs");
+  positive(c.network.mix_bandwidth_gbs, "network.mix_bandwidth_gbs");
+  require(c.network.inter_latency_us >= 0 && c.network.inter_latency_us < 1e6,
+          "network.inter_latency_us", c.network.inter_latency_us, "must be in [0, 1e6)");
+  require(c.network.intra_latency_us >= 0 && c.network.intra_latency_us < 1e6,
+          "network.intra_latency_us", c.network.intra_latency_us, "must be in [0, 1e6)");
+  require(c.network.ranks_per_node >= 1 && c.network.ranks_per_node <= 4096,
+          "network.ranks_per_node", c.network.ranks_per_node, "must be in [1, 4096]");
+  for (const auto& [v, key] : {std::pair{c.simulate.forward_ms, "simulate.forward_ms"},
+                               {c.simulate.backward_ms, "simulate.backward_ms"},
+                               {c.simulate.update_ms, "simulate.update_ms"}})
+    require(std::isfinite(v) && v >= 0 && v < 1e9, key, v, "must be >= 0");
+  require(c.simulate.steps >= 1 && c.simulate.steps <= 100000, "simulate.steps", c.simulate.steps,
+          "must be in [1, 100000]");
+  if (!check_paths) return;
   if (!fs::is_directory(c.data.dir))
     throw UsageError("data.dir = " + c.data.dir +
                      " is not a folder (Debian's dataset-fashion-mnist package installs "
@@ -222,7 +268,7 @@ std::string one_line(std::string s) {
 
 }  // namespace
 
-Config parse_train_args(const std::vector<std::string>& args) {
+Config parse_train_args(const std::vector<std::string>& args, bool check_paths) {
   Config c;
   po::options_description opts = describe(c);
   po::options_description top;
@@ -264,7 +310,7 @@ Config parse_train_args(const std::vector<std::string>& args) {
   } catch (const po::error& e) {
     throw UsageError(one_line(e.what()));
   }
-  validate(c);
+  validate(c, check_paths);
   return c;
 }
 
@@ -296,7 +342,16 @@ std::string to_ini(const Config& c) {
     << "\nglobal_every = " << c.gossip.global_every
     << "\nconsensus_every = " << c.gossip.consensus_every << "\nbucket_kb = " << c.gossip.bucket_kb
     << "\n\n[checkpoint]\ndir = " << c.checkpoint.dir
-    << "\nevery_epochs = " << c.checkpoint.every_epochs << "\n\n[log]\nmetrics = " << c.log.metrics
+    << "\nevery_epochs = " << c.checkpoint.every_epochs
+    << "\n\n[network]\ninter_latency_us = " << c.network.inter_latency_us
+    << "\ninter_bandwidth_gbs = " << c.network.inter_bandwidth_gbs
+    << "\nintra_latency_us = " << c.network.intra_latency_us
+    << "\nintra_bandwidth_gbs = " << c.network.intra_bandwidth_gbs
+    << "\nmix_bandwidth_gbs = " << c.network.mix_bandwidth_gbs
+    << "\nranks_per_node = " << c.network.ranks_per_node
+    << "\n\n[simulate]\nforward_ms = " << c.simulate.forward_ms
+    << "\nbackward_ms = " << c.simulate.backward_ms << "\nupdate_ms = " << c.simulate.update_ms
+    << "\nsteps = " << c.simulate.steps << "\n\n[log]\nmetrics = " << c.log.metrics
     << "\noverwrite = " << c.log.overwrite << "\nprogress = " << c.log.progress
     << "\ninterval = " << c.log.interval << "\n";
   return s.str();

@@ -59,6 +59,22 @@ struct Config {
     std::string dir;           // empty: no checkpoints
     int64_t every_epochs = 0;  // 0: only at the end of training
   } checkpoint;
+  // The cluster's network, for `gossipgrad simulate` (alpha-beta-gamma model).
+  struct {
+    double inter_latency_us = 2.0;      // between nodes
+    double inter_bandwidth_gbs = 12.5;  // GB/s per node (its NIC)
+    double intra_latency_us = 0.5;      // within a node
+    double intra_bandwidth_gbs = 20.0;  // GB/s per rank within a node
+    double mix_bandwidth_gbs = 50.0;    // GB/s of one operand through the local averaging
+    int ranks_per_node = 1;
+  } network;
+  // Compute per step for `gossipgrad simulate`; 0 = measure here with the configured model.
+  struct {
+    double forward_ms = 0;
+    double backward_ms = 0;
+    double update_ms = 0;
+    int steps = 48;  // gossip steps averaged (several rotation rounds)
+  } simulate;
   struct {
     std::string metrics = "runs/latest/metrics.jsonl";
     bool overwrite = false;
@@ -69,8 +85,9 @@ struct Config {
 
 // Parses `gossipgrad train` arguments (without the subcommand). Throws UsageError with one line
 // naming the option and the problem for unknown keys, wrong types, out-of-range values and
-// missing files.
-Config parse_train_args(const std::vector<std::string>& args);
+// missing files. check_paths = false skips what concerns files of this machine (data, init
+// weights, metrics, checkpoints): for `simulate` and dry runs of another cluster's config.
+Config parse_train_args(const std::vector<std::string>& args, bool check_paths = true);
 
 // The help text of `gossipgrad train`: every option, its default and what it does.
 std::string train_help();

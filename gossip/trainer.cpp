@@ -34,6 +34,8 @@ std::string format_duration(double s) {
   return buf;
 }
 
+}  // namespace
+
 kernels::ModelSpec model_spec(const Config& c, int rank, kernels::Dims input, int64_t classes) {
   kernels::ModelSpec m;
   // Dropout masks (googlenet) differ between ranks, as the data they see does.
@@ -45,8 +47,6 @@ kernels::ModelSpec model_spec(const Config& c, int rank, kernels::Dims input, in
   m.batch_norm = c.model.batch_norm;
   return m;
 }
-
-}  // namespace
 
 int compute_threads(const Config& c, const mpi::Comm& world) {
   if (c.train.threads > 0) return c.train.threads;
@@ -296,7 +296,8 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
   MetricsWriter metrics;
   if (lead) metrics = MetricsWriter(c.log.metrics, c.log.overwrite);
   CheckpointMeta checkpoint;
-  checkpoint.model = model_spec(c, {train.channels, train.height, train.width}, train.classes);
+  checkpoint.model =
+      model_spec(c, world.rank(), {train.channels, train.height, train.width}, train.classes);
   checkpoint.ranks = ranks;
   checkpoint.input_mean = mean;
   checkpoint.input_std = stddev;

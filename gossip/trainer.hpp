@@ -96,4 +96,8 @@ RunSummary run_training(const Config& c, const mpi::Comm& world);
 // the ranks on this node.
 int compute_threads(const Config& c, const mpi::Comm& world);
 
+// The model a config describes, for an input of `input` and `classes` classes; `rank` seeds the
+// dropout masks.
+kernels::ModelSpec model_spec(const Config& c, int rank, kernels::Dims input, int64_t classes);
+
 }  // namespace gg::gossip
