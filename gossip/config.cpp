@@ -317,7 +317,9 @@ Config parse_train_args(const std::vector<std::string>& args, bool check_paths) 
 std::string train_help() {
   Config c;
   std::ostringstream s;
-  s << "usage: mpirun -n P gossipgrad train [--config FILE] [--section.key value ...]\n\n"
+  s << "usage: mpirun -n P gossipgrad train [--config FILE] [--section.key value ...]\n"
+       "       gossipgrad train --config FILE --dry-run   (validate, print the resolved "
+       "settings)\n\n"
     << describe(c);
   return s.str();
 }

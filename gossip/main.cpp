@@ -468,12 +468,29 @@ int cmd_infer(const std::vector<std::string>& args) {
   return 0;
 }
 
+// --dry-run: the config validated (everything but this machine's paths, which only warn) and
+// printed resolved, as INI; nothing runs, nothing is written.
+int dry_run(std::vector<std::string> args) {
+  args.erase(std::remove(args.begin(), args.end(), "--dry-run"), args.end());
+  const gg::gossip::Config c = gg::gossip::parse_train_args(args, /*check_paths=*/false);
+  try {
+    gg::gossip::parse_train_args(args, /*check_paths=*/true);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "gossipgrad: warning: not on this machine: %s\n", e.what());
+  }
+  std::cout << "# gossipgrad train, resolved settings"
+            << (c.config_path.empty() ? "" : " of " + c.config_path) << "\n"
+            << gg::gossip::to_ini(c);
+  return 0;
+}
+
 int cmd_train(const std::vector<std::string>& args, int argc, char** argv) {
   for (const auto& a : args)
     if (a == "--help" || a == "-h") {
       std::cout << gg::gossip::train_help();
       return 0;
     }
+  if (std::find(args.begin(), args.end(), "--dry-run") != args.end()) return dry_run(args);
   gg::mpi::Environment env(&argc, &argv);
   const gg::mpi::Comm world = gg::mpi::Comm::world();
   const int rank = world.rank();
