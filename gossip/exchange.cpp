@@ -45,6 +45,7 @@ double AllreduceExchange::finish_step() {
 }
 
 void AllreduceExchange::loop() {
+  bool named = false;
   for (;;) {
     int b = -1;
     {
@@ -54,7 +55,12 @@ void AllreduceExchange::loop() {
       b = queue_.front();
       queue_.pop_front();
     }
+    if (timeline_ && !named) {
+      timeline_->name_thread("allreduce comm");
+      named = true;
+    }
     try {
+      Timeline::Span span(timeline_, "allreduce bucket " + std::to_string(b), "comm");
       const kernels::Bucket& k = buckets_.at(b);
       float* g = grads_ + k.begin;
       comm_.allreduce_sum(g, k.size());
@@ -173,7 +179,8 @@ void GossipExchange::on_bucket_ready(int b) {
   cv_.notify_all();
 }
 
-void GossipExchange::start(const Job& j) {
+void GossipExchange::start(Job& j) {
+  j.started = Timeline::Clock::now();
   if (in_place(j.peers)) return transport_->publish(j.peers.send_to, j.step, j.bucket);
   transport_->expect(j.peers.recv_from, j.step, j.bucket);
   transport_->send(j.peers.send_to, j.step, j.bucket, source(j.bucket));
@@ -202,6 +209,12 @@ void GossipExchange::complete(const Job& j) {
 }
 
 void GossipExchange::mark_done(const Job& j) {
+  if (timeline_ && timeline_->enabled())
+    timeline_->record(
+        "bucket " + std::to_string(j.bucket), "comm", j.started, Timeline::Clock::now(),
+        "{\"step\":" + std::to_string(j.step) + ",\"send_to\":" + std::to_string(j.peers.send_to) +
+            ",\"recv_from\":" + std::to_string(j.peers.recv_from) +
+            ",\"in_place\":" + (in_place(j.peers) ? "true" : "false") + "}");
   {
     std::lock_guard lock(mu_);
     completed_[j.bucket] = j.step;
@@ -210,13 +223,14 @@ void GossipExchange::mark_done(const Job& j) {
   cv_.notify_all();
 }
 
-void GossipExchange::run_blocking(const Job& j) {
+void GossipExchange::run_blocking(Job& j) {
   start(j);
   complete(j);
   mark_done(j);
 }
 
-void GossipExchange::worker(int) {
+void GossipExchange::worker(int id) {
+  bool named = false;
   for (;;) {
     std::vector<Job> batch;
     {
@@ -250,16 +264,21 @@ void GossipExchange::worker(int) {
       }
     }
     cv_.notify_all();  // the destructor may be waiting for an empty queue
+    if (timeline_ && !named) {
+      timeline_->name_thread("gossip comm " + std::to_string(id));
+      named = true;
+    }
     try {
       if (transport_->whole_step()) {
         // Put each bucket as it comes; once the step's last one is out, close the epoch and mix.
-        for (const Job& j : batch) {
+        for (Job& j : batch) {
+          j.started = Timeline::Clock::now();
           transport_->send(j.peers.send_to, j.step, j.bucket, source(j.bucket));
           if (++sent_ < static_cast<int>(buckets_.size())) continue;
           sent_ = 0;
           transport_->end_sends(j.peers.send_to, j.step);
           for (int k = 0; k < static_cast<int>(buckets_.size()); ++k) {
-            const Job done{j.step, k, j.peers};
+            const Job done{j.step, k, j.peers, j.started};
             complete(done);
             mark_done(done);
           }
@@ -268,7 +287,7 @@ void GossipExchange::worker(int) {
         run_blocking(batch[0]);
       } else {
         // Funneled: every ready bucket is on the wire before the first one is waited for.
-        for (const Job& j : batch) start(j);
+        for (Job& j : batch) start(j);
         for (const Job& j : batch) {
           complete(j);
           mark_done(j);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gossip/mpi.hpp"
+#include "gossip/timeline.hpp"
 #include "gossip/transport.hpp"
 #include "kernels/graph.hpp"
 #include "partners/schedule.hpp"
@@ -30,6 +31,11 @@ class GradientExchange {
   // Blocks until every bucket of this step is mixed; returns the seconds it blocked (the exposed
   // communication time).
   virtual double finish_step() = 0;
+  // Each bucket's exchange becomes an event on its communication thread (nullptr: none).
+  void set_timeline(Timeline* t) { timeline_ = t; }
+
+ protected:
+  Timeline* timeline_ = nullptr;
 };
 
 // The allreduce baseline: every bucket is averaged over all ranks with MPI_Allreduce on a
@@ -109,11 +115,12 @@ class GossipExchange final : public GradientExchange {
     int64_t step;
     int bucket;
     partners::Partners peers;
+    Timeline::Clock::time_point started{};
   };
   void queue_all(int64_t step);  // begin_step, then every bucket ready
   void worker(int id);
-  void run_blocking(const Job& j);
-  void start(const Job& j);
+  void run_blocking(Job& j);
+  void start(Job& j);
   void complete(const Job& j);
   void mark_done(const Job& j);
   const float* source(int bucket) const;
