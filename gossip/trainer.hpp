@@ -15,7 +15,8 @@
 #include "kernels/models.hpp"
 #include "kernels/net.hpp"
 #include "kernels/optimizer.hpp"
-#include "shuffle/dataset.hpp"
+#include "shuffle/loader.hpp"
+#include "shuffle/source.hpp"
 
 namespace gg::gossip {
 
@@ -41,6 +42,7 @@ struct RunSummary {
   double wall_seconds = 0;
   double images_per_second = 0;  // training images of all ranks per second of training
   int64_t steps = 0;
+  int64_t skipped_samples = 0;  // failed to decode
 };
 
 class Trainer {
@@ -54,7 +56,8 @@ class Trainer {
 
   // Top-1/top-5 over the whole data set (split across ranks) of the ranks' average model: with
   // gossip every rank holds its own model, and their average is what training converges to.
-  EvalStats evaluate(const shuffle::Dataset& data, float mean, float stddev);
+  // `o` gives the normalisation and transform; batch, ranks and order are set here.
+  EvalStats evaluate(const shuffle::SampleSource& data, shuffle::LoaderOptions o);
 
   // Mean over ranks of ||w_r - mean_w||^2 (a collective: every rank must call it).
   double consensus_distance();
