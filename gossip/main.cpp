@@ -10,6 +10,7 @@
 
 #include "gossip/config.hpp"
 #include "gossip/mpi.hpp"
+#include "gossip/pack_cmd.hpp"
 #include "gossip/trainer.hpp"
 #include "kernels/models.hpp"
 #include "partners/schedule.hpp"
@@ -26,11 +27,13 @@ constexpr const char* kUsage =
     "  mpirun -n P gossipgrad train --config FILE [--section.key value ...]\n"
     "  gossipgrad info --model NAME [--input C,H,W] [--classes N] [--width W] [--json]\n"
     "  gossipgrad partners --ranks P [--schedule S] [--rotate] [--steps T] [--seed N] [--json]\n"
+    "  gossipgrad pack --input DIR --output DIR [--shard-size MB] [--threads N] [--shuffle SEED]\n"
     "  gossipgrad help | --help | COMMAND --help\n\n"
     "commands:\n"
     "  train   train a model on this rank's share of the data (run under mpirun)\n"
     "  info    print a model's layers, parameter count and forward FLOPs\n"
-    "  partners  print who talks to whom at each step, and how fast the schedule mixes\n\n"
+    "  partners  print who talks to whom at each step, and how fast the schedule mixes\n"
+    "  pack    image folder (ImageNet layout) -> tar shards for data.source = shards:DIR\n\n"
     "example: mpirun -n 2 gossipgrad train --config configs/laptop.ini\n";
 
 gg::kernels::Dims parse_dims(const std::string& s) {
@@ -278,6 +281,7 @@ int main(int argc, char** argv) {
     if (cmd == "train") return cmd_train(rest, argc, argv);
     if (cmd == "info") return cmd_info(rest);
     if (cmd == "partners") return cmd_partners(rest);
+    if (cmd == "pack") return gg::gossip::cmd_pack(rest);
     throw UsageError("unknown command '" + cmd + "' (try gossipgrad --help)");
   } catch (const UsageError& e) {
     std::fprintf(stderr, "gossipgrad: error: %s\n", e.what());

@@ -228,7 +228,7 @@ PackResult pack(const PackOptions& o, const std::function<void(const PackProgres
     throw std::invalid_argument("--threads must be in [1, 256]");
   std::error_code ec;
   if (!fs::is_directory(o.input, ec))
-    throw std::runtime_error("pack: input " + o.input + ": no such folder");
+    throw std::invalid_argument("pack: input " + o.input + ": no such folder");
 
   // (split output folder, items); classes from the train folders.
   struct Split {
@@ -263,8 +263,8 @@ PackResult pack(const PackOptions& o, const std::function<void(const PackProgres
     for (const fs::directory_entry& e : fs::directory_iterator(s.out, ec)) {
       const std::string n = e.path().filename().string();
       if (n.rfind("shard-", 0) == 0)
-        throw std::runtime_error("pack: " + s.out.string() + " already holds shards (" + n +
-                                 "); refusing to overwrite them: choose an empty --output");
+        throw std::invalid_argument("pack: " + s.out.string() + " already holds shards (" + n +
+                                    "); refusing to overwrite them: choose an empty --output");
     }
   }
 

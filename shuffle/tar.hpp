@@ -78,8 +78,9 @@ struct PackResult {
 // or an ImageNet root with train/ (and val/ as class folders): output/train/, output/val/ and
 // output/classes.txt. Member names: `<wnid>/<file stem>.jpg` and `.cls`. Shards are written in
 // parallel as `.tmp` files and renamed when complete. Throws std::invalid_argument for a bad
-// option and std::runtime_error for a missing input, an output that already holds shards, or an
-// I/O failure. `progress` (may be empty) is called from the writer threads, serialised.
+// option, a missing input or an output that already holds shards, and std::runtime_error for an
+// input without images or an I/O failure. `progress` (may be empty) is called from the writer
+// threads, serialised.
 PackResult pack(const PackOptions& o, const std::function<void(const PackProgress&)>& progress);
 
 }  // namespace gg::shuffle
