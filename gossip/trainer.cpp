@@ -335,7 +335,10 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
     summary.steps = s + 1;
   }
   summary.wall_seconds = seconds_since(t_start);
-  summary.skipped_samples = data.skipped();
+  // Every rank's corrupt files and shuffled samples (a collective: every rank gets here).
+  int64_t data_totals[2] = {data.skipped(), data.shuffled_samples()};
+  world.allreduce_sum(data_totals, 2);
+  summary.skipped_samples = data_totals[0];
   summary.images_per_second = train_seconds > 0 ? global_batch * summary.steps / train_seconds : 0;
   if (lead) {
     const double comm_share = train_seconds > 0 ? comm_seconds / train_seconds : 0;
@@ -354,8 +357,8 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
                    {"comm_s", comm_seconds},
                    {"exposed_comm_share", comm_share},
                    {"data_wait_s", data.wait_seconds()},
-                   {"skipped", data.skipped()},
-                   {"shuffled_samples", data.shuffled_samples()}});
+                   {"skipped", data_totals[0]},
+                   {"shuffled_samples", data_totals[1]}});
   }
   return summary;
 }
