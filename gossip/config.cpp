@@ -30,7 +30,7 @@ po::options_description describe(Config& c) {
      "folder with the idx files of Fashion-MNIST or MNIST (gz or plain)")
     ("data.val_labels", po::value(&c.data.val_labels)->default_value(c.data.val_labels),
      "imagenet: labels of a flat val/ folder, lines '<file> <wnid or index>' "
-     "(default DIR/val_labels.txt)")
+     "(auto: DIR/val_labels.txt)")
     ("data.augment", po::value(&c.data.augment)->default_value(c.data.augment),
      "training augmentation: pixel data random crop (pad 2) + flip; JPEG RandomResizedCrop "
      "(scale 0.08-1, ratio 3/4-4/3) + flip")

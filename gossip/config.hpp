@@ -19,7 +19,7 @@ struct Config {
   struct {
     std::string source = "fashion-mnist";  // fashion-mnist | idx:DIR | imagenet:DIR | ...
     std::string dir = "/usr/share/datasets/fashion-mnist";
-    std::string val_labels;  // imagenet: labels of a flat val/ folder
+    std::string val_labels = "auto";  // imagenet: labels of a flat val/ (auto: DIR/val_labels.txt)
     bool augment = true;
     int prefetch = 4;
     int workers = 0;              // loader threads (0: 1 for pixel data, cores per rank for JPEG)

@@ -8,6 +8,16 @@ namespace gg::gossip {
 
 MpiShuffleChannel::MpiShuffleChannel(const mpi::Comm& comm) : comm_(comm.dup()) {}
 
+MpiShuffleChannel::~MpiShuffleChannel() {
+  if (!in_flight_) return;
+  if (*recv_size_.out() != MPI_REQUEST_NULL) {
+    MPI_Cancel(recv_size_.out());
+    MPI_Wait(recv_size_.out(), MPI_STATUS_IGNORE);
+  }
+  for (mpi::Request* r : {&send_size_, &send_data_})
+    if (*r->out() != MPI_REQUEST_NULL) MPI_Request_free(r->out());
+}
+
 void MpiShuffleChannel::start(int64_t step, int to, int from, std::vector<uint8_t> payload) {
   if (static_cast<int64_t>(payload.size()) > mpi::kMaxCount)
     throw std::runtime_error("shuffle: payload of " + std::to_string(payload.size()) +
@@ -21,6 +31,7 @@ void MpiShuffleChannel::start(int64_t step, int to, int from, std::vector<uint8_
   GG_MPI_CHECK(MPI_Isend(out_.data(), static_cast<int>(out_size_), MPI_BYTE, to, tag_ + 1,
                          comm_.get(), send_data_.out()));
   GG_MPI_CHECK(MPI_Irecv(&in_size_, 1, MPI_INT64_T, from, tag_, comm_.get(), recv_size_.out()));
+  in_flight_ = true;
 }
 
 std::vector<uint8_t> MpiShuffleChannel::finish(int64_t /*step*/) {
@@ -32,6 +43,7 @@ std::vector<uint8_t> MpiShuffleChannel::finish(int64_t /*step*/) {
                         comm_.get(), MPI_STATUS_IGNORE));
   send_size_.wait();
   send_data_.wait();
+  in_flight_ = false;
   return in;
 }
 
@@ -61,8 +73,9 @@ TrainingData::TrainingData(const Config& c, const mpi::Comm& world) : c_(c), wor
   std::string error;
   try {
     const shuffle::SourceSpec spec = shuffle::parse_source(c.data.source, c.data.dir);
-    train_ = shuffle::open_source(spec, true, c.data.val_labels);
-    eval_ = shuffle::open_source(spec, false, c.data.val_labels);
+    const std::string labels = c.data.val_labels == "auto" ? "" : c.data.val_labels;
+    train_ = shuffle::open_source(spec, true, labels);
+    eval_ = shuffle::open_source(spec, false, labels);
   } catch (const std::exception& e) {
     error = "data.source = " + c.data.source + ": " + e.what();
   }
