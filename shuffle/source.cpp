@@ -303,8 +303,11 @@ std::unique_ptr<SampleSource> open_source(const SourceSpec& spec, bool train,
   switch (spec.kind) {
     case SourceSpec::Kind::Idx:
       return std::make_unique<DatasetSource>(load_idx_dir(spec.path, train), spec.path);
-    case SourceSpec::Kind::ImageNet:
+    case SourceSpec::Kind::ImageNet: {
+      std::error_code ec;
+      if (!train && !fs::is_directory(fs::path(spec.path) / "val", ec)) return nullptr;
       return read_imagenet(spec.path, train, val_labels);
+    }
     case SourceSpec::Kind::Shards: {
       require_dir(spec.path, "shard folder");
       const fs::path sub = fs::path(spec.path) / (train ? "train" : "val");

@@ -59,7 +59,7 @@ Image photo_like(int w, int h, uint64_t seed) {
         for (int c = 0; c < 3; ++c) v[c] += k * col[b][c];
       }
       const double noise =
-          (static_cast<double>(splitmix64(seed ^ (y * 131071ULL + x)) >> 58) - 32) * 0.6;
+          (static_cast<double>(splitmix64(seed ^ (y * 131071ULL + x)) >> 58) - 32) * 1.2;
       uint8_t* p = img.pixels.data() + (static_cast<size_t>(y) * w + x) * 3;
       for (int c = 0; c < 3; ++c) p[c] = static_cast<uint8_t>(std::clamp(v[c] + noise, 0.0, 255.0));
     }
@@ -174,7 +174,7 @@ int main(int argc, char** argv) {
     o.workers = workers;
     o.prefetch = 4;
     const int64_t epochs =
-        std::max<int64_t>(1, static_cast<int64_t>(seconds * 200 * workers / files.size()));
+        std::max<int64_t>(1, static_cast<int64_t>(seconds * 3000 / files.size()));
     PrefetchLoader loader(src, o, 0, epochs);
     Batch b;
     int64_t n = 0;
