@@ -342,12 +342,15 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
   summary.images_per_second = train_seconds > 0 ? global_batch * summary.steps / train_seconds : 0;
   if (lead) {
     const double comm_share = train_seconds > 0 ? comm_seconds / train_seconds : 0;
+    char final_eval[64] = "no evaluation data";
+    if (data.eval_source())
+      std::snprintf(final_eval, sizeof final_eval, "final test top-1 %.2f%%",
+                    100 * summary.final_top1);
     std::printf(
-        "done: %lld steps in %s, %.0f img/s, exposed communication %.1f%% of step time, final "
-        "test top-1 %.2f%% (metrics: %s)\n",
+        "done: %lld steps in %s, %.0f img/s, exposed communication %.1f%% of step time, %s "
+        "(metrics: %s)\n",
         static_cast<long long>(summary.steps), format_duration(summary.wall_seconds).c_str(),
-        summary.images_per_second, 100 * comm_share, 100 * summary.final_top1,
-        c.log.metrics.c_str());
+        summary.images_per_second, 100 * comm_share, final_eval, c.log.metrics.c_str());
     metrics.write({{"event", "summary"},
                    {"steps", summary.steps},
                    {"top1", summary.final_top1},
