@@ -133,8 +133,8 @@ struct SourceSpec {
 SourceSpec parse_source(const std::string& text, const std::string& idx_dir);
 
 // Opens the training or evaluation split. Returns nullptr when the layout has no evaluation
-// split (synthetic data, an ImageNet root or shards without val/). Throws std::runtime_error with one line when the
-// path is missing or unreadable.
+// split (synthetic data, an ImageNet root or shards without val/). Throws std::runtime_error with
+// one line when the path is missing or unreadable.
 std::unique_ptr<SampleSource> open_source(const SourceSpec& spec, bool train,
                                           const std::string& val_labels = "");
 

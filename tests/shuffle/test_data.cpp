@@ -113,7 +113,7 @@ TEST_CASE("center_crop_box takes the centred crop of the image resized on its sh
   CHECK(b.y == Approx((384 - b.h) / 2));
 }
 
-TEST_CASE("JPEG round trip keeps the pixels and DCT scaling decodes at the smallest M/8 scale",
+TEST_CASE("JPEG round trip keeps the pixels and DCT scaling picks the smallest SIMD scale",
           "[shuffle][image]") {
   const Image img = gg::test::fashion_rgb(7, 800, 600, 2);
   const std::vector<uint8_t> jpg = encode_jpeg(img, 95);
@@ -363,7 +363,7 @@ TEST_CASE("the tar reader takes long names and empty members, and reports trunca
   CHECK_THROWS_WITH(ShardSource(d.path.string()), Contains("not a class index"));
 }
 
-TEST_CASE("a corrupt JPEG in an image folder is skipped and counted; the rest trains",
+TEST_CASE("a corrupt JPEG in an image folder is skipped and counted while the rest loads",
           "[shuffle][loader]") {
   TempDir d;
   gg::test::make_imagenet(d.path.string(), 2, 4);

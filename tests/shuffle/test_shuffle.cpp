@@ -146,7 +146,7 @@ TEST_CASE("bytes mode serves received samples from memory with the bytes the own
   }
 }
 
-TEST_CASE("the same seed gives the same sample order; another seed another",
+TEST_CASE("the same seed gives the same sample order and another seed another",
           "[shuffle][distributed]") {
   SyntheticSource src(parse_synthetic("1x2x2:3:96"));
   const auto run = [&](uint64_t seed) {
