@@ -192,7 +192,7 @@ void PrefetchLoader::start() {
   for (int v = 0; v < 256; ++v) {
     lut_[v] = (static_cast<float>(v) / 255.f - opt_.norm.mean) / opt_.norm.std;
   }
-  for (int w = 0; w < opt_.workers; ++w) workers_.emplace_back([this, w] { run(w); });
+  for (int w = 0; w < opt_.workers; ++w) workers_.emplace_back([this] { run(); });
 }
 
 PrefetchLoader::~PrefetchLoader() {
@@ -249,8 +249,7 @@ std::shared_ptr<const std::vector<int64_t>> PrefetchLoader::order_of(int64_t epo
   return order;
 }
 
-void PrefetchLoader::run(int worker) {
-  (void)worker;
+void PrefetchLoader::run() {
   Scratch scratch;
   // With w workers at most prefetch + w - 1 batches are claimed ahead of the consumer, so the
   // queue holds at most `prefetch` ready batches when the workers are faster than the trainer.

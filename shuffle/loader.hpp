@@ -132,7 +132,7 @@ class PrefetchLoader {
     std::exception_ptr error;
   };
   void start();
-  void run(int worker);
+  void run();
   std::shared_ptr<const std::vector<int64_t>> order_of(int64_t epoch);
   void fill(Batch& b, const std::vector<int64_t>& order, int64_t epoch, int64_t index, Scratch& s);
   void skip(int64_t id, const std::string& why);
