@@ -196,6 +196,14 @@ EvalStats Trainer::evaluate(const shuffle::SampleSource& data, shuffle::LoaderOp
   return e;
 }
 
+EvalStats Trainer::evaluate(const shuffle::Dataset& data, float mean, float stddev) {
+  const shuffle::DatasetSource view(
+      std::shared_ptr<const shuffle::Dataset>(&data, [](const shuffle::Dataset*) {}), "dataset");
+  shuffle::LoaderOptions o;
+  o.norm = {mean, stddev};
+  return evaluate(view, o);
+}
+
 double Trainer::flush_model() {
   return model_exchange_ && c_.gossip.overlap_model ? model_exchange_->finish_delayed() : 0.0;
 }

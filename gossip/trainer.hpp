@@ -15,6 +15,7 @@
 #include "kernels/models.hpp"
 #include "kernels/net.hpp"
 #include "kernels/optimizer.hpp"
+#include "shuffle/dataset.hpp"
 #include "shuffle/loader.hpp"
 #include "shuffle/source.hpp"
 
@@ -58,6 +59,9 @@ class Trainer {
   // gossip every rank holds its own model, and their average is what training converges to.
   // `o` gives the normalisation and transform; batch, ranks and order are set here.
   EvalStats evaluate(const shuffle::SampleSource& data, shuffle::LoaderOptions o);
+  // The same on an in-memory idx data set normalised with one mean/std (the idx-only signature,
+  // kept for callers written against it).
+  EvalStats evaluate(const shuffle::Dataset& data, float mean, float stddev);
 
   // Mean over ranks of ||w_r - mean_w||^2 (a collective: every rank must call it).
   double consensus_distance();
