@@ -287,7 +287,9 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
     const double data_wait = data.wait_seconds() - wait_before;
     wait_before = data.wait_seconds();
     const StepStats st = trainer.step(batch.x.data(), batch.y.data());
+    const auto t_shuffle = Clock::now();
     data.finish_step(s);
+    const double shuffle_wait = seconds_since(t_shuffle);
     if (!std::isfinite(st.loss))
       throw std::runtime_error("loss became " + std::to_string(st.loss) + " at step " +
                                std::to_string(s) + "; lower train.lr");
@@ -306,6 +308,7 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
                      {"step_s", dt},
                      {"comm_s", st.comm_seconds},
                      {"data_wait_s", data_wait},
+                     {"shuffle_s", shuffle_wait},
                      {"skipped", data.skipped()}});
       if (st.consensus >= 0)
         metrics.write({{"event", "consensus"}, {"step", s + 1}, {"consensus", st.consensus}});
