@@ -10,6 +10,8 @@
 
 #include "gossip/checkpoint.hpp"
 #include "kernels/models.hpp"
+#include "shuffle/distributed.hpp"
+#include "shuffle/source.hpp"
 
 namespace po = boost::program_options;
 namespace fs = std::filesystem;
@@ -21,12 +23,34 @@ po::options_description describe(Config& c) {
   po::options_description d("train options (INI key = option name; [section] key = value)");
   // clang-format off
   d.add_options()
+    ("data.source", po::value(&c.data.source)->default_value(c.data.source),
+     "fashion-mnist (the idx files in data.dir), idx:DIR, imagenet:DIR (train/<wnid>/*.JPEG, "
+     "val/), shards:DIR (shard-*.tar from gossipgrad pack; DIR/train and DIR/val if present), "
+     "synthetic:CxHxW[:classes[:count]]")
     ("data.dir", po::value(&c.data.dir)->default_value(c.data.dir),
      "folder with the idx files of Fashion-MNIST or MNIST (gz or plain)")
+    ("data.val_labels", po::value(&c.data.val_labels)->default_value(c.data.val_labels),
+     "imagenet: labels of a flat val/ folder, lines '<file> <wnid or index>' "
+     "(auto: DIR/val_labels.txt)")
     ("data.augment", po::value(&c.data.augment)->default_value(c.data.augment),
-     "random crop (pad 2) and horizontal flip while training")
+     "training augmentation: pixel data random crop (pad 2) + flip; JPEG RandomResizedCrop "
+     "(scale 0.08-1, ratio 3/4-4/3) + flip")
     ("data.prefetch", po::value(&c.data.prefetch)->default_value(c.data.prefetch),
-     "ready batches queued by the loader thread [1, 64]")
+     "ready batches queued by the loader threads [1, 64]")
+    ("data.workers", po::value(&c.data.workers)->default_value(c.data.workers),
+     "loader threads per rank (0: 1 for pixel data, cores per rank in [2, 8] for JPEG) [0, 64]")
+    ("data.crop", po::value(&c.data.crop)->default_value(c.data.crop),
+     "JPEG sources: side of the square input [8, 1024]")
+    ("data.resize", po::value(&c.data.resize)->default_value(c.data.resize),
+     "JPEG evaluation: shorter side before the centre crop [data.crop, 4096]")
+    ("data.shuffle", po::value(&c.data.shuffle)->default_value(c.data.shuffle),
+     "off: every epoch a fresh global permutation (every rank reads all data); ids: each rank "
+     "owns samples and gives data.shuffle_per_step of each batch to a rotating partner (shared "
+     "storage); bytes: the same with the encoded samples travelling over MPI (node-local storage)")
+    ("data.shuffle_per_step",
+     po::value(&c.data.shuffle_per_step)->default_value(c.data.shuffle_per_step),
+     "samples each rank gives away (and receives) per step with data.shuffle ids|bytes "
+     "[0, train.batch]")
     ("model.name", po::value(&c.model.name)->default_value(c.model.name),
      "network: resnet8 (small residual CNN) or cnn, for 28x28/32x32 inputs; or torchvision's "
      "resnet18, resnet34, resnet50, resnet101, resnet152 or googlenet")
@@ -143,6 +167,39 @@ void require(bool ok, const std::string& key, const T& value, const std::string&
   throw UsageError(s.str());
 }
 
+// The [data] keys: a malformed source or a missing data folder is reported before any rank
+// starts (deeper problems, e.g. a folder without images, when the data is opened).
+void validate_data(const Config& c, bool check_paths) {
+  require(c.data.workers >= 0 && c.data.workers <= 64, "data.workers", c.data.workers,
+          "must be in [0, 64]");
+  require(c.data.crop >= 8 && c.data.crop <= 1024, "data.crop", c.data.crop,
+          "must be in [8, 1024]");
+  require(c.data.resize >= c.data.crop && c.data.resize <= 4096, "data.resize", c.data.resize,
+          "must be in [data.crop, 4096]");
+  require(c.data.shuffle_per_step >= 0 && c.data.shuffle_per_step <= c.train.batch,
+          "data.shuffle_per_step", c.data.shuffle_per_step, "must be in [0, train.batch]");
+  try {
+    shuffle::parse_shuffle_mode(c.data.shuffle);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError("data.shuffle = " + c.data.shuffle + " is unknown: use off, ids or bytes");
+  }
+  shuffle::SourceSpec spec;
+  try {
+    spec = shuffle::parse_source(c.data.source, c.data.dir);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError("data.source = " + c.data.source + ": " + e.what());
+  }
+  if (spec.kind == shuffle::SourceSpec::Kind::Synthetic || !check_paths) return;
+  if (c.data.source == "fashion-mnist" && !fs::is_directory(c.data.dir))
+    throw UsageError("data.dir = " + c.data.dir +
+                     " is not a folder (Debian's dataset-fashion-mnist package installs "
+                     "/usr/share/datasets/fashion-mnist)");
+  std::error_code ec;
+  if (!fs::is_directory(spec.path, ec))
+    throw UsageError("data.source = " + c.data.source + ": " + spec.path +
+                     (fs::exists(spec.path, ec) ? " is not a folder" : ": no such folder"));
+}
+
 void validate(const Config& c, bool check_paths) {
   require(c.data.prefetch >= 1 && c.data.prefetch <= 64, "data.prefetch", c.data.prefetch,
           "must be in [1, 64]");
@@ -216,11 +273,8 @@ void validate(const Config& c, bool check_paths) {
     require(std::isfinite(v) && v >= 0 && v < 1e9, key, v, "must be >= 0");
   require(c.simulate.steps >= 1 && c.simulate.steps <= 100000, "simulate.steps", c.simulate.steps,
           "must be in [1, 100000]");
+  validate_data(c, check_paths);
   if (!check_paths) return;
-  if (!fs::is_directory(c.data.dir))
-    throw UsageError("data.dir = " + c.data.dir +
-                     " is not a folder (Debian's dataset-fashion-mnist package installs "
-                     "/usr/share/datasets/fashion-mnist)");
   if (!c.train.init_from.empty() && !fs::is_regular_file(c.train.init_from))
     throw UsageError("train.init_from = " + c.train.init_from + " is not a file");
   require(c.checkpoint.every_epochs >= 0, "checkpoint.every_epochs", c.checkpoint.every_epochs,
@@ -327,11 +381,14 @@ std::string train_help() {
 std::string to_ini(const Config& c) {
   std::ostringstream s;
   s << std::boolalpha;
-  s << "[data]\ndir = " << c.data.dir << "\naugment = " << c.data.augment
-    << "\nprefetch = " << c.data.prefetch << "\n\n[model]\nname = " << c.model.name
-    << "\nwidth = " << c.model.width << "\nbatch_norm = " << c.model.batch_norm
-    << "\n\n[train]\nbackend = " << c.train.backend << "\nbatch = " << c.train.batch
-    << "\nepochs = " << c.train.epochs << "\nlr = " << c.train.lr
+  s << "[data]\nsource = " << c.data.source << "\ndir = " << c.data.dir
+    << "\nval_labels = " << c.data.val_labels << "\naugment = " << c.data.augment
+    << "\nprefetch = " << c.data.prefetch << "\nworkers = " << c.data.workers
+    << "\ncrop = " << c.data.crop << "\nresize = " << c.data.resize
+    << "\nshuffle = " << c.data.shuffle << "\nshuffle_per_step = " << c.data.shuffle_per_step
+    << "\n\n[model]\nname = " << c.model.name << "\nwidth = " << c.model.width
+    << "\nbatch_norm = " << c.model.batch_norm << "\n\n[train]\nbackend = " << c.train.backend
+    << "\nbatch = " << c.train.batch << "\nepochs = " << c.train.epochs << "\nlr = " << c.train.lr
     << "\nbase_batch = " << c.train.base_batch << "\nmomentum = " << c.train.momentum
     << "\nweight_decay = " << c.train.weight_decay << "\nnesterov = " << c.train.nesterov
     << "\nwarmup_epochs = " << c.train.warmup_epochs << "\nseed = " << c.train.seed

@@ -17,9 +17,16 @@ struct UsageError : std::runtime_error {
 struct Config {
   std::string config_path;
   struct {
+    std::string source = "fashion-mnist";  // fashion-mnist | idx:DIR | imagenet:DIR | ...
     std::string dir = "/usr/share/datasets/fashion-mnist";
+    std::string val_labels = "auto";  // imagenet: labels of a flat val/ (auto: DIR/val_labels.txt)
     bool augment = true;
     int prefetch = 4;
+    int workers = 0;              // loader threads (0: 1 for pixel data, cores per rank for JPEG)
+    int crop = 224;               // JPEG sources: output side
+    int resize = 256;             // JPEG evaluation: shorter side before the centre crop
+    std::string shuffle = "off";  // off | ids | bytes
+    int64_t shuffle_per_step = 8;
   } data;
   struct {
     std::string name = "resnet8";

@@ -12,6 +12,7 @@
 #include "gossip/checkpoint.hpp"
 #include "gossip/config.hpp"
 #include "gossip/mpi.hpp"
+#include "gossip/pack_cmd.hpp"
 #include "gossip/simulate.hpp"
 #include "gossip/trainer.hpp"
 #include "kernels/models.hpp"
@@ -36,6 +37,7 @@ constexpr const char* kUsage =
     "                   [--backend onednn|reference] [--batch B] [--overwrite]\n"
     "  gossipgrad partners --ranks P [--schedule S] [--rotate] [--steps T] [--seed N] [--json]\n"
     "  gossipgrad simulate --config FILE --ranks 2,4,...,4096 [--json] [--section.key value ...]\n"
+    "  gossipgrad pack --input DIR --output DIR [--shard-size MB] [--threads N] [--shuffle SEED]\n"
     "  gossipgrad help | --help | COMMAND --help\n\n"
     "commands:\n"
     "  train   train a model on this rank's share of the data (run under mpirun)\n"
@@ -43,7 +45,8 @@ constexpr const char* kUsage =
     "  export  write a checkpoint's model as .npz with torchvision state_dict names\n"
     "  infer   logits (eval mode) of a model with .npz weights for the images in a .npy file\n"
     "  partners  print who talks to whom at each step, and how fast the schedule mixes\n"
-    "  simulate  predict step time and efficiency of gossip vs allreduce at many rank counts\n\n"
+    "  simulate  predict step time and efficiency of gossip vs allreduce at many rank counts\n"
+    "  pack    image folder (ImageNet layout) -> tar shards for data.source = shards:DIR\n\n"
     "example: mpirun -n 2 gossipgrad train --config configs/laptop.ini\n";
 
 gg::kernels::Dims parse_dims(const std::string& s) {
@@ -532,6 +535,7 @@ int main(int argc, char** argv) {
     if (cmd == "export") return cmd_export(rest);
     if (cmd == "infer") return cmd_infer(rest);
     if (cmd == "simulate") return gg::gossip::run_simulate(rest);
+    if (cmd == "pack") return gg::gossip::cmd_pack(rest);
     throw UsageError("unknown command '" + cmd + "' (try gossipgrad --help)");
   } catch (const UsageError& e) {
     std::fprintf(stderr, "gossipgrad: error: %s\n", e.what());

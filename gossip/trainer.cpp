@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "gossip/checkpoint.hpp"
+#include "gossip/data.hpp"
 #include "kernels/loss.hpp"
 #include "kernels/weights.hpp"
 #include "shuffle/loader.hpp"
@@ -156,7 +157,7 @@ StepStats Trainer::step(const float* x, const int32_t* y) {
   return s;
 }
 
-EvalStats Trainer::evaluate(const shuffle::Dataset& data, float mean, float stddev) {
+EvalStats Trainer::evaluate(const shuffle::SampleSource& data, shuffle::LoaderOptions o) {
   // Evaluate the average model, then give every rank its own weights back.
   flush_model();
   const std::vector<float> own_params = store().params, own_buffers = store().buffers;
@@ -165,11 +166,10 @@ EvalStats Trainer::evaluate(const shuffle::Dataset& data, float mean, float stdd
     average_over_ranks(store().buffers);
   }
   const double consensus = distance_to_average(own_params, store().params);
-  shuffle::LoaderOptions o;
   o.batch = c_.train.eval_batch;
   o.rank = world_.rank();
   o.ranks = world_.size();
-  o.norm = {mean, stddev};
+  o.augment.enabled = false;
   o.shuffle = false;
   o.drop_last = false;
   o.prefetch = 2;
@@ -230,6 +230,14 @@ void Trainer::average_model(std::vector<float>& params, std::vector<float>& buff
   }
 }
 
+EvalStats Trainer::evaluate(const shuffle::Dataset& data, float mean, float stddev) {
+  const shuffle::DatasetSource view(
+      std::shared_ptr<const shuffle::Dataset>(&data, [](const shuffle::Dataset*) {}), "dataset");
+  shuffle::LoaderOptions o;
+  o.norm = {mean, stddev};
+  return evaluate(view, o);
+}
+
 double Trainer::flush_model() {
   return model_exchange_ && c_.gossip.overlap_model ? model_exchange_->finish_delayed() : 0.0;
 }
@@ -262,45 +270,21 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
   const int threads = compute_threads(c, world);
   omp_set_num_threads(threads);
 
-  const shuffle::Dataset train = shuffle::load_idx_dir(c.data.dir, true);
-  const shuffle::Dataset test = shuffle::load_idx_dir(c.data.dir, false);
-  double sum = 0, sq = 0;
-  for (uint8_t v : train.pixels) {
-    sum += v / 255.0;
-    sq += (v / 255.0) * (v / 255.0);
-  }
-  const double npx = static_cast<double>(train.pixels.size());
-  const float mean = static_cast<float>(sum / npx);
-  const float stddev =
-      static_cast<float>(std::sqrt(std::max(1e-12, sq / npx - (sum / npx) * (sum / npx))));
-
-  shuffle::LoaderOptions lo;
-  lo.batch = c.train.batch;
-  lo.rank = rank;
-  lo.ranks = ranks;
-  lo.seed = c.train.seed;
-  lo.norm = {mean, stddev};
-  lo.augment.enabled = c.data.augment;
-  lo.prefetch = c.data.prefetch;
-  const int64_t per_epoch = shuffle::batches_per_epoch(train.count, lo);
-  if (per_epoch < 1)
-    throw UsageError("train.batch = " + std::to_string(c.train.batch) +
-                     " is too large: " + std::to_string(train.count) + " samples over " +
-                     std::to_string(ranks) + " ranks give no full batch");
+  TrainingData data(c, world);
+  const int64_t per_epoch = data.steps_per_epoch();
   int64_t total = per_epoch * c.train.epochs;
   if (c.train.max_steps > 0) total = std::min(total, c.train.max_steps);
   const int64_t epochs = (total + per_epoch - 1) / per_epoch;
 
-  Trainer trainer(c, world, {train.channels, train.height, train.width}, train.classes, total,
-                  per_epoch);
+  Trainer trainer(c, world, data.input(), data.classes(), total, per_epoch);
   MetricsWriter metrics;
   if (lead) metrics = MetricsWriter(c.log.metrics, c.log.overwrite);
   CheckpointMeta checkpoint;
-  checkpoint.model =
-      model_spec(c, world.rank(), {train.channels, train.height, train.width}, train.classes);
+  checkpoint.model = model_spec(c, world.rank(), data.input(), data.classes());
   checkpoint.ranks = ranks;
-  checkpoint.input_mean = mean;
-  checkpoint.input_std = stddev;
+  // Pixel sources: x = (pixel/255 - mean) / std. (JPEG sources normalise per channel.)
+  checkpoint.input_mean = data.eval_options().norm.mean;
+  checkpoint.input_std = data.eval_options().norm.std;
   std::vector<float> avg_params, avg_buffers;
   const int64_t global_batch = c.train.batch * ranks;
   const std::string mixing = c.gossip.mode == "allreduce"
@@ -309,13 +293,14 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
                                        (c.gossip.rotate ? "+rotate" : "") + ", " +
                                        c.gossip.transport + ")";
   if (lead) {
-    std::printf("gossipgrad: %d ranks x %d threads, %s on %s (%lld params), %s backend\n", ranks,
-                threads, c.model.name.c_str(), c.data.dir.c_str(),
-                static_cast<long long>(trainer.graph().param_count()), c.train.backend.c_str());
+    std::printf("gossipgrad: %d ranks x %d threads, %s (%lld params), %s backend\n", ranks, threads,
+                c.model.name.c_str(), static_cast<long long>(trainer.graph().param_count()),
+                c.train.backend.c_str());
+    std::printf("gossipgrad: data: %s\n", data.describe().c_str());
     std::printf(
         "gossipgrad: %lld train / %lld test samples, global batch %lld, %lld steps/epoch, "
         "%lld epochs, peak lr %.4g, mixing: %s\n",
-        static_cast<long long>(train.count), static_cast<long long>(test.count),
+        static_cast<long long>(data.train_count()), static_cast<long long>(data.eval_count()),
         static_cast<long long>(global_batch), static_cast<long long>(per_epoch),
         static_cast<long long>(epochs), c.train.lr * global_batch / c.train.base_batch,
         mixing.c_str());
@@ -331,7 +316,7 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
                    {"backend", c.train.backend}});
   }
 
-  shuffle::PrefetchLoader loader(train, lo, 0, epochs);
+  data.start(epochs);
   shuffle::Batch batch;
   RunSummary summary;
   const auto t_start = Clock::now();
@@ -339,10 +324,13 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
   int64_t epoch = 0;
   for (int64_t s = 0; s < total; ++s) {
     const auto t0 = Clock::now();
-    if (!loader.next(batch)) break;
-    const double data_wait = loader.wait_seconds() - wait_before;
-    wait_before = loader.wait_seconds();
+    if (!data.next(s, batch)) break;
+    const double data_wait = data.wait_seconds() - wait_before;
+    wait_before = data.wait_seconds();
     const StepStats st = trainer.step(batch.x.data(), batch.y.data());
+    const auto t_shuffle = Clock::now();
+    data.finish_step(s);
+    const double shuffle_wait = seconds_since(t_shuffle);
     if (!std::isfinite(st.loss))
       throw std::runtime_error("loss became " + std::to_string(st.loss) + " at step " +
                                std::to_string(s) + "; lower train.lr");
@@ -360,7 +348,9 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
                      {"images_per_s", global_batch / dt},
                      {"step_s", dt},
                      {"comm_s", st.comm_seconds},
-                     {"data_wait_s", data_wait}});
+                     {"data_wait_s", data_wait},
+                     {"shuffle_s", shuffle_wait},
+                     {"skipped", data.skipped()}});
       if (st.consensus >= 0)
         metrics.write({{"event", "consensus"}, {"step", s + 1}, {"consensus", st.consensus}});
       const double now = seconds_since(t_start);
@@ -375,8 +365,8 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
       }
     }
     const bool epoch_end = (s + 1) % per_epoch == 0 || s + 1 == total;
-    if (epoch_end) {
-      const EvalStats e = trainer.evaluate(test, mean, stddev);
+    if (epoch_end && data.eval_source() != nullptr) {
+      const EvalStats e = trainer.evaluate(*data.eval_source(), data.eval_options());
       summary.final_top1 = e.top1;
       summary.final_top5 = e.top5;
       if (lead) {
@@ -412,15 +402,22 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
     summary.steps = s + 1;
   }
   summary.wall_seconds = seconds_since(t_start);
+  // Every rank's corrupt files and shuffled samples (a collective: every rank gets here).
+  int64_t data_totals[2] = {data.skipped(), data.shuffled_samples()};
+  world.allreduce_sum(data_totals, 2);
+  summary.skipped_samples = data_totals[0];
   summary.images_per_second = train_seconds > 0 ? global_batch * summary.steps / train_seconds : 0;
   if (lead) {
     const double comm_share = train_seconds > 0 ? comm_seconds / train_seconds : 0;
+    char final_eval[64] = "no evaluation data";
+    if (data.eval_source())
+      std::snprintf(final_eval, sizeof final_eval, "final test top-1 %.2f%%",
+                    100 * summary.final_top1);
     std::printf(
-        "done: %lld steps in %s, %.0f img/s, exposed communication %.1f%% of step time, final "
-        "test top-1 %.2f%% (metrics: %s)\n",
+        "done: %lld steps in %s, %.0f img/s, exposed communication %.1f%% of step time, %s "
+        "(metrics: %s)\n",
         static_cast<long long>(summary.steps), format_duration(summary.wall_seconds).c_str(),
-        summary.images_per_second, 100 * comm_share, 100 * summary.final_top1,
-        c.log.metrics.c_str());
+        summary.images_per_second, 100 * comm_share, final_eval, c.log.metrics.c_str());
     metrics.write({{"event", "summary"},
                    {"steps", summary.steps},
                    {"top1", summary.final_top1},
@@ -429,7 +426,9 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
                    {"images_per_s", summary.images_per_second},
                    {"comm_s", comm_seconds},
                    {"exposed_comm_share", comm_share},
-                   {"data_wait_s", loader.wait_seconds()}});
+                   {"data_wait_s", data.wait_seconds()},
+                   {"skipped", data_totals[0]},
+                   {"shuffled_samples", data_totals[1]}});
   }
   return summary;
 }

@@ -16,6 +16,8 @@
 #include "kernels/net.hpp"
 #include "kernels/optimizer.hpp"
 #include "shuffle/dataset.hpp"
+#include "shuffle/loader.hpp"
+#include "shuffle/source.hpp"
 
 namespace gg::gossip {
 
@@ -41,6 +43,7 @@ struct RunSummary {
   double wall_seconds = 0;
   double images_per_second = 0;  // training images of all ranks per second of training
   int64_t steps = 0;
+  int64_t skipped_samples = 0;  // failed to decode
 };
 
 class Trainer {
@@ -54,6 +57,10 @@ class Trainer {
 
   // Top-1/top-5 over the whole data set (split across ranks) of the ranks' average model: with
   // gossip every rank holds its own model, and their average is what training converges to.
+  // `o` gives the normalisation and transform; batch, ranks and order are set here.
+  EvalStats evaluate(const shuffle::SampleSource& data, shuffle::LoaderOptions o);
+  // The same on an in-memory idx data set normalised with one mean/std (the idx-only signature,
+  // kept for callers written against it).
   EvalStats evaluate(const shuffle::Dataset& data, float mean, float stddev);
 
   // Mean over ranks of ||w_r - mean_w||^2 (a collective: every rank must call it).

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -122,17 +124,75 @@ int64_t checked_epochs(int64_t first_epoch, int64_t epochs) {
 
 }  // namespace
 
+namespace {
+
+const SampleSource& checked_source(const SampleSource& src) {
+  if (src.size() < 0) throw std::invalid_argument("PrefetchLoader: negative sample count");
+  if (src.encoding() == Encoding::Pixels) {
+    const auto [c, h, w] = src.shape();
+    if (src.size() > 0 && (c <= 0 || h <= 0 || w <= 0))
+      throw std::invalid_argument("PrefetchLoader: bad sample shape " + std::to_string(c) + "x" +
+                                  std::to_string(h) + "x" + std::to_string(w));
+  }
+  return src;
+}
+
+}  // namespace
+
+// Each worker's decode state, kept between batches so the steady state allocates nothing.
+struct PrefetchLoader::Scratch {
+  std::unique_ptr<JpegDecoder> jpeg;
+  std::vector<uint8_t> bytes;
+  Image image;
+};
+
 PrefetchLoader::PrefetchLoader(const Dataset& data, LoaderOptions o, int64_t first_epoch,
                                int64_t epochs)
-    : data_(checked(data)),
+    : owned_source_(std::make_unique<DatasetSource>(
+          std::shared_ptr<const Dataset>(&checked(data), [](const Dataset*) {}), "dataset")),
+      src_(*owned_source_),
       opt_(checked(o)),
+      order_(nullptr),
       first_epoch_(first_epoch),
       epochs_(checked_epochs(first_epoch, epochs)),
-      batches_per_epoch_(gg::shuffle::batches_per_epoch(data.count, opt_)) {
+      batches_per_epoch_(gg::shuffle::batches_per_epoch(data.count, opt_)),
+      total_(epochs_ * batches_per_epoch_) {
+  start();
+}
+
+PrefetchLoader::PrefetchLoader(const SampleSource& source, LoaderOptions o, int64_t first_epoch,
+                               int64_t epochs, EpochOrder* order)
+    : src_(checked_source(source)),
+      opt_(checked(o)),
+      order_(order),
+      first_epoch_(first_epoch),
+      epochs_(checked_epochs(first_epoch, epochs)),
+      batches_per_epoch_(order ? order->batches_per_epoch()
+                               : gg::shuffle::batches_per_epoch(source.size(), opt_)),
+      total_(epochs_ * batches_per_epoch_) {
+  start();
+}
+
+void PrefetchLoader::start() {
+  if (opt_.workers < 1 || opt_.workers > 256)
+    throw std::invalid_argument("PrefetchLoader: workers must be in [1, 256], got " +
+                                std::to_string(opt_.workers));
+  if (src_.encoding() == Encoding::Jpeg) {
+    const JpegOptions& j = opt_.jpeg;
+    if ((j.channels != 1 && j.channels != 3) || j.crop < 1 || j.resize < j.crop)
+      throw std::invalid_argument(
+          "PrefetchLoader: JPEG output needs channels 1 or 3 and "
+          "1 <= crop <= resize");
+    for (int c = 0; c < j.channels; ++c)
+      if (j.map.std[c] == 0.f) throw std::invalid_argument("PrefetchLoader: a channel std is 0");
+    shape_ = {j.channels, j.crop, j.crop};
+  } else {
+    shape_ = src_.shape();
+  }
   for (int v = 0; v < 256; ++v) {
     lut_[v] = (static_cast<float>(v) / 255.f - opt_.norm.mean) / opt_.norm.std;
   }
-  worker_ = std::thread([this] { run(); });
+  for (int w = 0; w < opt_.workers; ++w) workers_.emplace_back([this] { run(); });
 }
 
 PrefetchLoader::~PrefetchLoader() {
@@ -141,7 +201,8 @@ PrefetchLoader::~PrefetchLoader() {
     stop_ = true;
   }
   space_cv_.notify_all();
-  worker_.join();
+  if (order_) order_->cancel();
+  for (std::thread& t : workers_) t.join();
 }
 
 int64_t PrefetchLoader::batches_per_epoch() const { return batches_per_epoch_; }
@@ -153,66 +214,94 @@ double PrefetchLoader::wait_seconds() const {
 
 bool PrefetchLoader::next(Batch& out) {
   std::unique_lock<std::mutex> lk(mu_);
-  if (ready_.empty() && !done_) {
+  if (next_out_ >= total_) return false;
+  if (done_.find(next_out_) == done_.end()) {
     const auto t0 = std::chrono::steady_clock::now();
-    ready_cv_.wait(lk, [this] { return !ready_.empty() || done_; });
+    ready_cv_.wait(lk, [this] { return done_.find(next_out_) != done_.end(); });
     wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
-  if (ready_.empty()) {
-    if (error_) std::rethrow_exception(error_);
-    return false;
+  const auto it = done_.find(next_out_);
+  if (it->second.error) {
+    // Stays in place: every later call rethrows the same error.
+    std::rethrow_exception(it->second.error);
   }
-  Batch b = std::move(ready_.front());
-  ready_.pop_front();
+  Batch b = std::move(it->second.batch);
+  done_.erase(it);
+  ++next_out_;
   std::swap(out, b);
-  // b now holds the caller's previous buffers: keep them for the worker to refill. The cap only
+  // b now holds the caller's previous buffers: keep them for the workers to refill. The cap only
   // matters for callers that pass a fresh Batch every time.
   if (spare_.size() <= static_cast<size_t>(opt_.prefetch)) spare_.push_back(std::move(b));
   lk.unlock();
-  space_cv_.notify_one();
+  space_cv_.notify_all();
   return true;
 }
 
-void PrefetchLoader::run() {
-  try {
-    for (int64_t e = first_epoch_; e < first_epoch_ + epochs_; ++e) {
-      const std::vector<int64_t> order =
-          partition(data_.count, opt_.rank, opt_.ranks, opt_.seed, e, opt_.shuffle);
-      for (int64_t i = 0; i < batches_per_epoch_; ++i) {
-        Batch b;
-        {
-          std::unique_lock<std::mutex> lk(mu_);
-          space_cv_.wait(
-              lk, [this] { return stop_ || ready_.size() < static_cast<size_t>(opt_.prefetch); });
-          if (stop_) return;
-          if (!spare_.empty()) {
-            b = std::move(spare_.back());
-            spare_.pop_back();
-          }
-        }
-        fill(b, order, e, i);
-        {
-          std::lock_guard<std::mutex> lk(mu_);
-          ready_.push_back(std::move(b));
-        }
-        ready_cv_.notify_one();
-      }
-    }
-  } catch (...) {
-    std::lock_guard<std::mutex> lk(mu_);
-    error_ = std::current_exception();
-  }
-  {
-    std::lock_guard<std::mutex> lk(mu_);
-    done_ = true;
-  }
-  ready_cv_.notify_all();
+std::shared_ptr<const std::vector<int64_t>> PrefetchLoader::order_of(int64_t epoch) {
+  std::lock_guard<std::mutex> lk(order_mu_);
+  auto it = orders_.find(epoch);
+  if (it != orders_.end()) return it->second;
+  auto order = std::make_shared<const std::vector<int64_t>>(
+      order_ ? order_->order(epoch)
+             : partition(src_.size(), opt_.rank, opt_.ranks, opt_.seed, epoch, opt_.shuffle));
+  while (orders_.size() >= 2) orders_.erase(orders_.begin());  // workers span two epochs at most
+  orders_[epoch] = order;
+  return order;
 }
 
-void PrefetchLoader::fill(Batch& b, const std::vector<int64_t>& order, int64_t epoch,
-                          int64_t index) const {
+void PrefetchLoader::run() {
+  Scratch scratch;
+  // With w workers at most prefetch + w - 1 batches are claimed ahead of the consumer, so the
+  // queue holds at most `prefetch` ready batches when the workers are faster than the trainer.
+  const int64_t ahead = opt_.prefetch + opt_.workers - 1;
+  while (true) {
+    int64_t g = 0;
+    Batch b;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      space_cv_.wait(
+          lk, [&] { return stop_ || next_claim_ >= total_ || next_claim_ < next_out_ + ahead; });
+      if (stop_ || next_claim_ >= total_) return;
+      g = next_claim_++;
+      if (!spare_.empty()) {
+        b = std::move(spare_.back());
+        spare_.pop_back();
+      }
+    }
+    Slot slot;
+    try {
+      const int64_t epoch = first_epoch_ + g / batches_per_epoch_;
+      const int64_t index = g % batches_per_epoch_;
+      fill(b, *order_of(epoch), epoch, index, scratch);
+      slot.batch = std::move(b);
+    } catch (...) {
+      slot.error = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      const bool failed = slot.error != nullptr;
+      done_.emplace(g, std::move(slot));
+      // After an error no later batch is needed: the consumer stops at the failed one.
+      if (failed) next_claim_ = total_;
+    }
+    ready_cv_.notify_all();
+    space_cv_.notify_all();
+  }
+}
+
+void PrefetchLoader::skip(int64_t id, const std::string& why) {
+  ++skipped_;
+  std::lock_guard<std::mutex> lk(skip_mu_);
+  if (logged_.insert(id).second)
+    std::fprintf(stderr, "gossipgrad: skipping sample %s: %s (counted in the metrics)\n",
+                 src_.name(id).c_str(), why.c_str());
+}
+
+void PrefetchLoader::fill(Batch& b, const std::vector<int64_t>& order, int64_t epoch, int64_t index,
+                          Scratch& scratch) {
   const int64_t rows = opt_.batch;
-  const int64_t size = data_.sample_size();
+  const int C = shape_[0], H = shape_[1], W = shape_[2];
+  const int64_t size = static_cast<int64_t>(C) * H * W;
   const int64_t start = index * rows;
   const int64_t valid = std::min<int64_t>(rows, static_cast<int64_t>(order.size()) - start);
   // resize() keeps capacity, so recycled buffers are not reallocated; every element is written
@@ -224,24 +313,61 @@ void PrefetchLoader::fill(Batch& b, const std::vector<int64_t>& order, int64_t e
   b.index = index;
   b.valid = valid;
 
-  const int C = data_.channels, H = data_.height, W = data_.width;
+  const bool jpeg = src_.encoding() == Encoding::Jpeg;
   const int pad = opt_.augment.enabled ? opt_.augment.pad : 0;
   const bool may_flip = opt_.augment.enabled && opt_.augment.flip;
   std::mt19937_64 rng(stream_seed({kAugmentationStream, opt_.seed, static_cast<uint64_t>(opt_.rank),
                                    static_cast<uint64_t>(epoch), static_cast<uint64_t>(index)}));
+  if (jpeg && !scratch.jpeg) scratch.jpeg = std::make_unique<JpegDecoder>();
 
   for (int64_t r = 0; r < valid; ++r) {
     const int64_t id = order[static_cast<size_t>(start + r)];
-    const int32_t label = data_.labels[static_cast<size_t>(id)];
-    if (label < 0 || (data_.classes > 0 && label >= data_.classes)) {
+    const int32_t label = src_.label(id);
+    const int classes = src_.classes();
+    if (label < 0 || (classes > 0 && label >= classes)) {
       throw std::runtime_error("PrefetchLoader: sample " + std::to_string(id) + " has label " +
                                std::to_string(label) +
-                               " outside [0, classes = " + std::to_string(data_.classes) + ")");
+                               " outside [0, classes = " + std::to_string(classes) + ")");
     }
     b.y[static_cast<size_t>(r)] = label;
     b.ids[static_cast<size_t>(r)] = id;
-    const uint8_t* src = data_.pixels.data() + id * size;
     float* dst = b.x.data() + r * size;
+    if (jpeg) {
+      const JpegOptions& j = opt_.jpeg;
+      src_.read(id, scratch.bytes);
+      int w = 0, h = 0;
+      std::string error;
+      if (!scratch.jpeg->header(scratch.bytes.data(), scratch.bytes.size(), w, h, &error)) {
+        skip(id, error);
+        b.y[static_cast<size_t>(r)] = -1;
+        std::fill(dst, dst + size, 0.f);
+        continue;
+      }
+      const CropBox box =
+          opt_.augment.enabled ? j.rrc.sample(w, h, rng) : center_crop_box(w, h, j.resize, j.crop);
+      const bool flip = may_flip && (rng() >> 63) != 0;
+      // Decode just large enough that the box still covers crop x crop pixels.
+      const int min_w = static_cast<int>(std::ceil(j.crop * static_cast<double>(w) / box.w));
+      const int min_h = static_cast<int>(std::ceil(j.crop * static_cast<double>(h) / box.h));
+      if (scratch.jpeg->decode(scratch.bytes.data(), scratch.bytes.size(), j.channels,
+                               std::min(min_w, w), std::min(min_h, h), scratch.image,
+                               &error) == 0) {
+        skip(id, error);
+        b.y[static_cast<size_t>(r)] = -1;
+        std::fill(dst, dst + size, 0.f);
+        continue;
+      }
+      const double sx = static_cast<double>(scratch.image.width) / w;
+      const double sy = static_cast<double>(scratch.image.height) / h;
+      resample_to_chw(scratch.image, {box.x * sx, box.y * sy, box.w * sx, box.h * sy}, j.crop,
+                      j.crop, flip, j.map, dst);
+      continue;
+    }
+    const uint8_t* src = src_.pixels(id);
+    if (src == nullptr) {
+      src_.read(id, scratch.bytes);
+      src = scratch.bytes.data();
+    }
     if (!opt_.augment.enabled) {
       for (int64_t k = 0; k < size; ++k) dst[k] = lut_[src[k]];
       continue;
