@@ -296,7 +296,8 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
   MetricsWriter metrics;
   if (lead) metrics = MetricsWriter(c.log.metrics, c.log.overwrite);
   CheckpointMeta checkpoint;
-  checkpoint.model = model_spec(c, {train.channels, train.height, train.width}, train.classes);
+  checkpoint.model =
+      model_spec(c, world.rank(), {train.channels, train.height, train.width}, train.classes);
   checkpoint.ranks = ranks;
   checkpoint.input_mean = mean;
   checkpoint.input_std = stddev;
