@@ -58,8 +58,13 @@ memory::desc plain_md(int64_t n, const Dims& d) {
 class OneDnnExecutor final : public Executor {
  public:
   OneDnnExecutor(const Graph& g, int64_t batch, ParamStore& store,
-                 const std::vector<Bucket>& buckets)
-      : Executor(batch), g_(g), store_(store), eng_(dnnl::engine::kind::cpu, 0), strm_(eng_) {
+                 const std::vector<Bucket>& buckets, Precision precision)
+      : Executor(batch),
+        g_(g),
+        store_(store),
+        eng_(dnnl::engine::kind::cpu, 0),
+        strm_(eng_),
+        act_(precision == Precision::Bf16 ? dt::bf16 : dt::f32) {
     attr_.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     const auto& nodes = g.nodes();
     values_.resize(nodes.size());
@@ -273,8 +278,9 @@ class OneDnnExecutor final : public Executor {
     const memory::dims src_dims = batched(batch_, xin), dst_dims = batched(batch_, n.out);
     const memory::dims w_dims{n.conv.out_channels, xin[0], n.conv.kernel, n.conv.kernel};
     const memory::dims strides{n.conv.stride, n.conv.stride}, pad{n.conv.pad, n.conv.pad};
-    const memory::desc src_any(src_dims, dt::f32, tag::any), dst_any(dst_dims, dt::f32, tag::any);
-    const memory::desc w_any(w_dims, dt::f32, tag::any), w_plain(w_dims, dt::f32, tag::oihw);
+    const memory::desc src_any(src_dims, act_, tag::any), dst_any(dst_dims, act_, tag::any);
+    const memory::desc w_any(w_dims, act_, tag::any), w_plain(w_dims, dt::f32, tag::oihw);
+    const memory::desc dw_any(w_dims, dt::f32, tag::any);  // gradients stay fp32
     const memory::desc b_md =
         n.conv.bias ? memory::desc({n.conv.out_channels}, dt::f32, tag::x) : memory::desc();
     const auto alg = dnnl::algorithm::convolution_direct;
@@ -299,7 +305,7 @@ class OneDnnExecutor final : public Executor {
     std::vector<Action>& bwd = bwd_[id];
     // Backward picks its own layouts too; reorders bridge any difference from the forward's.
     dnnl::convolution_backward_weights::primitive_desc wpd(
-        {alg, src_any, w_any, b_md, dst_any, strides, pad, pad}, attr_, eng_, fpd);
+        {alg, src_any, dw_any, b_md, dst_any, strides, pad, pad}, attr_, eng_, fpd);
     const memory ddst_w = as(diff_of(id), wpd.diff_dst_desc(), bwd);
     const memory src_w = as(src, wpd.src_desc(), bwd);
     const memory dw_user = param_mem(n.params[0], w_plain, true);
@@ -333,9 +339,12 @@ class OneDnnExecutor final : public Executor {
     memory::dims w_dims{o};
     w_dims.insert(w_dims.end(), xin.begin(), xin.end());
     const bool spatial = xin.size() == 3;
-    const memory::desc src_any(src_dims, dt::f32, tag::any), w_any(w_dims, dt::f32, tag::any);
+    const memory::desc src_any(src_dims, act_, tag::any), w_any(w_dims, act_, tag::any);
     const memory::desc w_plain(w_dims, dt::f32, spatial ? tag::oihw : tag::oi);
-    const memory::desc dst_md({batch_, o}, dt::f32, tag::nc);
+    const memory::desc dw_any(w_dims, dt::f32, tag::any);
+    // The output is fp32 in either precision (the logits are); its gradient is taken in the
+    // activations' type.
+    const memory::desc dst_md({batch_, o}, dt::f32, tag::nc), ddst_md({batch_, o}, act_, tag::nc);
     const memory::desc b_md = n.fc.bias ? memory::desc({o}, dt::f32, tag::x) : memory::desc();
 
     dnnl::inner_product_forward::primitive_desc fpd(
@@ -355,27 +364,29 @@ class OneDnnExecutor final : public Executor {
     push_fwd(dnnl::inner_product_forward(fpd), std::move(fa));
 
     std::vector<Action>& bwd = bwd_[id];
-    dnnl::inner_product_backward_weights::primitive_desc wpd({src_any, w_any, b_md, dst_md}, attr_,
-                                                             eng_, fpd);
+    dnnl::inner_product_backward_weights::primitive_desc wpd({src_any, dw_any, b_md, ddst_md},
+                                                             attr_, eng_, fpd);
+    const memory ddst_w = as(diff_of(id), wpd.diff_dst_desc(), bwd);
     const memory src_w = as(src, wpd.src_desc(), bwd);
     const memory dw_user = param_mem(n.params[0], w_plain, true);
     std::vector<Action> after_w;
     const memory dw = into(dw_user, wpd.diff_weights_desc(), after_w);
-    Args wa{{DNNL_ARG_SRC, src_w}, {DNNL_ARG_DIFF_DST, diff_of(id)}, {DNNL_ARG_DIFF_WEIGHTS, dw}};
+    Args wa{{DNNL_ARG_SRC, src_w}, {DNNL_ARG_DIFF_DST, ddst_w}, {DNNL_ARG_DIFF_WEIGHTS, dw}};
     if (n.fc.bias) wa[DNNL_ARG_DIFF_BIAS] = param_mem(n.params[1], b_md, true);
     bwd.push_back(Action{dnnl::inner_product_backward_weights(wpd), std::move(wa), {}, {}});
     for (Action& a : after_w) bwd.push_back(std::move(a));
     if (in == 0) return;
-    dnnl::inner_product_backward_data::primitive_desc dpd({src_any, w_any, dst_md}, attr_, eng_,
+    dnnl::inner_product_backward_data::primitive_desc dpd({src_any, w_any, ddst_md}, attr_, eng_,
                                                           fpd);
+    const memory ddst_d = as(ddst_w, dpd.diff_dst_desc(), bwd);
     const memory wd = dpd.weights_desc() == w.get_desc() ? w : as(w_user, dpd.weights_desc(), bwd);
     std::vector<Action> after_d;
     const memory dsrc = into(diff_src, dpd.diff_src_desc(), after_d);
-    bwd.push_back(Action{
-        dnnl::inner_product_backward_data(dpd),
-        {{DNNL_ARG_DIFF_DST, diff_of(id)}, {DNNL_ARG_WEIGHTS, wd}, {DNNL_ARG_DIFF_SRC, dsrc}},
-        {},
-        {}});
+    bwd.push_back(
+        Action{dnnl::inner_product_backward_data(dpd),
+               {{DNNL_ARG_DIFF_DST, ddst_d}, {DNNL_ARG_WEIGHTS, wd}, {DNNL_ARG_DIFF_SRC, dsrc}},
+               {},
+               {}});
     for (Action& a : after_d) bwd.push_back(std::move(a));
     for (Action& a : tail) bwd.push_back(std::move(a));
   }
@@ -496,7 +507,7 @@ class OneDnnExecutor final : public Executor {
       alg = n.op == Op::MaxPool ? dnnl::algorithm::pooling_max
                                 : dnnl::algorithm::pooling_avg_include_padding;
     }
-    const memory::desc dst_any(batched(batch_, n.out), dt::f32, tag::any);
+    const memory::desc dst_any(batched(batch_, n.out), src.md.data_type(), tag::any);
     dnnl::pooling_forward::primitive_desc fpd(
         {dnnl::prop_kind::forward_training, alg, src.md, dst_any, strides, kernel, pad, pad_r},
         attr_, eng_);
@@ -558,7 +569,8 @@ class OneDnnExecutor final : public Executor {
   std::optional<tag> common_tag(const Node& n) const {
     for (tag t : {tag::nChw16c, tag::nChw8c, tag::nhwc, tag::nchw}) {
       const bool all = std::all_of(n.inputs.begin(), n.inputs.end(), [&](int in) {
-        return values_[in].md == memory::desc(batched(batch_, g_.node(in).out), dt::f32, t);
+        const memory::desc& md = values_[in].md;
+        return md == memory::desc(batched(batch_, g_.node(in).out), md.data_type(), t);
       });
       if (all) return t;
     }
@@ -577,10 +589,11 @@ class OneDnnExecutor final : public Executor {
       fa[DNNL_ARG_MULTIPLE_SRC + static_cast<int>(i)] = values_[n.inputs[i]].mem;
     }
     const memory::dims dims = batched(batch_, n.out);
+    const dt type = srcs[0].data_type();
     std::vector<memory::desc> candidates;
-    if (const std::optional<tag> t = common_tag(n)) candidates.emplace_back(dims, dt::f32, *t);
-    candidates.emplace_back(dims, dt::f32, tag::any);
-    candidates.push_back(plain_md(batch_, n.out));  // always sliceable
+    if (const std::optional<tag> t = common_tag(n)) candidates.emplace_back(dims, type, *t);
+    candidates.emplace_back(dims, type, tag::any);
+    candidates.emplace_back(dims, type, tag::nchw);  // always sliceable
     dnnl::concat::primitive_desc pd;
     std::vector<memory::desc> slices;
     for (const memory::desc& dst : candidates) {
@@ -759,6 +772,7 @@ class OneDnnExecutor final : public Executor {
   dnnl::engine eng_;
   dnnl::stream strm_;
   dnnl::primitive_attr attr_;
+  dt act_;  // activations and their gradients
   std::vector<Slot> slots_;
   std::unordered_map<dnnl_memory_t, int> slot_of_;
   MemoryPlan train_plan_, eval_plan_;
@@ -779,10 +793,16 @@ class OneDnnExecutor final : public Executor {
 
 }  // namespace
 
+bool bf16_supported() {
+  const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+  return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
+}
+
 std::unique_ptr<Executor> make_onednn_executor(const Graph& g, int64_t batch, ParamStore& store,
-                                               const std::vector<Bucket>& buckets) {
+                                               const std::vector<Bucket>& buckets,
+                                               Precision precision) {
   try {
-    return std::make_unique<OneDnnExecutor>(g, batch, store, buckets);
+    return std::make_unique<OneDnnExecutor>(g, batch, store, buckets, precision);
   } catch (const dnnl::error& e) {
     throw std::runtime_error(std::string("oneDNN could not build the network: ") + e.what());
   }
