@@ -42,6 +42,7 @@ struct Value {
   memory diff;                // total gradient, in md
   std::vector<memory> edges;  // per-consumer gradients when there are several
   int consumers = 0;
+  bool diff_in_place = false;  // its backward writes its input's gradient over its own
 };
 
 memory::dims batched(int64_t n, const Dims& d) {
@@ -172,6 +173,17 @@ class OneDnnExecutor final : public Executor {
   }
   dnnl::reorder reorder(const memory& from, const memory& to) {
     return dnnl::reorder(dnnl::reorder::primitive_desc(from, to, attr_));
+  }
+
+  // Makes `drop`, and every view of its bytes, use the bytes of `keep` (both from fresh()).
+  void merge(const memory& keep, const memory& drop) {
+    const int k = slot_of_.at(keep.get()), d = slot_of_.at(drop.get());
+    if (k == d) return;
+    for (memory& m : slots_[d].views) {
+      slot_of_[m.get()] = k;
+      slots_[k].views.push_back(m);
+    }
+    slots_[d] = Slot{};
   }
 
   memory& diff_of(int t) {
@@ -473,7 +485,10 @@ class OneDnnExecutor final : public Executor {
     Value& out = values_[id];
     out.md = fpd.dst_desc();
     out.mem = in_place ? src.mem : fresh(out.md);
-    if (in_place) out.diff = diff_of(in);
+    if (in_place) {
+      out.diff = diff_of(in);
+      out.diff_in_place = true;
+    }
     push_fwd(dnnl::eltwise_forward(fpd), {{DNNL_ARG_SRC, src.mem}, {DNNL_ARG_DST, out.mem}});
     if (in == 0) return;
     dnnl::eltwise_backward::primitive_desc bpd({alg, out.md, src.md, 0.f}, attr_, eng_, fpd);
@@ -539,9 +554,21 @@ class OneDnnExecutor final : public Executor {
     push_fwd(dnnl::sum(pd), {{DNNL_ARG_MULTIPLE_SRC, a.mem},
                              {DNNL_ARG_MULTIPLE_SRC + 1, b.mem},
                              {DNNL_ARG_DST, out.mem}});
-    // d(a + b) passes the gradient unchanged to both inputs (reordered if their layout differs).
+    // d(a + b) passes the gradient unchanged to both inputs: an input in the same layout takes
+    // the add's gradient itself (as its gradient, or as one of the edges its sum reads), unless
+    // its own backward overwrites its gradient in place while the other input still needs it;
+    // else a reorder copies it.
     for (int in : n.inputs) {
       if (in == 0) continue;
+      Value& v = values_[in];
+      if (v.md == out.md && v.consumers > 1) {
+        v.edges.push_back(diff_of(id));
+        continue;
+      }
+      if (v.md == out.md && !v.diff_in_place) {
+        merge(diff_of(id), diff_of(in));
+        continue;
+      }
       memory target = edge(in);
       memory from = diff_of(id);
       bwd_[id].push_back(
@@ -626,7 +653,10 @@ class OneDnnExecutor final : public Executor {
     Value& out = values_[id];
     out.md = src.md;
     out.mem = in_place ? src.mem : fresh(out.md);
-    if (in_place) out.diff = diff_of(in);
+    if (in_place) {
+      out.diff = diff_of(in);
+      out.diff_in_place = true;
+    }
     const memory::desc plain = plain_md(batch_, n.out);
     const memory mask_plain = fresh(plain);
     const DropoutAttr attr = n.dropout;
