@@ -60,6 +60,9 @@ po::options_description describe(Config& c) {
      "use batch norm (false: convolutions get a bias instead)")
     ("train.backend", po::value(&c.train.backend)->default_value(c.train.backend),
      "kernels: onednn (fast CPU) or reference (plain C++ oracle)")
+    ("train.precision", po::value(&c.train.precision)->default_value(c.train.precision),
+     "activations and conv arithmetic: fp32, or bf16 (onednn on CPUs with AVX512_BF16; weights, "
+     "gradients and the exchange stay fp32)")
     ("train.batch", po::value(&c.train.batch)->default_value(c.train.batch),
      "samples per rank per step [1, 65536]")
     ("train.epochs", po::value(&c.train.epochs)->default_value(c.train.epochs),
@@ -213,6 +216,12 @@ void validate(const Config& c, bool check_paths) {
           "must be in [1, 1024]");
   if (c.train.backend != "onednn" && c.train.backend != "reference")
     throw UsageError("train.backend = " + c.train.backend + " is unknown: use onednn or reference");
+  if (c.train.precision != "fp32" && c.train.precision != "bf16")
+    throw UsageError("train.precision = " + c.train.precision + " is unknown: use fp32 or bf16");
+  if (c.train.precision == "bf16" && c.train.backend != "onednn")
+    throw UsageError("train.precision = bf16 needs train.backend = onednn");
+  if (c.train.precision == "bf16" && !kernels::bf16_supported())
+    throw UsageError("train.precision = bf16 needs a CPU with AVX512_BF16 (or AMX): use fp32");
   require(c.train.batch >= 1 && c.train.batch <= 65536, "train.batch", c.train.batch,
           "must be in [1, 65536]");
   require(c.train.epochs >= 1 && c.train.epochs <= 100000, "train.epochs", c.train.epochs,
@@ -388,7 +397,8 @@ std::string to_ini(const Config& c) {
     << "\nshuffle = " << c.data.shuffle << "\nshuffle_per_step = " << c.data.shuffle_per_step
     << "\n\n[model]\nname = " << c.model.name << "\nwidth = " << c.model.width
     << "\nbatch_norm = " << c.model.batch_norm << "\n\n[train]\nbackend = " << c.train.backend
-    << "\nbatch = " << c.train.batch << "\nepochs = " << c.train.epochs << "\nlr = " << c.train.lr
+    << "\nprecision = " << c.train.precision << "\nbatch = " << c.train.batch
+    << "\nepochs = " << c.train.epochs << "\nlr = " << c.train.lr
     << "\nbase_batch = " << c.train.base_batch << "\nmomentum = " << c.train.momentum
     << "\nweight_decay = " << c.train.weight_decay << "\nnesterov = " << c.train.nesterov
     << "\nwarmup_epochs = " << c.train.warmup_epochs << "\nseed = " << c.train.seed

@@ -16,6 +16,14 @@ Backend parse_backend(const std::string& name) {
 
 const char* backend_name(Backend b) { return b == Backend::Reference ? "reference" : "onednn"; }
 
+Precision parse_precision(const std::string& name) {
+  if (name == "fp32") return Precision::Fp32;
+  if (name == "bf16") return Precision::Bf16;
+  throw std::invalid_argument("unknown precision '" + name + "' (expected fp32 or bf16)");
+}
+
+const char* precision_name(Precision p) { return p == Precision::Fp32 ? "fp32" : "bf16"; }
+
 void FlatBuffer::adopt(float* memory) {
   if (memory == data_) return;
   std::copy(begin(), end(), memory);
@@ -24,17 +32,22 @@ void FlatBuffer::adopt(float* memory) {
 }
 
 std::unique_ptr<Executor> compile(const Graph& g, Backend backend, int64_t batch, ParamStore& store,
-                                  const std::vector<Bucket>& buckets) {
+                                  const std::vector<Bucket>& buckets, Precision precision) {
   if (batch < 1) throw std::invalid_argument("batch must be >= 1");
   if (g.output() < 0) throw std::invalid_argument("graph has no output");
   if (static_cast<int64_t>(store.params.size()) != g.param_count() ||
       static_cast<int64_t>(store.buffers.size()) != g.buffer_count())
     throw std::invalid_argument("parameter store does not match the graph");
+  if (precision == Precision::Bf16 && backend != Backend::OneDnn)
+    throw std::invalid_argument("bf16 precision needs the onednn backend");
+  if (precision == Precision::Bf16 && !bf16_supported())
+    throw std::invalid_argument(
+        "bf16 precision needs a CPU with AVX512_BF16 (or AMX); this one has neither: use fp32");
   switch (backend) {
     case Backend::Reference:
       return make_reference_executor(g, batch, store, buckets);
     case Backend::OneDnn:
-      return make_onednn_executor(g, batch, store, buckets);
+      return make_onednn_executor(g, batch, store, buckets, precision);
   }
   throw std::logic_error("unhandled backend");
 }

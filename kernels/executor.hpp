@@ -16,6 +16,14 @@ enum class Backend { Reference, OneDnn };
 Backend parse_backend(const std::string& name);  // "reference" | "onednn"; throws otherwise
 const char* backend_name(Backend b);
 
+// What activations and convolution / fully connected arithmetic run in. Parameters, gradients,
+// batch-norm statistics and logits stay fp32 either way (bf16 keeps fp32 master weights).
+enum class Precision { Fp32, Bf16 };
+Precision parse_precision(const std::string& name);  // "fp32" | "bf16"; throws otherwise
+const char* precision_name(Precision p);
+// Whether oneDNN runs bf16 natively here (AVX512_BF16 or AMX): bf16 is refused elsewhere.
+bool bf16_supported();
+
 // A flat float array that owns its memory or lives in memory someone else owns (the gradient
 // buffer in a node-shared window, which the partner on this node reads and writes in place).
 class FlatBuffer {
@@ -89,8 +97,10 @@ class Executor {
 };
 
 // Builds every primitive and buffer up front; forward/backward do not allocate.
+// Bf16 needs the oneDNN backend and bf16_supported(); std::invalid_argument otherwise.
 std::unique_ptr<Executor> compile(const Graph& g, Backend backend, int64_t batch, ParamStore& store,
-                                  const std::vector<Bucket>& buckets);
+                                  const std::vector<Bucket>& buckets,
+                                  Precision precision = Precision::Fp32);
 
 // For each backward position, the buckets completed there. `order` lists the nodes in the order
 // backward visits them; the result has one entry per element of `order`.

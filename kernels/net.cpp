@@ -10,9 +10,10 @@ const TensorSpec& find(const std::vector<TensorSpec>& specs, const std::string& 
 }
 }  // namespace
 
-Net::Net(Graph g, Backend backend, int64_t bucket_elements)
+Net::Net(Graph g, Backend backend, int64_t bucket_elements, Precision precision)
     : graph_(std::move(g)),
       backend_(backend),
+      precision_(precision),
       store_(graph_),
       buckets_(make_buckets(graph_, bucket_elements)) {}
 
@@ -39,7 +40,8 @@ void Net::share_grads(float* memory) {
 Executor& Net::at_batch(int64_t batch) {
   auto it = executors_.find(batch);
   if (it == executors_.end())
-    it = executors_.emplace(batch, compile(graph_, backend_, batch, store_, buckets_)).first;
+    it = executors_.emplace(batch, compile(graph_, backend_, batch, store_, buckets_, precision_))
+             .first;
   return *it->second;
 }
 

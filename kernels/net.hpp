@@ -15,7 +15,7 @@ namespace gg::kernels {
 
 class Net {
  public:
-  Net(Graph g, Backend backend, int64_t bucket_elements);
+  Net(Graph g, Backend backend, int64_t bucket_elements, Precision precision = Precision::Fp32);
   Net(const Net&) = delete;  // executors point into this object's buffers
   Net& operator=(const Net&) = delete;
 
@@ -23,6 +23,7 @@ class Net {
   ParamStore& store() { return store_; }
   const std::vector<Bucket>& buckets() const { return buckets_; }
   Backend backend() const { return backend_; }
+  Precision precision() const { return precision_; }
 
   // Views into the flat buffers by torchvision name ("layer1.0.conv1.weight").
   Tensor param(const std::string& name);
@@ -40,6 +41,7 @@ class Net {
  private:
   Graph graph_;
   Backend backend_;
+  Precision precision_;
   ParamStore store_;
   std::vector<Bucket> buckets_;
   std::map<int64_t, std::unique_ptr<Executor>> executors_;

@@ -36,7 +36,7 @@ struct Args {
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "gg_bench_compute: %s\nusage: gg_bench_compute [--model NAME] [--batch B] [--res R] "
-               "[--classes N] [--threads T] [--steps N] [--warmup N] [--precision fp32] "
+               "[--classes N] [--threads T] [--steps N] [--warmup N] [--precision fp32|bf16] "
                "[--backend onednn|reference]\n",
                why.c_str());
   std::exit(2);
@@ -76,7 +76,10 @@ Args parse(int argc, char** argv) {
   }
   if (a.batch < 1 || a.res < 1 || a.threads < 1 || a.steps < 1 || a.warmup < 0)
     usage("batch, res, threads and steps must be positive");
-  if (a.precision != "fp32") usage("precision '" + a.precision + "' is not supported (fp32)");
+  if (a.precision != "fp32" && a.precision != "bf16")
+    usage("precision '" + a.precision + "' is unknown (fp32 or bf16)");
+  if (a.precision == "bf16" && !kernels::bf16_supported())
+    usage("bf16 needs a CPU with AVX512_BF16 (or AMX); this one has neither");
   return a;
 }
 
@@ -96,7 +99,8 @@ int main(int argc, char** argv) {
     spec.name = a.model;
     spec.input = {3, a.res, a.res};
     spec.classes = a.classes;
-    kernels::Net net(kernels::build_model(spec), kernels::parse_backend(a.backend), 1 << 20);
+    kernels::Net net(kernels::build_model(spec), kernels::parse_backend(a.backend), 1 << 20,
+                     kernels::parse_precision(a.precision));
     kernels::init_params(net.graph(), net.store(), 1);
     kernels::Sgd sgd(net.graph().param_count(), {0.9f, 1e-4f, false});
     kernels::Executor& ex = net.at_batch(a.batch);

@@ -1,12 +1,15 @@
 #include "kernels/onednn/onednn_executor.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <optional>
 #include <stdexcept>
 #include <unordered_map>
+
+#include "kernels/memory_plan.hpp"
 
 namespace gg::kernels {
 namespace {
@@ -16,11 +19,13 @@ using tag = memory::format_tag;
 using dt = memory::data_type;
 using Args = std::unordered_map<int, memory>;
 
-// One unit of work in a step: a primitive with its arguments, or a small host function.
+// One unit of work in a step: a primitive with its arguments, or a small host function and the
+// memories it touches (so that the memory plan sees its uses).
 struct Action {
   dnnl::primitive prim;
   Args args;
   std::function<void()> host;
+  std::vector<memory> touches;
 };
 
 enum class When { Always, Train, Eval };
@@ -37,6 +42,7 @@ struct Value {
   memory diff;                // total gradient, in md
   std::vector<memory> edges;  // per-consumer gradients when there are several
   int consumers = 0;
+  bool diff_in_place = false;  // its backward writes its input's gradient over its own
 };
 
 memory::dims batched(int64_t n, const Dims& d) {
@@ -53,8 +59,14 @@ memory::desc plain_md(int64_t n, const Dims& d) {
 class OneDnnExecutor final : public Executor {
  public:
   OneDnnExecutor(const Graph& g, int64_t batch, ParamStore& store,
-                 const std::vector<Bucket>& buckets)
-      : Executor(batch), g_(g), store_(store), eng_(dnnl::engine::kind::cpu, 0), strm_(eng_) {
+                 const std::vector<Bucket>& buckets, Precision precision)
+      : Executor(batch),
+        g_(g),
+        store_(store),
+        eng_(dnnl::engine::kind::cpu, 0),
+        strm_(eng_),
+        act_(precision == Precision::Bf16 ? dt::bf16 : dt::f32) {
+    attr_.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     const auto& nodes = g.nodes();
     values_.resize(nodes.size());
     bwd_.resize(nodes.size());
@@ -68,11 +80,11 @@ class OneDnnExecutor final : public Executor {
       Value& v = values_[id];
       if (v.edges.size() < 2) continue;
       std::vector<memory::desc> mds(v.edges.size(), v.md);
-      dnnl::sum::primitive_desc pd(v.md, std::vector<float>(v.edges.size(), 1.f), mds, eng_);
+      dnnl::sum::primitive_desc pd(v.md, std::vector<float>(v.edges.size(), 1.f), mds, eng_, attr_);
       Args args{{DNNL_ARG_DST, diff_of(static_cast<int>(id))}};
       for (size_t i = 0; i < v.edges.size(); ++i)
         args[DNNL_ARG_MULTIPLE_SRC + static_cast<int>(i)] = v.edges[i];
-      bwd_[id].insert(bwd_[id].begin(), Action{dnnl::sum(pd), std::move(args), {}});
+      bwd_[id].insert(bwd_[id].begin(), Action{dnnl::sum(pd), std::move(args), {}, {}});
     }
     // A tensor that nothing reads and that is not the output gets a zero gradient, as in the
     // reference; left unwritten, its producer's backward would read uninitialised memory.
@@ -81,16 +93,26 @@ class OneDnnExecutor final : public Executor {
       const memory d = diff_of(static_cast<int>(id));
       bwd_[id].insert(
           bwd_[id].begin(),
-          Action{{}, {}, [d]() { std::memset(d.get_data_handle(), 0, d.get_desc().get_size()); }});
+          Action{{},
+                 {},
+                 [d]() { std::memset(d.get_data_handle(), 0, d.get_desc().get_size()); },
+                 {d}});
     }
     for (int id = static_cast<int>(nodes.size()) - 1; id >= 0; --id) order_.push_back(id);
     ready_at_ = bucket_completion(g, buckets, order_);
     const Value& out = values_[g.output()];
     if (out.md != memory::desc({batch, g.classes()}, dt::f32, tag::nc))
       throw std::logic_error("oneDNN: logits are not in a plain layout");
+    share_scratchpad();
+    train_plan_ = plan(true);
+    eval_plan_ = plan(false);
   }
 
   const float* forward(const float* x, bool train) override {
+    // An executor that only ever runs eval forwards holds only what they need; the first training
+    // forward moves it to the training plan for good.
+    if (train && bound_ != Bound::Train) bind(Bound::Train);
+    if (!train && bound_ == Bound::None) bind(Bound::Eval);
     values_[0].mem.set_data_handle(const_cast<float*>(x));
     for (ForwardAction& f : fwd_) {
       if ((f.when == When::Train && !train) || (f.when == When::Eval && train)) continue;
@@ -134,9 +156,39 @@ class OneDnnExecutor final : public Executor {
     return memory(md, eng_, store_.buffers.data() + g_.buffers()[index].offset);
   }
 
+  // A buffer of the step, placed in the arena by the memory plan once every action is known.
+  memory fresh(const memory::desc& md) {
+    memory m(md, eng_, DNNL_MEMORY_NONE);
+    slot_of_[m.get()] = static_cast<int>(slots_.size());
+    slots_.push_back({md.get_size(), {m}});
+    return m;
+  }
+  // Another view (`md`, e.g. a channel slice) of the bytes of `of`, which fresh() made.
+  memory alias(const memory::desc& md, const memory& of) {
+    memory m(md, eng_, DNNL_MEMORY_NONE);
+    const int slot = slot_of_.at(of.get());
+    slot_of_[m.get()] = slot;
+    slots_[slot].views.push_back(m);
+    return m;
+  }
+  dnnl::reorder reorder(const memory& from, const memory& to) {
+    return dnnl::reorder(dnnl::reorder::primitive_desc(from, to, attr_));
+  }
+
+  // Makes `drop`, and every view of its bytes, use the bytes of `keep` (both from fresh()).
+  void merge(const memory& keep, const memory& drop) {
+    const int k = slot_of_.at(keep.get()), d = slot_of_.at(drop.get());
+    if (k == d) return;
+    for (memory& m : slots_[d].views) {
+      slot_of_[m.get()] = k;
+      slots_[k].views.push_back(m);
+    }
+    slots_[d] = Slot{};
+  }
+
   memory& diff_of(int t) {
     Value& v = values_[t];
-    if (!v.diff) v.diff = memory(v.md, eng_);
+    if (!v.diff) v.diff = fresh(v.md);
     return v.diff;
   }
 
@@ -144,7 +196,7 @@ class OneDnnExecutor final : public Executor {
   memory edge(int t) {
     Value& v = values_[t];
     if (v.consumers <= 1) return diff_of(t);
-    v.edges.emplace_back(v.md, eng_);
+    v.edges.push_back(fresh(v.md));
     return v.edges.back();
   }
 
@@ -159,16 +211,17 @@ class OneDnnExecutor final : public Executor {
       if (need_diff) *diff_src = edge(t);
       return v.mem;
     }
-    memory copy(want, eng_);
+    memory copy = fresh(want);
     fwd_.push_back(
-        {Action{dnnl::reorder(v.mem, copy), {{DNNL_ARG_FROM, v.mem}, {DNNL_ARG_TO, copy}}, {}},
+        {Action{reorder(v.mem, copy), {{DNNL_ARG_FROM, v.mem}, {DNNL_ARG_TO, copy}}, {}, {}},
          When::Always});
     if (need_diff) {
-      memory private_diff(want, eng_);
+      memory private_diff = fresh(want);
       memory target = edge(t);
       *diff_src = private_diff;
-      diff_tail->push_back(Action{dnnl::reorder(private_diff, target),
+      diff_tail->push_back(Action{reorder(private_diff, target),
                                   {{DNNL_ARG_FROM, private_diff}, {DNNL_ARG_TO, target}},
+                                  {},
                                   {}});
     }
     return copy;
@@ -180,8 +233,8 @@ class OneDnnExecutor final : public Executor {
   // `m` in layout `want`: itself, or a private copy made by a reorder appended to `list`.
   memory as(const memory& m, const memory::desc& want, std::vector<Action>& list) {
     if (m.get_desc() == want) return m;
-    memory copy(want, eng_);
-    list.push_back(Action{dnnl::reorder(m, copy), {{DNNL_ARG_FROM, m}, {DNNL_ARG_TO, copy}}, {}});
+    memory copy = fresh(want);
+    list.push_back(Action{reorder(m, copy), {{DNNL_ARG_FROM, m}, {DNNL_ARG_TO, copy}}, {}, {}});
     return copy;
   }
 
@@ -189,14 +242,14 @@ class OneDnnExecutor final : public Executor {
   // target itself, or a private buffer reordered into it by an action appended to `after`.
   memory into(const memory& target, const memory::desc& have, std::vector<Action>& after) {
     if (target.get_desc() == have) return target;
-    memory tmp(have, eng_);
+    memory tmp = fresh(have);
     after.push_back(
-        Action{dnnl::reorder(tmp, target), {{DNNL_ARG_FROM, tmp}, {DNNL_ARG_TO, target}}, {}});
+        Action{reorder(tmp, target), {{DNNL_ARG_FROM, tmp}, {DNNL_ARG_TO, target}}, {}, {}});
     return tmp;
   }
 
   void push_fwd(dnnl::primitive p, Args args, When when = When::Always) {
-    fwd_.push_back({Action{std::move(p), std::move(args), {}}, when});
+    fwd_.push_back({Action{std::move(p), std::move(args), {}, {}}, when});
   }
 
   void compile_node(int id) {
@@ -237,15 +290,16 @@ class OneDnnExecutor final : public Executor {
     const memory::dims src_dims = batched(batch_, xin), dst_dims = batched(batch_, n.out);
     const memory::dims w_dims{n.conv.out_channels, xin[0], n.conv.kernel, n.conv.kernel};
     const memory::dims strides{n.conv.stride, n.conv.stride}, pad{n.conv.pad, n.conv.pad};
-    const memory::desc src_any(src_dims, dt::f32, tag::any), dst_any(dst_dims, dt::f32, tag::any);
-    const memory::desc w_any(w_dims, dt::f32, tag::any), w_plain(w_dims, dt::f32, tag::oihw);
+    const memory::desc src_any(src_dims, act_, tag::any), dst_any(dst_dims, act_, tag::any);
+    const memory::desc w_any(w_dims, act_, tag::any), w_plain(w_dims, dt::f32, tag::oihw);
+    const memory::desc dw_any(w_dims, dt::f32, tag::any);  // gradients stay fp32
     const memory::desc b_md =
         n.conv.bias ? memory::desc({n.conv.out_channels}, dt::f32, tag::x) : memory::desc();
     const auto alg = dnnl::algorithm::convolution_direct;
 
     dnnl::convolution_forward::primitive_desc fpd(
         {dnnl::prop_kind::forward_training, alg, src_any, w_any, b_md, dst_any, strides, pad, pad},
-        eng_);
+        attr_, eng_);
     std::vector<Action> tail;
     memory diff_src;
     memory src = conform(in, fpd.src_desc(), in == 0 ? nullptr : &diff_src, &tail);
@@ -255,7 +309,7 @@ class OneDnnExecutor final : public Executor {
     for (Action& a : pre) fwd_.push_back({std::move(a), When::Always});
     Value& out = values_[id];
     out.md = fpd.dst_desc();
-    out.mem = memory(out.md, eng_);
+    out.mem = fresh(out.md);
     Args fa{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, out.mem}};
     if (n.conv.bias) fa[DNNL_ARG_BIAS] = param_mem(n.params[1], b_md, false);
     push_fwd(dnnl::convolution_forward(fpd), std::move(fa));
@@ -263,7 +317,7 @@ class OneDnnExecutor final : public Executor {
     std::vector<Action>& bwd = bwd_[id];
     // Backward picks its own layouts too; reorders bridge any difference from the forward's.
     dnnl::convolution_backward_weights::primitive_desc wpd(
-        {alg, src_any, w_any, b_md, dst_any, strides, pad, pad}, eng_, fpd);
+        {alg, src_any, dw_any, b_md, dst_any, strides, pad, pad}, attr_, eng_, fpd);
     const memory ddst_w = as(diff_of(id), wpd.diff_dst_desc(), bwd);
     const memory src_w = as(src, wpd.src_desc(), bwd);
     const memory dw_user = param_mem(n.params[0], w_plain, true);
@@ -271,11 +325,11 @@ class OneDnnExecutor final : public Executor {
     const memory dw = into(dw_user, wpd.diff_weights_desc(), after_w);
     Args wa{{DNNL_ARG_SRC, src_w}, {DNNL_ARG_DIFF_DST, ddst_w}, {DNNL_ARG_DIFF_WEIGHTS, dw}};
     if (n.conv.bias) wa[DNNL_ARG_DIFF_BIAS] = param_mem(n.params[1], b_md, true);
-    bwd.push_back(Action{dnnl::convolution_backward_weights(wpd), std::move(wa), {}});
+    bwd.push_back(Action{dnnl::convolution_backward_weights(wpd), std::move(wa), {}, {}});
     for (Action& a : after_w) bwd.push_back(std::move(a));
     if (in == 0) return;  // no gradient w.r.t. the data
     dnnl::convolution_backward_data::primitive_desc dpd(
-        {alg, src_any, w_any, dst_any, strides, pad, pad}, eng_, fpd);
+        {alg, src_any, w_any, dst_any, strides, pad, pad}, attr_, eng_, fpd);
     const memory ddst_d = as(ddst_w, dpd.diff_dst_desc(), bwd);
     const memory wd = dpd.weights_desc() == w.get_desc() ? w : as(w_user, dpd.weights_desc(), bwd);
     std::vector<Action> after_d;
@@ -283,6 +337,7 @@ class OneDnnExecutor final : public Executor {
     bwd.push_back(
         Action{dnnl::convolution_backward_data(dpd),
                {{DNNL_ARG_DIFF_DST, ddst_d}, {DNNL_ARG_WEIGHTS, wd}, {DNNL_ARG_DIFF_SRC, dsrc}},
+               {},
                {}});
     for (Action& a : after_d) bwd.push_back(std::move(a));
     for (Action& a : tail) bwd.push_back(std::move(a));
@@ -296,13 +351,16 @@ class OneDnnExecutor final : public Executor {
     memory::dims w_dims{o};
     w_dims.insert(w_dims.end(), xin.begin(), xin.end());
     const bool spatial = xin.size() == 3;
-    const memory::desc src_any(src_dims, dt::f32, tag::any), w_any(w_dims, dt::f32, tag::any);
+    const memory::desc src_any(src_dims, act_, tag::any), w_any(w_dims, act_, tag::any);
     const memory::desc w_plain(w_dims, dt::f32, spatial ? tag::oihw : tag::oi);
-    const memory::desc dst_md({batch_, o}, dt::f32, tag::nc);
+    const memory::desc dw_any(w_dims, dt::f32, tag::any);
+    // The output is fp32 in either precision (the logits are); its gradient is taken in the
+    // activations' type.
+    const memory::desc dst_md({batch_, o}, dt::f32, tag::nc), ddst_md({batch_, o}, act_, tag::nc);
     const memory::desc b_md = n.fc.bias ? memory::desc({o}, dt::f32, tag::x) : memory::desc();
 
     dnnl::inner_product_forward::primitive_desc fpd(
-        {dnnl::prop_kind::forward_training, src_any, w_any, b_md, dst_md}, eng_);
+        {dnnl::prop_kind::forward_training, src_any, w_any, b_md, dst_md}, attr_, eng_);
     std::vector<Action> tail;
     memory diff_src;
     memory src = conform(in, fpd.src_desc(), in == 0 ? nullptr : &diff_src, &tail);
@@ -312,31 +370,35 @@ class OneDnnExecutor final : public Executor {
     for (Action& a : pre) fwd_.push_back({std::move(a), When::Always});
     Value& out = values_[id];
     out.md = dst_md;
-    out.mem = memory(out.md, eng_);
+    out.mem = fresh(out.md);
     Args fa{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, out.mem}};
     if (n.fc.bias) fa[DNNL_ARG_BIAS] = param_mem(n.params[1], b_md, false);
     push_fwd(dnnl::inner_product_forward(fpd), std::move(fa));
 
     std::vector<Action>& bwd = bwd_[id];
-    dnnl::inner_product_backward_weights::primitive_desc wpd({src_any, w_any, b_md, dst_md}, eng_,
-                                                             fpd);
+    dnnl::inner_product_backward_weights::primitive_desc wpd({src_any, dw_any, b_md, ddst_md},
+                                                             attr_, eng_, fpd);
+    const memory ddst_w = as(diff_of(id), wpd.diff_dst_desc(), bwd);
     const memory src_w = as(src, wpd.src_desc(), bwd);
     const memory dw_user = param_mem(n.params[0], w_plain, true);
     std::vector<Action> after_w;
     const memory dw = into(dw_user, wpd.diff_weights_desc(), after_w);
-    Args wa{{DNNL_ARG_SRC, src_w}, {DNNL_ARG_DIFF_DST, diff_of(id)}, {DNNL_ARG_DIFF_WEIGHTS, dw}};
+    Args wa{{DNNL_ARG_SRC, src_w}, {DNNL_ARG_DIFF_DST, ddst_w}, {DNNL_ARG_DIFF_WEIGHTS, dw}};
     if (n.fc.bias) wa[DNNL_ARG_DIFF_BIAS] = param_mem(n.params[1], b_md, true);
-    bwd.push_back(Action{dnnl::inner_product_backward_weights(wpd), std::move(wa), {}});
+    bwd.push_back(Action{dnnl::inner_product_backward_weights(wpd), std::move(wa), {}, {}});
     for (Action& a : after_w) bwd.push_back(std::move(a));
     if (in == 0) return;
-    dnnl::inner_product_backward_data::primitive_desc dpd({src_any, w_any, dst_md}, eng_, fpd);
+    dnnl::inner_product_backward_data::primitive_desc dpd({src_any, w_any, ddst_md}, attr_, eng_,
+                                                          fpd);
+    const memory ddst_d = as(ddst_w, dpd.diff_dst_desc(), bwd);
     const memory wd = dpd.weights_desc() == w.get_desc() ? w : as(w_user, dpd.weights_desc(), bwd);
     std::vector<Action> after_d;
     const memory dsrc = into(diff_src, dpd.diff_src_desc(), after_d);
-    bwd.push_back(Action{
-        dnnl::inner_product_backward_data(dpd),
-        {{DNNL_ARG_DIFF_DST, diff_of(id)}, {DNNL_ARG_WEIGHTS, wd}, {DNNL_ARG_DIFF_SRC, dsrc}},
-        {}});
+    bwd.push_back(
+        Action{dnnl::inner_product_backward_data(dpd),
+               {{DNNL_ARG_DIFF_DST, ddst_d}, {DNNL_ARG_WEIGHTS, wd}, {DNNL_ARG_DIFF_SRC, dsrc}},
+               {},
+               {}});
     for (Action& a : after_d) bwd.push_back(std::move(a));
     for (Action& a : tail) bwd.push_back(std::move(a));
   }
@@ -348,18 +410,18 @@ class OneDnnExecutor final : public Executor {
     const memory::desc c_md({c}, dt::f32, tag::x);
     const auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
     dnnl::batch_normalization_forward::primitive_desc fpd(
-        {dnnl::prop_kind::forward_training, md, n.bn.eps, flags}, eng_);
+        {dnnl::prop_kind::forward_training, md, n.bn.eps, flags}, attr_, eng_);
     dnnl::batch_normalization_forward::primitive_desc ipd(
         {dnnl::prop_kind::forward_inference, md, n.bn.eps,
          flags | dnnl::normalization_flags::use_global_stats},
-        eng_);
+        attr_, eng_);
     Value& out = values_[id];
     out.md = fpd.dst_desc();
-    out.mem = memory(out.md, eng_);
+    out.mem = fresh(out.md);
     const memory src = values_[in].mem;
     const memory scale = param_mem(n.params[0], c_md, false),
                  shift = param_mem(n.params[1], c_md, false);
-    const memory mean(fpd.mean_desc(), eng_), var(fpd.variance_desc(), eng_);
+    const memory mean = fresh(fpd.mean_desc()), var = fresh(fpd.variance_desc());
     push_fwd(dnnl::batch_normalization_forward(fpd),
              {{DNNL_ARG_SRC, src},
               {DNNL_ARG_DST, out.mem},
@@ -385,7 +447,8 @@ class OneDnnExecutor final : public Executor {
                                rm[i] = (1 - mom) * rm[i] + mom * bm[i];
                                rv[i] = (1 - mom) * rv[i] + mom * bv[i] * unbias;
                              }
-                           }},
+                           },
+                           {mean, var}},
                     When::Train});
     push_fwd(dnnl::batch_normalization_forward(ipd),
              {{DNNL_ARG_SRC, src},
@@ -397,7 +460,7 @@ class OneDnnExecutor final : public Executor {
              When::Eval);
 
     dnnl::batch_normalization_backward::primitive_desc bpd(
-        {dnnl::prop_kind::backward, out.md, md, n.bn.eps, flags}, eng_, fpd);
+        {dnnl::prop_kind::backward, out.md, md, n.bn.eps, flags}, attr_, eng_, fpd);
     Args ba{{DNNL_ARG_SRC, src},
             {DNNL_ARG_MEAN, mean},
             {DNNL_ARG_VARIANCE, var},
@@ -406,8 +469,8 @@ class OneDnnExecutor final : public Executor {
             {DNNL_ARG_DIFF_DST, diff_of(id)},
             {DNNL_ARG_DIFF_SCALE, param_mem(n.params[0], c_md, true)},
             {DNNL_ARG_DIFF_SHIFT, param_mem(n.params[1], c_md, true)}};
-    ba[DNNL_ARG_DIFF_SRC] = in == 0 ? memory(md, eng_) : edge(in);
-    bwd_[id].push_back(Action{dnnl::batch_normalization_backward(bpd), std::move(ba), {}});
+    ba[DNNL_ARG_DIFF_SRC] = in == 0 ? fresh(md) : edge(in);
+    bwd_[id].push_back(Action{dnnl::batch_normalization_backward(bpd), std::move(ba), {}, {}});
   }
 
   void compile_relu(int id, const Node& n) {
@@ -418,18 +481,21 @@ class OneDnnExecutor final : public Executor {
     const auto alg =
         in_place ? dnnl::algorithm::eltwise_relu_use_dst_for_bwd : dnnl::algorithm::eltwise_relu;
     dnnl::eltwise_forward::primitive_desc fpd({dnnl::prop_kind::forward_training, alg, src.md, 0.f},
-                                              eng_);
+                                              attr_, eng_);
     Value& out = values_[id];
     out.md = fpd.dst_desc();
-    out.mem = in_place ? src.mem : memory(out.md, eng_);
-    if (in_place) out.diff = diff_of(in);
+    out.mem = in_place ? src.mem : fresh(out.md);
+    if (in_place) {
+      out.diff = diff_of(in);
+      out.diff_in_place = true;
+    }
     push_fwd(dnnl::eltwise_forward(fpd), {{DNNL_ARG_SRC, src.mem}, {DNNL_ARG_DST, out.mem}});
     if (in == 0) return;
-    dnnl::eltwise_backward::primitive_desc bpd({alg, out.md, src.md, 0.f}, eng_, fpd);
+    dnnl::eltwise_backward::primitive_desc bpd({alg, out.md, src.md, 0.f}, attr_, eng_, fpd);
     Args ba{{DNNL_ARG_DIFF_DST, diff_of(id)},
             {DNNL_ARG_DIFF_SRC, in_place ? diff_of(in) : edge(in)}};
     ba[in_place ? DNNL_ARG_DST : DNNL_ARG_SRC] = in_place ? out.mem : src.mem;
-    bwd_[id].push_back(Action{dnnl::eltwise_backward(bpd), std::move(ba), {}});
+    bwd_[id].push_back(Action{dnnl::eltwise_backward(bpd), std::move(ba), {}, {}});
   }
 
   void compile_pool(int id, const Node& n) {
@@ -456,45 +522,57 @@ class OneDnnExecutor final : public Executor {
       alg = n.op == Op::MaxPool ? dnnl::algorithm::pooling_max
                                 : dnnl::algorithm::pooling_avg_include_padding;
     }
-    const memory::desc dst_any(batched(batch_, n.out), dt::f32, tag::any);
+    const memory::desc dst_any(batched(batch_, n.out), src.md.data_type(), tag::any);
     dnnl::pooling_forward::primitive_desc fpd(
         {dnnl::prop_kind::forward_training, alg, src.md, dst_any, strides, kernel, pad, pad_r},
-        eng_);
+        attr_, eng_);
     Value& out = values_[id];
     out.md = fpd.dst_desc();
-    out.mem = memory(out.md, eng_);
+    out.mem = fresh(out.md);
     Args fa{{DNNL_ARG_SRC, src.mem}, {DNNL_ARG_DST, out.mem}};
     memory ws;
     if (alg == dnnl::algorithm::pooling_max) {
-      ws = memory(fpd.workspace_desc(), eng_);
+      ws = fresh(fpd.workspace_desc());
       fa[DNNL_ARG_WORKSPACE] = ws;
     }
     push_fwd(dnnl::pooling_forward(fpd), std::move(fa));
     if (in == 0) return;
     dnnl::pooling_backward::primitive_desc bpd({alg, src.md, out.md, strides, kernel, pad, pad_r},
-                                               eng_, fpd);
+                                               attr_, eng_, fpd);
     Args ba{{DNNL_ARG_DIFF_DST, diff_of(id)}, {DNNL_ARG_DIFF_SRC, edge(in)}};
     if (ws) ba[DNNL_ARG_WORKSPACE] = ws;
-    bwd_[id].push_back(Action{dnnl::pooling_backward(bpd), std::move(ba), {}});
+    bwd_[id].push_back(Action{dnnl::pooling_backward(bpd), std::move(ba), {}, {}});
   }
 
   void compile_add(int id, const Node& n) {
     const Value& a = values_[n.inputs[0]];
     const Value& b = values_[n.inputs[1]];
-    dnnl::sum::primitive_desc pd(a.md, {1.f, 1.f}, {a.md, b.md}, eng_);
+    dnnl::sum::primitive_desc pd(a.md, {1.f, 1.f}, {a.md, b.md}, eng_, attr_);
     Value& out = values_[id];
     out.md = pd.dst_desc();
-    out.mem = memory(out.md, eng_);
+    out.mem = fresh(out.md);
     push_fwd(dnnl::sum(pd), {{DNNL_ARG_MULTIPLE_SRC, a.mem},
                              {DNNL_ARG_MULTIPLE_SRC + 1, b.mem},
                              {DNNL_ARG_DST, out.mem}});
-    // d(a + b) passes the gradient unchanged to both inputs (reordered if their layout differs).
+    // d(a + b) passes the gradient unchanged to both inputs: an input in the same layout takes
+    // the add's gradient itself (as its gradient, or as one of the edges its sum reads), unless
+    // its own backward overwrites its gradient in place while the other input still needs it;
+    // else a reorder copies it.
     for (int in : n.inputs) {
       if (in == 0) continue;
+      Value& v = values_[in];
+      if (v.md == out.md && v.consumers > 1) {
+        v.edges.push_back(diff_of(id));
+        continue;
+      }
+      if (v.md == out.md && !v.diff_in_place) {
+        merge(diff_of(id), diff_of(in));
+        continue;
+      }
       memory target = edge(in);
       memory from = diff_of(id);
       bwd_[id].push_back(
-          Action{dnnl::reorder(from, target), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, target}}, {}});
+          Action{reorder(from, target), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, target}}, {}, {}});
     }
   }
 
@@ -518,7 +596,8 @@ class OneDnnExecutor final : public Executor {
   std::optional<tag> common_tag(const Node& n) const {
     for (tag t : {tag::nChw16c, tag::nChw8c, tag::nhwc, tag::nchw}) {
       const bool all = std::all_of(n.inputs.begin(), n.inputs.end(), [&](int in) {
-        return values_[in].md == memory::desc(batched(batch_, g_.node(in).out), dt::f32, t);
+        const memory::desc& md = values_[in].md;
+        return md == memory::desc(batched(batch_, g_.node(in).out), md.data_type(), t);
       });
       if (all) return t;
     }
@@ -537,30 +616,30 @@ class OneDnnExecutor final : public Executor {
       fa[DNNL_ARG_MULTIPLE_SRC + static_cast<int>(i)] = values_[n.inputs[i]].mem;
     }
     const memory::dims dims = batched(batch_, n.out);
+    const dt type = srcs[0].data_type();
     std::vector<memory::desc> candidates;
-    if (const std::optional<tag> t = common_tag(n)) candidates.emplace_back(dims, dt::f32, *t);
-    candidates.emplace_back(dims, dt::f32, tag::any);
-    candidates.push_back(plain_md(batch_, n.out));  // always sliceable
+    if (const std::optional<tag> t = common_tag(n)) candidates.emplace_back(dims, type, *t);
+    candidates.emplace_back(dims, type, tag::any);
+    candidates.emplace_back(dims, type, tag::nchw);  // always sliceable
     dnnl::concat::primitive_desc pd;
     std::vector<memory::desc> slices;
     for (const memory::desc& dst : candidates) {
-      pd = dnnl::concat::primitive_desc(dst, 1, srcs, eng_);
+      pd = dnnl::concat::primitive_desc(dst, 1, srcs, eng_, attr_);
       slices = channel_slices(pd.dst_desc(), n);
       if (!slices.empty()) break;
     }
     if (slices.empty()) throw std::logic_error(n.name + ": NCHW concat cannot be sliced");
     Value& out = values_[id];
     out.md = pd.dst_desc();
-    out.mem = memory(out.md, eng_);
+    out.mem = fresh(out.md);
     fa[DNNL_ARG_DST] = out.mem;
     push_fwd(dnnl::concat(pd), std::move(fa));
-    void* diff = diff_of(id).get_data_handle();
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       if (n.inputs[i] == 0) continue;
-      memory from(slices[i], eng_, diff);
+      memory from = alias(slices[i], diff_of(id));
       memory target = edge(n.inputs[i]);
       bwd_[id].push_back(
-          Action{dnnl::reorder(from, target), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, target}}, {}});
+          Action{reorder(from, target), {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, target}}, {}, {}});
     }
   }
 
@@ -573,10 +652,13 @@ class OneDnnExecutor final : public Executor {
     const bool in_place = in != 0 && src.consumers == 1;
     Value& out = values_[id];
     out.md = src.md;
-    out.mem = in_place ? src.mem : memory(out.md, eng_);
-    if (in_place) out.diff = diff_of(in);
+    out.mem = in_place ? src.mem : fresh(out.md);
+    if (in_place) {
+      out.diff = diff_of(in);
+      out.diff_in_place = true;
+    }
     const memory::desc plain = plain_md(batch_, n.out);
-    const memory mask_plain(plain, eng_);
+    const memory mask_plain = fresh(plain);
     const DropoutAttr attr = n.dropout;
     fwd_.push_back({Action{{},
                            {},
@@ -586,23 +668,26 @@ class OneDnnExecutor final : public Executor {
                                  static_cast<int64_t>(mask_plain.get_desc().get_size() / 4);
                              for (int64_t i = 0; i < count; ++i)
                                m[i] = dropout_multiplier(attr, id, dropout_step_, i);
-                           }},
+                           },
+                           {mask_plain}},
                     When::Train});
     std::vector<Action> to_layout;
     const memory mask = as(mask_plain, out.md, to_layout);
     for (Action& a : to_layout) fwd_.push_back({std::move(a), When::Train});
-    dnnl::binary::primitive_desc mul({dnnl::algorithm::binary_mul, out.md, out.md, out.md}, eng_);
+    dnnl::binary::primitive_desc mul({dnnl::algorithm::binary_mul, out.md, out.md, out.md}, attr_,
+                                     eng_);
     push_fwd(dnnl::binary(mul),
              {{DNNL_ARG_SRC_0, src.mem}, {DNNL_ARG_SRC_1, mask}, {DNNL_ARG_DST, out.mem}},
              When::Train);
     if (!in_place)
-      push_fwd(dnnl::reorder(src.mem, out.mem), {{DNNL_ARG_FROM, src.mem}, {DNNL_ARG_TO, out.mem}},
+      push_fwd(reorder(src.mem, out.mem), {{DNNL_ARG_FROM, src.mem}, {DNNL_ARG_TO, out.mem}},
                When::Eval);
     if (in == 0) return;
     bwd_[id].push_back(Action{dnnl::binary(mul),
                               {{DNNL_ARG_SRC_0, diff_of(id)},
                                {DNNL_ARG_SRC_1, mask},
                                {DNNL_ARG_DST, in_place ? diff_of(in) : edge(in)}},
+                              {},
                               {}});
   }
 
@@ -613,34 +698,120 @@ class OneDnnExecutor final : public Executor {
     const auto alg = dnnl::algorithm::lrn_across_channels;
     const LrnAttr& a = n.lrn;
     dnnl::lrn_forward::primitive_desc fpd(
-        {dnnl::prop_kind::forward_training, alg, src.md, a.size, a.alpha, a.beta, a.k}, eng_);
+        {dnnl::prop_kind::forward_training, alg, src.md, a.size, a.alpha, a.beta, a.k}, attr_,
+        eng_);
     Value& out = values_[id];
     out.md = fpd.dst_desc();
-    out.mem = memory(out.md, eng_);
+    out.mem = fresh(out.md);
     Args fa{{DNNL_ARG_SRC, src.mem}, {DNNL_ARG_DST, out.mem}};
     memory ws;
     if (fpd.workspace_desc().get_size() > 0) {
-      ws = memory(fpd.workspace_desc(), eng_);
+      ws = fresh(fpd.workspace_desc());
       fa[DNNL_ARG_WORKSPACE] = ws;
     }
     push_fwd(dnnl::lrn_forward(fpd), std::move(fa));
     if (in == 0) return;
     dnnl::lrn_backward::primitive_desc bpd({alg, src.md, out.md, a.size, a.alpha, a.beta, a.k},
-                                           eng_, fpd);
+                                           attr_, eng_, fpd);
     std::vector<Action>& bwd = bwd_[id];
     const memory ddst = as(diff_of(id), bpd.diff_dst_desc(), bwd);
     std::vector<Action> after;
     const memory dsrc = into(edge(in), bpd.diff_src_desc(), after);
     Args ba{{DNNL_ARG_SRC, src.mem}, {DNNL_ARG_DIFF_DST, ddst}, {DNNL_ARG_DIFF_SRC, dsrc}};
     if (ws) ba[DNNL_ARG_WORKSPACE] = ws;
-    bwd.push_back(Action{dnnl::lrn_backward(bpd), std::move(ba), {}});
+    bwd.push_back(Action{dnnl::lrn_backward(bpd), std::move(ba), {}, {}});
     for (Action& x : after) bwd.push_back(std::move(x));
+  }
+
+  // Every buffer fresh() made, with the memories that view it.
+  struct Slot {
+    size_t bytes = 0;
+    std::vector<memory> views;
+  };
+  enum class Bound { None, Eval, Train };
+
+  // Gives every primitive the one scratchpad, sized for the largest.
+  void share_scratchpad() {
+    size_t most = 0;
+    auto visit = [&](auto&& f) {
+      for (ForwardAction& fa : fwd_) f(fa.a);
+      for (std::vector<Action>& list : bwd_)
+        for (Action& a : list) f(a);
+    };
+    auto need = [](const Action& a) -> size_t {
+      if (a.host) return 0;
+      const dnnl_memory_desc_t* md =
+          dnnl_primitive_desc_query_md(a.prim.get_primitive_desc(), dnnl_query_scratchpad_md, 0);
+      return md ? memory::desc(*md).get_size() : 0;
+    };
+    visit([&](Action& a) { most = std::max(most, need(a)); });
+    if (most == 0) return;
+    scratchpad_ = memory(memory::desc({static_cast<memory::dim>(most)}, dt::u8, tag::x), eng_);
+    visit([&](Action& a) {
+      if (need(a) > 0) a.args[DNNL_ARG_SCRATCHPAD] = scratchpad_;
+    });
+  }
+
+  // Lifetimes of the slots over one step (forward actions, then backward nodes in order), or over
+  // an eval forward alone, and their places in one arena.
+  MemoryPlan plan(bool train) const {
+    std::vector<Lifetime> life(slots_.size());
+    for (size_t i = 0; i < slots_.size(); ++i) life[i] = {slots_[i].bytes, 1 << 30, -1};
+    auto use = [&](const memory& m, int pos) {
+      const auto it = slot_of_.find(m.get());
+      if (it == slot_of_.end()) return;
+      Lifetime& t = life[it->second];
+      t.first = std::min(t.first, pos);
+      t.last = std::max(t.last, pos);
+    };
+    auto use_all = [&](const Action& a, int pos) {
+      for (const auto& [arg, m] : a.args) use(m, pos);
+      for (const memory& m : a.touches) use(m, pos);
+    };
+    const int f = static_cast<int>(fwd_.size());
+    for (int k = 0; k < f; ++k) use_all(fwd_[k].a, k);
+    int end = f;
+    if (train) {
+      const std::vector<Lifetime> forward = life;
+      for (size_t b = 0; b < order_.size(); ++b)
+        for (const Action& a : bwd_[order_[b]]) use_all(a, f + static_cast<int>(b));
+      use(loss_edge_, f);  // written before backward starts
+      end = f + static_cast<int>(order_.size());
+      // What backward reads of the forward stays until backward ends, so that backward may run
+      // again on the same forward; dead activations and gradients share what is left.
+      for (size_t i = 0; i < life.size(); ++i)
+        if (forward[i].used() && life[i].last >= f) life[i].last = end;
+    }
+    use(values_[g_.output()].mem, end);  // the logits stay valid until the next forward
+    return plan_memory(life);
+  }
+
+  void bind(Bound mode) {
+    const MemoryPlan& p = mode == Bound::Train ? train_plan_ : eval_plan_;
+    arena_.reset();
+    arena_.reset(static_cast<char*>(std::aligned_alloc(4096, (p.total + 4095) / 4096 * 4096)));
+    if (!arena_) throw std::bad_alloc();
+    // Slots the mode never uses point at the arena's start, unread.
+    for (size_t i = 0; i < slots_.size(); ++i)
+      for (memory& m : slots_[i].views) m.set_data_handle(arena_.get() + p.offsets[i]);
+    bound_ = mode;
   }
 
   const Graph& g_;
   ParamStore& store_;
   dnnl::engine eng_;
   dnnl::stream strm_;
+  dnnl::primitive_attr attr_;
+  dt act_;  // activations and their gradients
+  std::vector<Slot> slots_;
+  std::unordered_map<dnnl_memory_t, int> slot_of_;
+  MemoryPlan train_plan_, eval_plan_;
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  std::unique_ptr<char, Free> arena_;
+  Bound bound_ = Bound::None;
+  memory scratchpad_;
   std::vector<Value> values_;
   std::vector<ForwardAction> fwd_;
   std::vector<std::vector<Action>> bwd_;  // per node, run in reverse node order
@@ -652,10 +823,16 @@ class OneDnnExecutor final : public Executor {
 
 }  // namespace
 
+bool bf16_supported() {
+  const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+  return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
+}
+
 std::unique_ptr<Executor> make_onednn_executor(const Graph& g, int64_t batch, ParamStore& store,
-                                               const std::vector<Bucket>& buckets) {
+                                               const std::vector<Bucket>& buckets,
+                                               Precision precision) {
   try {
-    return std::make_unique<OneDnnExecutor>(g, batch, store, buckets);
+    return std::make_unique<OneDnnExecutor>(g, batch, store, buckets, precision);
   } catch (const dnnl::error& e) {
     throw std::runtime_error(std::string("oneDNN could not build the network: ") + e.what());
   }

@@ -1,5 +1,6 @@
 // The oneDNN CPU backend: primitives created once with layouts chosen by oneDNN, blocked layouts
-// kept between layers, reorders only at the edges, and no allocation inside a step.
+// kept between layers, reorders only at the edges, and no allocation inside a step. In bf16,
+// activations and convolution / inner-product arithmetic are bf16 over fp32 master weights.
 #pragma once
 
 #include <memory>
@@ -9,6 +10,7 @@
 namespace gg::kernels {
 
 std::unique_ptr<Executor> make_onednn_executor(const Graph& g, int64_t batch, ParamStore& store,
-                                               const std::vector<Bucket>& buckets);
+                                               const std::vector<Bucket>& buckets,
+                                               Precision precision);
 
 }  // namespace gg::kernels

@@ -24,6 +24,8 @@ expect "wrong type" "train.batch" -- train --config "$CFG" --train.batch lots
 expect "unknown option" "train.bogus" -- train --config "$CFG" --train.bogus 1
 expect "missing config file" "no-such.ini" -- train --config no-such.ini
 expect "unknown model" "model.name" -- train --config "$CFG" --model.name vgg99
+expect "unknown precision" "train.precision = fp8" -- train --config "$CFG" --train.precision fp8
+expect "bf16 on the reference backend" "train.precision = bf16" -- train --config "$CFG" --train.precision bf16 --train.backend reference
 expect "unknown mode" "gossip.mode" -- train --config "$CFG" --gossip.mode telepathy
 expect "missing data folder" "data.dir" -- train --config "$CFG" --data.dir /nonexistent
 expect "unknown command" "unknown command" -- frobnicate
