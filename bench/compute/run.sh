@@ -3,12 +3,13 @@
 # backend side by side with PyTorch (Debian's python3-torch, /usr/bin/python3) on the same model,
 # batch, resolution and thread count, one process each, alternating, REPEATS times per setting.
 # Writes bench/results/compute-<host>.csv and a markdown table with the ratio of the medians.
-# Usage: bench/compute/run.sh [MODEL:BATCH:RES:THREADS ...]
-#   default: resnet50:16:224:2 googlenet:16:224:2 resnet50:16:64:2
+# Usage: bench/compute/run.sh [MODEL:BATCH:RES:THREADS[:PRECISION] ...]
+#   default: resnet50:16:224:2 googlenet:16:224:2 resnet50:16:64:2 and the same in bf16
+#   PRECISION (fp32 default, or bf16) is gossipgrad's; PyTorch always runs fp32, the baseline.
 # Environment: REPEATS (default 3), STEPS (timed steps, default 10), WARMUP (default 3).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-SETTINGS=("${@:-resnet50:16:224:2 googlenet:16:224:2 resnet50:16:64:2}")
+SETTINGS=("${@:-resnet50:16:224:2 googlenet:16:224:2 resnet50:16:64:2 resnet50:16:224:2:bf16 googlenet:16:224:2:bf16 resnet50:16:64:2:bf16}")
 read -r -a SETTINGS <<<"${SETTINGS[*]}"
 REPEATS=${REPEATS:-3}
 STEPS=${STEPS:-10}
@@ -31,11 +32,12 @@ echo "impl,model,batch,res,threads,precision,median_step_s,images_per_s,peak_rss
   echo "# repeats=$REPEATS steps=$STEPS warmup=$WARMUP"
 } >"$OUT.txt"
 for s in "${SETTINGS[@]}"; do
-  IFS=: read -r model batch res threads <<<"$s"
+  IFS=: read -r model batch res threads precision <<<"$s"
   args=(--model "$model" --batch "$batch" --res "$res" --threads "$threads" --steps "$STEPS"
     --warmup "$WARMUP")
   for ((r = 1; r <= REPEATS; r++)); do
-    OMP_NUM_THREADS=$threads build/bench/gg_bench_compute "${args[@]}" | tee -a "$OUT.txt" >>"$OUT.csv"
+    OMP_NUM_THREADS=$threads build/bench/gg_bench_compute "${args[@]}" --precision "${precision:-fp32}" |
+      tee -a "$OUT.txt" >>"$OUT.csv"
     OMP_NUM_THREADS=$threads /usr/bin/python3 bench/compute/torch_bench.py "${args[@]}" |
       tee -a "$OUT.txt" >>"$OUT.csv"
   done
@@ -43,24 +45,26 @@ done
 /usr/bin/python3 - "$OUT.csv" <<'PY' >"$OUT.md"
 import csv, statistics, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
+setting = lambda r: (r["model"], r["batch"], r["res"], r["threads"])
 keys = []
 for r in rows:
-    k = (r["model"], r["batch"], r["res"], r["threads"], r["precision"])
-    if k not in keys:
+    k = setting(r) + (r["precision"],)
+    if r["impl"].startswith("gossipgrad") and k not in keys:
         keys.append(k)
-print("| model | batch | res | threads | precision | gossipgrad img/s | PyTorch img/s | ratio | "
-      "gossipgrad peak MB | PyTorch peak MB |")
+print("| model | batch | res | threads | gossipgrad precision | gossipgrad img/s | PyTorch fp32 img/s "
+      "| ratio of medians | gossipgrad peak MB | PyTorch peak MB |")
 print("|---|---|---|---|---|---|---|---|---|---|")
 for k in keys:
-    sel = [r for r in rows if (r["model"], r["batch"], r["res"], r["threads"], r["precision"]) == k]
-    ours = [float(r["images_per_s"]) for r in sel if r["impl"].startswith("gossipgrad")]
-    theirs = [float(r["images_per_s"]) for r in sel if r["impl"].startswith("pytorch")]
-    mo = [float(r["peak_rss_mb"]) for r in sel if r["impl"].startswith("gossipgrad")]
-    mt = [float(r["peak_rss_mb"]) for r in sel if r["impl"].startswith("pytorch")]
+    ours = [r for r in rows if r["impl"].startswith("gossipgrad") and setting(r) + (r["precision"],) == k]
+    # PyTorch rows of the same setting, run alternately with these (its own fp32 baseline)
+    theirs = [r for r in rows if r["impl"].startswith("pytorch") and setting(r) == k[:4]]
     if not ours or not theirs:
         continue
-    a, b = statistics.median(ours), statistics.median(theirs)
-    print(f"| {' | '.join(k)} | {a:.2f} | {b:.2f} | {a / b:.2f} | {max(mo):.0f} | {max(mt):.0f} |")
+    a = statistics.median(float(r["images_per_s"]) for r in ours)
+    b = statistics.median(float(r["images_per_s"]) for r in theirs)
+    mo = max(float(r["peak_rss_mb"]) for r in ours)
+    mt = max(float(r["peak_rss_mb"]) for r in theirs)
+    print(f"| {' | '.join(k)} | {a:.2f} | {b:.2f} | {a / b:.2f} | {mo:.0f} | {mt:.0f} |")
 PY
 cat "$OUT.md"
 echo "bench/compute: wrote $OUT.csv, $OUT.md (raw output in $OUT.txt)"

@@ -39,3 +39,13 @@ for bad in "--ranks 2,x" "--ranks 0" "--ranks 6 --gossip.schedule hypercube" "--
   [ "$(printf '%s\n' "$out" | wc -l)" -eq 1 ] || { echo "simulate $bad: not one line: $out"; exit 1; }
 done
 echo "simulate: errors ok"
+
+# Every shipped cluster config validates (paths of other machines only warn) and simulates.
+for cfg in "$ROOT"/configs/*.ini; do
+  "$BIN" train --config "$cfg" --dry-run >/dev/null 2>"${TMPDIR:-/tmp}/dry.$$" ||
+    { echo "dry-run of $cfg failed: $(cat "${TMPDIR:-/tmp}/dry.$$")"; exit 1; }
+  "$BIN" simulate --config "$cfg" --ranks 2,64 --json --simulate.forward_ms 50 \
+    --simulate.backward_ms 100 >/dev/null || { echo "simulate with $cfg failed"; exit 1; }
+done
+rm -f "${TMPDIR:-/tmp}/dry.$$"
+echo "configs: $(ls "$ROOT"/configs/*.ini | wc -l) validate and simulate"
