@@ -8,8 +8,12 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF >/de
 cmake --build build --target gossipgrad
 RUN="runs/quickstart-$(date +%Y%m%d-%H%M%S)"
 RANKS="${RANKS:-2}"
-echo "quickstart: mpirun -n $RANKS build/gossip/gossipgrad train --config configs/laptop.ini --log.metrics $RUN/metrics.jsonl --checkpoint.dir $RUN/checkpoint $*"
-mpirun -n "$RANKS" build/gossip/gossipgrad train --config configs/laptop.ini \
+# One core per rank when there are enough: the ranks' compute threads never share a core, which
+# keeps partners in step (less waiting in the exchange).
+BIND=()
+if [ "$RANKS" -le "$(nproc)" ]; then BIND=(-bind-to core); fi
+echo "quickstart: mpirun -n $RANKS ${BIND[*]} build/gossip/gossipgrad train --config configs/laptop.ini --log.metrics $RUN/metrics.jsonl --checkpoint.dir $RUN/checkpoint $*"
+mpirun -n "$RANKS" "${BIND[@]}" build/gossip/gossipgrad train --config configs/laptop.ini \
   --log.metrics "$RUN/metrics.jsonl" --checkpoint.dir "$RUN/checkpoint" "$@"
 python3 - "$RUN/metrics.jsonl" <<'PY'
 import json, sys
