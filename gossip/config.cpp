@@ -156,6 +156,14 @@ po::options_description describe(Config& c) {
      "replace an existing metrics file and checkpoint instead of refusing to start")
     ("log.progress", po::value(&c.log.progress)->default_value(c.log.progress),
      "print a live progress line")
+    ("log.timeline", po::value(&c.log.timeline)->default_value(c.log.timeline),
+     "write a timeline of the run to this JSON file (Chrome trace events: open in Perfetto or "
+     "chrome://tracing): forward/backward per layer, every bucket exchange, data, optimizer and "
+     "waits, every rank; empty: none")
+    ("log.timeline_steps",
+     po::value(&c.log.timeline_steps)->default_value(c.log.timeline_steps),
+     "how many steps from the start the timeline records (each is one event per layer, bucket "
+     "and phase on every rank)")
     ("log.interval", po::value(&c.log.interval)->default_value(c.log.interval),
      "seconds between progress lines (0.1, 3600]");
   // clang-format on
@@ -262,6 +270,7 @@ void validate(const Config& c, bool check_paths) {
           "must be >= 0");
   require(c.gossip.bucket_kb >= 1 && c.gossip.bucket_kb <= (int64_t{1} << 22), "gossip.bucket_kb",
           c.gossip.bucket_kb, "must be in [1, 4194304]");
+  require(c.log.timeline_steps >= 1, "log.timeline_steps", c.log.timeline_steps, "must be >= 1");
   require(c.log.interval > 0.1 && c.log.interval <= 3600, "log.interval", c.log.interval,
           "must be in (0.1, 3600]");
   const auto positive = [&](double v, const char* key) {
@@ -300,6 +309,9 @@ void validate(const Config& c, bool check_paths) {
                        "--log.overwrite true");
   }
   if (c.log.metrics.empty()) throw UsageError("log.metrics must name a file");
+  if (!c.log.timeline.empty() && fs::exists(c.log.timeline) && !c.log.overwrite)
+    throw UsageError("log.timeline = " + c.log.timeline +
+                     " already exists: choose a new path or pass --log.overwrite true");
   if (fs::exists(c.log.metrics) && !c.log.overwrite)
     throw UsageError("log.metrics = " + c.log.metrics +
                      " already exists: choose a new path or pass --log.overwrite true");
@@ -422,7 +434,8 @@ std::string to_ini(const Config& c) {
     << "\nbackward_ms = " << c.simulate.backward_ms << "\nupdate_ms = " << c.simulate.update_ms
     << "\nsteps = " << c.simulate.steps << "\n\n[log]\nmetrics = " << c.log.metrics
     << "\noverwrite = " << c.log.overwrite << "\nprogress = " << c.log.progress
-    << "\ninterval = " << c.log.interval << "\n";
+    << "\ninterval = " << c.log.interval << "\ntimeline = " << c.log.timeline
+    << "\ntimeline_steps = " << c.log.timeline_steps << "\n";
   return s.str();
 }
 

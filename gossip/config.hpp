@@ -87,7 +87,9 @@ struct Config {
     std::string metrics = "runs/latest/metrics.jsonl";
     bool overwrite = false;
     bool progress = true;
-    double interval = 2.0;  // seconds between progress lines
+    double interval = 2.0;         // seconds between progress lines
+    std::string timeline;          // Chrome trace events of the run (empty: none)
+    int64_t timeline_steps = 100;  // steps recorded from the start (then it stops recording)
   } log;
 };
 

@@ -20,12 +20,10 @@ void Timeline::record(std::string name, const char* cat, Clock::time_point begin
   if (!enabled_) return;
   using std::chrono::duration_cast;
   using us = std::chrono::microseconds;
-  Event e{std::move(name),
-          cat,
-          duration_cast<us>(begin - origin_).count(),
-          std::max<int64_t>(0, duration_cast<us>(end - begin).count()),
-          thread_index(),
-          std::move(args)};
+  // Both ends on the same microsecond grid, so that nested spans stay nested after rounding.
+  const int64_t ts = duration_cast<us>(begin - origin_).count();
+  const int64_t te = duration_cast<us>(end - origin_).count();
+  Event e{std::move(name), cat, ts, std::max<int64_t>(0, te - ts), thread_index(), std::move(args)};
   std::lock_guard lock(mu_);
   events_.push_back(std::move(e));
 }

@@ -121,24 +121,53 @@ void Trainer::make_exchanges() {
   }
 }
 
+void Trainer::set_timeline(Timeline* t) {
+  timeline_ = t && t->enabled() ? t : nullptr;
+  if (exchange_) exchange_->set_timeline(timeline_);
+  if (model_exchange_) model_exchange_->set_timeline(timeline_);
+  if (!timeline_) return train_exec_->set_layer_trace({});
+  timeline_->name_thread("compute");
+  train_exec_->set_layer_trace([this](int node, bool backward, Timeline::Clock::time_point a,
+                                      Timeline::Clock::time_point b) {
+    timeline_->record((backward ? "bwd " : "fwd ") + graph().node(node).name, "compute", a, b);
+  });
+}
+
 StepStats Trainer::step(const float* x, const int32_t* y) {
   StepStats s;
-  const float* logits = train_exec_->forward(x, true);
+  Timeline::Span whole(timeline_, "step " + std::to_string(step_), "step");
+  const float* logits = nullptr;
+  {
+    Timeline::Span span(timeline_, "forward", "compute");
+    logits = train_exec_->forward(x, true);
+  }
   const auto loss =
       kernels::softmax_cross_entropy(logits, y, c_.train.batch, graph().classes(), dlogits_.data());
   s.loss = loss.loss;
   s.correct = loss.correct;
   if (exchange_) {
     exchange_->begin_step(step_);
-    train_exec_->backward(dlogits_.data(), [this](int b) { exchange_->on_bucket_ready(b); });
+    {
+      Timeline::Span span(timeline_, "backward", "compute");
+      train_exec_->backward(dlogits_.data(), [this](int b) { exchange_->on_bucket_ready(b); });
+    }
+    Timeline::Span span(timeline_, "wait gradients", "wait");
     s.comm_seconds = exchange_->finish_step();
   } else {
+    Timeline::Span span(timeline_, "backward", "compute");
     train_exec_->backward(dlogits_.data(), {});
   }
   s.lr = schedule_.at(step_);
-  s.comm_seconds += flush_model();
-  sgd_.step(store().params.data(), store().grads.data(), static_cast<float>(s.lr));
+  {
+    Timeline::Span span(timeline_, "wait weights", "wait");
+    s.comm_seconds += flush_model();
+  }
+  {
+    Timeline::Span span(timeline_, "optimizer", "optimizer");
+    sgd_.step(store().params.data(), store().grads.data(), static_cast<float>(s.lr));
+  }
   if (model_exchange_) {
+    Timeline::Span span(timeline_, "start weight exchange", "comm");
     if (c_.gossip.overlap_model)
       model_exchange_->start_delayed(step_);
     else
@@ -317,6 +346,9 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
                    {"backend", c.train.backend}});
   }
 
+  world.barrier();  // the ranks' timelines start together
+  Timeline timeline(!c.log.timeline.empty());
+  trainer.set_timeline(&timeline);
   data.start(epochs);
   shuffle::Batch batch;
   RunSummary summary;
@@ -324,13 +356,22 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
   double train_seconds = 0, last_print = 0, loss_avg = 0, wait_before = 0, comm_seconds = 0;
   int64_t epoch = 0;
   for (int64_t s = 0; s < total; ++s) {
+    if (s == c.log.timeline_steps) trainer.set_timeline(nullptr);  // enough recorded
     const auto t0 = Clock::now();
-    if (!data.next(s, batch)) break;
+    bool got = false;
+    {
+      Timeline::Span span(trainer.timeline(), "data", "data");
+      got = data.next(s, batch);
+    }
+    if (!got) break;
     const double data_wait = data.wait_seconds() - wait_before;
     wait_before = data.wait_seconds();
     const StepStats st = trainer.step(batch.x.data(), batch.y.data());
     const auto t_shuffle = Clock::now();
-    data.finish_step(s);
+    {
+      Timeline::Span span(trainer.timeline(), "shuffle", "data");
+      data.finish_step(s);
+    }
     const double shuffle_wait = seconds_since(t_shuffle);
     if (!std::isfinite(st.loss))
       throw std::runtime_error("loss became " + std::to_string(st.loss) + " at step " +
@@ -367,7 +408,11 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
     }
     const bool epoch_end = (s + 1) % per_epoch == 0 || s + 1 == total;
     if (epoch_end && data.eval_source() != nullptr) {
-      const EvalStats e = trainer.evaluate(*data.eval_source(), data.eval_options());
+      EvalStats e;
+      {
+        Timeline::Span span(trainer.timeline(), "evaluate", "eval");
+        e = trainer.evaluate(*data.eval_source(), data.eval_options());
+      }
       summary.final_top1 = e.top1;
       summary.final_top5 = e.top5;
       if (lead) {
@@ -403,6 +448,11 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
     summary.steps = s + 1;
   }
   summary.wall_seconds = seconds_since(t_start);
+  if (timeline.enabled()) {
+    trainer.set_timeline(nullptr);
+    timeline.write(world, c.log.timeline);
+    if (lead) std::printf("gossipgrad: timeline written to %s\n", c.log.timeline.c_str());
+  }
   // Every rank's corrupt files and shuffled samples (a collective: every rank gets here).
   int64_t data_totals[2] = {data.skipped(), data.shuffled_samples()};
   world.allreduce_sum(data_totals, 2);

@@ -54,6 +54,9 @@ class Trainer {
 
   // One training step on this rank's local batch (train.batch samples, NCHW, normalised).
   StepStats step(const float* x, const int32_t* y);
+  // Records every step's phases, layers and bucket exchanges there (nullptr: none).
+  void set_timeline(Timeline* t);
+  Timeline* timeline() const { return timeline_; }
 
   // Top-1/top-5 over the whole data set (split across ranks) of the ranks' average model: with
   // gossip every rank holds its own model, and their average is what training converges to.
@@ -76,6 +79,7 @@ class Trainer {
 
  private:
   void make_exchanges();  // before any executor is compiled
+  Timeline* timeline_ = nullptr;
   void average_over_ranks(std::vector<float>& v);
   // Mean over ranks of ||w - avg||^2, where avg is the ranks' average of w (a collective).
   double distance_to_average(const std::vector<float>& w, const std::vector<float>& avg);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -87,6 +88,13 @@ class Executor {
   // Dropout masks are a pure function of (seed, node, step, element), where the step counts this
   // executor's training forwards from 0. Setting it (to resume a run, or to repeat a forward with
   // the same masks) makes the next training forward use `step`; later ones count on from there.
+  // Called after each node's forward or backward work with when it began and ended (per-layer
+  // timelines). Backends that do not time layers ignore it.
+  using LayerTrace =
+      std::function<void(int node, bool backward, std::chrono::steady_clock::time_point begin,
+                         std::chrono::steady_clock::time_point end)>;
+  void set_layer_trace(LayerTrace t) { trace_ = std::move(t); }
+
   uint64_t dropout_step() const { return dropout_step_; }
   void set_dropout_step(uint64_t step) { dropout_step_ = step; }
 
@@ -94,6 +102,7 @@ class Executor {
   explicit Executor(int64_t batch) : batch_(batch) {}
   int64_t batch_;
   uint64_t dropout_step_ = 0;  // backends advance it after every training forward
+  LayerTrace trace_;
 };
 
 // Builds every primitive and buffer up front; forward/backward do not allocate.

@@ -73,7 +73,10 @@ class OneDnnExecutor final : public Executor {
     for (const Node& n : nodes)
       for (int in : n.inputs) values_[in].consumers++;
     values_[g.output()].consumers++;  // the loss reads the logits too
-    for (size_t id = 0; id < nodes.size(); ++id) compile_node(static_cast<int>(id));
+    for (size_t id = 0; id < nodes.size(); ++id) {
+      compile_node(static_cast<int>(id));
+      fwd_node_.resize(fwd_.size(), static_cast<int>(id));
+    }
     loss_edge_ = edge(g.output());  // where backward puts dlogits
     // Several consumers each write their own gradient; sum them before the producer's backward.
     for (size_t id = 1; id < nodes.size(); ++id) {
@@ -104,6 +107,7 @@ class OneDnnExecutor final : public Executor {
     if (out.md != memory::desc({batch, g.classes()}, dt::f32, tag::nc))
       throw std::logic_error("oneDNN: logits are not in a plain layout");
     share_scratchpad();
+    fwd_node_.resize(fwd_.size(), fwd_node_.empty() ? 0 : fwd_node_.back());
     train_plan_ = plan(true);
     eval_plan_ = plan(false);
   }
@@ -114,9 +118,18 @@ class OneDnnExecutor final : public Executor {
     if (train && bound_ != Bound::Train) bind(Bound::Train);
     if (!train && bound_ == Bound::None) bind(Bound::Eval);
     values_[0].mem.set_data_handle(const_cast<float*>(x));
-    for (ForwardAction& f : fwd_) {
+    // The CPU stream runs primitives on this thread, in order: a node's span is its actions.
+    using Clock = std::chrono::steady_clock;
+    Clock::time_point begin{};
+    for (size_t k = 0; k < fwd_.size(); ++k) {
+      ForwardAction& f = fwd_[k];
       if ((f.when == When::Train && !train) || (f.when == When::Eval && train)) continue;
+      if (trace_ && begin == Clock::time_point{}) begin = Clock::now();
       run(f.a);
+      if (trace_ && (k + 1 == fwd_.size() || fwd_node_[k + 1] != fwd_node_[k])) {
+        trace_(fwd_node_[k], false, begin, Clock::now());
+        begin = {};
+      }
     }
     strm_.wait();
     trained_ = train;
@@ -128,7 +141,10 @@ class OneDnnExecutor final : public Executor {
     if (!trained_) throw std::logic_error("backward needs a training forward first");
     std::memcpy(loss_edge_.get_data_handle(), dlogits, sizeof(float) * batch_ * g_.classes());
     for (size_t pos = 0; pos < order_.size(); ++pos) {
+      const auto begin = std::chrono::steady_clock::now();
       for (Action& a : bwd_[order_[pos]]) run(a);
+      if (trace_ && !bwd_[order_[pos]].empty())
+        trace_(order_[pos], true, begin, std::chrono::steady_clock::now());
       if (ready && !ready_at_[pos].empty()) {  // an empty callback is allowed, as in reference
         strm_.wait();
         for (int b : ready_at_[pos]) ready(b);
@@ -818,6 +834,7 @@ class OneDnnExecutor final : public Executor {
   memory scratchpad_;
   std::vector<Value> values_;
   std::vector<ForwardAction> fwd_;
+  std::vector<int> fwd_node_;             // the node each forward action belongs to
   std::vector<std::vector<Action>> bwd_;  // per node, run in reverse node order
   std::vector<int> order_;
   std::vector<std::vector<int>> ready_at_;
