@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# bench/convergence: Fashion-MNIST accuracy of gossip against allreduce at the same
+# hyper-parameters and epochs: one rank; then for each rank count allreduce, gossip both, grad,
+# model, both without rotation, and both with the distributed shuffle. Writes
+# bench/results/convergence-<host>.{csv,md} (final top-1 per run, gap to allreduce) and two PNG
+# plots per rank count (top-1 against epoch and against wall time), from the runs' metrics.
+# Usage: bench/convergence/run.sh [RANKS...]   (default 2 4 8)
+# Environment: EPOCHS (default 12), EXTRA (more train options, e.g. "--model.width 8").
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+RANKS=("${@:-2 4 8}")
+read -r -a RANKS <<<"${RANKS[*]}"
+EPOCHS=${EPOCHS:-12}
+read -r -a EXTRA <<<"${EXTRA:-}"
+./scripts/deps.sh
+command -v gnuplot >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gnuplot-nox >/dev/null; }
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF >/dev/null
+cmake --build build --target gossipgrad >/dev/null
+OUT=bench/results/convergence-$(hostname)
+RUNS=$OUT.runs
+mkdir -p "$RUNS"
+run() { # name ranks options...
+  local name=$1 p=$2
+  shift 2
+  echo "convergence: $name ($p ranks)" >&2
+  local over=()
+  [ "$p" -le "$(nproc)" ] && over=(-bind-to core)
+  OMP_NUM_THREADS=1 mpirun -n "$p" "${over[@]}" build/gossip/gossipgrad train --config configs/laptop.ini \
+    --train.epochs "$EPOCHS" --log.metrics "$RUNS/$name.jsonl" --log.overwrite true \
+    --log.progress false "${EXTRA[@]}" "$@" >"$RUNS/$name.log" 2>&1
+}
+run "p1-single" 1 --gossip.mode allreduce
+for p in "${RANKS[@]}"; do
+  run "p$p-allreduce" "$p" --gossip.mode allreduce
+  run "p$p-gossip-both" "$p" --gossip.mode both
+  run "p$p-gossip-grad" "$p" --gossip.mode grad
+  run "p$p-gossip-model" "$p" --gossip.mode model
+  run "p$p-gossip-both-norotate" "$p" --gossip.mode both --gossip.rotate false
+  run "p$p-gossip-both-shuffle" "$p" --gossip.mode both --data.shuffle ids
+done
+python3 - "$RUNS" "$OUT" <<'PY'
+import glob, json, os, sys
+runs, out = sys.argv[1], sys.argv[2]
+rows = []
+for f in sorted(glob.glob(runs + "/*.jsonl")):
+    name = os.path.basename(f)[:-6]
+    ev = [json.loads(l) for l in open(f)]
+    evals = [e for e in ev if e["event"] == "eval"]
+    summ = [e for e in ev if e["event"] == "summary"]
+    if not evals or not summ:
+        continue
+    p = int(name.split("-")[0][1:])
+    rows.append(dict(name=name, ranks=p, run="-".join(name.split("-")[1:]), top1=evals[-1]["top1"],
+                     wall=summ[0]["wall_s"], consensus=evals[-1].get("consensus", 0.0)))
+    # curves: epoch, top1, wall seconds at that evaluation
+    t0 = None
+    with open(f"{runs}/{name}.curve", "w") as c:
+        for e in evals:
+            c.write(f"{e['epoch']} {e['top1'] * 100:.3f} {e.get('wall_s', 0):.3f}\n")
+base = {r["ranks"]: r["top1"] for r in rows if r["run"] == "allreduce"}
+with open(out + ".csv", "w") as c:
+    c.write("ranks,run,final_top1,gap_to_allreduce,wall_s,final_consensus\n")
+    for r in sorted(rows, key=lambda r: (r["ranks"], r["run"])):
+        gap = r["top1"] - base.get(r["ranks"], r["top1"])
+        c.write(f"{r['ranks']},{r['run']},{r['top1']:.4f},{gap:.4f},{r['wall']:.1f},{r['consensus']:.4g}\n")
+with open(out + ".md", "w") as m:
+    m.write("| ranks | run | final top-1 | vs allreduce | wall s | final consensus distance |\n")
+    m.write("|---|---|---|---|---|---|\n")
+    for r in sorted(rows, key=lambda r: (r["ranks"], r["run"])):
+        gap = (r["top1"] - base[r["ranks"]]) * 100 if r["ranks"] in base else 0
+        m.write(f"| {r['ranks']} | {r['run']} | {r['top1'] * 100:.2f}% | {gap:+.2f} | "
+                f"{r['wall']:.0f} | {r['consensus']:.3g} |\n")
+PY
+for p in "${RANKS[@]}"; do
+  for axis in epoch wall; do
+    col=1; xl="epoch"
+    [ "$axis" = wall ] && { col=3; xl="wall seconds"; }
+    plots=""
+    for f in "$RUNS"/p"$p"-*.curve "$RUNS"/p1-single.curve; do
+      [ -s "$f" ] || continue
+      t=$(basename "$f" .curve)
+      plots+="${plots:+, }\"$f\" using $col:2 with linespoints title \"$t\""
+    done
+    gnuplot <<GP
+set terminal pngcairo size 900,600 noenhanced
+set output "$OUT-p$p-$axis.png"
+set key bottom right
+set xlabel "$xl"
+set ylabel "test top-1 %"
+set title "Fashion-MNIST, $p ranks, gossip vs allreduce ($(hostname))"
+plot $plots
+GP
+  done
+done
+cat "$OUT.md"
+echo "bench/convergence: wrote $OUT.csv, $OUT.md and $OUT-p*-{epoch,wall}.png (runs in $RUNS)"
