@@ -43,6 +43,7 @@ struct Value {
   std::vector<memory> edges;  // per-consumer gradients when there are several
   int consumers = 0;
   bool diff_in_place = false;  // its backward writes its input's gradient over its own
+  bool relu_fused = false;     // a batch norm that applies the ReLU that reads it
 };
 
 memory::dims batched(int64_t n, const Dims& d) {
@@ -428,7 +429,12 @@ class OneDnnExecutor final : public Executor {
     const memory::desc md = values_[in].md;
     const int64_t c = n.out[0];
     const memory::desc c_md({c}, dt::f32, tag::x);
-    const auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+    // A ReLU that is the only reader of this batch norm runs inside it (fuse_norm_relu): its
+    // forward and backward passes over the tensor disappear; a bit mask (workspace) remembers
+    // where it was active.
+    const bool fuse = values_[id].consumers == 1 && reader_is_relu(id);
+    auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+    if (fuse) flags |= dnnl::normalization_flags::fuse_norm_relu;
     dnnl::batch_normalization_forward::primitive_desc fpd(
         {dnnl::prop_kind::forward_training, md, n.bn.eps, flags}, attr_, eng_);
     dnnl::batch_normalization_forward::primitive_desc ipd(
@@ -442,14 +448,12 @@ class OneDnnExecutor final : public Executor {
     const memory scale = param_mem(n.params[0], c_md, false),
                  shift = param_mem(n.params[1], c_md, false);
     const memory mean = fresh(fpd.mean_desc()), var = fresh(fpd.variance_desc());
-    push_fwd(dnnl::batch_normalization_forward(fpd),
-             {{DNNL_ARG_SRC, src},
-              {DNNL_ARG_DST, out.mem},
-              {DNNL_ARG_SCALE, scale},
-              {DNNL_ARG_SHIFT, shift},
-              {DNNL_ARG_MEAN, mean},
-              {DNNL_ARG_VARIANCE, var}},
-             When::Train);
+    out.relu_fused = fuse;
+    Args fa{{DNNL_ARG_SRC, src},     {DNNL_ARG_DST, out.mem}, {DNNL_ARG_SCALE, scale},
+            {DNNL_ARG_SHIFT, shift}, {DNNL_ARG_MEAN, mean},   {DNNL_ARG_VARIANCE, var}};
+    const memory ws = fuse ? fresh(fpd.workspace_desc()) : memory();
+    if (fuse) fa[DNNL_ARG_WORKSPACE] = ws;
+    push_fwd(dnnl::batch_normalization_forward(fpd), std::move(fa), When::Train);
     const memory run_mean = buffer_mem(n.buffers[0], c_md),
                  run_var = buffer_mem(n.buffers[1], c_md);
     // oneDNN reports the biased batch variance; PyTorch's running_var tracks the unbiased one.
@@ -489,13 +493,27 @@ class OneDnnExecutor final : public Executor {
             {DNNL_ARG_DIFF_DST, diff_of(id)},
             {DNNL_ARG_DIFF_SCALE, param_mem(n.params[0], c_md, true)},
             {DNNL_ARG_DIFF_SHIFT, param_mem(n.params[1], c_md, true)}};
+    if (fuse) ba[DNNL_ARG_WORKSPACE] = ws;
     ba[DNNL_ARG_DIFF_SRC] = in == 0 ? fresh(md) : edge(in);
     bwd_[id].push_back(Action{dnnl::batch_normalization_backward(bpd), std::move(ba), {}, {}});
+  }
+
+  bool reader_is_relu(int t) const {
+    for (const Node& n : g_.nodes())
+      if (n.op == Op::Relu && n.inputs.size() == 1 && n.inputs[0] == t) return true;
+    return false;
   }
 
   void compile_relu(int id, const Node& n) {
     const int in = n.inputs[0];
     Value& src = values_[in];
+    if (src.relu_fused) {  // the batch norm before it applied it already, forward and backward
+      Value& out = values_[id];
+      out.md = src.md;
+      out.mem = src.mem;
+      out.diff = diff_of(in);  // what the ReLU's readers write is what the batch norm reads
+      return;
+    }
     // In place when nothing else reads the input: backward then works from the output.
     const bool in_place = in != 0 && src.consumers == 1;
     const auto alg =
