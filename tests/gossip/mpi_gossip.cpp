@@ -13,19 +13,14 @@
 #include "gossip/exchange.hpp"
 #include "gossip/mpi.hpp"
 #include "partners/simulator.hpp"
+#include "tests/gossip/mpi_check.hpp"
 
 using namespace gg;
 
 namespace {
 
-int failures = 0;
-
-void check(bool ok, const std::string& what, int rank) {
-  if (!ok) {
-    std::fprintf(stderr, "rank %d: FAIL: %s\n", rank, what.c_str());
-    ++failures;
-  }
-}
+using test::check;
+using test::failures;
 
 // Buckets of uneven sizes, the last element of the buffer in bucket 0 (as backward makes them).
 std::vector<kernels::Bucket> make_layout(int64_t count) {

@@ -8,17 +8,13 @@
 
 #include "gossip/exchange.hpp"
 #include "gossip/mpi.hpp"
+#include "tests/gossip/mpi_check.hpp"
 
 using namespace gg;
 
 namespace {
-int failures = 0;
-void check(bool ok, const char* what, int rank) {
-  if (!ok) {
-    std::fprintf(stderr, "rank %d: FAIL: %s\n", rank, what);
-    ++failures;
-  }
-}
+using test::check;
+using test::failures;
 }  // namespace
 
 int main(int argc, char** argv) {

@@ -11,19 +11,14 @@
 #include "shuffle/distributed.hpp"
 #include "shuffle/loader.hpp"
 #include "shuffle/source.hpp"
+#include "tests/gossip/mpi_check.hpp"
 
 using namespace gg;
 
 namespace {
 
-int failures = 0;
-
-void check(bool ok, const std::string& what, int rank) {
-  if (!ok) {
-    std::fprintf(stderr, "rank %d: FAIL: %s\n", rank, what.c_str());
-    ++failures;
-  }
-}
+using test::check;
+using test::failures;
 
 // Trains nothing: takes every batch of `steps` steps through the shuffle and checks the global
 // invariants after each one. Returns a hash of this rank's sample sequence.
