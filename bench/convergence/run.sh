@@ -5,7 +5,8 @@
 # bench/results/convergence-<host>.{csv,md} (final top-1 per run, gap to allreduce) and two PNG
 # plots per rank count (top-1 against epoch and against wall time), from the runs' metrics.
 # Usage: bench/convergence/run.sh [RANKS...]   (default 2 4 8)
-# Environment: EPOCHS (default 12), EXTRA (more train options, e.g. "--model.width 8").
+# Environment: EPOCHS (default 12), EXTRA (more train options, e.g. "--model.width 8"),
+# VARIANTS (a subset of: single allreduce both grad model both-norotate both-shuffle).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RANKS=("${@:-2 4 8}")
@@ -29,14 +30,16 @@ run() { # name ranks options...
     --train.epochs "$EPOCHS" --log.metrics "$RUNS/$name.jsonl" --log.overwrite true \
     --log.progress false "${EXTRA[@]}" "$@" >"$RUNS/$name.log" 2>&1
 }
-run "p1-single" 1 --gossip.mode allreduce
+read -r -a VARIANTS <<<"${VARIANTS:-single allreduce both grad model both-norotate both-shuffle}"
+want() { [[ " ${VARIANTS[*]} " == *" $1 "* ]]; }
+if want single; then run "p1-single" 1 --gossip.mode allreduce; fi
 for p in "${RANKS[@]}"; do
-  run "p$p-allreduce" "$p" --gossip.mode allreduce
-  run "p$p-gossip-both" "$p" --gossip.mode both
-  run "p$p-gossip-grad" "$p" --gossip.mode grad
-  run "p$p-gossip-model" "$p" --gossip.mode model
-  run "p$p-gossip-both-norotate" "$p" --gossip.mode both --gossip.rotate false
-  run "p$p-gossip-both-shuffle" "$p" --gossip.mode both --data.shuffle ids
+  if want allreduce; then run "p$p-allreduce" "$p" --gossip.mode allreduce; fi
+  if want both; then run "p$p-gossip-both" "$p" --gossip.mode both; fi
+  if want grad; then run "p$p-gossip-grad" "$p" --gossip.mode grad; fi
+  if want model; then run "p$p-gossip-model" "$p" --gossip.mode model; fi
+  if want both-norotate; then run "p$p-gossip-both-norotate" "$p" --gossip.mode both --gossip.rotate false; fi
+  if want both-shuffle; then run "p$p-gossip-both-shuffle" "$p" --gossip.mode both --data.shuffle ids; fi
 done
 python3 - "$RUNS" "$OUT" <<'PY'
 import glob, json, os, sys
