@@ -151,8 +151,12 @@ po::options_description describe(Config& c) {
     ("fault.kill", po::value(&c.fault.kill)->default_value(c.fault.kill),
      "test hook RANK:STEP: that rank kills itself with SIGKILL at that step (not in a resumed "
      "run, nor in a restart by gossipgrad supervise)")
+    ("fault.stall", po::value(&c.fault.stall)->default_value(c.fault.stall),
+     "test hook RANK:STEP: that rank stops (SIGSTOP) at that step, a hung rank for "
+     "gossip.timeout_s (same conditions as fault.kill)")
     ("fault.nan", po::value(&c.fault.nan)->default_value(c.fault.nan),
-     "test hook: rank 0's input of this step becomes NaN (-1: never; not in a resumed run)")
+     "test hook: rank 0's weights become NaN at the start of this step (-1: never; not in a "
+     "resumed run)")
     ("network.inter_latency_us",
      po::value(&c.network.inter_latency_us)->default_value(c.network.inter_latency_us),
      "simulate: latency between nodes, microseconds")
@@ -327,7 +331,8 @@ void validate(const Config& c, bool check_paths) {
   require(std::isfinite(c.guard.lr_factor) && c.guard.lr_factor > 0 && c.guard.lr_factor <= 1,
           "guard.lr_factor", c.guard.lr_factor, "must be in (0, 1]");
   require(c.fault.nan >= -1, "fault.nan", c.fault.nan, "must be >= -1");
-  if (!c.fault.kill.empty()) parse_fault_kill(c.fault.kill);
+  if (!c.fault.kill.empty()) parse_fault_kill(c.fault.kill, "fault.kill");
+  if (!c.fault.stall.empty()) parse_fault_kill(c.fault.stall, "fault.stall");
   for (const auto& [v, key] :
        {std::pair{c.checkpoint.every, "checkpoint.every"}, {c.train.stop_at, "train.stop_at"}})
     if (v > 0 && c.checkpoint.dir.empty())
@@ -389,7 +394,7 @@ std::string one_line(std::string s) {
 
 }  // namespace
 
-std::pair<int, int64_t> parse_fault_kill(const std::string& spec) {
+std::pair<int, int64_t> parse_fault_kill(const std::string& spec, const char* key) {
   const size_t colon = spec.find(':');
   try {
     size_t a = 0, b = 0;
@@ -400,7 +405,7 @@ std::pair<int, int64_t> parse_fault_kill(const std::string& spec) {
       throw std::invalid_argument(spec);
     return {rank, step};
   } catch (const std::exception&) {
-    throw UsageError("fault.kill = " + spec + " must be RANK:STEP (two integers >= 0)");
+    throw UsageError(std::string(key) + " = " + spec + " must be RANK:STEP (two integers >= 0)");
   }
 }
 
@@ -489,7 +494,8 @@ std::string to_ini(const Config& c) {
     << "\nevery_minutes = " << c.checkpoint.every_minutes << "\nkeep = " << c.checkpoint.keep
     << "\nresume = " << c.checkpoint.resume << "\n\n[guard]\nnan_retries = " << c.guard.nan_retries
     << "\nsnapshot_every = " << c.guard.snapshot_every << "\nlr_factor = " << c.guard.lr_factor
-    << "\n\n[fault]\nkill = " << c.fault.kill << "\nnan = " << c.fault.nan
+    << "\n\n[fault]\nkill = " << c.fault.kill << "\nstall = " << c.fault.stall
+    << "\nnan = " << c.fault.nan
     << "\n\n[network]\ninter_latency_us = " << c.network.inter_latency_us
     << "\ninter_bandwidth_gbs = " << c.network.inter_bandwidth_gbs
     << "\nintra_latency_us = " << c.network.intra_latency_us

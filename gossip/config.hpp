@@ -83,8 +83,9 @@ struct Config {
   } guard;
   // Test hooks that inject failures; they fire only in a run that did not resume.
   struct {
-    std::string kill;  // "RANK:STEP": that rank raises SIGKILL at the start of that step
-    int64_t nan = -1;  // that step's input becomes NaN on rank 0 (-1: never)
+    std::string kill;   // "RANK:STEP": that rank raises SIGKILL at the start of that step
+    std::string stall;  // "RANK:STEP": that rank stops itself (SIGSTOP): a hung rank
+    int64_t nan = -1;   // rank 0's weights become NaN at that step (-1: never)
   } fault;
   // The cluster's network, for `gossipgrad simulate` (alpha-beta-gamma model).
   struct {
@@ -116,8 +117,8 @@ struct Config {
 // weights, metrics, checkpoints): for `simulate` and dry runs of another cluster's config.
 Config parse_train_args(const std::vector<std::string>& args, bool check_paths = true);
 
-// fault.kill "RANK:STEP" -> {rank, step}; throws UsageError otherwise.
-std::pair<int, int64_t> parse_fault_kill(const std::string& spec);
+// fault.kill / fault.stall "RANK:STEP" -> {rank, step}; throws UsageError naming `key`.
+std::pair<int, int64_t> parse_fault_kill(const std::string& spec, const char* key = "fault.kill");
 
 // The help text of `gossipgrad train`: every option, its default and what it does.
 std::string train_help();

@@ -298,6 +298,7 @@ void GossipExchange::worker(int id) {
         }
       }
     } catch (const PartnerTimeout& e) {
+      mpi::mark_peer_lost();
       std::lock_guard lock(mu_);
       char what[384];
       std::snprintf(what, sizeof what,

@@ -506,23 +506,11 @@ int64_t Resilience::resume() {
 }
 
 void Resilience::before_step(int64_t s, shuffle::Batch& batch) {
-  if (faults_armed_) {
-    if (!c_.fault.kill.empty()) {
-      const auto [rank, step] = parse_fault_kill(c_.fault.kill);
-      if (rank == world_.rank() && step == s) {
-        std::fprintf(stderr, "gossipgrad: rank %d: fault.kill: SIGKILL at step %lld\n", rank,
-                     static_cast<long long>(s));
-        std::fflush(stderr);
-        std::fflush(stdout);
-        std::raise(SIGKILL);
-      }
-    }
-    if (c_.fault.nan == s && world_.rank() == 0)
-      std::fill(batch.x.begin(), batch.x.end(), std::numeric_limits<float>::quiet_NaN());
-  }
+  (void)batch;
   if (c_.guard.nan_retries > 0 && (!snapshot_ || s % c_.guard.snapshot_every == 0)) {
     RankState snap;
     trainer_.capture_state(snap);
+    snap.step = s;
     // Weights that became non-finite without a NaN loss yet are no state to go back to.
     bool finite = true;
     for (float v : snap.params) finite &= std::isfinite(v);
@@ -530,11 +518,28 @@ void Resilience::before_step(int64_t s, shuffle::Batch& batch) {
     world_.allreduce_max(&bad, 1);
     if (bad == 0) snapshot_ = std::move(snap);
   }
+  if (!faults_armed_) return;
+  for (const auto& [spec, sig] : {std::pair{c_.fault.kill, SIGKILL}, {c_.fault.stall, SIGSTOP}}) {
+    if (spec.empty()) continue;
+    const auto [rank, step] = parse_fault_kill(spec);
+    if (rank != world_.rank() || step != s) continue;
+    std::fprintf(stderr, "gossipgrad: rank %d: fault hook: %s at step %lld\n", rank,
+                 sig == SIGKILL ? "SIGKILL" : "SIGSTOP", static_cast<long long>(s));
+    std::fflush(stderr);
+    std::fflush(stdout);
+    std::raise(sig);
+  }
+  // Weights that blew up: every logit, hence the loss, becomes NaN (a NaN input would not do:
+  // ReLU maps NaN to 0).
+  if (c_.fault.nan == s && world_.rank() == 0)
+    std::fill(trainer_.store().params.begin(), trainer_.store().params.end(),
+              std::numeric_limits<float>::quiet_NaN());
 }
 
 bool Resilience::after_step(int64_t s, double loss, MetricsWriter& metrics) {
+  // Every rank decides alike (a partner's NaN reaches this rank only a step later).
   double bad = std::isfinite(loss) ? 0 : 1;
-  if (c_.guard.nan_retries > 0) world_.allreduce_max(&bad, 1);
+  world_.allreduce_max(&bad, 1);
   if (bad == 0) return false;
   if (c_.guard.nan_retries == 0 || nan_restores_ >= c_.guard.nan_retries || !snapshot_) {
     std::string msg = "the loss became non-finite at step " + std::to_string(s);

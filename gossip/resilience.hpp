@@ -88,7 +88,7 @@ class Resilience {
 
   // Before step s, once its batch is there: the fault hooks and the guard's snapshot.
   void before_step(int64_t s, shuffle::Batch& batch);
-  // After step s with this rank's loss (a collective when the guard is on): a NaN/Inf loss on
+  // After step s with this rank's loss (a collective, 8 bytes): a NaN/Inf loss on
   // any rank restores every rank's last snapshot and lowers the learning rate; returns true
   // then. Throws std::runtime_error once guard.nan_retries restores are spent.
   bool after_step(int64_t s, double loss, MetricsWriter& metrics);
