@@ -574,11 +574,11 @@ bool Resilience::time_due() {
   return due != 0;
 }
 
-bool Resilience::after_step_done(int64_t s, int64_t epoch, MetricsWriter& metrics) {
+bool Resilience::after_step_done(int64_t s, int64_t epoch, bool last, MetricsWriter& metrics) {
   const int64_t done = s + 1;
-  const bool stop = c_.train.stop_at > 0 && done >= c_.train.stop_at;
+  const bool stop = c_.train.stop_at > 0 && done >= c_.train.stop_at && !last;
   bool due = c_.checkpoint.every > 0 && done % c_.checkpoint.every == 0;
-  due = time_due() || due || stop;
+  due = time_due() || due || stop || last;
   if (due && last_written_ != done && !c_.checkpoint.dir.empty()) {
     write_checkpoint(done, epoch);
     if (world_.rank() == 0)

@@ -92,9 +92,9 @@ class Resilience {
   // any rank restores every rank's last snapshot and lowers the learning rate; returns true
   // then. Throws std::runtime_error once guard.nan_retries restores are spent.
   bool after_step(int64_t s, double loss, MetricsWriter& metrics);
-  // After step s and its evaluation: a full checkpoint when one is due (a collective). Returns
-  // true when training must stop here (train.stop_at).
-  bool after_step_done(int64_t s, int64_t epoch, MetricsWriter& metrics);
+  // After step s and its evaluation: a full checkpoint when one is due, and after the `last`
+  // step of training (a collective). Returns true when training must stop here (train.stop_at).
+  bool after_step_done(int64_t s, int64_t epoch, bool last, MetricsWriter& metrics);
 
   // Writes the full checkpoint of the state after `steps` steps (a collective).
   void write_checkpoint(int64_t steps, int64_t epoch);

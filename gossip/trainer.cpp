@@ -440,7 +440,7 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
       }
     }
     summary.steps = s + 1;
-    if (resilience.after_step_done(s, epoch, metrics)) break;  // train.stop_at
+    if (resilience.after_step_done(s, epoch, s + 1 == total, metrics)) break;  // train.stop_at
   }
   summary.wall_seconds = seconds_since(t_start);
   // Every rank's corrupt files and shuffled samples (a collective: every rank gets here).
