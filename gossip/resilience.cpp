@@ -580,11 +580,13 @@ bool Resilience::after_step_done(int64_t s, int64_t epoch, bool last, MetricsWri
   bool due = c_.checkpoint.every > 0 && done % c_.checkpoint.every == 0;
   due = time_due() || due || stop || last;
   if (due && last_written_ != done && !c_.checkpoint.dir.empty()) {
+    const double t0 = now_seconds();
     write_checkpoint(done, epoch);
     if (world_.rank() == 0)
       metrics.write(
           {{"event", "full_checkpoint"},
            {"step", done},
+           {"seconds", now_seconds() - t0},
            {"dir", (fs::path(c_.checkpoint.dir) / checkpoint_folder_name(done)).string()}});
   }
   if (stop && world_.rank() == 0) {
