@@ -90,6 +90,9 @@ po::options_description describe(Config& c) {
     ("train.init_from", po::value(&c.train.init_from)->default_value(c.train.init_from),
      "start from these weights (.npz with torchvision state_dict names, e.g. from gossipgrad "
      "export) instead of a random initialisation; empty: random")
+    ("train.stop_at", po::value(&c.train.stop_at)->default_value(c.train.stop_at),
+     "stop after this many steps with a full checkpoint, as if preempted; the learning-rate "
+     "schedule still spans the whole run (0: never)")
     ("gossip.mode", po::value(&c.gossip.mode)->default_value(c.gossip.mode),
      "grad: average gradients with this step's partner; model: average weights after the "
      "update; both; allreduce: exact average over all ranks (the baseline)")
@@ -117,12 +120,43 @@ po::options_description describe(Config& c) {
      "measure the consensus distance every N steps (0: only at evaluation)")
     ("gossip.bucket_kb", po::value(&c.gossip.bucket_kb)->default_value(c.gossip.bucket_kb),
      "gradient bucket size in KiB; a bucket is exchanged as soon as backward completes it")
+    ("gossip.timeout_s", po::value(&c.gossip.timeout_s)->default_value(c.gossip.timeout_s),
+     "a rank waiting on its partner longer than this many seconds reports the partner, step and "
+     "bucket and the job stops (0: wait forever; rma not covered)")
     ("checkpoint.dir", po::value(&c.checkpoint.dir)->default_value(c.checkpoint.dir),
-     "folder for checkpoints of the ranks' average model (model.npz + meta.json, rank 0); "
-     "empty: none. An existing checkpoint there is refused unless log.overwrite")
+     "folder for checkpoints: the ranks' average model (model.npz + meta.json, rank 0) and full "
+     "checkpoints (ckpt-<step>/: every rank's state, a manifest written last); empty: none. An "
+     "existing checkpoint there is refused unless log.overwrite or checkpoint.resume")
     ("checkpoint.every_epochs",
      po::value(&c.checkpoint.every_epochs)->default_value(c.checkpoint.every_epochs),
-     "also checkpoint after every N epochs (0: only at the end of training)")
+     "also write the average model after every N epochs (0: only at the end of training)")
+    ("checkpoint.every", po::value(&c.checkpoint.every)->default_value(c.checkpoint.every),
+     "full checkpoint every N steps (0: never)")
+    ("checkpoint.every_minutes",
+     po::value(&c.checkpoint.every_minutes)->default_value(c.checkpoint.every_minutes),
+     "full checkpoint every T minutes of training (0: never)")
+    ("checkpoint.keep", po::value(&c.checkpoint.keep)->default_value(c.checkpoint.keep),
+     "full checkpoints kept, the newest [1, 1000]")
+    ("checkpoint.resume", po::value(&c.checkpoint.resume)->default_value(c.checkpoint.resume),
+     "resume from a full checkpoint: auto (the newest valid one in checkpoint.dir; none: start "
+     "afresh), or a folder (a checkpoint.dir or one ckpt-<step>); corrupt ones are skipped")
+    ("guard.nan_retries", po::value(&c.guard.nan_retries)->default_value(c.guard.nan_retries),
+     "a NaN/Inf loss restores the last in-memory snapshot and lowers the learning rate, at most "
+     "this many times; then training stops (0: stop at once) [0, 100]")
+    ("guard.snapshot_every",
+     po::value(&c.guard.snapshot_every)->default_value(c.guard.snapshot_every),
+     "steps between in-memory snapshots for the NaN guard [1, 1000000]")
+    ("guard.lr_factor", po::value(&c.guard.lr_factor)->default_value(c.guard.lr_factor),
+     "learning-rate scale applied at each NaN restore (0, 1]")
+    ("fault.kill", po::value(&c.fault.kill)->default_value(c.fault.kill),
+     "test hook RANK:STEP: that rank kills itself with SIGKILL at that step (not in a resumed "
+     "run, nor in a restart by gossipgrad supervise)")
+    ("fault.stall", po::value(&c.fault.stall)->default_value(c.fault.stall),
+     "test hook RANK:STEP: that rank stops (SIGSTOP) at that step, a hung rank for "
+     "gossip.timeout_s (same conditions as fault.kill)")
+    ("fault.nan", po::value(&c.fault.nan)->default_value(c.fault.nan),
+     "test hook: rank 0's weights become NaN at the start of this step (-1: never; not in a "
+     "resumed run)")
     ("network.inter_latency_us",
      po::value(&c.network.inter_latency_us)->default_value(c.network.inter_latency_us),
      "simulate: latency between nodes, microseconds")
@@ -291,8 +325,36 @@ void validate(const Config& c, bool check_paths) {
     require(std::isfinite(v) && v >= 0 && v < 1e9, key, v, "must be >= 0");
   require(c.simulate.steps >= 1 && c.simulate.steps <= 100000, "simulate.steps", c.simulate.steps,
           "must be in [1, 100000]");
+  require(c.train.stop_at >= 0, "train.stop_at", c.train.stop_at, "must be >= 0");
+  require(std::isfinite(c.gossip.timeout_s) && c.gossip.timeout_s >= 0 && c.gossip.timeout_s <= 1e6,
+          "gossip.timeout_s", c.gossip.timeout_s, "must be in [0, 1e6]");
+  require(c.checkpoint.every >= 0, "checkpoint.every", c.checkpoint.every, "must be >= 0");
+  require(std::isfinite(c.checkpoint.every_minutes) && c.checkpoint.every_minutes >= 0,
+          "checkpoint.every_minutes", c.checkpoint.every_minutes, "must be >= 0");
+  require(c.checkpoint.keep >= 1 && c.checkpoint.keep <= 1000, "checkpoint.keep", c.checkpoint.keep,
+          "must be in [1, 1000]");
+  require(c.guard.nan_retries >= 0 && c.guard.nan_retries <= 100, "guard.nan_retries",
+          c.guard.nan_retries, "must be in [0, 100]");
+  require(c.guard.snapshot_every >= 1 && c.guard.snapshot_every <= 1000000, "guard.snapshot_every",
+          c.guard.snapshot_every, "must be in [1, 1000000]");
+  require(std::isfinite(c.guard.lr_factor) && c.guard.lr_factor > 0 && c.guard.lr_factor <= 1,
+          "guard.lr_factor", c.guard.lr_factor, "must be in (0, 1]");
+  require(c.fault.nan >= -1, "fault.nan", c.fault.nan, "must be >= -1");
+  if (!c.fault.kill.empty()) parse_fault_kill(c.fault.kill, "fault.kill");
+  if (!c.fault.stall.empty()) parse_fault_kill(c.fault.stall, "fault.stall");
+  for (const auto& [v, key] :
+       {std::pair{c.checkpoint.every, "checkpoint.every"}, {c.train.stop_at, "train.stop_at"}})
+    if (v > 0 && c.checkpoint.dir.empty())
+      throw UsageError(std::string(key) + " = " + std::to_string(v) + " needs checkpoint.dir");
+  if (c.checkpoint.every_minutes > 0 && c.checkpoint.dir.empty())
+    throw UsageError("checkpoint.every_minutes needs checkpoint.dir");
+  if (c.checkpoint.resume == "auto" && c.checkpoint.dir.empty())
+    throw UsageError("checkpoint.resume = auto needs checkpoint.dir");
   validate_data(c, check_paths);
   if (!check_paths) return;
+  const bool resuming = !c.checkpoint.resume.empty();
+  if (resuming && c.checkpoint.resume != "auto" && !fs::is_directory(c.checkpoint.resume))
+    throw UsageError("checkpoint.resume = " + c.checkpoint.resume + " is not a folder");
   if (!c.train.init_from.empty() && !fs::is_regular_file(c.train.init_from))
     throw UsageError("train.init_from = " + c.train.init_from + " is not a file");
   require(c.checkpoint.every_epochs >= 0, "checkpoint.every_epochs", c.checkpoint.every_epochs,
@@ -303,16 +365,17 @@ void validate(const Config& c, bool check_paths) {
   if (!c.checkpoint.dir.empty()) {
     if (fs::exists(c.checkpoint.dir) && !fs::is_directory(c.checkpoint.dir))
       throw UsageError("checkpoint.dir = " + c.checkpoint.dir + " exists and is not a folder");
-    if (holds_checkpoint(c.checkpoint.dir) && !c.log.overwrite)
+    if (holds_checkpoint(c.checkpoint.dir) && !c.log.overwrite && !resuming)
       throw UsageError("checkpoint.dir = " + c.checkpoint.dir +
-                       " already holds a checkpoint: choose a new folder or pass "
-                       "--log.overwrite true");
+                       " already holds a checkpoint: choose a new folder, pass "
+                       "--checkpoint.resume auto or --log.overwrite true");
   }
   if (c.log.metrics.empty()) throw UsageError("log.metrics must name a file");
   if (!c.log.timeline.empty() && fs::exists(c.log.timeline) && !c.log.overwrite)
     throw UsageError("log.timeline = " + c.log.timeline +
                      " already exists: choose a new path or pass --log.overwrite true");
-  if (fs::exists(c.log.metrics) && !c.log.overwrite)
+  // A resumed run appends to its metrics file.
+  if (fs::exists(c.log.metrics) && !c.log.overwrite && !resuming)
     throw UsageError("log.metrics = " + c.log.metrics +
                      " already exists: choose a new path or pass --log.overwrite true");
 }
@@ -342,6 +405,21 @@ std::string one_line(std::string s) {
 }
 
 }  // namespace
+
+std::pair<int, int64_t> parse_fault_kill(const std::string& spec, const char* key) {
+  const size_t colon = spec.find(':');
+  try {
+    size_t a = 0, b = 0;
+    if (colon == std::string::npos) throw std::invalid_argument(spec);
+    const int rank = std::stoi(spec.substr(0, colon), &a);
+    const long long step = std::stoll(spec.substr(colon + 1), &b);
+    if (a != colon || b != spec.size() - colon - 1 || rank < 0 || step < 0)
+      throw std::invalid_argument(spec);
+    return {rank, step};
+  } catch (const std::exception&) {
+    throw UsageError(std::string(key) + " = " + spec + " must be RANK:STEP (two integers >= 0)");
+  }
+}
 
 Config parse_train_args(const std::vector<std::string>& args, bool check_paths) {
   Config c;
@@ -416,14 +494,20 @@ std::string to_ini(const Config& c) {
     << "\nwarmup_epochs = " << c.train.warmup_epochs << "\nseed = " << c.train.seed
     << "\nthreads = " << c.train.threads << "\nmax_steps = " << c.train.max_steps
     << "\neval_batch = " << c.train.eval_batch << "\ninit_from = " << c.train.init_from
-    << "\n\n[gossip]\nmode = " << c.gossip.mode << "\nschedule = " << c.gossip.schedule
-    << "\nrotate = " << c.gossip.rotate << "\ntransport = " << c.gossip.transport
-    << "\nthreading = " << c.gossip.threading << "\ncomm_threads = " << c.gossip.comm_threads
-    << "\nstaleness = " << c.gossip.staleness << "\noverlap_model = " << c.gossip.overlap_model
+    << "\nstop_at = " << c.train.stop_at << "\n\n[gossip]\nmode = " << c.gossip.mode
+    << "\nschedule = " << c.gossip.schedule << "\nrotate = " << c.gossip.rotate
+    << "\ntransport = " << c.gossip.transport << "\nthreading = " << c.gossip.threading
+    << "\ncomm_threads = " << c.gossip.comm_threads << "\nstaleness = " << c.gossip.staleness
+    << "\noverlap_model = " << c.gossip.overlap_model
     << "\nglobal_every = " << c.gossip.global_every
     << "\nconsensus_every = " << c.gossip.consensus_every << "\nbucket_kb = " << c.gossip.bucket_kb
-    << "\n\n[checkpoint]\ndir = " << c.checkpoint.dir
-    << "\nevery_epochs = " << c.checkpoint.every_epochs
+    << "\ntimeout_s = " << c.gossip.timeout_s << "\n\n[checkpoint]\ndir = " << c.checkpoint.dir
+    << "\nevery_epochs = " << c.checkpoint.every_epochs << "\nevery = " << c.checkpoint.every
+    << "\nevery_minutes = " << c.checkpoint.every_minutes << "\nkeep = " << c.checkpoint.keep
+    << "\nresume = " << c.checkpoint.resume << "\n\n[guard]\nnan_retries = " << c.guard.nan_retries
+    << "\nsnapshot_every = " << c.guard.snapshot_every << "\nlr_factor = " << c.guard.lr_factor
+    << "\n\n[fault]\nkill = " << c.fault.kill << "\nstall = " << c.fault.stall
+    << "\nnan = " << c.fault.nan
     << "\n\n[network]\ninter_latency_us = " << c.network.inter_latency_us
     << "\ninter_bandwidth_gbs = " << c.network.inter_bandwidth_gbs
     << "\nintra_latency_us = " << c.network.intra_latency_us

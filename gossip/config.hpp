@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace gg::gossip {
@@ -49,6 +50,7 @@ struct Config {
     int64_t max_steps = 0;  // 0: every step of every epoch
     int64_t eval_batch = 500;
     std::string init_from;  // .npz with torchvision names; empty: initialise from the seed
+    int64_t stop_at = 0;    // stop after this step with a checkpoint, as if preempted (0: never)
   } train;
   struct {
     std::string mode = "both";  // grad | model | both | allreduce
@@ -62,11 +64,29 @@ struct Config {
     int64_t global_every = 0;
     int64_t consensus_every = 50;
     int64_t bucket_kb = 512;
+    double timeout_s = 300;  // a wait on a partner longer than this is an error (0: never)
   } gossip;
   struct {
     std::string dir;           // empty: no checkpoints
-    int64_t every_epochs = 0;  // 0: only at the end of training
+    int64_t every_epochs = 0;  // average model (model.npz): 0 = only at the end of training
+    int64_t every = 0;         // full checkpoint every N steps (0: never)
+    double every_minutes = 0;  // ... and/or every T minutes of training (0: never)
+    int64_t keep = 3;          // full checkpoints kept (the newest)
+    std::string resume;        // empty | auto (the newest valid one in dir, if any) | DIR
   } checkpoint;
+  // Loss guard: a NaN/Inf loss on any rank restores the last in-memory snapshot on every rank
+  // and scales the learning rate by lr_factor, at most nan_retries times.
+  struct {
+    int nan_retries = 3;  // 0: a NaN/Inf loss stops training at once
+    int64_t snapshot_every = 100;
+    double lr_factor = 0.5;
+  } guard;
+  // Test hooks that inject failures; they fire only in a run that did not resume.
+  struct {
+    std::string kill;   // "RANK:STEP": that rank raises SIGKILL at the start of that step
+    std::string stall;  // "RANK:STEP": that rank stops itself (SIGSTOP): a hung rank
+    int64_t nan = -1;   // rank 0's weights become NaN at that step (-1: never)
+  } fault;
   // The cluster's network, for `gossipgrad simulate` (alpha-beta-gamma model).
   struct {
     double inter_latency_us = 2.0;      // between nodes
@@ -98,6 +118,9 @@ struct Config {
 // missing files. check_paths = false skips what concerns files of this machine (data, init
 // weights, metrics, checkpoints): for `simulate` and dry runs of another cluster's config.
 Config parse_train_args(const std::vector<std::string>& args, bool check_paths = true);
+
+// fault.kill / fault.stall "RANK:STEP" -> {rank, step}; throws UsageError naming `key`.
+std::pair<int, int64_t> parse_fault_kill(const std::string& spec, const char* key = "fault.kill");
 
 // The help text of `gossipgrad train`: every option, its default and what it does.
 std::string train_help();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <sstream>
 #include <thread>
 
 namespace gg::gossip {
@@ -154,12 +155,32 @@ std::string TrainingData::describe() const {
   return s;
 }
 
-void TrainingData::start(int64_t epochs) {
+void TrainingData::start(int64_t epochs, int64_t first_step) {
+  const int64_t first_epoch = std::min(first_step / steps_per_epoch_, epochs);
+  const int64_t first_batch = first_epoch < epochs ? first_step % steps_per_epoch_ : 0;
   if (shuffle_)
-    loader_ = std::make_unique<shuffle::PrefetchLoader>(shuffle_->source(), lo_, 0, epochs,
-                                                        shuffle_.get());
+    loader_ = std::make_unique<shuffle::PrefetchLoader>(
+        shuffle_->source(), lo_, first_epoch, epochs - first_epoch, shuffle_.get(), first_batch);
   else
-    loader_ = std::make_unique<shuffle::PrefetchLoader>(*train_, lo_, 0, epochs);
+    loader_ = std::make_unique<shuffle::PrefetchLoader>(*train_, lo_, first_epoch,
+                                                        epochs - first_epoch, nullptr, first_batch);
+}
+
+std::vector<uint8_t> TrainingData::save_shuffle() const {
+  if (!shuffle_) return {};
+  std::ostringstream out;
+  shuffle_->save(out);
+  const std::string s = out.str();
+  return {s.begin(), s.end()};
+}
+
+void TrainingData::restore_shuffle(const std::vector<uint8_t>& state) {
+  std::istringstream in(std::string(state.begin(), state.end()));
+  shuffle_->restore(in);
+}
+
+void TrainingData::shuffle_start_at(int64_t step) {
+  if (shuffle_) shuffle_->start_at(step);
 }
 
 bool TrainingData::next(int64_t step, shuffle::Batch& batch) {

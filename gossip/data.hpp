@@ -54,8 +54,15 @@ class TrainingData {
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
   std::string describe() const;  // one line: source, sizes, shuffle
 
-  // Starts the loader for `epochs` epochs from epoch 0.
-  void start(int64_t epochs);
+  // Starts the loader for epochs [0, epochs), at step `first_step` (a resumed run).
+  void start(int64_t epochs, int64_t first_step = 0);
+  // The distributed shuffle's state, for checkpoints (empty with data.shuffle = off), and back;
+  // before start(). shuffle_start_at: the samples are reassigned afresh, training starting at
+  // `step` (a checkpoint of another rank count).
+  bool shuffles() const { return shuffle_ != nullptr; }
+  std::vector<uint8_t> save_shuffle() const;
+  void restore_shuffle(const std::vector<uint8_t>& state);
+  void shuffle_start_at(int64_t step);
   // The batch of step `step`; with the shuffle on, its exchange starts here.
   bool next(int64_t step, shuffle::Batch& batch);
   // After the step's forward/backward: completes the shuffle exchange of `step`.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 
 namespace gg::gossip {
 
@@ -103,6 +104,7 @@ GossipExchange::GossipExchange(const mpi::Comm& world, float* buffer,
   layout.count = buckets_.empty() ? 0 : buckets_.front().end;
   layout.buckets = buckets_;
   transport_ = make_transport(o_.transport, comm_, layout, buffer_ == nullptr);
+  transport_->set_timeout(o_.timeout_s);
   if (!buffer_) {
     buffer_ = transport_->shared_home();
     if (!buffer_) {
@@ -147,7 +149,7 @@ partners::Partners GossipExchange::partners_at(int64_t step) const {
 
 void GossipExchange::begin_step(int64_t step) {
   const partners::Partners peers = partners_at(step);
-  transport_->begin_step(peers.recv_from, peers.send_to, step);
+  transport_->begin_step(peers.recv_from, peers.send_to, step - first_step_);
   std::lock_guard lock(mu_);
   step_ = step;
   peers_ = peers;
@@ -181,18 +183,20 @@ void GossipExchange::on_bucket_ready(int b) {
 
 void GossipExchange::start(Job& j) {
   j.started = Timeline::Clock::now();
-  if (in_place(j.peers)) return transport_->publish(j.peers.send_to, j.step, j.bucket);
-  transport_->expect(j.peers.recv_from, j.step, j.bucket);
-  transport_->send(j.peers.send_to, j.step, j.bucket, source(j.bucket));
+  const int64_t t = j.step - first_step_;
+  if (in_place(j.peers)) return transport_->publish(j.peers.send_to, t, j.bucket);
+  transport_->expect(j.peers.recv_from, t, j.bucket);
+  transport_->send(j.peers.send_to, t, j.bucket, source(j.bucket));
 }
 
 void GossipExchange::complete(const Job& j) {
-  if (in_place(j.peers)) return transport_->average_in_place(j.peers.send_to, j.step, j.bucket);
+  const int64_t t = j.step - first_step_;
+  if (in_place(j.peers)) return transport_->average_in_place(j.peers.send_to, t, j.bucket);
   const kernels::Bucket& k = buckets_[j.bucket];
-  const float* in = transport_->received(j.peers.recv_from, j.step, j.bucket);
+  const float* in = transport_->received(j.peers.recv_from, t, j.bucket);
   // The outgoing bucket may still be read by MPI (p2p rendezvous) until the send completes:
   // only then may it be overwritten by the mix.
-  transport_->finish_send(j.peers.send_to, j.step, j.bucket);
+  transport_->finish_send(j.peers.send_to, t, j.bucket);
   if (o_.delayed) {
     const float* mine = send_stage_.data() + k.begin;
     float* d = delta_.data() + k.begin;
@@ -205,7 +209,7 @@ void GossipExchange::complete(const Job& j) {
     std::copy(in, in + k.size(), latest_.begin() + k.begin);
     latest_step_[j.bucket] = j.step;
   }
-  transport_->release(j.peers.recv_from, j.step, j.bucket);
+  transport_->release(j.peers.recv_from, t, j.bucket);
 }
 
 void GossipExchange::mark_done(const Job& j) {
@@ -273,10 +277,10 @@ void GossipExchange::worker(int id) {
         // Put each bucket as it comes; once the step's last one is out, close the epoch and mix.
         for (Job& j : batch) {
           j.started = Timeline::Clock::now();
-          transport_->send(j.peers.send_to, j.step, j.bucket, source(j.bucket));
+          transport_->send(j.peers.send_to, j.step - first_step_, j.bucket, source(j.bucket));
           if (++sent_ < static_cast<int>(buckets_.size())) continue;
           sent_ = 0;
-          transport_->end_sends(j.peers.send_to, j.step);
+          transport_->end_sends(j.peers.send_to, j.step - first_step_);
           for (int k = 0; k < static_cast<int>(buckets_.size()); ++k) {
             const Job done{j.step, k, j.peers, j.started};
             complete(done);
@@ -293,6 +297,17 @@ void GossipExchange::worker(int id) {
           mark_done(j);
         }
       }
+    } catch (const PartnerTimeout& e) {
+      mpi::mark_peer_lost();
+      std::lock_guard lock(mu_);
+      char what[384];
+      std::snprintf(what, sizeof what,
+                    "gossip: rank %d waited more than %g s for rank %d at step %lld, bucket %d "
+                    "(%s); that rank died or hangs",
+                    rank_, o_.timeout_s, e.peer, static_cast<long long>(step_), e.bucket, e.what());
+      error_ = std::make_exception_ptr(std::runtime_error(what));
+      cv_.notify_all();
+      return;
     } catch (...) {
       std::lock_guard lock(mu_);
       error_ = std::current_exception();
@@ -342,10 +357,33 @@ void GossipExchange::start_delayed(int64_t step) {
   pending_ = true;
 }
 
+void GossipExchange::settle_delayed() {
+  if (!pending_ || settled_) return;
+  finish_step();
+  settled_ = true;
+}
+
+std::vector<float> GossipExchange::delayed_delta() {
+  if (!pending_) return {};
+  settle_delayed();
+  return delta_;
+}
+
+void GossipExchange::set_delayed_delta(const std::vector<float>& delta) {
+  if (!o_.delayed) throw std::logic_error("set_delayed_delta on an exchange built without delayed");
+  if (pending_) finish_delayed();
+  if (delta.empty()) return;
+  if (delta.size() != delta_.size())
+    throw std::invalid_argument("delayed correction of " + std::to_string(delta.size()) +
+                                " values for a buffer of " + std::to_string(delta_.size()));
+  delta_ = delta;
+  pending_ = settled_ = true;
+}
+
 double GossipExchange::finish_delayed() {
   if (!pending_) return 0;
-  const double waited = finish_step();
-  pending_ = false;
+  const double waited = settled_ ? 0.0 : finish_step();
+  pending_ = settled_ = false;
   const int64_t n = static_cast<int64_t>(delta_.size());
   for (int64_t i = 0; i < n; ++i) buffer_[i] += delta_[i];
   return waited;

@@ -72,6 +72,7 @@ struct GossipOptions {
   int comm_threads = 2;                // concurrent only
   int staleness = 0;     // 0: wait for the partner; 1: never wait, mix what has arrived
   bool delayed = false;  // start_delayed/finish_delayed: mix as a correction applied later
+  double timeout_s = 0;  // a wait on a partner longer than this fails the step (0: never)
 };
 
 // Gossip: bucket b is averaged with the same bucket of this step's partner, x = (x + x_from) / 2,
@@ -105,6 +106,16 @@ class GossipExchange final : public GradientExchange {
   // seconds it waited; does nothing when no exchange is pending.
   void start_delayed(int64_t step);
   double finish_delayed();
+  // Checkpoints and snapshots of the delayed exchange: settle_delayed() waits for a pending
+  // exchange and computes its correction without applying it (the numbers stay those of an
+  // uninterrupted run); delayed_delta() is that correction (empty when none is pending), and
+  // set_delayed_delta() makes a saved one pending again, applied by the next finish_delayed().
+  void settle_delayed();
+  std::vector<float> delayed_delta();
+  void set_delayed_delta(const std::vector<float>& delta);
+  // The first step this process exchanges (a resumed run): transports count their steps from
+  // it, as in a fresh run, while partners still follow the global step. Before any step.
+  void set_first_step(int64_t step) { first_step_ = step; }
   partners::Partners partners_at(int64_t step) const;
   float* buffer() const { return buffer_; }
   // Whether a bucket exchanged in `step` is averaged in place (no copy).
@@ -138,6 +149,8 @@ class GossipExchange final : public GradientExchange {
   std::vector<int64_t> completed_;    // step whose exchange of bucket b finished, -1 = none
   std::vector<float> delta_;          // delayed: (partner - snapshot) / 2, per element
   bool pending_ = false;              // delayed: an exchange was started and not yet applied
+  bool settled_ = false;              // delayed: ... and its delta_ is already computed
+  int64_t first_step_ = 0;            // transports see step - first_step_
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> queue_;

@@ -14,6 +14,7 @@
 #include "gossip/mpi.hpp"
 #include "gossip/pack_cmd.hpp"
 #include "gossip/simulate.hpp"
+#include "gossip/supervise.hpp"
 #include "gossip/trainer.hpp"
 #include "kernels/models.hpp"
 #include "kernels/net.hpp"
@@ -38,6 +39,8 @@ constexpr const char* kUsage =
     "  gossipgrad partners --ranks P [--schedule S] [--rotate] [--steps T] [--seed N] [--json]\n"
     "  gossipgrad simulate --config FILE --ranks 2,4,...,4096 [--json] [--section.key value ...]\n"
     "  gossipgrad pack --input DIR --output DIR [--shard-size MB] [--threads N] [--shuffle SEED]\n"
+    "  gossipgrad supervise [--max-restarts N] [--shrink-on-failure] -- mpirun -n P gossipgrad "
+    "train ...\n"
     "  gossipgrad help | --help | COMMAND --help\n\n"
     "commands:\n"
     "  train   train a model on this rank's share of the data (run under mpirun)\n"
@@ -46,7 +49,8 @@ constexpr const char* kUsage =
     "  infer   logits (eval mode) of a model with .npz weights for the images in a .npy file\n"
     "  partners  print who talks to whom at each step, and how fast the schedule mixes\n"
     "  simulate  predict step time and efficiency of gossip vs allreduce at many rank counts\n"
-    "  pack    image folder (ImageNet layout) -> tar shards for data.source = shards:DIR\n\n"
+    "  pack    image folder (ImageNet layout) -> tar shards for data.source = shards:DIR\n"
+    "  supervise  run a training job, restarting it from its latest checkpoint when it dies\n\n"
     "example: mpirun -n 2 gossipgrad train --config configs/laptop.ini\n";
 
 gg::kernels::Dims parse_dims(const std::string& s) {
@@ -536,6 +540,7 @@ int main(int argc, char** argv) {
     if (cmd == "infer") return cmd_infer(rest);
     if (cmd == "simulate") return gg::gossip::run_simulate(rest);
     if (cmd == "pack") return gg::gossip::cmd_pack(rest);
+    if (cmd == "supervise") return gg::gossip::cmd_supervise(rest);
     throw UsageError("unknown command '" + cmd + "' (try gossipgrad --help)");
   } catch (const UsageError& e) {
     std::fprintf(stderr, "gossipgrad: error: %s\n", e.what());

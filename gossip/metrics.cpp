@@ -5,13 +5,13 @@
 
 namespace gg::gossip {
 
-MetricsWriter::MetricsWriter(const std::string& path, bool overwrite) {
+MetricsWriter::MetricsWriter(const std::string& path, bool overwrite, bool append) {
   namespace fs = std::filesystem;
   const fs::path p(path);
-  if (fs::exists(p) && !overwrite)
+  if (fs::exists(p) && !overwrite && !append)
     throw std::runtime_error("metrics file " + path + " already exists; refusing to overwrite it");
   if (p.has_parent_path()) fs::create_directories(p.parent_path());
-  out_.open(p, std::ios::trunc);
+  out_.open(p, append ? std::ios::app : std::ios::trunc);
   if (!out_) throw std::runtime_error("cannot write the metrics file " + path);
 }
 

@@ -11,7 +11,8 @@ namespace gg::gossip {
 class MetricsWriter {
  public:
   MetricsWriter() = default;  // disabled: write() does nothing (ranks other than 0)
-  MetricsWriter(const std::string& path, bool overwrite);
+  // `append`: add to an existing file (a resumed run) instead of refusing or replacing it.
+  MetricsWriter(const std::string& path, bool overwrite, bool append = false);
   void write(const nlohmann::json& event);
   bool enabled() const { return out_.is_open(); }
 

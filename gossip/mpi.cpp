@@ -1,6 +1,7 @@
 #include "gossip/mpi.hpp"
 
 #include <algorithm>
+#include <atomic>
 
 namespace gg::mpi {
 
@@ -142,8 +143,15 @@ Window::Window(const Comm& comm, int64_t bytes, Kind kind) : bytes_(bytes), kind
   GG_MPI_CHECK(MPI_Win_set_errhandler(w_, MPI_ERRORS_RETURN));
 }
 
+namespace {
+std::atomic<bool> g_peer_lost{false};
+}  // namespace
+
+void mark_peer_lost() { g_peer_lost = true; }
+bool peer_lost() { return g_peer_lost; }
+
 Window::~Window() {
-  if (w_ != MPI_WIN_NULL) MPI_Win_free(&w_);
+  if (w_ != MPI_WIN_NULL && !peer_lost()) MPI_Win_free(&w_);
 }
 
 void* Window::shared_base(int rank) const {

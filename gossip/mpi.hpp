@@ -38,6 +38,11 @@ class Environment {
   int provided_ = 0;
 };
 
+// Set once a partner is known to be dead or hung (a wait on it timed out): collective teardown
+// (MPI_Win_free) would block forever, so windows are then left to MPI_Abort instead of freed.
+void mark_peer_lost();
+bool peer_lost();
+
 // A communicator; owns (and frees) the ones it created by splitting or duplicating.
 class Comm {
  public:

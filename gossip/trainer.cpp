@@ -10,6 +10,7 @@
 
 #include "gossip/checkpoint.hpp"
 #include "gossip/data.hpp"
+#include "gossip/resilience.hpp"
 #include "kernels/loss.hpp"
 #include "kernels/weights.hpp"
 #include "shuffle/loader.hpp"
@@ -102,6 +103,7 @@ void Trainer::make_exchanges() {
   o.threading = c.gossip.threading;
   o.comm_threads = c.gossip.comm_threads;
   o.staleness = c.gossip.staleness;
+  o.timeout_s = c.gossip.timeout_s;
   try {
     if (c.gossip.mode == "grad" || c.gossip.mode == "both") {
       // The exchange provides the gradient buffer: in shared memory, partners on this node that
@@ -157,7 +159,7 @@ StepStats Trainer::step(const float* x, const int32_t* y) {
     Timeline::Span span(timeline_, "backward", "compute");
     train_exec_->backward(dlogits_.data(), {});
   }
-  s.lr = schedule_.at(step_);
+  s.lr = schedule_.at(step_) * lr_scale_;
   {
     Timeline::Span span(timeline_, "wait weights", "wait");
     s.comm_seconds += flush_model();
@@ -229,6 +231,39 @@ EvalStats Trainer::evaluate(const shuffle::SampleSource& data, shuffle::LoaderOp
   store().buffers = own_buffers;
   e.consensus = consensus;
   return e;
+}
+
+void Trainer::capture_state(RankState& s) {
+  s.step = step_;
+  s.lr_scale = lr_scale_;
+  s.dropout_step = train_exec_->dropout_step();
+  s.sgd_started = sgd_.started();
+  s.params = store().params;
+  s.buffers = store().buffers;
+  s.velocity = sgd_.velocity();
+  s.delayed_delta.clear();
+  if (model_exchange_ && c_.gossip.overlap_model)
+    s.delayed_delta = model_exchange_->delayed_delta();
+}
+
+void Trainer::restore_model(const RankState& s) {
+  if (s.params.size() != store().params.size() || s.buffers.size() != store().buffers.size() ||
+      s.velocity.size() != sgd_.velocity().size())
+    throw std::invalid_argument("the saved state does not fit this model");
+  // A weight exchange still in flight completes (its partner waits for it) and is then replaced.
+  if (model_exchange_ && c_.gossip.overlap_model)
+    model_exchange_->set_delayed_delta(s.delayed_delta);
+  std::copy(s.params.begin(), s.params.end(), store().params.begin());
+  std::copy(s.buffers.begin(), s.buffers.end(), store().buffers.begin());
+  std::copy(s.velocity.begin(), s.velocity.end(), sgd_.velocity().begin());
+  sgd_.set_started(s.sgd_started);
+}
+
+void Trainer::resume_at(int64_t step, uint64_t dropout_step) {
+  step_ = step;
+  train_exec_->set_dropout_step(dropout_step);
+  if (auto* g = dynamic_cast<GossipExchange*>(exchange_.get())) g->set_first_step(step);
+  if (model_exchange_) model_exchange_->set_first_step(step);
 }
 
 void Trainer::load_initial_weights() {
@@ -307,10 +342,12 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
   const int64_t epochs = (total + per_epoch - 1) / per_epoch;
 
   Trainer trainer(c, world, data.input(), data.classes(), total, per_epoch);
-  MetricsWriter metrics;
-  if (lead) metrics = MetricsWriter(c.log.metrics, c.log.overwrite);
   CheckpointMeta checkpoint;
   checkpoint.model = model_spec(c, world.rank(), data.input(), data.classes());
+  Resilience resilience(c, world, trainer, data, model_spec(c, 0, data.input(), data.classes()));
+  const int64_t first = resilience.resume();
+  MetricsWriter metrics;  // a resumed run appends
+  if (lead) metrics = MetricsWriter(c.log.metrics, c.log.overwrite, !c.checkpoint.resume.empty());
   checkpoint.ranks = ranks;
   // Pixel sources: x = (pixel/255 - mean) / std. (JPEG sources normalise per channel.)
   checkpoint.input_mean = data.eval_options().norm.mean;
@@ -342,6 +379,7 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
                    {"params", trainer.graph().param_count()},
                    {"global_batch", global_batch},
                    {"steps", total},
+                   {"first_step", first},
                    {"mode", c.gossip.mode},
                    {"backend", c.train.backend}});
   }
@@ -349,14 +387,15 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
   world.barrier();  // the ranks' timelines start together
   Timeline timeline(!c.log.timeline.empty());
   trainer.set_timeline(&timeline);
-  data.start(epochs);
+  data.start(epochs, first);
   shuffle::Batch batch;
   RunSummary summary;
   const auto t_start = Clock::now();
   double train_seconds = 0, last_print = 0, loss_avg = 0, wait_before = 0, comm_seconds = 0;
   int64_t epoch = 0;
-  for (int64_t s = 0; s < total; ++s) {
-    if (s == c.log.timeline_steps) trainer.set_timeline(nullptr);  // enough recorded
+  summary.steps = first;
+  for (int64_t s = first; s < total; ++s) {
+    if (s == first + c.log.timeline_steps) trainer.set_timeline(nullptr);  // enough recorded
     const auto t0 = Clock::now();
     bool got = false;
     {
@@ -364,6 +403,7 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
       got = data.next(s, batch);
     }
     if (!got) break;
+    resilience.before_step(s, batch);
     const double data_wait = data.wait_seconds() - wait_before;
     wait_before = data.wait_seconds();
     const StepStats st = trainer.step(batch.x.data(), batch.y.data());
@@ -373,15 +413,14 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
       data.finish_step(s);
     }
     const double shuffle_wait = seconds_since(t_shuffle);
-    if (!std::isfinite(st.loss))
-      throw std::runtime_error("loss became " + std::to_string(st.loss) + " at step " +
-                               std::to_string(s) + "; lower train.lr");
+    // A NaN/Inf loss on any rank: every rank goes back to its last good state (or training stops).
+    const bool restored = resilience.after_step(s, st.loss, metrics);
     const double dt = seconds_since(t0);
     train_seconds += dt;
     comm_seconds += st.comm_seconds;
-    loss_avg = s == 0 ? st.loss : 0.95 * loss_avg + 0.05 * st.loss;
+    if (!restored) loss_avg = s == first ? st.loss : 0.95 * loss_avg + 0.05 * st.loss;
     epoch = batch.epoch;
-    if (lead) {
+    if (lead && !restored) {
       metrics.write({{"event", "step"},
                      {"step", s},
                      {"epoch", epoch},
@@ -398,7 +437,7 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
       const double now = seconds_since(t_start);
       if (c.log.progress && (now - last_print >= c.log.interval || s + 1 == total)) {
         last_print = now;
-        const double ips = global_batch * (s + 1) / train_seconds;
+        const double ips = global_batch * (s + 1 - first) / train_seconds;
         std::printf("step %6lld/%lld  epoch %lld/%lld  loss %.4f  lr %.4f  %.0f img/s  ETA %s\n",
                     static_cast<long long>(s + 1), static_cast<long long>(total),
                     static_cast<long long>(epoch + 1), static_cast<long long>(epochs), loss_avg,
@@ -446,6 +485,7 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
       }
     }
     summary.steps = s + 1;
+    if (resilience.after_step_done(s, epoch, s + 1 == total, metrics)) break;  // train.stop_at
   }
   summary.wall_seconds = seconds_since(t_start);
   if (timeline.enabled()) {
@@ -457,7 +497,8 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
   int64_t data_totals[2] = {data.skipped(), data.shuffled_samples()};
   world.allreduce_sum(data_totals, 2);
   summary.skipped_samples = data_totals[0];
-  summary.images_per_second = train_seconds > 0 ? global_batch * summary.steps / train_seconds : 0;
+  summary.images_per_second =
+      train_seconds > 0 ? global_batch * (summary.steps - first) / train_seconds : 0;
   if (lead) {
     const double comm_share = train_seconds > 0 ? comm_seconds / train_seconds : 0;
     char final_eval[64] = "no evaluation data";

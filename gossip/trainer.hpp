@@ -11,6 +11,7 @@
 #include "gossip/exchange.hpp"
 #include "gossip/metrics.hpp"
 #include "gossip/mpi.hpp"
+#include "gossip/rank_state.hpp"
 #include "kernels/executor.hpp"
 #include "kernels/models.hpp"
 #include "kernels/net.hpp"
@@ -77,6 +78,15 @@ class Trainer {
   kernels::ParamStore& store() { return net_.store(); }
   int64_t steps_done() const { return step_; }
 
+  // Resilience (gossip/resilience.hpp). capture_state fills the model part of a RankState
+  // (weights, running statistics, momentum, a pending weight exchange's correction, counters)
+  // without changing what training computes next; restore_model puts a captured model back;
+  // resume_at makes this freshly built trainer continue at `step`, before its first step.
+  void capture_state(RankState& s);
+  void restore_model(const RankState& s);
+  void resume_at(int64_t step, uint64_t dropout_step);
+  void set_lr_scale(double scale) { lr_scale_ = scale; }
+
  private:
   void make_exchanges();  // before any executor is compiled
   Timeline* timeline_ = nullptr;
@@ -97,6 +107,7 @@ class Trainer {
   kernels::LrSchedule schedule_;
   std::vector<float> dlogits_;
   int64_t step_ = 0;
+  double lr_scale_ = 1;  // the NaN guard lowers it
 };
 
 // The whole `gossipgrad train` job: data, training loop, per-epoch evaluation, metrics,

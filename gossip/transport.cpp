@@ -17,16 +17,25 @@ int checked_count(const kernels::Bucket& b) {
 }
 
 // Waits for a flag another process sets, without burning a core when ranks outnumber cores:
-// spin briefly, then yield, then sleep in short naps.
+// spin briefly, then yield, then sleep in short naps. With timeout_s > 0, a wait longer than
+// that throws PartnerTimeout naming `peer`, `bucket` and `what` was awaited.
 template <typename Ready>
-void wait_until(Ready ready) {
+void wait_until(Ready ready, double timeout_s = 0, int peer = -1, int bucket = -1,
+                const char* what = "") {
   for (int i = 0; i < 2000; ++i)
     if (ready()) return;
   for (int i = 0; i < 200; ++i) {
     if (ready()) return;
     sched_yield();
   }
-  while (!ready()) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  const auto t0 = std::chrono::steady_clock::now();
+  int naps = 0;
+  while (!ready()) {
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+    if (timeout_s > 0 && ++naps % 512 == 0 &&
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > timeout_s)
+      throw PartnerTimeout(peer, bucket, what);
+  }
 }
 
 // Floats, rounded up to whole cache lines, so that two ranks writing neighbouring ranges never
@@ -64,11 +73,19 @@ class P2pTransport final : public Transport {
     GG_MPI_CHECK(
         MPI_Isend(data, checked_count(k), MPI_FLOAT, to, b, comm_.get(), send_req_[b].out()));
   }
-  const float* received(int, int64_t, int b) override {
-    recv_req_[b].wait();
+  const float* received(int from, int64_t, int b) override {
+    if (timeout_s_ > 0)
+      wait_until([&] { return recv_req_[b].test(); }, timeout_s_, from, b, "p2p receive");
+    else
+      recv_req_[b].wait();
     return recv_.data() + layout_.buckets[b].begin;
   }
-  void finish_send(int, int64_t, int b) override { send_req_[b].wait(); }
+  void finish_send(int to, int64_t, int b) override {
+    if (timeout_s_ > 0)
+      wait_until([&] { return send_req_[b].test(); }, timeout_s_, to, b, "p2p send");
+    else
+      send_req_[b].wait();
+  }
   void release(int, int64_t, int) override {}
 
  private:
@@ -190,7 +207,8 @@ class ShmTransport final : public Transport {
     char* mine = segments_[self_];
     char* theirs = segment(peer);
     std::atomic_ref<int64_t> published(flag(theirs, kPublished, b));
-    wait_until([&] { return published.load(std::memory_order_acquire) >= step + 1; });
+    wait_until([&] { return published.load(std::memory_order_acquire) >= step + 1; }, timeout_s_,
+               peer, b, "shm in-place average: the partner's bucket");
     const kernels::Bucket& k = layout_.buckets[b];
     const int64_t half = std::min(k.size(), line_up(k.size() / 2));
     const int64_t lo = rank_ < peer ? 0 : half, hi = rank_ < peer ? half : k.size();
@@ -205,7 +223,8 @@ class ShmTransport final : public Transport {
     // Nobody sent into this step's receive slot: it is free for the sender two steps on.
     release(peer, step, b);
     std::atomic_ref<int64_t> averaged(flag(theirs, kAveraged, b));
-    wait_until([&] { return averaged.load(std::memory_order_acquire) >= step + 1; });
+    wait_until([&] { return averaged.load(std::memory_order_acquire) >= step + 1; }, timeout_s_,
+               peer, b, "shm in-place average: the partner's half");
   }
 
   void expect(int, int64_t, int) override {}
@@ -214,16 +233,18 @@ class ShmTransport final : public Transport {
     const int slot = static_cast<int>(step & 1);
     // The slot was last used at step - 2; the receiver must have mixed it.
     std::atomic_ref<int64_t> done(flag(seg, 2 + slot, b));
-    wait_until([&] { return done.load(std::memory_order_acquire) >= step - 1; });
+    wait_until([&] { return done.load(std::memory_order_acquire) >= step - 1; }, timeout_s_, to, b,
+               "shm send: the partner to free its receive slot");
     const kernels::Bucket& k = layout_.buckets[b];
     std::memcpy(payload(seg, slot) + k.begin, data, k.size() * sizeof(float));
     std::atomic_ref<int64_t>(flag(seg, slot, b)).store(step + 1, std::memory_order_release);
   }
-  const float* received(int, int64_t step, int b) override {
+  const float* received(int from, int64_t step, int b) override {
     char* seg = segments_[node_rank_self()];
     const int slot = static_cast<int>(step & 1);
     std::atomic_ref<int64_t> ready(flag(seg, slot, b));
-    wait_until([&] { return ready.load(std::memory_order_acquire) == step + 1; });
+    wait_until([&] { return ready.load(std::memory_order_acquire) == step + 1; }, timeout_s_, from,
+               b, "shm receive");
     return payload(seg, slot) + layout_.buckets[b].begin;
   }
   void release(int, int64_t step, int b) override {
@@ -277,6 +298,10 @@ class AutoTransport final : public Transport {
     if (multi_node) remote_ = make_p2p_transport(comm, layout);
   }
   const char* name() const override { return remote_ ? (shm_ ? "auto" : "p2p") : "shm"; }
+  void set_timeout(double seconds) override {
+    for (Transport* t : {shm_.get(), remote_.get()})
+      if (t) t->set_timeout(seconds);
+  }
   void begin_step(int from, int to, int64_t t) override {
     // Both halves of a step go through shm or p2p, which need no per-step set-up.
     (void)from, (void)to, (void)t;

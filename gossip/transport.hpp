@@ -24,6 +24,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -32,10 +33,22 @@
 
 namespace gg::gossip {
 
+// A wait on a partner that lasted longer than the transport's timeout: the partner died or hangs.
+// The exchange adds the step and turns it into a message naming both ranks.
+struct PartnerTimeout : std::runtime_error {
+  PartnerTimeout(int peer, int bucket, const std::string& what)
+      : std::runtime_error(what), peer(peer), bucket(bucket) {}
+  int peer;
+  int bucket;
+};
+
 class Transport {
  public:
   virtual ~Transport() = default;
   virtual const char* name() const = 0;
+  // Waits on a partner (shm flags, p2p requests) give up with PartnerTimeout after `seconds`
+  // (0: wait forever, the default). rma's MPI_Win_wait is not covered.
+  virtual void set_timeout(double seconds) { timeout_s_ = seconds; }
   virtual void begin_step(int from, int to, int64_t step) { (void)from, (void)to, (void)step; }
   // A whole-step transport delivers a step's buckets together: after every bucket's send(),
   // end_sends() closes the step, and only then may received() be called.
@@ -53,6 +66,9 @@ class Transport {
   virtual bool pairs_in_place(int peer) const { return (void)peer, false; }
   virtual void publish(int peer, int64_t step, int bucket);
   virtual void average_in_place(int peer, int64_t step, int bucket);
+
+ protected:
+  double timeout_s_ = 0;
 };
 
 // The layout every transport shares: bucket b covers elements [begin, end) of a flat buffer of

@@ -20,6 +20,9 @@ class Sgd {
   Sgd(int64_t size, SgdOptions o) : o_(o), velocity_(size, 0.f) {}
   void step(float* params, const float* grads, float lr);
   std::vector<float>& velocity() { return velocity_; }
+  // Whether the momentum buffer has been seeded (a checkpoint must restore it with the velocity).
+  bool started() const { return started_; }
+  void set_started(bool started) { started_ = started; }
 
  private:
   SgdOptions o_;

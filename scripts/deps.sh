@@ -5,7 +5,7 @@ set -euo pipefail
 PKGS=(build-essential cmake ninja-build pkg-config clang-format
       mpich libmpich-dev libdnnl-dev ocl-icd-opencl-dev opencl-headers
       libboost-program-options-dev catch2 zlib1g-dev nlohmann-json3-dev
-      libturbojpeg0-dev libarchive-dev dataset-fashion-mnist python3 python3-numpy "$@")
+      libturbojpeg0-dev libarchive-dev libxxhash-dev dataset-fashion-mnist python3 python3-numpy "$@")
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

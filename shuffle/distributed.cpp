@@ -278,6 +278,21 @@ void ShuffleLedger::restore(std::istream& in) {
   cv_.notify_all();
 }
 
+void ShuffleLedger::start_at(int64_t step) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (committed_ != 0 || epoch_start_.size() != 1)
+      throw std::logic_error("shuffle: start_at() after steps were committed");
+    if (step < 0) throw std::invalid_argument("shuffle: start_at() a negative step");
+    std::vector<int64_t> mine = std::move(epoch_start_.begin()->second);
+    epoch_start_.clear();
+    epoch_start_[step / steps_per_epoch_] = std::move(mine);
+    committed_ = step;
+    snapshot_if_due();
+  }
+  cv_.notify_all();
+}
+
 // Bytes mode: samples received from other ranks, held in memory, in front of the storage.
 class DistributedShuffle::Overlay : public SampleSource {
  public:

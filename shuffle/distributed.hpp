@@ -93,6 +93,10 @@ class ShuffleLedger {
   // The state as bytes (for a checkpoint) and back; restore() checks that the options match.
   void save(std::ostream& out) const;
   void restore(std::istream& in);
+  // A fresh ledger (nothing committed) that starts training at `step` instead of 0, with its
+  // initial ownership as the owned set of that step's epoch: a run resumed at another rank
+  // count, whose samples are reassigned. Throws std::logic_error once a step was committed.
+  void start_at(int64_t step);
 
  private:
   void snapshot_if_due();  // holds mu_
@@ -137,6 +141,7 @@ class DistributedShuffle : public EpochOrder {
   // Ledger plus held bytes (bytes mode).
   void save(std::ostream& out) const;
   void restore(std::istream& in);
+  void start_at(int64_t step) { ledger_.start_at(step); }
 
  private:
   class Overlay;

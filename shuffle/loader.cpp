@@ -161,7 +161,7 @@ PrefetchLoader::PrefetchLoader(const Dataset& data, LoaderOptions o, int64_t fir
 }
 
 PrefetchLoader::PrefetchLoader(const SampleSource& source, LoaderOptions o, int64_t first_epoch,
-                               int64_t epochs, EpochOrder* order)
+                               int64_t epochs, EpochOrder* order, int64_t first_batch)
     : src_(checked_source(source)),
       opt_(checked(o)),
       order_(order),
@@ -170,6 +170,11 @@ PrefetchLoader::PrefetchLoader(const SampleSource& source, LoaderOptions o, int6
       batches_per_epoch_(order ? order->batches_per_epoch()
                                : gg::shuffle::batches_per_epoch(source.size(), opt_)),
       total_(epochs_ * batches_per_epoch_) {
+  if (first_batch < 0 || (epochs_ > 0 && first_batch >= batches_per_epoch_))
+    throw std::invalid_argument("PrefetchLoader: first_batch " + std::to_string(first_batch) +
+                                " is outside the epoch's " + std::to_string(batches_per_epoch_) +
+                                " batches");
+  next_claim_ = next_out_ = first_batch;
   start();
 }
 

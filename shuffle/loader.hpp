@@ -108,8 +108,10 @@ class PrefetchLoader {
   // the loader.
   PrefetchLoader(const Dataset& data, LoaderOptions o, int64_t first_epoch, int64_t epochs);
   // The same over any source; `order` (may be null: partition()) must outlive the loader.
+  // `first_batch` skips the first batches of first_epoch (a run resumed mid-epoch) without
+  // building them; it must be < batches_per_epoch() unless epochs == 0.
   PrefetchLoader(const SampleSource& source, LoaderOptions o, int64_t first_epoch, int64_t epochs,
-                 EpochOrder* order = nullptr);
+                 EpochOrder* order = nullptr, int64_t first_batch = 0);
   // Stops and joins the worker even if batches remain unconsumed.
   ~PrefetchLoader();
   PrefetchLoader(const PrefetchLoader&) = delete;

@@ -1,0 +1,30 @@
+// Everything one rank needs to continue training exactly where it stood: the unit of a full
+// checkpoint (one file per rank) and of the NaN guard's in-memory snapshots.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gg::gossip {
+
+struct RankState {
+  int64_t step = 0;             // optimizer steps done: the next step to run
+  int64_t steps_per_epoch = 0;  // of the run that wrote it (another rank count changes it)
+  int rank = 0, ranks = 1;
+  double lr_scale = 1;  // the NaN guard's learning-rate scale
+  int nan_restores = 0;
+  uint64_t dropout_step = 0;  // the executor's dropout-mask counter
+  bool sgd_started = false;   // the momentum buffer has been seeded
+  std::vector<float> params, buffers, velocity;
+  // The overlapped weight exchange's correction, computed but not applied yet (empty: none).
+  std::vector<float> delayed_delta;
+  std::vector<uint8_t> shuffle;  // DistributedShuffle::save (empty with data.shuffle = off)
+};
+
+// The state as bytes (little-endian, the host's float format) and back. decode_state throws
+// std::runtime_error naming `what` for anything malformed or truncated.
+std::vector<uint8_t> encode_state(const RankState& s);
+RankState decode_state(const uint8_t* data, size_t size, const std::string& what);
+
+}  // namespace gg::gossip

@@ -1,0 +1,122 @@
+// Surviving failures: full checkpoints (every rank's exact state), resume (exact at the same rank
+// count, the ranks' average at another), the NaN guard, and failure-injection hooks for tests.
+//
+// A full checkpoint is a folder `<checkpoint.dir>/ckpt-<step>/`:
+//   rank-00000.bin ...  one per rank (RankState, encode_state), each written under a temporary
+//                       name, fsynced and renamed
+//   config.ini          the resolved config of the run that wrote it
+//   MANIFEST.json       written last by rank 0, once every rank's file is durable: step, epoch,
+//                       ranks, the model, and each file's size and XXH3-64 checksum
+// A folder without a manifest, or with a file whose size or checksum differs, is not a
+// checkpoint: resume skips it (saying so) and takes the previous one. The newest
+// `checkpoint.keep` complete checkpoints are kept. Ranks must share the checkpoint folder.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gossip/config.hpp"
+#include "gossip/metrics.hpp"
+#include "gossip/mpi.hpp"
+#include "gossip/rank_state.hpp"
+#include "kernels/models.hpp"
+
+namespace gg::shuffle {
+struct Batch;
+}
+
+namespace gg::gossip {
+
+class Trainer;
+class TrainingData;
+
+uint64_t checksum(const void* data, size_t size);  // XXH3-64
+
+struct FileDigest {
+  uint64_t size = 0;
+  uint64_t hash = 0;
+  bool operator==(const FileDigest&) const = default;
+};
+
+// Writes `path` so that it appears complete or not at all: a temporary file in the same folder,
+// fsynced, renamed over `path`, and the folder fsynced. Throws std::runtime_error.
+FileDigest write_file_durably(const std::string& path, const void* data, size_t size);
+
+struct Manifest {
+  int64_t step = 0;
+  int64_t epoch = 0;
+  int ranks = 0;
+  int64_t steps_per_epoch = 0;
+  kernels::ModelSpec model;  // name, input, classes, width, batch_norm (seed not recorded)
+  std::map<std::string, FileDigest> files;
+};
+
+constexpr const char* kManifest = "MANIFEST.json";
+std::string checkpoint_folder_name(int64_t step);  // "ckpt-000000001234"
+std::string rank_file_name(int rank);              // "rank-00000.bin"
+
+void write_manifest(const std::string& folder, const Manifest& m);
+// Throws std::runtime_error naming the file for a missing or malformed manifest.
+Manifest read_manifest(const std::string& folder);
+// Empty when every file the manifest lists is there with its size and checksum; else why not.
+std::string verify_checkpoint(const std::string& folder);
+
+// The ckpt-<step> folders of `root`, newest first.
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& root);
+// The newest valid checkpoint: `where` is a checkpoint.dir or one ckpt-<step> folder. Every
+// folder passed over is described in `rejected` (one line each).
+std::optional<std::string> find_latest_valid(const std::string& where,
+                                             std::vector<std::string>& rejected);
+// Removes the complete checkpoints (with a manifest) beyond the newest `keep`, and incomplete
+// ones older than the oldest kept. Never a folder newer than the newest complete one.
+void prune_checkpoints(const std::string& root, int64_t keep);
+
+// The resilience side of `gossipgrad train`, driven by run_training at step boundaries.
+class Resilience {
+ public:
+  Resilience(const Config& c, const mpi::Comm& world, Trainer& trainer, TrainingData& data,
+             kernels::ModelSpec model);
+
+  // checkpoint.resume: restores the newest valid checkpoint into the trainer and the data (a
+  // collective). Returns the first step to run (0 without a checkpoint). Throws UsageError for a
+  // checkpoint of another model or shuffle mode, std::runtime_error when none is valid.
+  int64_t resume();
+  bool resumed() const { return resumed_; }
+
+  // Before step s, once its batch is there: the fault hooks and the guard's snapshot.
+  void before_step(int64_t s, shuffle::Batch& batch);
+  // After step s with this rank's loss (a collective, 8 bytes): a NaN/Inf loss on
+  // any rank restores every rank's last snapshot and lowers the learning rate; returns true
+  // then. Throws std::runtime_error once guard.nan_retries restores are spent.
+  bool after_step(int64_t s, double loss, MetricsWriter& metrics);
+  // After step s and its evaluation: a full checkpoint when one is due, and after the `last`
+  // step of training (a collective). Returns true when training must stop here (train.stop_at).
+  bool after_step_done(int64_t s, int64_t epoch, bool last, MetricsWriter& metrics);
+
+  // Writes the full checkpoint of the state after `steps` steps (a collective).
+  void write_checkpoint(int64_t steps, int64_t epoch);
+
+ private:
+  RankState capture();
+  bool time_due();
+
+  const Config& c_;
+  const mpi::Comm& world_;
+  Trainer& trainer_;
+  TrainingData& data_;
+  const kernels::ModelSpec model_;
+  bool resumed_ = false;
+  bool faults_armed_ = true;
+  bool wrote_any_ = false;
+  int64_t last_written_ = -1;
+  double last_write_time_ = 0;  // seconds since start_
+  double start_ = 0;
+  std::optional<RankState> snapshot_;
+  int nan_restores_ = 0;
+  double lr_scale_ = 1;
+};
+
+}  // namespace gg::gossip
