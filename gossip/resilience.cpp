@@ -75,9 +75,14 @@ int64_t Resilience::resume() {
     std::vector<std::string> rejected;
     const auto found = find_latest_valid(where, rejected);
     for (const std::string& r : rejected) std::fprintf(stderr, "gossipgrad: %s\n", r.c_str());
+    // Folders without a manifest are writes that never finished: with auto and nothing else,
+    // the run starts afresh (a job that died during its first checkpoint).
+    bool any_manifest = false;
+    for (const auto& [step, folder] : list_checkpoints(where))
+      any_manifest |= fs::exists(fs::path(folder) / kManifest);
     if (found) {
       chosen = "+" + *found;
-    } else if (!rejected.empty() || c_.checkpoint.resume != "auto") {
+    } else if (any_manifest || c_.checkpoint.resume != "auto") {
       error = "checkpoint.resume: no valid checkpoint in " + where +
               (rejected.empty() ? "" : " (every one is corrupt or incomplete)");
     }
@@ -276,7 +281,7 @@ bool Resilience::time_due() {
 
 bool Resilience::after_step_done(int64_t s, int64_t epoch, bool last, MetricsWriter& metrics) {
   const int64_t done = s + 1;
-  const bool stop = c_.train.stop_at > 0 && done >= c_.train.stop_at && !last;
+  const bool stop = c_.train.stop_at > 0 && done == c_.train.stop_at && !last;
   bool due = c_.checkpoint.every > 0 && done % c_.checkpoint.every == 0;
   due = time_due() || due || stop || last;
   if (due && last_written_ != done && !c_.checkpoint.dir.empty()) {
