@@ -40,8 +40,12 @@ void write_text_atomically(const fs::path& path, const std::string& text) {
 
 bool holds_checkpoint(const std::string& dir) {
   std::error_code ec;
-  return fs::exists(fs::path(dir) / kCheckpointModel, ec) ||
-         fs::exists(fs::path(dir) / kCheckpointMeta, ec);
+  if (fs::exists(fs::path(dir) / kCheckpointModel, ec) ||
+      fs::exists(fs::path(dir) / kCheckpointMeta, ec))
+    return true;
+  for (const auto& entry : fs::directory_iterator(dir, ec))  // full checkpoints (ckpt-<step>)
+    if (entry.path().filename().string().rfind("ckpt-", 0) == 0) return true;
+  return false;
 }
 
 void write_checkpoint(const std::string& dir, const CheckpointMeta& meta, const kernels::Graph& g,

@@ -27,7 +27,7 @@ struct CheckpointMeta {
 constexpr const char* kCheckpointModel = "model.npz";
 constexpr const char* kCheckpointMeta = "meta.json";
 
-// Whether `dir` already holds (part of) a checkpoint.
+// Whether `dir` already holds (part of) a checkpoint: the average model or full ones.
 bool holds_checkpoint(const std::string& dir);
 
 // Writes model.npz, then meta.json, creating `dir` if needed. Rank 0 only.

@@ -1,12 +1,14 @@
 // gossipgrad: the command-line front end. Usage errors exit 2, runtime failures exit 1.
 #include <algorithm>
 #include <boost/program_options.hpp>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gossip/checkpoint.hpp"
@@ -513,7 +515,12 @@ int cmd_train(const std::vector<std::string>& args, int argc, char** argv) {
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gossipgrad: rank %d: error: %s\n", rank, e.what());
-    if (world.size() > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+    std::fflush(stderr);
+    // mpirun drops output still in flight when the abort tears the job down: give it a moment.
+    if (world.size() > 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
     return 1;
   }
 }

@@ -127,3 +127,17 @@ set -e
 grep -q "rank 0 waited more than 2 s for rank 1 at step 15, bucket" t.err ||
   fail "no timeout message: $(cat t.err)"
 echo "partner timeout: ok"
+
+# A job that died during its first full checkpoint left a folder without a manifest: auto
+# starts afresh; a fresh run without resume or overwrite refuses a folder with full checkpoints.
+mkdir -p P/ckpt-000000000020 && echo partial > P/ckpt-000000000020/rank-00000.bin
+MAX=20 train 2 --checkpoint.dir P --log.metrics p.jsonl --checkpoint.resume auto > p.log
+grep -q "no checkpoint in P yet: starting from step 0" p.log || fail "partial-only folder"
+verify=$(cat P/ckpt-000000000020/MANIFEST.json | grep -c '"step": 20')
+[ "$verify" = 1 ] || fail "no new checkpoint at 20"
+set +e
+MAX=20 train 2 --checkpoint.dir P --log.metrics p2.jsonl > p2.log 2> p2.err
+rc=$?
+set -e
+[ $rc = 2 ] && grep -q "already holds a checkpoint" p2.err || fail "fresh run over checkpoints"
+echo "partial first checkpoint, refused fresh run: ok"

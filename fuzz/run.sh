@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets with clang (ASan + UBSan) and runs each for SECONDS (default 10):
+# the full-checkpoint readers and the tar shard index. Seeds: a real rank state and manifest,
+# and a tar archive. Usage: fuzz/run.sh [SECONDS]. Exits non-zero on a crash.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECONDS_EACH="${1:-10}"
+OUT=build-fuzz
+mkdir -p "$OUT"
+CXX=(clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I.)
+"${CXX[@]}" fuzz/fuzz_checkpoint.cpp gossip/full_checkpoint.cpp -lxxhash -o "$OUT/fuzz_checkpoint"
+"${CXX[@]}" fuzz/fuzz_tar.cpp shuffle/tar.cpp shuffle/source.cpp shuffle/image.cpp shuffle/idx.cpp \
+  -larchive -lturbojpeg -lz -o "$OUT/fuzz_tar"
+rm -rf "$OUT/seeds-ckpt" "$OUT/seeds-tar"
+mkdir -p "$OUT/seeds-ckpt" "$OUT/seeds-tar"
+# Seeds: a tar with one sample, and a manifest + a small rank state from the unit-test format.
+( cd "$OUT" && printf 'img' > k.jpg && printf '3' > k.cls &&
+  tar --format=ustar -cf seeds-tar/one.tar k.jpg k.cls && rm k.jpg k.cls )
+printf '{"format":"gossipgrad-full-checkpoint","version":1,"step":4,"epoch":0,"ranks":1,' \
+  > "$OUT/seeds-ckpt/manifest.json"
+printf '"steps_per_epoch":2,"model":{"name":"resnet8","input":[1,28,28],"classes":10,' \
+  >> "$OUT/seeds-ckpt/manifest.json"
+printf '"width":4,"batch_norm":true},"files":{"rank-00000.bin":{"size":3,"xxh3":"00ff"}}}' \
+  >> "$OUT/seeds-ckpt/manifest.json"
+for t in checkpoint tar; do
+  seeds="$OUT/seeds-ckpt"; [ $t = tar ] && seeds="$OUT/seeds-tar"
+  echo "fuzz: $t for ${SECONDS_EACH}s"
+  rc=0
+  "$OUT/fuzz_$t" -max_total_time="$SECONDS_EACH" -max_len=4096 -print_final_stats=1 \
+    -artifact_prefix="$OUT/crash-$t-" "$seeds" > "$OUT/fuzz_$t.log" 2>&1 || rc=$?
+  grep -E "stat::number_of_executed_units|ERROR|SUMMARY" "$OUT/fuzz_$t.log" || true
+  [ $rc = 0 ] || { echo "fuzz: $t failed (exit $rc), see $OUT/fuzz_$t.log"; exit 1; }
+done
