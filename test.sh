@@ -13,4 +13,4 @@ cd build-test
 OMP_NUM_THREADS=1 ctest --output-on-failure -j 2 --timeout 900
 cd ..
 # The checkpoint and tar readers under libFuzzer (ASan + UBSan), briefly.
-./fuzz/run.sh "${FUZZ_SECONDS:-10}"
+./fuzz/run.sh "${FUZZ_SECONDS:-5}"
