@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace gg::kernels {
@@ -20,6 +21,9 @@ class Sgd {
   Sgd(int64_t size, SgdOptions o) : o_(o), velocity_(size, 0.f) {}
   void step(float* params, const float* grads, float lr);
   std::vector<float>& velocity() { return velocity_; }
+  // Replaces the momentum (of another size, e.g. mapped onto a shrunk network); whether the
+  // first step has been taken is kept.
+  void set_velocity(std::vector<float> v) { velocity_ = std::move(v); }
 
  private:
   SgdOptions o_;
