@@ -145,8 +145,10 @@ partners::Partners GossipExchange::partners_at(int64_t step) const {
   return partners::partners(o_.schedule, rank_, step);
 }
 
-void GossipExchange::begin_step(int64_t step) {
-  const partners::Partners peers = partners_at(step);
+void GossipExchange::begin_step(int64_t step) { begin_local(step - o_.first_step); }
+
+void GossipExchange::begin_local(int64_t step) {
+  const partners::Partners peers = partners_at(step + o_.first_step);
   transport_->begin_step(peers.recv_from, peers.send_to, step);
   std::lock_guard lock(mu_);
   step_ = step;
@@ -322,13 +324,13 @@ double GossipExchange::finish_step() {
 }
 
 void GossipExchange::queue_all(int64_t step) {
-  begin_step(step);
+  begin_local(step);
   for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) on_bucket_ready(b);
 }
 
 double GossipExchange::exchange_all(int64_t step) {
   const auto t0 = std::chrono::steady_clock::now();
-  queue_all(step);
+  queue_all(step - o_.first_step);
   finish_step();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -338,7 +340,7 @@ void GossipExchange::start_delayed(int64_t step) {
   finish_delayed();
   const int64_t n = static_cast<int64_t>(send_stage_.size());
   std::copy(buffer_, buffer_ + n, send_stage_.begin());
-  queue_all(step);
+  queue_all(step - o_.first_step);
   pending_ = true;
 }
 

@@ -72,6 +72,9 @@ struct GossipOptions {
   int comm_threads = 2;                // concurrent only
   int staleness = 0;     // 0: wait for the partner; 1: never wait, mix what has arrived
   bool delayed = false;  // start_delayed/finish_delayed: mix as a correction applied later
+  // The first training step this exchange sees (an exchange rebuilt mid-run, after apoptosis
+  // shrank the buffers): the transports count their steps from here, the schedule goes on.
+  int64_t first_step = 0;
 };
 
 // Gossip: bucket b is averaged with the same bucket of this step's partner, x = (x + x_from) / 2,
@@ -117,7 +120,9 @@ class GossipExchange final : public GradientExchange {
     partners::Partners peers;
     Timeline::Clock::time_point started{};
   };
-  void queue_all(int64_t step);  // begin_step, then every bucket ready
+  // Steps below are counted from options.first_step, the way the transports count them.
+  void begin_local(int64_t step);
+  void queue_all(int64_t step);  // begin_local, then every bucket ready
   void worker(int id);
   void run_blocking(Job& j);
   void start(Job& j);
