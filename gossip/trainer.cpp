@@ -102,6 +102,7 @@ void Trainer::make_exchanges() {
   o.threading = c.gossip.threading;
   o.comm_threads = c.gossip.comm_threads;
   o.staleness = c.gossip.staleness;
+  o.first_step = step_;  // after a shrink, the new exchanges start mid-run
   try {
     if (c.gossip.mode == "grad" || c.gossip.mode == "both") {
       // The exchange provides the gradient buffer: in shared memory, partners on this node that
@@ -287,6 +288,12 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
   checkpoint.input_mean = data.eval_options().norm.mean;
   checkpoint.input_std = data.eval_options().norm.std;
   std::vector<float> avg_params, avg_buffers;
+  // Apoptosis events carry the images/s of the 20 steps (at most an interval) after a decision.
+  ApoptosisMetrics apoptosis_metrics(std::min<int64_t>(20, c.apoptosis.interval));
+  if (c.apoptosis.enable && apoptosis_layers(c, trainer.graph()).empty())
+    throw UsageError("apoptosis.layers = " + c.apoptosis.layers + ": " + c.model.name +
+                     " has no such layer whose units may be removed (units that reach a residual "
+                     "add, a concat or the output stay)");
   const int64_t global_batch = c.train.batch * ranks;
   const std::string mixing = c.gossip.mode == "allreduce"
                                  ? std::string("allreduce")
@@ -340,6 +347,22 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
     comm_seconds += st.comm_seconds;
     loss_avg = s == 0 ? st.loss : 0.95 * loss_avg + 0.05 * st.loss;
     epoch = batch.epoch;
+    for (const auto& e : apoptosis_metrics.step(dt, global_batch)) metrics.write(e);
+    if (c.apoptosis.enable && (s + 1) % c.apoptosis.interval == 0 && s + 1 < total) {
+      const ApoptosisReport a = trainer.apoptosis();
+      train_seconds += a.seconds;  // rebuilding is part of training time
+      for (const auto& e : apoptosis_metrics.finish()) metrics.write(e);
+      apoptosis_metrics.decided(a);
+      if (lead && c.log.progress && a.params_after != a.params_before) {
+        std::string removed;
+        for (const auto& [name, n] : a.removed)
+          removed += (removed.empty() ? "" : ", ") + name + " -" + std::to_string(n);
+        std::printf("apoptosis at step %lld: %lld -> %lld params (%s)\n",
+                    static_cast<long long>(s + 1), static_cast<long long>(a.params_before),
+                    static_cast<long long>(a.params_after), removed.c_str());
+        std::fflush(stdout);
+      }
+    }
     if (lead) {
       metrics.write({{"event", "step"},
                      {"step", s},
@@ -391,6 +414,8 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
         checkpoint.epoch = epoch + 1;
         checkpoint.step = s + 1;
         checkpoint.top1 = e.top1;
+        checkpoint.widths =
+            kernels::changed_widths(kernels::build_model(checkpoint.model), trainer.graph());
         if (lead) {
           write_checkpoint(c.checkpoint.dir, checkpoint, trainer.graph(), avg_params, avg_buffers);
           metrics.write({{"event", "checkpoint"},
@@ -402,6 +427,7 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
     }
     summary.steps = s + 1;
   }
+  for (const auto& e : apoptosis_metrics.finish()) metrics.write(e);
   summary.wall_seconds = seconds_since(t_start);
   // Every rank's corrupt files and shuffled samples (a collective: every rank gets here).
   int64_t data_totals[2] = {data.skipped(), data.shuffled_samples()};
@@ -428,6 +454,7 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
                    {"comm_s", comm_seconds},
                    {"exposed_comm_share", comm_share},
                    {"data_wait_s", data.wait_seconds()},
+                   {"params", trainer.graph().param_count()},
                    {"skipped", data_totals[0]},
                    {"shuffled_samples", data_totals[1]}});
   }

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "gossip/apoptosis.hpp"
 #include "gossip/config.hpp"
 #include "gossip/exchange.hpp"
 #include "gossip/metrics.hpp"
@@ -69,6 +70,14 @@ class Trainer {
   // The ranks' average weights and running statistics, the model evaluate() measures (a
   // collective: every rank must call it).
   void average_model(std::vector<float>& params, std::vector<float>& buffers);
+
+  // Neuron apoptosis (defined in gossip/apoptosis.cpp): the ranks agree on the units to remove
+  // (one small collective) and shrink() them. A collective; every rank gets the same report.
+  ApoptosisReport apoptosis();
+  // Replaces the network by the one without the units of `r` (the same on every rank: a
+  // collective): parameters, running statistics and momentum keep the kept units' values; the
+  // gradient buffer, buckets, executors and exchanges are rebuilt over the new sizes.
+  void shrink(const kernels::Removal& r);
 
   const kernels::Graph& graph() const { return net_.graph(); }
   kernels::ParamStore& store() { return net_.store(); }
