@@ -136,6 +136,9 @@ po::options_description describe(Config& c) {
      "fc, conv or both; only layers whose units reach no residual add, concat or output")
     ("apoptosis.min_keep", po::value(&c.apoptosis.min_keep)->default_value(c.apoptosis.min_keep),
      "units every layer keeps at least [1, 1e9]")
+    ("apoptosis.until", po::value(&c.apoptosis.until)->default_value(c.apoptosis.until),
+     "decide only within this first share of the training steps; the rest trains the shrunk "
+     "model (0, 1]")
     ("checkpoint.dir", po::value(&c.checkpoint.dir)->default_value(c.checkpoint.dir),
      "folder for checkpoints of the ranks' average model (model.npz + meta.json, rank 0); "
      "empty: none. An existing checkpoint there is refused unless log.overwrite")
@@ -281,6 +284,8 @@ void validate(const Config& c, bool check_paths) {
           c.apoptosis.interval, "must be in [1, 1e9]");
   require(c.apoptosis.max_share > 0 && c.apoptosis.max_share <= 1, "apoptosis.max_share",
           c.apoptosis.max_share, "must be in (0, 1]");
+  require(c.apoptosis.until > 0 && c.apoptosis.until <= 1, "apoptosis.until", c.apoptosis.until,
+          "must be in (0, 1]");
   require(c.apoptosis.min_keep >= 1 && c.apoptosis.min_keep <= 1000000000, "apoptosis.min_keep",
           c.apoptosis.min_keep, "must be in [1, 1e9]");
   require(c.gossip.comm_threads >= 1 && c.gossip.comm_threads <= 64, "gossip.comm_threads",
@@ -444,7 +449,7 @@ std::string to_ini(const Config& c) {
     << "\ncriterion = " << c.apoptosis.criterion << "\nthreshold = " << c.apoptosis.threshold
     << "\ninterval = " << c.apoptosis.interval << "\nmax_share = " << c.apoptosis.max_share
     << "\nlayers = " << c.apoptosis.layers << "\nmin_keep = " << c.apoptosis.min_keep
-    << "\n\n[checkpoint]\ndir = " << c.checkpoint.dir
+    << "\nuntil = " << c.apoptosis.until << "\n\n[checkpoint]\ndir = " << c.checkpoint.dir
     << "\nevery_epochs = " << c.checkpoint.every_epochs
     << "\n\n[network]\ninter_latency_us = " << c.network.inter_latency_us
     << "\ninter_bandwidth_gbs = " << c.network.inter_bandwidth_gbs

@@ -72,6 +72,7 @@ struct Config {
     double max_share = 0.25;      // of a layer's units removed per decision at most
     std::string layers = "both";  // fc | conv | both
     int64_t min_keep = 4;         // units a layer keeps at least
+    double until = 1.0;           // decisions only in this first share of the training steps
   } apoptosis;
   struct {
     std::string dir;           // empty: no checkpoints

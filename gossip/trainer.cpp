@@ -348,7 +348,8 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
     loss_avg = s == 0 ? st.loss : 0.95 * loss_avg + 0.05 * st.loss;
     epoch = batch.epoch;
     for (const auto& e : apoptosis_metrics.step(dt, global_batch)) metrics.write(e);
-    if (c.apoptosis.enable && (s + 1) % c.apoptosis.interval == 0 && s + 1 < total) {
+    if (c.apoptosis.enable && (s + 1) % c.apoptosis.interval == 0 && s + 1 < total &&
+        static_cast<double>(s + 1) <= c.apoptosis.until * static_cast<double>(total)) {
       const ApoptosisReport a = trainer.apoptosis();
       train_seconds += a.seconds;  // rebuilding is part of training time
       for (const auto& e : apoptosis_metrics.finish()) metrics.write(e);

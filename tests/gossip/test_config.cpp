@@ -157,6 +157,8 @@ TEST_CASE("apoptosis keys are validated with one line naming the key") {
   CHECK(error_of({"--apoptosis.interval", "0"}).find("apoptosis.interval = 0") == 0);
   CHECK(error_of({"--apoptosis.min_keep", "0"}).find("apoptosis.min_keep = 0") == 0);
   CHECK(error_of({"--apoptosis.threshold", "-1"}).find("apoptosis.threshold = -1") == 0);
+  CHECK(error_of({"--apoptosis.until", "0"}).find("apoptosis.until = 0 is out of range") == 0);
+  CHECK(parse_train_args({"--apoptosis.until", "0.5"}).apoptosis.until == 0.5);
 }
 
 TEST_CASE("train.init_from must name an existing file") {
