@@ -7,18 +7,27 @@
 # epoch-end evaluations. Writes bench/results/apoptosis-<host>.csv, .md, .txt and .png (gnuplot:
 # top-1 and parameter count over training time).
 # Usage: bench/apoptosis/run.sh [CONFIG]   (default configs/laptop.ini)
-# Environment: MODEL (cnn), WIDTH (16), EPOCHS (4), RANKS ("1 2"), REPEAT (1: pairs per rank
-# count, interleaved), APOP (the apoptosis options), EXTRA (more train options), BIN (a built
-# gossipgrad Release binary; default: build one in build/).
+# Also the CPU seconds of each run (user + system of every rank, evaluation included): on a
+# machine shared with other jobs, wall times swing by several times between identical runs
+# while CPU time stays put, so both are reported. OpenMP threads sleep instead of spinning
+# (OMP_WAIT_POLICY=passive) in both variants, so that CPU time is compute.
+# Environment: MODEL (cnn), WIDTH (16), EPOCHS (2), APOP_EPOCHS (epochs of the apoptosis runs,
+# default EPOCHS), RANKS ("1 2"), REPEAT (1: pairs per rank count, interleaved), DECISIONS (4:
+# decisions every ~1/9 epoch from the start, then the shrunk model trains on), APOP (apoptosis
+# options; default threshold 0.95, max_share 0.2, both layer kinds), EXTRA (more train options),
+# BIN (a built gossipgrad Release binary; default: build one in build/), TAG (suffix of the
+# result files).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CONFIG=${1:-configs/laptop.ini}
 MODEL=${MODEL:-cnn}
 WIDTH=${WIDTH:-16}
-EPOCHS=${EPOCHS:-4}
+EPOCHS=${EPOCHS:-2}
+APOP_EPOCHS=${APOP_EPOCHS:-$EPOCHS}
+DECISIONS=${DECISIONS:-4}
 REPEAT=${REPEAT:-1}
 read -r -a RANKS <<<"${RANKS:-1 2}"
-read -r -a APOP <<<"${APOP:---apoptosis.interval 100 --apoptosis.threshold 0.8 --apoptosis.max_share 0.3 --apoptosis.min_keep 4 --apoptosis.layers both}"
+read -r -a APOP <<<"${APOP:---apoptosis.threshold 0.95 --apoptosis.max_share 0.2 --apoptosis.min_keep 4 --apoptosis.layers both}"
 read -r -a EXTRA <<<"${EXTRA:-}"
 ./scripts/deps.sh
 command -v gnuplot >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gnuplot-nox >/dev/null; }
@@ -27,23 +36,31 @@ if [ -z "${BIN:-}" ]; then
   cmake --build build --target gossipgrad >/dev/null
   BIN=$PWD/build/gossip/gossipgrad
 fi
-OUT=bench/results/apoptosis-$(hostname)
+OUT=bench/results/apoptosis-$(hostname)${TAG:+-$TAG}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 {
   echo "# $(date -u +%FT%TZ) $(uname -srm), $(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
-  echo "# config $CONFIG, model $MODEL width $WIDTH, $EPOCHS epochs, repeat $REPEAT, apoptosis: ${APOP[*]}, extra: ${EXTRA[*]:-none}"
+  echo "# config $CONFIG, model $MODEL width $WIDTH, $EPOCHS epochs (apoptosis runs $APOP_EPOCHS), repeat $REPEAT, $DECISIONS decisions, apoptosis: ${APOP[*]}, extra: ${EXTRA[*]:-none}"
   echo "# $(mpirun --version 2>&1 | head -1); oneDNN $(dpkg-query -W -f '${Version}' libdnnl-dev 2>/dev/null || echo '?')"
 } >"$OUT.txt"
 for p in "${RANKS[@]}"; do
   for r in $(seq 1 "$REPEAT"); do
     for variant in plain apoptosis; do
       echo "apoptosis bench: $p rank(s), $variant, run $r" >&2
-      args=()
-      [ "$variant" = apoptosis ] && args=(--apoptosis.enable true "${APOP[@]}")
+      args=(--train.epochs "$EPOCHS")
+      if [ "$variant" = apoptosis ]; then
+        # Fashion-MNIST: 60,000 samples, train.batch 64 per rank (laptop.ini).
+        spe=$(((60000 + 64 * p - 1) / (64 * p)))
+        interval=$((spe / 9))
+        until=$(python3 -c "print(min(1.0, ($DECISIONS * $interval + 1) / ($spe * $APOP_EPOCHS)))")
+        args=(--train.epochs "$APOP_EPOCHS" --apoptosis.enable true --apoptosis.interval "$interval"
+              --apoptosis.until "$until" "${APOP[@]}")
+      fi
       # All cores shared by the ranks (train.threads 0), the same for both variants.
-      OMP_NUM_THREADS=$(($(nproc) / p > 0 ? $(nproc) / p : 1)) mpirun -n "$p" "$BIN" train \
-        --config "$CONFIG" --model.name "$MODEL" --model.width "$WIDTH" --train.epochs "$EPOCHS" \
+      OMP_WAIT_POLICY=passive OMP_NUM_THREADS=$(($(nproc) / p > 0 ? $(nproc) / p : 1)) \
+        /usr/bin/time -f "%U %S" -o "$TMP/$p-$variant-$r.cpu" mpirun -n "$p" "$BIN" train \
+        --config "$CONFIG" --model.name "$MODEL" --model.width "$WIDTH" \
         --log.metrics "$TMP/$p-$variant-$r.jsonl" --log.progress false "${args[@]}" "${EXTRA[@]}" \
         >>"$OUT.txt" 2>&1
     done
@@ -66,11 +83,12 @@ def load(p, variant, r):
              for e in ev if e["event"] == "eval"]
     params = [(0, start["params"])] + [(train_s(e["step"]), e["params"])
                                         for e in ev if e["event"] == "apoptosis"]
-    return dict(params0=start["params"], params=summary["params"], top1=summary["top1"],
+    cpu = sum(float(v) for v in open(f"{tmp}/{p}-{variant}-{r}.cpu").read().split()[-2:])
+    return dict(params0=start["params"], params=summary["params"], top1=summary["top1"], cpu=cpu,
                 train_s=train_s(10**12), ips=summary["images_per_s"], evals=evals,
                 param_curve=params)
 
-print("ranks,variant,run,params_start,params_final,top1_final,train_s,images_per_s,"
+print("ranks,variant,run,params_start,params_final,top1_final,train_s,images_per_s,cpu_s,"
       "target_top1,time_to_target_s,epoch_at_target")
 for p in ranks:
     for r in range(1, repeat + 1):
@@ -80,7 +98,7 @@ for p in ranks:
             d = plain if variant == "plain" else load(p, variant, r)
             hit = next(((ep, t) for ep, _, top1, t in d["evals"] if top1 >= target), None)
             print(f"{p},{variant},{r},{d['params0']},{d['params']},{d['top1']:.4f},"
-                  f"{d['train_s']:.2f},{d['ips']:.1f},{target:.4f},"
+                  f"{d['train_s']:.2f},{d['ips']:.1f},{d['cpu']:.1f},{target:.4f},"
                   f"{hit[1] if hit else float('nan'):.2f},{hit[0] if hit else ''}")
             with open(f"{tmp}/curve-{p}-{variant}-{r}.dat", "w") as f:
                 for ep, _, top1, t in d["evals"]:
@@ -92,23 +110,25 @@ PY
 python3 - "$OUT.csv" <<'PY' >"$OUT.md"
 import csv, math, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
-print("| ranks | variant | run | params | top-1 | training s | images/s | time to target s (epoch) |")
-print("|---|---|---|---|---|---|---|---|")
+print("| ranks | variant | run | params | top-1 | training s | images/s | CPU s, whole run | time to target s (epoch) |")
+print("|---|---|---|---|---|---|---|---|---|")
 for r in rows:
     t = float(r["time_to_target_s"])
     tt = f"{t:.1f} ({r['epoch_at_target']})" if not math.isnan(t) else "not reached"
     print(f"| {r['ranks']} | {r['variant']} | {r['run']} | {int(r['params_start']):,} -> "
           f"{int(r['params_final']):,} | {100 * float(r['top1_final']):.2f}% | "
-          f"{float(r['train_s']):.1f} | {float(r['images_per_s']):.0f} | {tt} |")
+          f"{float(r['train_s']):.1f} | {float(r['images_per_s']):.0f} | {float(r['cpu_s']):.1f} | "
+          f"{tt} |")
 print()
-print("| ranks | run | parameters fewer | top-1 difference | speed-up to target | speed-up, whole run |")
-print("|---|---|---|---|---|---|")
+print("| ranks | run | parameters fewer | top-1 difference | speed-up to target (wall) | speed-up, whole run (wall) | CPU time, whole run |")
+print("|---|---|---|---|---|---|---|")
 for a, b in zip(rows[0::2], rows[1::2]):
     ta, tb = float(a["time_to_target_s"]), float(b["time_to_target_s"])
     speed = f"{ta / tb:.2f}x" if not math.isnan(tb) else "not reached"
     print(f"| {a['ranks']} | {a['run']} | {int(a['params_final']) / int(b['params_final']):.2f}x | "
           f"{100 * (float(b['top1_final']) - float(a['top1_final'])):+.2f} points | {speed} | "
-          f"{float(a['train_s']) / float(b['train_s']):.2f}x |")
+          f"{float(a['train_s']) / float(b['train_s']):.2f}x | "
+          f"{float(a['cpu_s']) / float(b['cpu_s']):.2f}x less |")
 PY
 plots=() pplots=()
 for p in "${RANKS[@]}"; do
