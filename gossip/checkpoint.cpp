@@ -70,6 +70,7 @@ void write_checkpoint(const std::string& dir, const CheckpointMeta& meta, const 
                       {"normalize", {{"mean", meta.input_mean}, {"std", meta.input_std}}},
                       {"weights", kCheckpointModel}};
   if (meta.top1) j["top1"] = *meta.top1;
+  if (!meta.widths.empty()) j["widths"] = meta.widths;
   write_text_atomically(fs::path(dir) / kCheckpointMeta, j.dump(2) + "\n");
 }
 
@@ -97,6 +98,7 @@ CheckpointMeta read_checkpoint_meta(const std::string& dir) {
     meta.epoch = j.at("epoch").get<int64_t>();
     meta.step = j.at("step").get<int64_t>();
     meta.ranks = j.at("ranks").get<int>();
+    if (j.contains("widths")) meta.widths = j.at("widths").get<std::map<std::string, int64_t>>();
     if (j.contains("top1")) meta.top1 = j.at("top1").get<double>();
     if (j.contains("normalize")) {
       meta.input_mean = j.at("normalize").at("mean").get<double>();

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,6 +23,9 @@ struct CheckpointMeta {
   // The input normalisation training used: x = (pixel / 255 - mean) / std.
   double input_mean = 0;
   double input_std = 1;
+  // Apoptosis: out channels / features of the layers that shrank, by layer name (absent from
+  // meta.json when none did); kernels::apply_widths(build_model(model), widths) is the graph.
+  std::map<std::string, int64_t> widths;
 };
 
 constexpr const char* kCheckpointModel = "model.npz";

@@ -123,6 +123,28 @@ po::options_description describe(Config& c) {
     ("gossip.timeout_s", po::value(&c.gossip.timeout_s)->default_value(c.gossip.timeout_s),
      "a rank waiting on its partner longer than this many seconds reports the partner, step and "
      "bucket and the job stops (0: wait forever; rma not covered)")
+    ("apoptosis.enable", po::value(&c.apoptosis.enable)->default_value(c.apoptosis.enable),
+     "neuron apoptosis: every apoptosis.interval steps the ranks agree on conv channels / fc "
+     "neurons whose outgoing weights faded and remove them from the network")
+    ("apoptosis.criterion",
+     po::value(&c.apoptosis.criterion)->default_value(c.apoptosis.criterion),
+     "score of a unit, the L2 norm of its outgoing weights averaged over the ranks: "
+     "relative_norm (divided by the mean of its layer) or norm")
+    ("apoptosis.threshold",
+     po::value(&c.apoptosis.threshold)->default_value(c.apoptosis.threshold),
+     "units scoring below this are removed [0, 1e6)")
+    ("apoptosis.interval", po::value(&c.apoptosis.interval)->default_value(c.apoptosis.interval),
+     "steps between decisions [1, 1e9]")
+    ("apoptosis.max_share",
+     po::value(&c.apoptosis.max_share)->default_value(c.apoptosis.max_share),
+     "at most this share of a layer's units goes per decision (lowest scores first) (0, 1]")
+    ("apoptosis.layers", po::value(&c.apoptosis.layers)->default_value(c.apoptosis.layers),
+     "fc, conv or both; only layers whose units reach no residual add, concat or output")
+    ("apoptosis.min_keep", po::value(&c.apoptosis.min_keep)->default_value(c.apoptosis.min_keep),
+     "units every layer keeps at least [1, 1e9]")
+    ("apoptosis.until", po::value(&c.apoptosis.until)->default_value(c.apoptosis.until),
+     "decide only within this first share of the training steps; the rest trains the shrunk "
+     "model (0, 1]")
     ("checkpoint.dir", po::value(&c.checkpoint.dir)->default_value(c.checkpoint.dir),
      "folder for checkpoints: the ranks' average model (model.npz + meta.json, rank 0) and full "
      "checkpoints (ckpt-<step>/: every rank's state, a manifest written last); empty: none. An "
@@ -295,6 +317,19 @@ void validate(const Config& c, bool check_paths) {
   one_of("gossip.schedule", c.gossip.schedule, {"dissemination", "hypercube", "ring", "random"});
   one_of("gossip.transport", c.gossip.transport, {"auto", "shm", "rma", "p2p"});
   one_of("gossip.threading", c.gossip.threading, {"funneled", "concurrent", "chained"});
+  one_of("apoptosis.criterion", c.apoptosis.criterion, {"relative_norm", "norm"});
+  one_of("apoptosis.layers", c.apoptosis.layers, {"fc", "conv", "both"});
+  require(std::isfinite(c.apoptosis.threshold) && c.apoptosis.threshold >= 0 &&
+              c.apoptosis.threshold < 1e6,
+          "apoptosis.threshold", c.apoptosis.threshold, "must be in [0, 1e6)");
+  require(c.apoptosis.interval >= 1 && c.apoptosis.interval <= 1000000000, "apoptosis.interval",
+          c.apoptosis.interval, "must be in [1, 1e9]");
+  require(c.apoptosis.max_share > 0 && c.apoptosis.max_share <= 1, "apoptosis.max_share",
+          c.apoptosis.max_share, "must be in (0, 1]");
+  require(c.apoptosis.until > 0 && c.apoptosis.until <= 1, "apoptosis.until", c.apoptosis.until,
+          "must be in (0, 1]");
+  require(c.apoptosis.min_keep >= 1 && c.apoptosis.min_keep <= 1000000000, "apoptosis.min_keep",
+          c.apoptosis.min_keep, "must be in [1, 1e9]");
   require(c.gossip.comm_threads >= 1 && c.gossip.comm_threads <= 64, "gossip.comm_threads",
           c.gossip.comm_threads, "must be in [1, 64]");
   require(c.gossip.staleness == 0 || c.gossip.staleness == 1, "gossip.staleness",
@@ -501,7 +536,11 @@ std::string to_ini(const Config& c) {
     << "\noverlap_model = " << c.gossip.overlap_model
     << "\nglobal_every = " << c.gossip.global_every
     << "\nconsensus_every = " << c.gossip.consensus_every << "\nbucket_kb = " << c.gossip.bucket_kb
-    << "\ntimeout_s = " << c.gossip.timeout_s << "\n\n[checkpoint]\ndir = " << c.checkpoint.dir
+    << "\ntimeout_s = " << c.gossip.timeout_s << "\n\n[apoptosis]\nenable = " << c.apoptosis.enable
+    << "\ncriterion = " << c.apoptosis.criterion << "\nthreshold = " << c.apoptosis.threshold
+    << "\ninterval = " << c.apoptosis.interval << "\nmax_share = " << c.apoptosis.max_share
+    << "\nlayers = " << c.apoptosis.layers << "\nmin_keep = " << c.apoptosis.min_keep
+    << "\nuntil = " << c.apoptosis.until << "\n\n[checkpoint]\ndir = " << c.checkpoint.dir
     << "\nevery_epochs = " << c.checkpoint.every_epochs << "\nevery = " << c.checkpoint.every
     << "\nevery_minutes = " << c.checkpoint.every_minutes << "\nkeep = " << c.checkpoint.keep
     << "\nresume = " << c.checkpoint.resume << "\n\n[guard]\nnan_retries = " << c.guard.nan_retries

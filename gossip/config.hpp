@@ -66,6 +66,17 @@ struct Config {
     int64_t bucket_kb = 512;
     double timeout_s = 300;  // a wait on a partner longer than this is an error (0: never)
   } gossip;
+  // Neuron apoptosis: remove output units whose outgoing weights fade (gossip/apoptosis.hpp).
+  struct {
+    bool enable = false;
+    std::string criterion = "relative_norm";  // relative_norm | norm (of the outgoing weights)
+    double threshold = 0.5;
+    int64_t interval = 200;       // steps between decisions
+    double max_share = 0.25;      // of a layer's units removed per decision at most
+    std::string layers = "both";  // fc | conv | both
+    int64_t min_keep = 4;         // units a layer keeps at least
+    double until = 1.0;           // decisions only in this first share of the training steps
+  } apoptosis;
   struct {
     std::string dir;           // empty: no checkpoints
     int64_t every_epochs = 0;  // average model (model.npz): 0 = only at the end of training

@@ -190,19 +190,20 @@ std::string rank_file_name(int rank) {
 void write_manifest(const std::string& folder, const Manifest& m) {
   nlohmann::json files = nlohmann::json::object();
   for (const auto& [name, d] : m.files) files[name] = {{"size", d.size}, {"xxh3", hex(d.hash)}};
-  const nlohmann::json j = {{"format", "gossipgrad-full-checkpoint"},
-                            {"version", 1},
-                            {"step", m.step},
-                            {"epoch", m.epoch},
-                            {"ranks", m.ranks},
-                            {"steps_per_epoch", m.steps_per_epoch},
-                            {"model",
-                             {{"name", m.model.name},
-                              {"input", m.model.input},
-                              {"classes", m.model.classes},
-                              {"width", m.model.width},
-                              {"batch_norm", m.model.batch_norm}}},
-                            {"files", files}};
+  nlohmann::json j = {{"format", "gossipgrad-full-checkpoint"},
+                      {"version", 1},
+                      {"step", m.step},
+                      {"epoch", m.epoch},
+                      {"ranks", m.ranks},
+                      {"steps_per_epoch", m.steps_per_epoch},
+                      {"model",
+                       {{"name", m.model.name},
+                        {"input", m.model.input},
+                        {"classes", m.model.classes},
+                        {"width", m.model.width},
+                        {"batch_norm", m.model.batch_norm}}},
+                      {"files", files}};
+  if (!m.widths.empty()) j["model"]["widths"] = m.widths;
   const std::string text = j.dump(2) + "\n";
   write_file_durably((fs::path(folder) / kManifest).string(), text.data(), text.size());
 }
@@ -226,6 +227,11 @@ Manifest read_manifest(const std::string& folder) {
     m.model.classes = model.at("classes").get<int64_t>();
     m.model.width = model.at("width").get<int64_t>();
     m.model.batch_norm = model.at("batch_norm").get<bool>();
+    if (model.contains("widths")) {
+      m.widths = model.at("widths").get<std::map<std::string, int64_t>>();
+      for (const auto& [name, units] : m.widths)
+        if (units < 1) throw std::runtime_error("width of " + name + " out of range");
+    }
     for (const auto& [name, d] : j.at("files").items()) {
       if (name.find('/') != std::string::npos || name == ".." || name.empty())
         throw std::runtime_error("bad file name '" + name + "'");

@@ -35,6 +35,8 @@ struct Manifest {
   int ranks = 0;
   int64_t steps_per_epoch = 0;
   kernels::ModelSpec model;  // name, input, classes, width, batch_norm (seed not recorded)
+  // The prunable layers apoptosis shrank, at their widths now (empty: the model as built).
+  std::map<std::string, int64_t> widths;
   std::map<std::string, FileDigest> files;
 };
 

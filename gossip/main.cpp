@@ -18,6 +18,7 @@
 #include "gossip/simulate.hpp"
 #include "gossip/supervise.hpp"
 #include "gossip/trainer.hpp"
+#include "kernels/apoptosis.hpp"
 #include "kernels/models.hpp"
 #include "kernels/net.hpp"
 #include "kernels/npz.hpp"
@@ -354,7 +355,8 @@ int cmd_export(const std::vector<std::string>& args) {
   const std::string meta_path = (fs::path(dir) / gg::gossip::kCheckpointMeta).string();
   gg::kernels::Graph g = [&] {
     try {
-      return gg::kernels::build_model(meta.model);
+      // A model shrunk by apoptosis: the base model at the widths meta.json records.
+      return gg::kernels::apply_widths(gg::kernels::build_model(meta.model), meta.widths);
     } catch (const std::invalid_argument& e) {
       throw std::runtime_error(meta_path + ": " + e.what());
     }
@@ -455,7 +457,10 @@ int cmd_infer(const std::vector<std::string>& args) {
           w.begin(), w.end(), [](const auto& e) { return e.first.ends_with(".running_var"); });
     if (!vm.count("width")) spec.width = width_from_weights(spec, w, spec.width);
     if (!vm.count("classes")) spec.classes = classes_from_weights(spec, w, spec.classes);
-    gg::kernels::Net net(gg::kernels::build_model(spec), backend, int64_t{1} << 40);
+    // Weights of a model shrunk by apoptosis carry its layers' widths.
+    gg::kernels::Graph base = gg::kernels::build_model(spec);
+    const auto widths = gg::kernels::widths_in_weights(base, w);
+    gg::kernels::Net net(gg::kernels::apply_widths(base, widths), backend, int64_t{1} << 40);
     gg::kernels::import_weights(net.graph(), net.store(), w, weights);
 
     const int64_t n = x.shape[0], per = gg::kernels::numel(spec.input), k = spec.classes;

@@ -13,11 +13,13 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
 #include "gossip/data.hpp"
 #include "gossip/trainer.hpp"
+#include "kernels/apoptosis.hpp"
 #include "shuffle/loader.hpp"
 
 namespace gg::gossip {
@@ -113,7 +115,18 @@ int64_t Resilience::resume() {
   } catch (const std::exception& e) {
     error = std::string("checkpoint.resume: ") + e.what();
   }
+  // A checkpoint taken after apoptosis shrank the model: the same widths here first.
+  std::optional<kernels::Graph> shrunk;
+  if (error.empty() && !m.widths.empty()) {
+    try {
+      shrunk = kernels::apply_widths(kernels::build_model(model_), m.widths);
+    } catch (const std::invalid_argument& e) {
+      usage = true;
+      error = "checkpoint.resume: " + folder + ": " + e.what();
+    }
+  }
   agree(world_, error, usage);
+  if (shrunk) trainer_.reshape(std::move(*shrunk));
 
   const bool same_ranks = m.ranks == world_.size();
   RankState s;
@@ -351,6 +364,7 @@ void Resilience::write_checkpoint(int64_t steps, int64_t epoch) {
       m.ranks = world_.size();
       m.steps_per_epoch = data_.steps_per_epoch();
       m.model = model_;
+      m.widths = kernels::changed_widths(kernels::build_model(model_), trainer_.graph());
       for (int r = 0; r < world_.size(); ++r) {
         FileDigest d;
         d.size = static_cast<uint64_t>(digests[2 * r]);

@@ -45,6 +45,8 @@ class Resilience {
   // checkpoint of another model or shuffle mode, std::runtime_error when none is valid.
   int64_t resume();
   bool resumed() const { return resumed_; }
+  // The network changed shape (apoptosis): the NaN guard's snapshot is taken afresh.
+  void model_changed() { snapshot_.reset(); }
 
   // Before step s, once its batch is there: the fault hooks and the guard's snapshot.
   void before_step(int64_t s, shuffle::Batch& batch);

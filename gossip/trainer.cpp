@@ -121,6 +121,10 @@ void Trainer::make_exchanges() {
   } catch (const std::invalid_argument& e) {
     throw UsageError(std::string("gossip: ") + e.what());
   }
+  // Exchanges made mid-run (after apoptosis shrank the buffers): the transports count their steps
+  // from here, the schedule goes on.
+  if (auto* g = dynamic_cast<GossipExchange*>(exchange_.get())) g->set_first_step(step_);
+  if (model_exchange_) model_exchange_->set_first_step(step_);
 }
 
 void Trainer::set_timeline(Timeline* t) {
@@ -353,6 +357,12 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
   checkpoint.input_mean = data.eval_options().norm.mean;
   checkpoint.input_std = data.eval_options().norm.std;
   std::vector<float> avg_params, avg_buffers;
+  // Apoptosis events carry the images/s of the 20 steps (at most an interval) after a decision.
+  ApoptosisMetrics apoptosis_metrics(std::min<int64_t>(20, c.apoptosis.interval));
+  if (c.apoptosis.enable && apoptosis_layers(c, trainer.graph()).empty())
+    throw UsageError("apoptosis.layers = " + c.apoptosis.layers + ": " + c.model.name +
+                     " has no such layer whose units may be removed (units that reach a residual "
+                     "add, a concat or the output stay)");
   const int64_t global_batch = c.train.batch * ranks;
   const std::string mixing = c.gossip.mode == "allreduce"
                                  ? std::string("allreduce")
@@ -420,6 +430,24 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
     comm_seconds += st.comm_seconds;
     if (!restored) loss_avg = s == first ? st.loss : 0.95 * loss_avg + 0.05 * st.loss;
     epoch = batch.epoch;
+    for (const auto& e : apoptosis_metrics.step(dt, global_batch)) metrics.write(e);
+    if (c.apoptosis.enable && !restored && (s + 1) % c.apoptosis.interval == 0 && s + 1 < total &&
+        static_cast<double>(s + 1) <= c.apoptosis.until * static_cast<double>(total)) {
+      const ApoptosisReport a = trainer.apoptosis();
+      train_seconds += a.seconds;  // rebuilding is part of training time
+      for (const auto& e : apoptosis_metrics.finish()) metrics.write(e);
+      apoptosis_metrics.decided(a);
+      if (a.params_after != a.params_before) resilience.model_changed();
+      if (lead && c.log.progress && a.params_after != a.params_before) {
+        std::string removed;
+        for (const auto& [name, n] : a.removed)
+          removed += (removed.empty() ? "" : ", ") + name + " -" + std::to_string(n);
+        std::printf("apoptosis at step %lld: %lld -> %lld params (%s)\n",
+                    static_cast<long long>(s + 1), static_cast<long long>(a.params_before),
+                    static_cast<long long>(a.params_after), removed.c_str());
+        std::fflush(stdout);
+      }
+    }
     if (lead && !restored) {
       metrics.write({{"event", "step"},
                      {"step", s},
@@ -475,6 +503,8 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
         checkpoint.epoch = epoch + 1;
         checkpoint.step = s + 1;
         checkpoint.top1 = e.top1;
+        checkpoint.widths =
+            kernels::changed_widths(kernels::build_model(checkpoint.model), trainer.graph());
         if (lead) {
           write_checkpoint(c.checkpoint.dir, checkpoint, trainer.graph(), avg_params, avg_buffers);
           metrics.write({{"event", "checkpoint"},
@@ -487,6 +517,7 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
     summary.steps = s + 1;
     if (resilience.after_step_done(s, epoch, s + 1 == total, metrics)) break;  // train.stop_at
   }
+  for (const auto& e : apoptosis_metrics.finish()) metrics.write(e);
   summary.wall_seconds = seconds_since(t_start);
   if (timeline.enabled()) {
     trainer.set_timeline(nullptr);
@@ -519,6 +550,7 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
                    {"comm_s", comm_seconds},
                    {"exposed_comm_share", comm_share},
                    {"data_wait_s", data.wait_seconds()},
+                   {"params", trainer.graph().param_count()},
                    {"skipped", data_totals[0]},
                    {"shuffled_samples", data_totals[1]}});
   }

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "gossip/apoptosis.hpp"
 #include "gossip/config.hpp"
 #include "gossip/exchange.hpp"
 #include "gossip/metrics.hpp"
@@ -74,6 +75,17 @@ class Trainer {
   // collective: every rank must call it).
   void average_model(std::vector<float>& params, std::vector<float>& buffers);
 
+  // Neuron apoptosis (defined in gossip/apoptosis.cpp): the ranks agree on the units to remove
+  // (one small collective) and shrink() them. A collective; every rank gets the same report.
+  ApoptosisReport apoptosis();
+  // Replaces the network by the one without the units of `r` (the same on every rank: a
+  // collective): parameters, running statistics and momentum keep the kept units' values; the
+  // gradient buffer, buckets, executors and exchanges are rebuilt over the new sizes.
+  void shrink(const kernels::Removal& r);
+  // Replaces the network by `g` (the base model at other widths: a checkpoint taken after a
+  // shrink), zero-filled, before restore_model; a collective, like shrink.
+  void reshape(kernels::Graph g);
+
   const kernels::Graph& graph() const { return net_.graph(); }
   kernels::ParamStore& store() { return net_.store(); }
   int64_t steps_done() const { return step_; }
@@ -89,6 +101,9 @@ class Trainer {
 
  private:
   void make_exchanges();  // before any executor is compiled
+  // The network, momentum, executors and exchanges over a new graph (shrink, reshape).
+  void rebuild(kernels::Graph g, std::vector<float> params, std::vector<float> buffers,
+               std::vector<float> velocity);
   Timeline* timeline_ = nullptr;
   void average_over_ranks(std::vector<float>& v);
   // Mean over ranks of ||w - avg||^2, where avg is the ranks' average of w (a collective).

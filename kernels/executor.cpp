@@ -31,6 +31,12 @@ void FlatBuffer::adopt(float* memory) {
   std::vector<float>().swap(own_);
 }
 
+void FlatBuffer::reallocate(int64_t n) {
+  std::vector<float>(n, 0.f).swap(own_);
+  data_ = own_.data();
+  size_ = n;
+}
+
 std::unique_ptr<Executor> compile(const Graph& g, Backend backend, int64_t batch, ParamStore& store,
                                   const std::vector<Bucket>& buckets, Precision precision) {
   if (batch < 1) throw std::invalid_argument("batch must be >= 1");

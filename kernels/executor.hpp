@@ -35,6 +35,8 @@ class FlatBuffer {
   // Moves the contents into `memory` (at least size() floats, outliving this object) and uses it
   // from now on. Pointers taken before are stale.
   void adopt(float* memory);
+  // Drops the contents and owns `n` zeros from now on (a network rebuilt at another size).
+  void reallocate(int64_t n);
   bool external() const { return own_.empty() && size_ > 0; }
 
   float* data() { return data_; }

@@ -1,5 +1,7 @@
 #include "kernels/net.hpp"
 
+#include <stdexcept>
+
 namespace gg::kernels {
 
 namespace {
@@ -15,7 +17,8 @@ Net::Net(Graph g, Backend backend, int64_t bucket_elements, Precision precision)
       backend_(backend),
       precision_(precision),
       store_(graph_),
-      buckets_(make_buckets(graph_, bucket_elements)) {}
+      buckets_(make_buckets(graph_, bucket_elements)),
+      bucket_elements_(bucket_elements) {}
 
 Tensor Net::param(const std::string& name) {
   const TensorSpec& t = find(graph_.params(), name);
@@ -35,6 +38,18 @@ Tensor Net::buffer(const std::string& name) {
 void Net::share_grads(float* memory) {
   if (!executors_.empty()) throw std::logic_error("Net::share_grads after executors were compiled");
   store_.grads.adopt(memory);
+}
+
+void Net::rebuild(Graph g, std::vector<float> params, std::vector<float> buffers) {
+  if (static_cast<int64_t>(params.size()) != g.param_count() ||
+      static_cast<int64_t>(buffers.size()) != g.buffer_count())
+    throw std::invalid_argument("Net::rebuild: buffers do not match the graph");
+  executors_.clear();
+  graph_ = std::move(g);
+  store_.params = std::move(params);
+  store_.buffers = std::move(buffers);
+  store_.grads.reallocate(graph_.param_count());
+  buckets_ = make_buckets(graph_, bucket_elements_);
 }
 
 Executor& Net::at_batch(int64_t batch) {

@@ -35,6 +35,12 @@ class Net {
   // at_batch(): compiled executors hold pointers into the old buffer.
   void share_grads(float* memory);
 
+  // Replaces the network by another graph (a shrunk one: kernels/apoptosis.hpp) with these
+  // parameters and running statistics. Executors are dropped (references to them are stale),
+  // gradients live in private zeroed memory again (share_grads may be called anew) and the
+  // buckets are recomputed at the same size.
+  void rebuild(Graph g, std::vector<float> params, std::vector<float> buffers);
+
   // The executor for this batch size, compiled on first use.
   Executor& at_batch(int64_t batch);
 
@@ -44,6 +50,7 @@ class Net {
   Precision precision_;
   ParamStore store_;
   std::vector<Bucket> buckets_;
+  int64_t bucket_elements_;
   std::map<int64_t, std::unique_ptr<Executor>> executors_;
 };
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace gg::kernels {
@@ -23,6 +24,9 @@ class Sgd {
   // Whether the momentum buffer has been seeded (a checkpoint must restore it with the velocity).
   bool started() const { return started_; }
   void set_started(bool started) { started_ = started; }
+  // Replaces the momentum (of another size, e.g. mapped onto a shrunk network); whether the
+  // first step has been taken is kept.
+  void set_velocity(std::vector<float> v) { velocity_ = std::move(v); }
 
  private:
   SgdOptions o_;

@@ -132,6 +132,35 @@ TEST_CASE("a checkpoint folder that already holds a checkpoint is refused unless
   fs::remove_all(dir);
 }
 
+TEST_CASE("apoptosis keys are validated with one line naming the key") {
+  const Config d = parse_train_args({});
+  CHECK_FALSE(d.apoptosis.enable);
+  CHECK(d.apoptosis.criterion == "relative_norm");
+  const Config c = parse_train_args({"--apoptosis.enable", "true", "--apoptosis.layers", "fc",
+                                     "--apoptosis.criterion", "norm", "--apoptosis.threshold",
+                                     "0.01", "--apoptosis.interval", "50", "--apoptosis.max_share",
+                                     "0.5", "--apoptosis.min_keep", "8"});
+  CHECK(c.apoptosis.enable);
+  CHECK(c.apoptosis.layers == "fc");
+  CHECK(c.apoptosis.criterion == "norm");
+  CHECK(c.apoptosis.threshold == 0.01);
+  CHECK(c.apoptosis.interval == 50);
+  CHECK(c.apoptosis.max_share == 0.5);
+  CHECK(c.apoptosis.min_keep == 8);
+  CHECK(error_of({"--apoptosis.layers", "attention"}) ==
+        "apoptosis.layers = attention is unknown: use fc, conv, both");
+  CHECK(error_of({"--apoptosis.criterion", "activation"}) ==
+        "apoptosis.criterion = activation is unknown: use relative_norm, norm");
+  CHECK(error_of({"--apoptosis.max_share", "0"}).find("apoptosis.max_share = 0 is out of range") ==
+        0);
+  CHECK(error_of({"--apoptosis.max_share", "1.5"}).find("out of range") != std::string::npos);
+  CHECK(error_of({"--apoptosis.interval", "0"}).find("apoptosis.interval = 0") == 0);
+  CHECK(error_of({"--apoptosis.min_keep", "0"}).find("apoptosis.min_keep = 0") == 0);
+  CHECK(error_of({"--apoptosis.threshold", "-1"}).find("apoptosis.threshold = -1") == 0);
+  CHECK(error_of({"--apoptosis.until", "0"}).find("apoptosis.until = 0 is out of range") == 0);
+  CHECK(parse_train_args({"--apoptosis.until", "0.5"}).apoptosis.until == 0.5);
+}
+
 TEST_CASE("train.init_from must name an existing file") {
   CHECK(error_of({"--train.init_from", "/nonexistent/w.npz"}) ==
         "train.init_from = /nonexistent/w.npz is not a file");
