@@ -17,7 +17,14 @@ mpirun -n "$RANKS" "${BIND[@]}" build/gossip/gossipgrad train --config configs/l
   --log.metrics "$RUN/metrics.jsonl" --checkpoint.dir "$RUN/checkpoint" "$@"
 python3 - "$RUN/metrics.jsonl" <<'PY'
 import json, sys
-evals = [e for e in map(json.loads, open(sys.argv[1])) if e["event"] == "eval"]
+events = [json.loads(line) for line in open(sys.argv[1])]
+evals = [e for e in events if e["event"] == "eval"]
 print(f"quickstart: final test top-1 {100 * evals[-1]['top1']:.2f}% after {evals[-1]['epoch']} epochs"
       f" (from {sys.argv[1]})")
+# Exposed communication: time the steps waited for the exchange over their total, from step 50
+# (the first steps build primitives and fill the loader's queue).
+steps = [e for e in events if e["event"] == "step" and e["step"] >= 50]
+if steps:
+    share = sum(e["comm_s"] for e in steps) / sum(e["step_s"] for e in steps)
+    print(f"quickstart: exposed communication {100 * share:.2f}% of step time (steps 50+)")
 PY
