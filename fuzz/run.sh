@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (ASan + UBSan) and runs each for SECONDS (default 10):
-# the full-checkpoint readers and the tar shard index. Seeds: a real rank state and manifest,
-# and a tar archive. Usage: fuzz/run.sh [SECONDS]. Exits non-zero on a crash.
+# the full-checkpoint readers, the tar shard index and the config reader. Seeds: a manifest, a tar
+# archive, and the cluster configs. Usage: fuzz/run.sh [SECONDS]. Exits non-zero on a crash.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH="${1:-10}"
@@ -9,10 +9,17 @@ OUT=build-fuzz
 mkdir -p "$OUT"
 CXX=(clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I.)
 "${CXX[@]}" fuzz/fuzz_checkpoint.cpp gossip/full_checkpoint.cpp -lxxhash -o "$OUT/fuzz_checkpoint"
+# The config reader with everything it validates against (models, schedules, sources, backends).
+"${CXX[@]}" -fopenmp fuzz/fuzz_config.cpp gossip/config.cpp gossip/checkpoint.cpp kernels/models.cpp \
+  kernels/graph.cpp kernels/executor.cpp kernels/weights.cpp kernels/npz.cpp kernels/memory_plan.cpp \
+  kernels/onednn/onednn_executor.cpp kernels/reference/reference_executor.cpp partners/*.cpp \
+  shuffle/source.cpp shuffle/tar.cpp shuffle/image.cpp shuffle/idx.cpp shuffle/distributed.cpp \
+  -lboost_program_options -ldnnl -larchive -lturbojpeg -lz -o "$OUT/fuzz_config"
 "${CXX[@]}" fuzz/fuzz_tar.cpp shuffle/tar.cpp shuffle/source.cpp shuffle/image.cpp shuffle/idx.cpp \
   -larchive -lturbojpeg -lz -o "$OUT/fuzz_tar"
-rm -rf "$OUT/seeds-ckpt" "$OUT/seeds-tar"
-mkdir -p "$OUT/seeds-ckpt" "$OUT/seeds-tar"
+rm -rf "$OUT/seeds-ckpt" "$OUT/seeds-tar" "$OUT/seeds-config"
+mkdir -p "$OUT/seeds-ckpt" "$OUT/seeds-tar" "$OUT/seeds-config"
+cp configs/*.ini "$OUT/seeds-config/"  # every cluster config
 # Seeds: a tar with one sample, and a manifest + a small rank state from the unit-test format.
 ( cd "$OUT" && printf 'img' > k.jpg && printf '3' > k.cls &&
   tar --format=ustar -cf seeds-tar/one.tar k.jpg k.cls && rm k.jpg k.cls )
@@ -22,8 +29,8 @@ printf '"steps_per_epoch":2,"model":{"name":"resnet8","input":[1,28,28],"classes
   >> "$OUT/seeds-ckpt/manifest.json"
 printf '"width":4,"batch_norm":true},"files":{"rank-00000.bin":{"size":3,"xxh3":"00ff"}}}' \
   >> "$OUT/seeds-ckpt/manifest.json"
-for t in checkpoint tar; do
-  seeds="$OUT/seeds-ckpt"; [ $t = tar ] && seeds="$OUT/seeds-tar"
+for t in checkpoint tar config; do
+  seeds="$OUT/seeds-$t"; [ $t = checkpoint ] && seeds="$OUT/seeds-ckpt"
   echo "fuzz: $t for ${SECONDS_EACH}s"
   rc=0
   "$OUT/fuzz_$t" -max_total_time="$SECONDS_EACH" -max_len=4096 -print_final_stats=1 \
