@@ -122,7 +122,7 @@ po::options_description describe(Config& c) {
      "gradient bucket size in KiB; a bucket is exchanged as soon as backward completes it")
     ("gossip.timeout_s", po::value(&c.gossip.timeout_s)->default_value(c.gossip.timeout_s),
      "a rank waiting on its partner longer than this many seconds reports the partner, step and "
-     "bucket and the job stops (0: wait forever; rma not covered)")
+     "bucket and the job stops (0: wait forever)")
     ("apoptosis.enable", po::value(&c.apoptosis.enable)->default_value(c.apoptosis.enable),
      "neuron apoptosis: every apoptosis.interval steps the ranks agree on conv channels / fc "
      "neurons whose outgoing weights faded and remove them from the network")

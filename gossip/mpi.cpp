@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 
 namespace gg::mpi {
 
@@ -60,7 +61,14 @@ Comm Comm::dup() const {
 
 Comm Comm::split_shared() const {
   MPI_Comm c;
-  GG_MPI_CHECK(MPI_Comm_split_type(c_, MPI_COMM_TYPE_SHARED, rank(), MPI_INFO_NULL, &c));
+  // Test hook: GG_RANKS_PER_NODE=N pretends that every N consecutive ranks form a node, so that
+  // the paths across nodes (auto's rma half) run on one machine.
+  const char* per_node = std::getenv("GG_RANKS_PER_NODE");
+  if (per_node != nullptr && std::atoi(per_node) > 0) {
+    GG_MPI_CHECK(MPI_Comm_split(c_, rank() / std::atoi(per_node), rank(), &c));
+  } else {
+    GG_MPI_CHECK(MPI_Comm_split_type(c_, MPI_COMM_TYPE_SHARED, rank(), MPI_INFO_NULL, &c));
+  }
   GG_MPI_CHECK(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
   return Comm(c, true);
 }

@@ -95,65 +95,85 @@ class P2pTransport final : public Transport {
   std::vector<mpi::Request> recv_req_, send_req_;
 };
 
-// One-member groups for PSCW, made once.
-class SingletonGroups {
- public:
-  explicit SingletonGroups(const mpi::Comm& comm) {
-    MPI_Group all;
-    GG_MPI_CHECK(MPI_Comm_group(comm.get(), &all));
-    groups_.resize(comm.size());
-    for (int r = 0; r < comm.size(); ++r) GG_MPI_CHECK(MPI_Group_incl(all, 1, &r, &groups_[r]));
-    MPI_Group_free(&all);
-  }
-  ~SingletonGroups() {
-    for (MPI_Group& g : groups_) MPI_Group_free(&g);
-  }
-  MPI_Group operator[](int r) const { return groups_.at(r); }
-
- private:
-  std::vector<MPI_Group> groups_;
-};
-
+// MPI_Put into the partner's MPI_Win_allocate window under one passive-target epoch
+// (MPI_Win_lock_all) for the window's lifetime, with notification by flags in the window:
+//   arrived[b]  the step + 1 of the last bucket b put here (written by the sender),
+//   ready[b]    the step + 1 up to which this rank's slot of bucket b may be overwritten
+//               (written by this rank once it has mixed the bucket).
+// Sender, bucket b of step t: wait until the target's ready[b] > t (an atomic read, polled),
+// MPI_Put the bucket, flush, set the target's arrived[b] = t + 1, flush. Receiver: poll its own
+// arrived[b] until it passes t, MPI_Win_sync, read; release sets ready[b] = t + 2. Every flag
+// access is an MPI accumulate operation (MPI_Accumulate with MPI_REPLACE, MPI_Fetch_and_op with
+// MPI_NO_OP), which MPI makes atomic with respect to each other; polling through MPI also drives
+// progress where MPICH implements them with active messages. No epoch depends on who the
+// partner is, so partners may change every step.
 class RmaTransport final : public Transport {
  public:
   RmaTransport(const mpi::Comm& comm, const BufferLayout& layout)
-      : comm_(comm.dup()), layout_(layout), groups_(comm_) {
+      : comm_(comm.dup()), layout_(layout), nb_(static_cast<int64_t>(layout.buckets.size())) {
     for (const kernels::Bucket& k : layout.buckets) checked_count(k);
-    // Never below 4 KiB: Debian's MPICH 4.0.2 lost PSCW puts into 4- and 8-byte windows.
-    const int64_t bytes = std::max<int64_t>(4096, layout.count * sizeof(float));
+    data_offset_ = line_up(2 * nb_ * 2) * static_cast<int64_t>(sizeof(float));
+    const int64_t bytes =
+        data_offset_ + line_up(layout.count) * static_cast<int64_t>(sizeof(float));
     window_ = std::make_unique<mpi::Window>(comm_, bytes, mpi::Window::Kind::Allocate);
+    int64_t* flags = static_cast<int64_t*>(window_->base());
+    std::fill(flags, flags + nb_, int64_t{0});            // arrived: nothing yet
+    std::fill(flags + nb_, flags + 2 * nb_, int64_t{1});  // ready: free for step 0
+    GG_MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, window_->get()));
+    GG_MPI_CHECK(MPI_Win_sync(window_->get()));
+    comm_.barrier();  // every rank's flags are set before anyone reads them
+  }
+  ~RmaTransport() override {
+    if (!mpi::peer_lost()) MPI_Win_unlock_all(window_->get());
   }
   const char* name() const override { return "rma"; }
-  bool whole_step() const override { return true; }
 
-  void begin_step(int from, int to, int64_t) override {
-    GG_MPI_CHECK(MPI_Win_post(groups_[from], 0, window_->get()));
-    GG_MPI_CHECK(MPI_Win_start(groups_[to], 0, window_->get()));
-    waited_ = false;
-  }
   void expect(int, int64_t, int) override {}
-  void send(int to, int64_t, int b, const float* data) override {
+  void send(int to, int64_t step, int b, const float* data) override {
+    wait_until([&] { return read_flag(to, kReady, b) > step; }, timeout_s_, to, b,
+               "rma: the partner's slot to free");
     const kernels::Bucket& k = layout_.buckets[b];
     const int n = checked_count(k);
-    GG_MPI_CHECK(MPI_Put(data, n, MPI_FLOAT, to, static_cast<MPI_Aint>(k.begin * sizeof(float)), n,
+    GG_MPI_CHECK(MPI_Put(data, n, MPI_FLOAT, to,
+                         static_cast<MPI_Aint>(data_offset_ + k.begin * sizeof(float)), n,
                          MPI_FLOAT, window_->get()));
+    GG_MPI_CHECK(MPI_Win_flush(to, window_->get()));  // the data is there before the flag
+    write_flag(to, kArrived, b, step + 1);
   }
-  void end_sends(int, int64_t) override { GG_MPI_CHECK(MPI_Win_complete(window_->get())); }
-  const float* received(int, int64_t, int b) override {
-    if (!waited_) {
-      GG_MPI_CHECK(MPI_Win_wait(window_->get()));
-      waited_ = true;
-    }
-    return static_cast<const float*>(window_->base()) + layout_.buckets[b].begin;
+  const float* received(int from, int64_t step, int b) override {
+    const int self = comm_.rank();
+    wait_until([&] { return read_flag(self, kArrived, b) > step; }, timeout_s_, from, b,
+               "rma: the partner's bucket");
+    GG_MPI_CHECK(MPI_Win_sync(window_->get()));
+    return reinterpret_cast<const float*>(static_cast<const char*>(window_->base()) +
+                                          data_offset_) +
+           layout_.buckets[b].begin;
   }
-  void release(int, int64_t, int) override {}
+  void release(int, int64_t step, int b) override { write_flag(comm_.rank(), kReady, b, step + 2); }
 
  private:
+  static constexpr int kArrived = 0, kReady = 1;
+  MPI_Aint flag_disp(int which, int b) const {
+    return static_cast<MPI_Aint>((which * nb_ + b) * static_cast<int64_t>(sizeof(int64_t)));
+  }
+  int64_t read_flag(int rank, int which, int b) const {
+    int64_t v = 0;
+    GG_MPI_CHECK(MPI_Fetch_and_op(nullptr, &v, MPI_INT64_T, rank, flag_disp(which, b), MPI_NO_OP,
+                                  window_->get()));
+    GG_MPI_CHECK(MPI_Win_flush(rank, window_->get()));
+    return v;
+  }
+  void write_flag(int rank, int which, int b, int64_t v) const {
+    GG_MPI_CHECK(MPI_Accumulate(&v, 1, MPI_INT64_T, rank, flag_disp(which, b), 1, MPI_INT64_T,
+                                MPI_REPLACE, window_->get()));
+    GG_MPI_CHECK(MPI_Win_flush(rank, window_->get()));
+  }
+
   mpi::Comm comm_;
   BufferLayout layout_;
-  SingletonGroups groups_;
+  int64_t nb_ = 0;
+  int64_t data_offset_ = 0;  // bytes: the flags first, then the buckets
   std::unique_ptr<mpi::Window> window_;
-  bool waited_ = false;
 };
 
 // comm rank -> rank in `node` (MPI_UNDEFINED when not on this node).
@@ -207,8 +227,12 @@ class ShmTransport final : public Transport {
     char* mine = segments_[self_];
     char* theirs = segment(peer);
     std::atomic_ref<int64_t> published(flag(theirs, kPublished, b));
-    wait_until([&] { return published.load(std::memory_order_acquire) >= step + 1; }, timeout_s_,
-               peer, b, "shm in-place average: the partner's bucket");
+    wait_until(
+        [&] {
+          progress();
+          return published.load(std::memory_order_acquire) >= step + 1;
+        },
+        timeout_s_, peer, b, "shm in-place average: the partner's bucket");
     const kernels::Bucket& k = layout_.buckets[b];
     const int64_t half = std::min(k.size(), line_up(k.size() / 2));
     const int64_t lo = rank_ < peer ? 0 : half, hi = rank_ < peer ? half : k.size();
@@ -223,8 +247,12 @@ class ShmTransport final : public Transport {
     // Nobody sent into this step's receive slot: it is free for the sender two steps on.
     release(peer, step, b);
     std::atomic_ref<int64_t> averaged(flag(theirs, kAveraged, b));
-    wait_until([&] { return averaged.load(std::memory_order_acquire) >= step + 1; }, timeout_s_,
-               peer, b, "shm in-place average: the partner's half");
+    wait_until(
+        [&] {
+          progress();
+          return averaged.load(std::memory_order_acquire) >= step + 1;
+        },
+        timeout_s_, peer, b, "shm in-place average: the partner's half");
   }
 
   void expect(int, int64_t, int) override {}
@@ -233,8 +261,12 @@ class ShmTransport final : public Transport {
     const int slot = static_cast<int>(step & 1);
     // The slot was last used at step - 2; the receiver must have mixed it.
     std::atomic_ref<int64_t> done(flag(seg, 2 + slot, b));
-    wait_until([&] { return done.load(std::memory_order_acquire) >= step - 1; }, timeout_s_, to, b,
-               "shm send: the partner to free its receive slot");
+    wait_until(
+        [&] {
+          progress();
+          return done.load(std::memory_order_acquire) >= step - 1;
+        },
+        timeout_s_, to, b, "shm send: the partner to free its receive slot");
     const kernels::Bucket& k = layout_.buckets[b];
     std::memcpy(payload(seg, slot) + k.begin, data, k.size() * sizeof(float));
     std::atomic_ref<int64_t>(flag(seg, slot, b)).store(step + 1, std::memory_order_release);
@@ -243,8 +275,12 @@ class ShmTransport final : public Transport {
     char* seg = segments_[node_rank_self()];
     const int slot = static_cast<int>(step & 1);
     std::atomic_ref<int64_t> ready(flag(seg, slot, b));
-    wait_until([&] { return ready.load(std::memory_order_acquire) == step + 1; }, timeout_s_, from,
-               b, "shm receive");
+    wait_until(
+        [&] {
+          progress();
+          return ready.load(std::memory_order_acquire) == step + 1;
+        },
+        timeout_s_, from, b, "shm receive");
     return payload(seg, slot) + layout_.buckets[b].begin;
   }
   void release(int, int64_t step, int b) override {
@@ -285,7 +321,7 @@ class ShmTransport final : public Transport {
 
 class AutoTransport final : public Transport {
  public:
-  AutoTransport(const mpi::Comm& comm, const BufferLayout& layout, bool home) {
+  AutoTransport(const mpi::Comm& comm, const BufferLayout& layout, bool home) : probe_(comm.dup()) {
     mpi::Comm node = comm.split_shared();
     to_node_ = node_ranks(comm, node);
     // Collective decisions: every rank of comm must create the same windows.
@@ -295,15 +331,20 @@ class AutoTransport final : public Transport {
     GG_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &any_shared, 1, MPI_INT, MPI_MAX, comm.get()));
     // A single rank (p = 1) pairs with itself through shm: the exchange is the identity.
     if (any_shared || !multi_node) shm_ = make_shm_transport(comm, node, layout, home);
-    if (multi_node) remote_ = make_p2p_transport(comm, layout);
+    if (multi_node) remote_ = make_rma_transport(comm, layout);
+    if (shm_ && remote_)
+      shm_->set_progress([c = probe_.get()] {
+        int flag = 0;
+        MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, c, &flag, MPI_STATUS_IGNORE);
+      });
   }
-  const char* name() const override { return remote_ ? (shm_ ? "auto" : "p2p") : "shm"; }
+  const char* name() const override { return remote_ ? (shm_ ? "auto" : "rma") : "shm"; }
   void set_timeout(double seconds) override {
     for (Transport* t : {shm_.get(), remote_.get()})
       if (t) t->set_timeout(seconds);
   }
   void begin_step(int from, int to, int64_t t) override {
-    // Both halves of a step go through shm or p2p, which need no per-step set-up.
+    // Both halves of a step go through shm or rma, which need no per-step set-up.
     (void)from, (void)to, (void)t;
   }
   void expect(int from, int64_t t, int b) override { pick(from).expect(from, t, b); }
@@ -311,14 +352,23 @@ class AutoTransport final : public Transport {
   const float* received(int from, int64_t t, int b) override {
     return pick(from).received(from, t, b);
   }
-  void release(int from, int64_t t, int b) override { pick(from).release(from, t, b); }
+  // Both halves count steps in their slot flags: a step whose bucket came through one of them
+  // (or was averaged in place) frees this rank's slot in the other too, or a sender through the
+  // other would wait for a release that never comes.
+  void release(int from, int64_t t, int b) override {
+    for (Transport* used : {shm_.get(), remote_.get()})
+      if (used) used->release(from, t, b);
+  }
   void finish_send(int to, int64_t t, int b) override { pick(to).finish_send(to, t, b); }
   float* shared_home() override { return shm_ ? shm_->shared_home() : nullptr; }
   bool pairs_in_place(int peer) const override {
     return shm_ && to_node_.at(peer) != MPI_UNDEFINED && shm_->pairs_in_place(peer);
   }
   void publish(int peer, int64_t t, int b) override { shm_->publish(peer, t, b); }
-  void average_in_place(int peer, int64_t t, int b) override { shm_->average_in_place(peer, t, b); }
+  void average_in_place(int peer, int64_t t, int b) override {
+    shm_->average_in_place(peer, t, b);
+    if (remote_) remote_->release(peer, t, b);
+  }
 
  private:
   Transport& pick(int peer) {
@@ -328,7 +378,8 @@ class AutoTransport final : public Transport {
     return *t;
   }
   std::vector<int> to_node_;
-  std::unique_ptr<Transport> shm_, remote_;  // remote_: partners on other nodes (p2p)
+  mpi::Comm probe_;                          // no messages: MPI_Iprobe on it drives progress
+  std::unique_ptr<Transport> shm_, remote_;  // remote_: partners on other nodes (rma)
 };
 
 }  // namespace
@@ -337,8 +388,7 @@ std::unique_ptr<Transport> make_p2p_transport(const mpi::Comm& comm, const Buffe
   return std::make_unique<P2pTransport>(comm, layout);
 }
 
-std::unique_ptr<Transport> make_remote_transport(const mpi::Comm& comm,
-                                                 const BufferLayout& layout) {
+std::unique_ptr<Transport> make_rma_transport(const mpi::Comm& comm, const BufferLayout& layout) {
   return std::make_unique<RmaTransport>(comm, layout);
 }
 
@@ -355,7 +405,7 @@ std::unique_ptr<Transport> make_auto_transport(const mpi::Comm& comm, const Buff
 std::unique_ptr<Transport> make_transport(const std::string& name, const mpi::Comm& comm,
                                           const BufferLayout& layout, bool home) {
   if (name == "p2p") return make_p2p_transport(comm, layout);
-  if (name == "rma") return make_remote_transport(comm, layout);
+  if (name == "rma") return make_rma_transport(comm, layout);
   if (name == "auto") return make_auto_transport(comm, layout, home);
   if (name == "shm") {
     mpi::Comm node = comm.split_shared();

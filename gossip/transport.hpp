@@ -3,7 +3,7 @@
 // through different transports (auto: shared memory to a partner on this node, RMA otherwise).
 //
 // Protocol for bucket b at step t, on every rank (partners from the schedule):
-//   0. begin_step(from, to, t)   once per step, before any bucket (rma: PSCW post + start)
+//   0. begin_step(from, to, t)   once per step, before any bucket
 //   1. expect(from, t, b)        announce readiness to receive a bucket (Irecv, nothing)
 //   2. send(to, t, b, data)      move this rank's bucket to `to` (store / put / Isend)
 //   3. received(from, t, b)      block until the partner's bucket is here; returns a pointer to
@@ -23,6 +23,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -46,8 +47,8 @@ class Transport {
  public:
   virtual ~Transport() = default;
   virtual const char* name() const = 0;
-  // Waits on a partner (shm flags, p2p requests) give up with PartnerTimeout after `seconds`
-  // (0: wait forever, the default). rma's MPI_Win_wait is not covered.
+  // Waits on a partner (shm and rma flags, p2p requests) give up with PartnerTimeout after
+  // `seconds` (0: wait forever, the default).
   virtual void set_timeout(double seconds) { timeout_s_ = seconds; }
   virtual void begin_step(int from, int to, int64_t step) { (void)from, (void)to, (void)step; }
   // A whole-step transport delivers a step's buckets together: after every bucket's send(),
@@ -66,9 +67,17 @@ class Transport {
   virtual bool pairs_in_place(int peer) const { return (void)peer, false; }
   virtual void publish(int peer, int64_t step, int bucket);
   virtual void average_in_place(int peer, int64_t step, int bucket);
+  // Called on every poll of a wait that needs no MPI call itself (shm flags): auto sets it to
+  // drive MPI progress, which the rma half may need from this rank (MPICH implements some
+  // one-sided operations with messages the target must process).
+  void set_progress(std::function<void()> f) { progress_ = std::move(f); }
 
  protected:
+  void progress() const {
+    if (progress_) progress_();
+  }
   double timeout_s_ = 0;
+  std::function<void()> progress_;
 };
 
 // The layout every transport shares: bucket b covers elements [begin, end) of a flat buffer of
@@ -81,12 +90,11 @@ struct BufferLayout {
 // Isend/Irecv into a private receive buffer: portable, works everywhere.
 std::unique_ptr<Transport> make_p2p_transport(const mpi::Comm& comm, const BufferLayout& layout);
 
-// MPI_Put into the partner's MPI_Win_allocate window over the whole flat buffer, with
-// generalized active-target synchronisation: one post/start/complete/wait epoch per step, each
-// bucket put as soon as it is ready, the receiver mixing once the epoch is complete. (One epoch
-// per bucket on per-bucket windows hung Debian's MPICH 4.0.2 once partners change between
-// steps: several windows with rotating PSCW groups deadlock even in a single-threaded program.
-// Even with one window, rotating partners still hang now and then at 4+ ranks: experimental.)
+// MPI_Put into the partner's MPI_Win_allocate window over the whole flat buffer, under one
+// passive-target epoch (lock_all) for the window's life: each bucket is put as soon as it is
+// ready, then an arrival flag in the partner's window; the partner frees the slot with a flag of
+// its own. Partners may change every step. (An earlier version synchronised with PSCW epochs:
+// with rotating partners it hung now and then in Debian's MPICH 4.0.2 at 4+ ranks.)
 std::unique_ptr<Transport> make_rma_transport(const mpi::Comm& comm, const BufferLayout& layout);
 
 // A store straight into the partner's segment of an MPI_Win_allocate_shared window on the node
@@ -97,8 +105,7 @@ std::unique_ptr<Transport> make_rma_transport(const mpi::Comm& comm, const Buffe
 std::unique_ptr<Transport> make_shm_transport(const mpi::Comm& comm, const mpi::Comm& node,
                                               const BufferLayout& layout, bool home = false);
 
-// shm for partners on this node, p2p for the others (decided per peer; both sides agree). Not
-// rma: it delivers a step's buckets only together, and p2p was faster in bench/comm.
+// shm for partners on this node, rma for the others (decided per peer; both sides agree).
 std::unique_ptr<Transport> make_auto_transport(const mpi::Comm& comm, const BufferLayout& layout,
                                                bool home = false);
 
