@@ -256,13 +256,16 @@ void validate(const Config& c, bool check_paths) {
   }
   require(c.model.width >= 1 && c.model.width <= 1024, "model.width", c.model.width,
           "must be in [1, 1024]");
-  if (c.train.backend != "onednn" && c.train.backend != "reference")
-    throw UsageError("train.backend = " + c.train.backend + " is unknown: use onednn or reference");
+  if (c.train.backend != "onednn" && c.train.backend != "reference" && c.train.backend != "cuda")
+    throw UsageError("train.backend = " + c.train.backend +
+                     " is unknown: use onednn, reference or cuda");
+  if (c.train.backend == "cuda" && !kernels::cuda_built())
+    throw UsageError("train.backend = cuda: this gossipgrad was built without CUDA");
   if (c.train.precision != "fp32" && c.train.precision != "bf16")
     throw UsageError("train.precision = " + c.train.precision + " is unknown: use fp32 or bf16");
-  if (c.train.precision == "bf16" && c.train.backend != "onednn")
-    throw UsageError("train.precision = bf16 needs train.backend = onednn");
-  if (c.train.precision == "bf16" && !kernels::bf16_supported())
+  if (c.train.precision == "bf16" && c.train.backend == "reference")
+    throw UsageError("train.precision = bf16 needs train.backend = onednn or cuda");
+  if (c.train.precision == "bf16" && c.train.backend == "onednn" && !kernels::bf16_supported())
     throw UsageError("train.precision = bf16 needs a CPU with AVX512_BF16 (or AMX): use fp32");
   require(c.train.batch >= 1 && c.train.batch <= 65536, "train.batch", c.train.batch,
           "must be in [1, 65536]");
