@@ -134,8 +134,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "gg_bench_compute: %s\n", kernels::cuda_describe().c_str());
       kernels::CudaOptions o;
       o.tf32 = a.precision == "tf32";
-      gpu = kernels::make_cuda_executor(net.graph(), a.batch, net.store(), net.buckets(),
-                                        precision, o);
+      gpu = kernels::make_cuda_executor(net.graph(), a.batch, net.store(), net.buckets(), precision,
+                                        o);
       // Resident: weights, input and labels go up once; a step never leaves the GPU.
       gpu->set_resident(true);
       gpu->device().upload_params(net.store().params.data());
