@@ -380,6 +380,17 @@ class CudaExecutorImpl final : public CudaExecutor {
     return most;
   }
   void note_workspace(size_t bytes) { workspace_need_ = std::max(workspace_need_, bytes); }
+  // A scratch workspace for timing candidates, or none (then cuDNN's heuristics decide alone)
+  // when the device cannot spare it.
+  static bool try_workspace(DeviceArray<unsigned char>& ws, size_t bytes) {
+    try {
+      ws = DeviceArray<unsigned char>(static_cast<int64_t>(bytes));
+      return true;
+    } catch (const std::runtime_error&) {
+      (void)cudaGetLastError();
+      return false;
+    }
+  }
 
   void compile_conv(int id, const Node& n) {
     const int in = n.inputs[0];
@@ -413,8 +424,8 @@ class CudaExecutorImpl final : public CudaExecutor {
     int count = 0;
     GG_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(cudnn_, c.x.d, c.w.d, c.conv.d, c.y.d,
                                                           max, &count, perf.data()));
-    if (opt_.find_algorithms) {
-      DeviceArray<unsigned char> ws(static_cast<int64_t>(most_memory(perf, count)));
+    DeviceArray<unsigned char> ws;
+    if (opt_.find_algorithms && try_workspace(ws, most_memory(perf, count))) {
       GG_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
           cudnn_, c.x.d, y_of(in), c.w.d, weight_act(n, 0), c.conv.d, c.y.d, values_[id].y.get(),
           max, &count, perf.data(), ws.get(), static_cast<size_t>(ws.size())));
@@ -478,8 +489,8 @@ class CudaExecutorImpl final : public CudaExecutor {
       int count = 0;
       GG_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
           cudnn_, c.x.d, c.y.d, c.conv.d, c.w.d, max, &count, perf.data()));
-      if (opt_.find_algorithms) {
-        DeviceArray<unsigned char> ws(static_cast<int64_t>(most_memory(perf, count)));
+      DeviceArray<unsigned char> ws;
+      if (opt_.find_algorithms && try_workspace(ws, most_memory(perf, count))) {
         GG_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
             cudnn_, c.x.d, y_of(in), c.y.d, v.dy.get(), c.conv.d, c.w.d, weight_grad_act(n, 0), max,
             &count, perf.data(), ws.get(), static_cast<size_t>(ws.size())));
@@ -501,9 +512,9 @@ class CudaExecutorImpl final : public CudaExecutor {
     int count = 0;
     GG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnn_, c.w.d, c.y.d, c.conv.d,
                                                                c.x.d, max, &count, perf.data()));
-    if (opt_.find_algorithms) {
-      // Timing writes the input's gradient buffer, which backward overwrites anyway.
-      DeviceArray<unsigned char> ws(static_cast<int64_t>(most_memory(perf, count)));
+    // Timing writes the input's gradient buffer, which backward overwrites anyway.
+    DeviceArray<unsigned char> ws;
+    if (opt_.find_algorithms && try_workspace(ws, most_memory(perf, count))) {
       GG_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
           cudnn_, c.w.d, weight_act(n, 0), c.y.d, v.dy.get(), c.conv.d, c.x.d, values_[in].dy.get(),
           max, &count, perf.data(), ws.get(), static_cast<size_t>(ws.size())));
