@@ -59,10 +59,11 @@ po::options_description describe(Config& c) {
     ("model.batch_norm", po::value(&c.model.batch_norm)->default_value(c.model.batch_norm),
      "use batch norm (false: convolutions get a bias instead)")
     ("train.backend", po::value(&c.train.backend)->default_value(c.train.backend),
-     "kernels: onednn (fast CPU) or reference (plain C++ oracle)")
+     "kernels: onednn (fast CPU), reference (plain C++ oracle) or cuda (cuDNN + cuBLAS, one GPU "
+     "per rank)")
     ("train.precision", po::value(&c.train.precision)->default_value(c.train.precision),
-     "activations and conv arithmetic: fp32, or bf16 (onednn on CPUs with AVX512_BF16; weights, "
-     "gradients and the exchange stay fp32)")
+     "activations and conv arithmetic: fp32, or bf16 (cuda, or onednn on CPUs with AVX512_BF16; "
+     "weights, gradients and the exchange stay fp32)")
     ("train.batch", po::value(&c.train.batch)->default_value(c.train.batch),
      "samples per rank per step [1, 65536]")
     ("train.epochs", po::value(&c.train.epochs)->default_value(c.train.epochs),
