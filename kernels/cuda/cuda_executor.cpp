@@ -354,9 +354,15 @@ class CudaExecutorImpl final : public CudaExecutor {
     if (act_ == DType::BF16) return CUDNN_TENSOR_OP_MATH;
     return opt_.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
   }
+  bool strict() const { return act_ == DType::F32 && !opt_.tf32; }
   bool math_allowed(cudnnMathType_t m) const {
-    // Strict fp32 accepts FMA arithmetic only; otherwise whatever cuDNN proposes.
-    return act_ != DType::F32 || opt_.tf32 || m == CUDNN_FMA_MATH;
+    // Strict fp32 refuses tensor-core candidates; otherwise whatever cuDNN proposes.
+    return !strict() || (m != CUDNN_TENSOR_OP_MATH && m != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION);
+  }
+  // The math type to run a chosen candidate with: strict fp32 always runs FMA_MATH, which rules
+  // TF32 out whatever the candidate's label.
+  cudnnMathType_t run_math(cudnnMathType_t chosen) const {
+    return strict() ? CUDNN_FMA_MATH : chosen;
   }
 
   // The first usable candidate of a list cuDNN returned best-first.
@@ -432,7 +438,7 @@ class CudaExecutorImpl final : public CudaExecutor {
     }
     const auto chosen = choose(perf, count, n, "forward convolution");
     c.fwd = chosen.algo;
-    c.fwd_math = chosen.mathType;
+    c.fwd_math = run_math(chosen.mathType);
     size_t bytes = 0;
     GG_CUDNN_CHECK(cudnnSetConvolutionMathType(c.conv.d, c.fwd_math));
     GG_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(cudnn_, c.x.d, c.w.d, c.conv.d, c.y.d,
@@ -497,7 +503,7 @@ class CudaExecutorImpl final : public CudaExecutor {
       }
       const auto chosen = choose(perf, count, n, "filter-gradient convolution");
       c.bwd_filter = chosen.algo;
-      c.filter_math = chosen.mathType;
+      c.filter_math = run_math(chosen.mathType);
       size_t bytes = 0;
       GG_CUDNN_CHECK(cudnnSetConvolutionMathType(c.conv.d, c.filter_math));
       GG_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn_, c.x.d, c.y.d, c.conv.d,
@@ -521,7 +527,7 @@ class CudaExecutorImpl final : public CudaExecutor {
     }
     const auto chosen = choose(perf, count, n, "data-gradient convolution");
     c.bwd_data = chosen.algo;
-    c.data_math = chosen.mathType;
+    c.data_math = run_math(chosen.mathType);
     size_t bytes = 0;
     GG_CUDNN_CHECK(cudnnSetConvolutionMathType(c.conv.d, c.data_math));
     GG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn_, c.w.d, c.y.d, c.conv.d,
