@@ -59,10 +59,11 @@ po::options_description describe(Config& c) {
     ("model.batch_norm", po::value(&c.model.batch_norm)->default_value(c.model.batch_norm),
      "use batch norm (false: convolutions get a bias instead)")
     ("train.backend", po::value(&c.train.backend)->default_value(c.train.backend),
-     "kernels: onednn (fast CPU) or reference (plain C++ oracle)")
+     "kernels: onednn (fast CPU), reference (plain C++ oracle) or cuda (cuDNN + cuBLAS, one GPU "
+     "per rank)")
     ("train.precision", po::value(&c.train.precision)->default_value(c.train.precision),
-     "activations and conv arithmetic: fp32, or bf16 (onednn on CPUs with AVX512_BF16; weights, "
-     "gradients and the exchange stay fp32)")
+     "activations and conv arithmetic: fp32, or bf16 (cuda, or onednn on CPUs with AVX512_BF16; "
+     "weights, gradients and the exchange stay fp32)")
     ("train.batch", po::value(&c.train.batch)->default_value(c.train.batch),
      "samples per rank per step [1, 65536]")
     ("train.epochs", po::value(&c.train.epochs)->default_value(c.train.epochs),
@@ -278,13 +279,16 @@ void validate(const Config& c, bool check_paths) {
   }
   require(c.model.width >= 1 && c.model.width <= 1024, "model.width", c.model.width,
           "must be in [1, 1024]");
-  if (c.train.backend != "onednn" && c.train.backend != "reference")
-    throw UsageError("train.backend = " + c.train.backend + " is unknown: use onednn or reference");
+  if (c.train.backend != "onednn" && c.train.backend != "reference" && c.train.backend != "cuda")
+    throw UsageError("train.backend = " + c.train.backend +
+                     " is unknown: use onednn, reference or cuda");
+  if (c.train.backend == "cuda" && !kernels::cuda_built())
+    throw UsageError("train.backend = cuda: this gossipgrad was built without CUDA");
   if (c.train.precision != "fp32" && c.train.precision != "bf16")
     throw UsageError("train.precision = " + c.train.precision + " is unknown: use fp32 or bf16");
-  if (c.train.precision == "bf16" && c.train.backend != "onednn")
-    throw UsageError("train.precision = bf16 needs train.backend = onednn");
-  if (c.train.precision == "bf16" && !kernels::bf16_supported())
+  if (c.train.precision == "bf16" && c.train.backend == "reference")
+    throw UsageError("train.precision = bf16 needs train.backend = onednn or cuda");
+  if (c.train.precision == "bf16" && c.train.backend == "onednn" && !kernels::bf16_supported())
     throw UsageError("train.precision = bf16 needs a CPU with AVX512_BF16 (or AMX): use fp32");
   require(c.train.batch >= 1 && c.train.batch <= 65536, "train.batch", c.train.batch,
           "must be in [1, 65536]");

@@ -38,7 +38,7 @@ constexpr const char* kUsage =
     "  gossipgrad info --model NAME [--input C,H,W] [--classes N] [--width W] [--json]\n"
     "  gossipgrad export --checkpoint DIR --output W.npz [--overwrite]\n"
     "  gossipgrad infer --model NAME --weights W.npz --input X.npy --output Y.npy [--classes N]\n"
-    "                   [--backend onednn|reference] [--batch B] [--overwrite]\n"
+    "                   [--backend onednn|reference|cuda] [--batch B] [--overwrite]\n"
     "  gossipgrad partners --ranks P [--schedule S] [--rotate] [--steps T] [--seed N] [--json]\n"
     "  gossipgrad simulate --config FILE --ranks 2,4,...,4096 [--json] [--section.key value ...]\n"
     "  gossipgrad pack --input DIR --output DIR [--shard-size MB] [--threads N] [--shuffle SEED]\n"
@@ -421,14 +421,14 @@ int cmd_infer(const std::vector<std::string>& args) {
      "the weights)")
     ("batch_norm", po::value(&spec.batch_norm), "small nets with batch norm (default: whether the "
      "weights hold running statistics)")
-    ("backend", po::value(&backend_name)->default_value(backend_name), "onednn or reference")
+    ("backend", po::value(&backend_name)->default_value(backend_name), "onednn, reference or cuda")
     ("batch", po::value(&batch)->default_value(batch), "images per forward pass [1, 65536]")
     ("overwrite", po::bool_switch(&overwrite), "replace an existing output file");
   // clang-format on
   po::variables_map vm;
   if (!parse_options(args, d,
                      "usage: gossipgrad infer --model NAME --weights W.npz --input X.npy --output "
-                     "Y.npy [--classes N] [--backend onednn|reference] [--batch B]",
+                     "Y.npy [--classes N] [--backend onednn|reference|cuda] [--batch B]",
                      vm))
     return 0;
   require_input_file(weights, "--weights");

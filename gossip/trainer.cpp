@@ -79,6 +79,9 @@ Trainer::Trainer(const Config& c, const mpi::Comm& world, kernels::Dims input, i
   world_.broadcast(store.params.data(), g.param_count(), 0);
   world_.broadcast(store.buffers.data(), g.buffer_count(), 0);
   make_exchanges();
+  // One rank per GPU (CUDA backend): the rank on this node picks the device.
+  if (net_.backend() == kernels::Backend::Cuda)
+    kernels::bind_device(net_.backend(), world_.split_shared().rank());
   // Compiled only now: the gradient buffer may have moved into the exchange's shared memory.
   train_exec_ = &net_.at_batch(c.train.batch);
   eval_exec_ = &net_.at_batch(c.train.eval_batch);

@@ -5,16 +5,55 @@
 
 #include "kernels/onednn/onednn_executor.hpp"
 #include "kernels/reference/reference_executor.hpp"
+#ifdef GG_HAVE_CUDA
+#include "kernels/cuda/cuda_executor.hpp"
+#endif
 
 namespace gg::kernels {
 
 Backend parse_backend(const std::string& name) {
   if (name == "reference") return Backend::Reference;
   if (name == "onednn") return Backend::OneDnn;
-  throw std::invalid_argument("unknown backend '" + name + "' (expected reference or onednn)");
+  if (name == "cuda") {
+    if (!cuda_built())
+      throw std::invalid_argument(
+          "backend 'cuda': this gossipgrad was built without CUDA (rebuild with GG_CUDA=ON where "
+          "nvcc and cuDNN are installed)");
+    return Backend::Cuda;
+  }
+  throw std::invalid_argument("unknown backend '" + name +
+                              "' (expected reference, onednn or cuda)");
 }
 
-const char* backend_name(Backend b) { return b == Backend::Reference ? "reference" : "onednn"; }
+const char* backend_name(Backend b) {
+  switch (b) {
+    case Backend::Reference:
+      return "reference";
+    case Backend::OneDnn:
+      return "onednn";
+    case Backend::Cuda:
+      return "cuda";
+  }
+  return "?";
+}
+
+bool cuda_built() {
+#ifdef GG_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+void bind_device(Backend b, int local_rank) {
+  if (b != Backend::Cuda) return;
+#ifdef GG_HAVE_CUDA
+  select_cuda_device(local_rank);
+#else
+  (void)local_rank;
+  throw std::invalid_argument("backend 'cuda': this gossipgrad was built without CUDA");
+#endif
+}
 
 Precision parse_precision(const std::string& name) {
   if (name == "fp32") return Precision::Fp32;
@@ -44,9 +83,9 @@ std::unique_ptr<Executor> compile(const Graph& g, Backend backend, int64_t batch
   if (static_cast<int64_t>(store.params.size()) != g.param_count() ||
       static_cast<int64_t>(store.buffers.size()) != g.buffer_count())
     throw std::invalid_argument("parameter store does not match the graph");
-  if (precision == Precision::Bf16 && backend != Backend::OneDnn)
-    throw std::invalid_argument("bf16 precision needs the onednn backend");
-  if (precision == Precision::Bf16 && !bf16_supported())
+  if (precision == Precision::Bf16 && backend == Backend::Reference)
+    throw std::invalid_argument("bf16 precision needs the onednn or cuda backend");
+  if (precision == Precision::Bf16 && backend == Backend::OneDnn && !bf16_supported())
     throw std::invalid_argument(
         "bf16 precision needs a CPU with AVX512_BF16 (or AMX); this one has neither: use fp32");
   switch (backend) {
@@ -54,6 +93,12 @@ std::unique_ptr<Executor> compile(const Graph& g, Backend backend, int64_t batch
       return make_reference_executor(g, batch, store, buckets);
     case Backend::OneDnn:
       return make_onednn_executor(g, batch, store, buckets, precision);
+    case Backend::Cuda:
+#ifdef GG_HAVE_CUDA
+      return make_cuda_executor(g, batch, store, buckets, precision);
+#else
+      throw std::invalid_argument("backend 'cuda': this gossipgrad was built without CUDA");
+#endif
   }
   throw std::logic_error("unhandled backend");
 }

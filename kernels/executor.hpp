@@ -13,9 +13,16 @@
 
 namespace gg::kernels {
 
-enum class Backend { Reference, OneDnn };
-Backend parse_backend(const std::string& name);  // "reference" | "onednn"; throws otherwise
+enum class Backend { Reference, OneDnn, Cuda };
+// "reference" | "onednn" | "cuda"; throws std::invalid_argument otherwise, and for "cuda" in a
+// build without the CUDA backend.
+Backend parse_backend(const std::string& name);
 const char* backend_name(Backend b);
+// Whether this build has the CUDA backend (GG_HAVE_CUDA).
+bool cuda_built();
+// One rank per GPU: for the CUDA backend, makes device (local_rank mod device count) current;
+// throws a one-line std::runtime_error when no device is present. Nothing for CPU backends.
+void bind_device(Backend b, int local_rank);
 
 // What activations and convolution / fully connected arithmetic run in. Parameters, gradients,
 // batch-norm statistics and logits stay fp32 either way (bf16 keeps fp32 master weights).
@@ -108,7 +115,8 @@ class Executor {
 };
 
 // Builds every primitive and buffer up front; forward/backward do not allocate.
-// Bf16 needs the oneDNN backend and bf16_supported(); std::invalid_argument otherwise.
+// Bf16 needs the CUDA backend, or the oneDNN backend and bf16_supported(); std::invalid_argument
+// otherwise. The CUDA backend throws std::runtime_error when no device is present.
 std::unique_ptr<Executor> compile(const Graph& g, Backend backend, int64_t batch, ParamStore& store,
                                   const std::vector<Bucket>& buckets,
                                   Precision precision = Precision::Fp32);

@@ -11,11 +11,17 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <functional>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#ifdef GG_HAVE_CUDA
+#include "kernels/cuda/cuda_executor.hpp"
+#include "kernels/cuda/device_buffers.hpp"
+#endif
 #include "kernels/loss.hpp"
 #include "kernels/models.hpp"
 #include "kernels/net.hpp"
@@ -36,8 +42,11 @@ struct Args {
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "gg_bench_compute: %s\nusage: gg_bench_compute [--model NAME] [--batch B] [--res R] "
-               "[--classes N] [--threads T] [--steps N] [--warmup N] [--precision fp32|bf16] "
-               "[--backend onednn|reference]\n",
+               "[--classes N] [--threads T] [--steps N] [--warmup N] [--precision fp32|tf32|bf16] "
+               "[--backend onednn|reference|cuda]\n"
+               "  cuda: fp32 is strict fp32, tf32 lets convolutions and GEMMs use TF32; the "
+               "step keeps everything on the GPU (input uploaded once, loss and SGD on the "
+               "device) and ends in a stream synchronisation\n",
                why.c_str());
   std::exit(2);
 }
@@ -76,9 +85,10 @@ Args parse(int argc, char** argv) {
   }
   if (a.batch < 1 || a.res < 1 || a.threads < 1 || a.steps < 1 || a.warmup < 0)
     usage("batch, res, threads and steps must be positive");
-  if (a.precision != "fp32" && a.precision != "bf16")
-    usage("precision '" + a.precision + "' is unknown (fp32 or bf16)");
-  if (a.precision == "bf16" && !kernels::bf16_supported())
+  if (a.precision != "fp32" && a.precision != "bf16" && a.precision != "tf32")
+    usage("precision '" + a.precision + "' is unknown (fp32, tf32 or bf16)");
+  if (a.precision == "tf32" && a.backend != "cuda") usage("tf32 needs --backend cuda");
+  if (a.precision == "bf16" && a.backend == "onednn" && !kernels::bf16_supported())
     usage("bf16 needs a CPU with AVX512_BF16 (or AMX); this one has neither");
   return a;
 }
@@ -99,11 +109,13 @@ int main(int argc, char** argv) {
     spec.name = a.model;
     spec.input = {3, a.res, a.res};
     spec.classes = a.classes;
-    kernels::Net net(kernels::build_model(spec), kernels::parse_backend(a.backend), 1 << 20,
-                     kernels::parse_precision(a.precision));
+    const kernels::Backend backend = kernels::parse_backend(a.backend);
+    const kernels::Precision precision =
+        kernels::parse_precision(a.precision == "tf32" ? "fp32" : a.precision);
+    kernels::Net net(kernels::build_model(spec), backend, 1 << 20, precision);
     kernels::init_params(net.graph(), net.store(), 1);
-    kernels::Sgd sgd(net.graph().param_count(), {0.9f, 1e-4f, false});
-    kernels::Executor& ex = net.at_batch(a.batch);
+    const kernels::SgdOptions sgd_options{0.9f, 1e-4f, false};
+    kernels::Sgd sgd(net.graph().param_count(), sgd_options);
 
     std::mt19937 rng(7);
     std::normal_distribution<float> normal;
@@ -114,12 +126,42 @@ int main(int argc, char** argv) {
     std::vector<float> dlogits(a.batch * a.classes);
 
     std::vector<double> times;
+    std::function<void()> step;
+#ifdef GG_HAVE_CUDA
+    std::unique_ptr<kernels::CudaExecutor> gpu;
+    if (backend == kernels::Backend::Cuda) {
+      kernels::select_cuda_device(0);
+      std::fprintf(stderr, "gg_bench_compute: %s\n", kernels::cuda_describe().c_str());
+      kernels::CudaOptions o;
+      o.tf32 = a.precision == "tf32";
+      gpu = kernels::make_cuda_executor(net.graph(), a.batch, net.store(), net.buckets(), precision,
+                                        o);
+      // Resident: weights, input and labels go up once; a step never leaves the GPU.
+      gpu->set_resident(true);
+      gpu->device().upload_params(net.store().params.data());
+      gpu->device().upload_buffers(net.store().buffers.data());
+      gpu->forward(x.data(), false);  // uploads the input into device_input()
+      step = [&] {
+        gpu->forward_device(true);
+        gpu->loss_device(y.data());
+        gpu->backward_device({});
+        gpu->device().sgd_step(0.01f, sgd_options);
+        gpu->synchronize();
+      };
+    }
+#endif
+    if (!step) {
+      kernels::Executor& ex = net.at_batch(a.batch);
+      step = [&] {
+        const float* logits = ex.forward(x.data(), true);
+        kernels::softmax_cross_entropy(logits, y.data(), a.batch, a.classes, dlogits.data());
+        ex.backward(dlogits.data(), {});
+        sgd.step(net.store().params.data(), net.store().grads.data(), 0.01f);
+      };
+    }
     for (int s = 0; s < a.warmup + a.steps; ++s) {
       const auto t0 = Clock::now();
-      const float* logits = ex.forward(x.data(), true);
-      kernels::softmax_cross_entropy(logits, y.data(), a.batch, a.classes, dlogits.data());
-      ex.backward(dlogits.data(), {});
-      sgd.step(net.store().params.data(), net.store().grads.data(), 0.01f);
+      step();
       const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
       if (s >= a.warmup) times.push_back(dt);
       std::fprintf(stderr, "\rgg_bench_compute %s: step %d/%d %.3f s", a.model.c_str(), s + 1,

@@ -1,7 +1,12 @@
 """bench/compute, PyTorch side: the same training step as gg_bench_compute (forward, cross
 entropy, backward, SGD momentum 0.9 / weight decay 1e-4) on a torchvision model, images/s as the
 median over timed steps after warm-up, peak resident memory. Prints one CSV row in the format of
-gg_bench_compute."""
+gg_bench_compute.
+
+--device cuda: the GPU baseline. The input and labels live on the GPU, cudnn.benchmark is on,
+every step ends in torch.cuda.synchronize(); --precision fp32 turns TF32 off for convolutions and
+matmuls, tf32 turns it on for both, bf16 runs the forward under torch.autocast(bfloat16) with
+fp32 weights; --channels-last puts the model and the input in channels_last."""
 import argparse
 import resource
 import sys
@@ -31,20 +36,35 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"])
+    ap.add_argument("--channels-last", action="store_true")
     a = ap.parse_args()
+    if a.device == "cpu" and a.precision != "fp32":
+        sys.exit("torch_bench.py: the CPU baseline runs fp32 only")
     torch.manual_seed(7)
     torch.set_num_threads(a.threads)
-    model = build(a.model, a.classes).train()
+    dev = torch.device(a.device)
+    gpu = a.device == "cuda"
+    if gpu:
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.allow_tf32 = a.precision == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = a.precision == "tf32"
+    fmt = torch.channels_last if a.channels_last else torch.contiguous_format
+    model = build(a.model, a.classes).train().to(dev, memory_format=fmt)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-4)
-    x = torch.randn(a.batch, 3, a.res, a.res)
-    y = torch.randint(0, a.classes, (a.batch,))
+    x = torch.randn(a.batch, 3, a.res, a.res, device=dev).contiguous(memory_format=fmt)
+    y = torch.randint(0, a.classes, (a.batch,), device=dev)
     times = []
     for s in range(a.warmup + a.steps):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x), y)
+        with torch.autocast(a.device, dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+            loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
+        if gpu:
+            torch.cuda.synchronize()
         dt = time.perf_counter() - t0
         if s >= a.warmup:
             times.append(dt)
@@ -55,7 +75,10 @@ def main():
     med = times[len(times) // 2]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     params = sum(p.numel() for p in model.parameters())
-    print(f"pytorch-{torch.__version__},{a.model},{a.batch},{a.res},{a.threads},fp32,"
+    if gpu:
+        print(f"# torch {torch.__version__} on {torch.cuda.get_device_name()}, peak device "
+              f"memory {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB", file=sys.stderr)
+    print(f"pytorch-{torch.__version__},{a.model},{a.batch},{a.res},{a.threads},{a.precision},"
           f"{med:.6g},{a.batch / med:.4g},{peak:.1f},{params}")
 
 

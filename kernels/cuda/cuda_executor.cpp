@@ -1,0 +1,817 @@
+#include "kernels/cuda/cuda_executor.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/cuda_check.hpp"
+#include "kernels/cuda/cuda_kernels.hpp"
+#include "kernels/cuda/device_buffers.hpp"
+
+namespace gg::kernels {
+
+int cuda_device_count(std::string* why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (why) *why = cudaGetErrorString(e);
+    return 0;
+  }
+  if (n == 0 && why) *why = "cudaGetDeviceCount reports 0 devices";
+  return n;
+}
+
+namespace {
+[[noreturn]] void no_device(const std::string& why) {
+  throw std::runtime_error("CUDA backend: no CUDA device is present (" + why + ")");
+}
+}  // namespace
+
+void select_cuda_device(int local_rank) {
+  std::string why;
+  const int n = cuda_device_count(&why);
+  if (n == 0) no_device(why);
+  GG_CUDA_CHECK(cudaSetDevice(std::max(0, local_rank) % n));
+}
+
+std::string cuda_describe() {
+  int dev = 0, rt = 0, drv = 0;
+  GG_CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp p{};
+  GG_CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+  GG_CUDA_CHECK(cudaRuntimeGetVersion(&rt));
+  GG_CUDA_CHECK(cudaDriverGetVersion(&drv));
+  int cublas = 0;
+  GG_CUBLAS_CHECK(cublasGetProperty(MAJOR_VERSION, &cublas));
+  std::string s = p.name;
+  s += " (sm_" + std::to_string(p.major * 10 + p.minor) + ", ";
+  s += std::to_string(p.totalGlobalMem >> 20) + " MiB), CUDA runtime " + std::to_string(rt);
+  s += ", driver " + std::to_string(drv) + ", cuDNN " + std::to_string(cudnnGetVersion());
+  s += ", cuBLAS " + std::to_string(cublas);
+  return s;
+}
+
+namespace {
+
+using cuda::DeviceArray;
+using cuda::DType;
+
+int to_int(int64_t v, const char* what) {
+  if (v < 0 || v > std::numeric_limits<int>::max())
+    throw std::invalid_argument(std::string("CUDA backend: ") + what + " exceeds the int range");
+  return static_cast<int>(v);
+}
+
+// cuDNN descriptors as RAII owners.
+struct TensorDesc {
+  cudnnTensorDescriptor_t d = nullptr;
+  TensorDesc() { GG_CUDNN_CHECK(cudnnCreateTensorDescriptor(&d)); }
+  ~TensorDesc() { cudnnDestroyTensorDescriptor(d); }
+  TensorDesc(const TensorDesc&) = delete;
+  TensorDesc& operator=(const TensorDesc&) = delete;
+};
+struct FilterDesc {
+  cudnnFilterDescriptor_t d = nullptr;
+  FilterDesc() { GG_CUDNN_CHECK(cudnnCreateFilterDescriptor(&d)); }
+  ~FilterDesc() { cudnnDestroyFilterDescriptor(d); }
+  FilterDesc(const FilterDesc&) = delete;
+  FilterDesc& operator=(const FilterDesc&) = delete;
+};
+struct ConvDesc {
+  cudnnConvolutionDescriptor_t d = nullptr;
+  ConvDesc() { GG_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&d)); }
+  ~ConvDesc() { cudnnDestroyConvolutionDescriptor(d); }
+  ConvDesc(const ConvDesc&) = delete;
+  ConvDesc& operator=(const ConvDesc&) = delete;
+};
+
+// A per-sample tensor as {C, H, W}; feature vectors {F} are F channels of 1x1.
+struct Chw {
+  int64_t c = 1, h = 1, w = 1;
+  int64_t plane() const { return h * w; }
+  int64_t size() const { return c * h * w; }
+};
+Chw chw(const Dims& d) {
+  Chw s;
+  s.c = d.empty() ? 1 : d[0];
+  s.h = d.size() > 1 ? d[1] : 1;
+  s.w = d.size() > 2 ? d[2] : 1;
+  if (s.size() != numel(d))
+    throw std::invalid_argument("CUDA backend: unsupported dims " + to_string(d));
+  return s;
+}
+
+// One node's output on the device, its gradient, and what its backward keeps from forward.
+struct Value {
+  Chw s;
+  int64_t elems = 0;  // batch * per-sample size
+  DeviceArray<unsigned char> y, dy;
+  int consumers = 0;
+  bool zero_dy = false;   // nothing writes its gradient: zeroed before backward
+  std::vector<bool> acc;  // per input: add into its gradient (another consumer wrote it first)
+  // Batch norm: the statistics the last forward normalised with.
+  DeviceArray<float> mean, inv_std;
+  DeviceArray<int32_t> argmax;  // max pool
+  DeviceArray<float> denom;     // LRN
+  uint64_t dropout_step = 0;    // the step the last training forward drew its mask for
+};
+
+struct Conv {
+  TensorDesc x, y;
+  FilterDesc w;
+  ConvDesc conv;
+  cudnnConvolutionFwdAlgo_t fwd{};
+  cudnnConvolutionBwdDataAlgo_t bwd_data{};
+  cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
+  cudnnMathType_t fwd_math{}, data_math{}, filter_math{};
+  bool backward_ready = false;
+};
+
+class CudaExecutorImpl final : public CudaExecutor {
+ public:
+  CudaExecutorImpl(const Graph& g, int64_t batch, ParamStore& store,
+                   const std::vector<Bucket>& buckets, Precision precision, CudaOptions o)
+      : CudaExecutor(batch),
+        g_(g),
+        store_(store),
+        opt_(o),
+        act_(precision == Precision::Bf16 ? DType::BF16 : DType::F32) {
+    GG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    GG_CUDNN_CHECK(cudnnCreate(&cudnn_));
+    GG_CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));
+    GG_CUBLAS_CHECK(cublasCreate(&cublas_));
+    GG_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+    GG_CUBLAS_CHECK(cublasSetMathMode(cublas_, act_ == DType::F32 && opt_.tf32
+                                                   ? CUBLAS_TF32_TENSOR_OP_MATH
+                                                   : CUBLAS_DEFAULT_MATH));
+    dev_ = std::make_unique<cuda::DeviceBuffers>(g.param_count(), g.buffer_count(), buckets,
+                                                 store.grads.data(), stream_);
+    if (act_ == DType::BF16) {
+      params_lp_ = DeviceArray<unsigned char>(g.param_count() * 2);
+      grads_lp_ = DeviceArray<unsigned char>(g.param_count() * 2);
+    }
+    const auto& nodes = g.nodes();
+    values_.resize(nodes.size());
+    convs_.resize(nodes.size());
+    for (const Node& n : nodes)
+      for (int in : n.inputs) values_[in].consumers++;
+    input_ = DeviceArray<float>(batch * numel(g.input_dims()));
+    logits_ = DeviceArray<float>(batch * g.classes());
+    labels_ = DeviceArray<int32_t>(batch);
+    loss_ = DeviceArray<float>(2);
+    GG_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_logits_),
+                                 sizeof(float) * batch * g.classes()));
+    GG_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_loss_), sizeof(float) * 2));
+    for (size_t id = 0; id < nodes.size(); ++id) compile_forward(static_cast<int>(id));
+    for (int id = static_cast<int>(nodes.size()) - 1; id >= 0; --id) order_.push_back(id);
+    fire_at_ = bucket_completion(g, buckets, order_);
+    grow_workspace();
+    GG_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  ~CudaExecutorImpl() override {
+    if (stream_) cudaStreamSynchronize(stream_);
+    dev_.reset();
+    if (host_logits_) cudaFreeHost(host_logits_);
+    if (host_loss_) cudaFreeHost(host_loss_);
+    if (cublas_) cublasDestroy(cublas_);
+    if (cudnn_) cudnnDestroy(cudnn_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  // ---- the Executor contract ----
+
+  const float* forward(const float* x, bool train) override {
+    if (!resident_) {
+      dev_->upload_params(store_.params.data());
+      dev_->upload_buffers(store_.buffers.data());
+    }
+    GG_CUDA_CHECK(cudaMemcpyAsync(input_.get(), x, sizeof(float) * input_.size(),
+                                  cudaMemcpyHostToDevice, stream_));
+    forward_device(train);
+    GG_CUDA_CHECK(cudaMemcpyAsync(host_logits_, logits_.get(), sizeof(float) * logits_.size(),
+                                  cudaMemcpyDeviceToHost, stream_));
+    if (!resident_ && train) dev_->download_buffers(store_.buffers.data());
+    GG_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return host_logits_;
+  }
+
+  void backward(const float* dlogits, const BucketReady& ready) override {
+    if (!trained_) throw std::logic_error("backward needs a training forward first");
+    GG_CUDA_CHECK(cudaMemcpyAsync(logits_.get(), dlogits, sizeof(float) * logits_.size(),
+                                  cudaMemcpyHostToDevice, stream_));
+    seed_output_gradient();
+    backward_device(ready);
+    if (resident_) synchronize();
+  }
+
+  // ---- the CUDA extras ----
+
+  void set_resident(bool r) override {
+    synchronize();
+    resident_ = r;
+  }
+  bool resident() const override { return resident_; }
+  cuda::DeviceBuffers& device() override { return *dev_; }
+  float* device_input() override { return input_.get(); }
+
+  void forward_device(bool train) override {
+    trained_ = false;
+    if (train) prepare_backward();
+    if (act_ == DType::BF16 && g_.param_count() > 0)
+      cuda::cast(params_lp_.get(), DType::BF16, dev_->params(), DType::F32, g_.param_count(),
+                 stream_);
+    for (size_t id = 0; id < values_.size(); ++id) forward_node(static_cast<int>(id), train);
+    const Value& out = values_[g_.output()];
+    cuda::cast(logits_.get(), DType::F32, out.y.get(), act_, out.elems, stream_);
+    trained_ = train;
+    if (train) ++dropout_step_;
+  }
+
+  void loss_device(const int32_t* labels) override {
+    if (!trained_) throw std::logic_error("loss_device needs a training forward first");
+    GG_CUDA_CHECK(cudaMemcpyAsync(labels_.get(), labels, sizeof(int32_t) * batch_,
+                                  cudaMemcpyHostToDevice, stream_));
+    // The gradient overwrites the fp32 logits buffer, then seeds backward.
+    cuda::softmax_xent(logits_.get(), loss_.get(), logits_.get(), labels_.get(), batch_,
+                       g_.classes(), stream_);
+    GG_CUDA_CHECK(cudaMemcpyAsync(host_loss_, loss_.get(), sizeof(float) * 2,
+                                  cudaMemcpyDeviceToHost, stream_));
+    seed_output_gradient();
+  }
+
+  double last_loss() override {
+    synchronize();
+    return host_loss_[1] > 0 ? host_loss_[0] / host_loss_[1] : 0.0;
+  }
+
+  void backward_device(const BucketReady& ready) override {
+    if (!trained_) throw std::logic_error("backward needs a training forward first");
+    for (size_t id = 1; id < values_.size(); ++id) {
+      Value& v = values_[id];
+      if (v.zero_dy) GG_CUDA_CHECK(cudaMemsetAsync(v.dy.get(), 0, v.dy.size(), stream_));
+    }
+    std::vector<int> fired;
+    for (size_t pos = 0; pos < order_.size(); ++pos) {
+      backward_node(order_[pos]);
+      for (int b : fire_at_[pos]) {
+        if (resident_) {
+          if (ready) ready(b);
+        } else {
+          dev_->on_bucket_ready(b);
+          fired.push_back(b);
+        }
+      }
+    }
+    // Host-authoritative: each bucket reaches ParamStore::grads while later ones still compute.
+    for (int b : fired) {
+      dev_->wait_bucket_host(b);
+      if (ready) ready(b);
+    }
+    if (!resident_) synchronize();
+  }
+
+  void synchronize() override { GG_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+ private:
+  // ---- compile ----
+
+  void* alloc_act(DeviceArray<unsigned char>& a, int64_t elems) {
+    a = DeviceArray<unsigned char>(elems * cuda::dtype_size(act_));
+    if (a.size() > 0) GG_CUDA_CHECK(cudaMemsetAsync(a.get(), 0, a.size(), stream_));
+    return a.get();
+  }
+
+  float* param(const Node& n, size_t i) const {
+    return dev_->params() + g_.params()[n.params.at(i)].offset;
+  }
+  float* grad(const Node& n, size_t i) const {
+    return dev_->grads() + g_.params()[n.params.at(i)].offset;
+  }
+  float* buffer(const Node& n, size_t i) const {
+    return dev_->buffers() + g_.buffers()[n.buffers.at(i)].offset;
+  }
+  // A weight in the activations' type: the fp32 master, or its bf16 shadow.
+  const void* weight_act(const Node& n, size_t i) const {
+    const int64_t off = g_.params()[n.params.at(i)].offset;
+    if (act_ == DType::F32) return dev_->params() + off;
+    return params_lp_.get() + off * 2;
+  }
+  void* weight_grad_act(const Node& n, size_t i) const {
+    const int64_t off = g_.params()[n.params.at(i)].offset;
+    if (act_ == DType::F32) return dev_->grads() + off;
+    return grads_lp_.get() + off * 2;
+  }
+  cudnnDataType_t cudnn_type() const {
+    return act_ == DType::F32 ? CUDNN_DATA_FLOAT : CUDNN_DATA_BFLOAT16;
+  }
+  cudaDataType_t blas_type() const { return act_ == DType::F32 ? CUDA_R_32F : CUDA_R_16BF; }
+
+  void compile_forward(int id) {
+    const Node& n = g_.node(id);
+    Value& v = values_[id];
+    v.s = chw(n.out);
+    v.elems = batch_ * v.s.size();
+    if (n.op == Op::Input && act_ == DType::F32) {
+      // The input is read where it was uploaded.
+    } else {
+      alloc_act(v.y, v.elems);
+    }
+    switch (n.op) {
+      case Op::Conv:
+        return compile_conv(id, n);
+      case Op::BatchNorm:
+        v.mean = DeviceArray<float>(v.s.c);
+        v.inv_std = DeviceArray<float>(v.s.c);
+        bn_scratch_ = std::max(bn_scratch_, cuda::bn_scratch_floats(bn_shape(n)));
+        return;
+      case Op::MaxPool:
+        v.argmax = DeviceArray<int32_t>(v.elems);
+        return;
+      case Op::Lrn:
+        v.denom = DeviceArray<float>(v.elems);
+        return;
+      case Op::FullyConnected:
+        to_int(batch_, "batch");
+        to_int(numel(g_.node(n.inputs[0]).out), "fully connected input");
+        to_int(n.fc.out_features, "fully connected output");
+        return;
+      default:
+        return;
+    }
+  }
+
+  const void* y_of(int t) const {
+    if (t == 0 && act_ == DType::F32) return input_.get();
+    return values_[t].y.get();
+  }
+
+  cudnnMathType_t conv_math() const {
+    if (act_ == DType::BF16) return CUDNN_TENSOR_OP_MATH;
+    return opt_.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+  }
+  bool strict() const { return act_ == DType::F32 && !opt_.tf32; }
+  bool math_allowed(cudnnMathType_t m) const {
+    // Strict fp32 refuses tensor-core candidates; otherwise whatever cuDNN proposes.
+    return !strict() || (m != CUDNN_TENSOR_OP_MATH && m != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION);
+  }
+  // The math type to run a chosen candidate with: strict fp32 always runs FMA_MATH, which rules
+  // TF32 out whatever the candidate's label.
+  cudnnMathType_t run_math(cudnnMathType_t chosen) const {
+    return strict() ? CUDNN_FMA_MATH : chosen;
+  }
+
+  // The first usable candidate of a list cuDNN returned best-first.
+  template <typename Perf>
+  Perf choose(const std::vector<Perf>& perf, int count, const Node& n, const char* what) const {
+    for (int i = 0; i < count; ++i)
+      if (perf[i].status == CUDNN_STATUS_SUCCESS && math_allowed(perf[i].mathType)) return perf[i];
+    std::string m = "CUDA backend: cuDNN offers no ";
+    m += what;
+    m += " algorithm for ";
+    m += n.name;
+    throw std::runtime_error(m);
+  }
+  // The workspace to time candidates with: the most any usable heuristic candidate asks for.
+  template <typename Perf>
+  size_t most_memory(const std::vector<Perf>& perf, int count) const {
+    size_t most = 0;
+    for (int i = 0; i < count; ++i)
+      if (perf[i].status == CUDNN_STATUS_SUCCESS && math_allowed(perf[i].mathType))
+        most = std::max(most, perf[i].memory);
+    return most;
+  }
+  void note_workspace(size_t bytes) { workspace_need_ = std::max(workspace_need_, bytes); }
+  // A scratch workspace for timing candidates, or none (then cuDNN's heuristics decide alone)
+  // when the device cannot spare it.
+  static bool try_workspace(DeviceArray<unsigned char>& ws, size_t bytes) {
+    try {
+      ws = DeviceArray<unsigned char>(static_cast<int64_t>(bytes));
+      return true;
+    } catch (const std::runtime_error&) {
+      (void)cudaGetLastError();
+      return false;
+    }
+  }
+
+  void compile_conv(int id, const Node& n) {
+    const int in = n.inputs[0];
+    const Chw xs = values_[in].s;
+    const Chw ys = values_[id].s;
+    convs_[id] = std::make_unique<Conv>();
+    Conv& c = *convs_[id];
+    const cudnnDataType_t t = cudnn_type();
+    GG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(c.x.d, CUDNN_TENSOR_NCHW, t, to_int(batch_, "batch"),
+                                              to_int(xs.c, "channels"), to_int(xs.h, "height"),
+                                              to_int(xs.w, "width")));
+    GG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(c.y.d, CUDNN_TENSOR_NCHW, t, to_int(batch_, "batch"),
+                                              to_int(ys.c, "channels"), to_int(ys.h, "height"),
+                                              to_int(ys.w, "width")));
+    const int k = to_int(n.conv.kernel, "kernel");
+    GG_CUDNN_CHECK(cudnnSetFilter4dDescriptor(c.w.d, t, CUDNN_TENSOR_NCHW, to_int(ys.c, "channels"),
+                                              to_int(xs.c, "channels"), k, k));
+    const int p = to_int(n.conv.pad, "padding"), s = to_int(n.conv.stride, "stride");
+    GG_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(c.conv.d, p, p, s, s, 1, 1,
+                                                   CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    GG_CUDNN_CHECK(cudnnSetConvolutionMathType(c.conv.d, conv_math()));
+    int on = 0, oc = 0, oh = 0, ow = 0;
+    GG_CUDNN_CHECK(
+        cudnnGetConvolution2dForwardOutputDim(c.conv.d, c.x.d, c.w.d, &on, &oc, &oh, &ow));
+    if (oc != ys.c || oh != ys.h || ow != ys.w)
+      throw std::logic_error(n.name + ": cuDNN's output shape differs from the graph's");
+
+    int max = 0;
+    GG_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(cudnn_, &max));
+    std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(std::max(1, max));
+    int count = 0;
+    GG_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(cudnn_, c.x.d, c.w.d, c.conv.d, c.y.d,
+                                                          max, &count, perf.data()));
+    DeviceArray<unsigned char> ws;
+    if (opt_.find_algorithms && try_workspace(ws, most_memory(perf, count))) {
+      GG_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
+          cudnn_, c.x.d, y_of(in), c.w.d, weight_act(n, 0), c.conv.d, c.y.d, values_[id].y.get(),
+          max, &count, perf.data(), ws.get(), static_cast<size_t>(ws.size())));
+    }
+    const auto chosen = choose(perf, count, n, "forward convolution");
+    c.fwd = chosen.algo;
+    c.fwd_math = run_math(chosen.mathType);
+    size_t bytes = 0;
+    GG_CUDNN_CHECK(cudnnSetConvolutionMathType(c.conv.d, c.fwd_math));
+    GG_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(cudnn_, c.x.d, c.w.d, c.conv.d, c.y.d,
+                                                           c.fwd, &bytes));
+    note_workspace(bytes);
+    GG_CUDNN_CHECK(cudnnSetConvolutionMathType(c.conv.d, conv_math()));
+  }
+
+  // Backward state, made on the first training forward: an executor that only evaluates holds no
+  // gradients.
+  void prepare_backward() {
+    if (backward_ready_) return;
+    const auto& nodes = g_.nodes();
+    const int output = g_.output();
+    for (size_t id = 1; id < nodes.size(); ++id) {
+      Value& v = values_[id];
+      alloc_act(v.dy, v.elems);
+      v.zero_dy = v.consumers == 0 && static_cast<int>(id) != output;
+    }
+    // Who writes each gradient first: backward visits nodes last to first; the loss writes the
+    // output's gradient before any of them.
+    std::vector<bool> written(nodes.size(), false);
+    written[output] = true;
+    for (int id : order_) {
+      Value& v = values_[id];
+      v.acc.assign(nodes[id].inputs.size(), false);
+      for (size_t i = 0; i < nodes[id].inputs.size(); ++i) {
+        const int t = nodes[id].inputs[i];
+        if (t == 0) continue;
+        v.acc[i] = written[t];
+        written[t] = true;
+      }
+    }
+    for (size_t id = 0; id < nodes.size(); ++id) {
+      if (nodes[id].op == Op::BatchNorm && batch_ * values_[id].s.plane() < 2)
+        throw std::invalid_argument(nodes[id].name +
+                                    ": training batch norm needs more than one value per channel");
+      if (nodes[id].op == Op::Conv) compile_conv_backward(static_cast<int>(id), nodes[id]);
+    }
+    if (bn_scratch_ > 0) bn_scratch_buf_ = DeviceArray<float>(bn_scratch_);
+    grow_workspace();
+    backward_ready_ = true;
+  }
+
+  void compile_conv_backward(int id, const Node& n) {
+    Conv& c = *convs_[id];
+    const int in = n.inputs[0];
+    const Value& v = values_[id];
+    // Filter gradient.
+    {
+      int max = 0;
+      GG_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(cudnn_, &max));
+      std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(std::max(1, max));
+      int count = 0;
+      GG_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
+          cudnn_, c.x.d, c.y.d, c.conv.d, c.w.d, max, &count, perf.data()));
+      DeviceArray<unsigned char> ws;
+      if (opt_.find_algorithms && try_workspace(ws, most_memory(perf, count))) {
+        GG_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
+            cudnn_, c.x.d, y_of(in), c.y.d, v.dy.get(), c.conv.d, c.w.d, weight_grad_act(n, 0), max,
+            &count, perf.data(), ws.get(), static_cast<size_t>(ws.size())));
+      }
+      const auto chosen = choose(perf, count, n, "filter-gradient convolution");
+      c.bwd_filter = chosen.algo;
+      c.filter_math = run_math(chosen.mathType);
+      size_t bytes = 0;
+      GG_CUDNN_CHECK(cudnnSetConvolutionMathType(c.conv.d, c.filter_math));
+      GG_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn_, c.x.d, c.y.d, c.conv.d,
+                                                                    c.w.d, c.bwd_filter, &bytes));
+      note_workspace(bytes);
+      GG_CUDNN_CHECK(cudnnSetConvolutionMathType(c.conv.d, conv_math()));
+    }
+    if (in == 0) return;  // no gradient w.r.t. the data
+    int max = 0;
+    GG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(cudnn_, &max));
+    std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(std::max(1, max));
+    int count = 0;
+    GG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnn_, c.w.d, c.y.d, c.conv.d,
+                                                               c.x.d, max, &count, perf.data()));
+    // Timing writes the input's gradient buffer, which backward overwrites anyway.
+    DeviceArray<unsigned char> ws;
+    if (opt_.find_algorithms && try_workspace(ws, most_memory(perf, count))) {
+      GG_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
+          cudnn_, c.w.d, weight_act(n, 0), c.y.d, v.dy.get(), c.conv.d, c.x.d, values_[in].dy.get(),
+          max, &count, perf.data(), ws.get(), static_cast<size_t>(ws.size())));
+    }
+    const auto chosen = choose(perf, count, n, "data-gradient convolution");
+    c.bwd_data = chosen.algo;
+    c.data_math = run_math(chosen.mathType);
+    size_t bytes = 0;
+    GG_CUDNN_CHECK(cudnnSetConvolutionMathType(c.conv.d, c.data_math));
+    GG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataWorkspaceSize(cudnn_, c.w.d, c.y.d, c.conv.d,
+                                                                c.x.d, c.bwd_data, &bytes));
+    note_workspace(bytes);
+    GG_CUDNN_CHECK(cudnnSetConvolutionMathType(c.conv.d, conv_math()));
+  }
+
+  // One workspace for every convolution, as large as the largest chosen algorithm asks.
+  void grow_workspace() {
+    if (workspace_need_ <= static_cast<size_t>(workspace_.size())) return;
+    GG_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    workspace_ = DeviceArray<unsigned char>(static_cast<int64_t>(workspace_need_));
+  }
+
+  cuda::BnShape bn_shape(const Node& n) const {
+    const Chw s = chw(n.out);
+    cuda::BnShape b;
+    b.batch = batch_;
+    b.c = s.c;
+    b.plane = s.plane();
+    b.eps = n.bn.eps;
+    b.momentum = n.bn.momentum;
+    return b;
+  }
+  cuda::PoolShape pool_shape(const Node& n) const {
+    const Chw in = values_[n.inputs[0]].s, out = chw(n.out);
+    cuda::PoolShape p;
+    p.planes = batch_ * out.c;
+    p.ih = in.h;
+    p.iw = in.w;
+    p.oh = out.h;
+    p.ow = out.w;
+    p.k = n.pool.kernel;
+    p.stride = n.pool.stride;
+    p.pad = n.pool.pad;
+    return p;
+  }
+  cuda::LrnShape lrn_shape(const Node& n) const {
+    const Chw s = chw(n.out);
+    cuda::LrnShape l;
+    l.batch = batch_;
+    l.c = s.c;
+    l.plane = s.plane();
+    l.size = n.lrn.size;
+    l.alpha = n.lrn.alpha;
+    l.beta = n.lrn.beta;
+    l.k = n.lrn.k;
+    return l;
+  }
+  cuda::DropoutKey dropout_key(const Node& n, int id, uint64_t step) const {
+    return {n.dropout.seed, id, step, n.dropout.p};
+  }
+
+  // ---- run ----
+
+  void seed_output_gradient() {
+    // logits_ holds the fp32 gradient of the loss w.r.t. the logits.
+    Value& out = values_[g_.output()];
+    cuda::cast(out.dy.get(), act_, logits_.get(), DType::F32, out.elems, stream_);
+  }
+
+  void forward_node(int id, bool train) {
+    const Node& n = g_.node(id);
+    Value& v = values_[id];
+    void* y = v.y.get();
+    const void* x = n.inputs.empty() ? nullptr : y_of(n.inputs[0]);
+    switch (n.op) {
+      case Op::Input:
+        if (act_ != DType::F32) cuda::cast(y, act_, input_.get(), DType::F32, v.elems, stream_);
+        return;
+      case Op::Conv: {
+        const Conv& c = *convs_[id];
+        const float one = 1.f, zero = 0.f;
+        GG_CUDNN_CHECK(cudnnSetConvolutionMathType(c.conv.d, c.fwd_math));
+        GG_CUDNN_CHECK(cudnnConvolutionForward(
+            cudnn_, &one, c.x.d, x, c.w.d, weight_act(n, 0), c.conv.d, c.fwd, workspace_.get(),
+            static_cast<size_t>(workspace_.size()), &zero, c.y.d, y));
+        if (n.conv.bias) cuda::bias_add(y, param(n, 1), batch_, v.s.c, v.s.plane(), act_, stream_);
+        return;
+      }
+      case Op::BatchNorm: {
+        const cuda::BnShape b = bn_shape(n);
+        cuda::bn_statistics(v.mean.get(), v.inv_std.get(), buffer(n, 0), buffer(n, 1), x, b, train,
+                            bn_scratch_buf_.get(), act_, stream_);
+        cuda::bn_apply(y, x, v.mean.get(), v.inv_std.get(), param(n, 0), param(n, 1), b, act_,
+                       stream_);
+        return;
+      }
+      case Op::Relu:
+        return cuda::relu_forward(y, x, v.elems, act_, stream_);
+      case Op::MaxPool:
+        return cuda::max_pool_forward(y, v.argmax.get(), x, pool_shape(n), act_, stream_);
+      case Op::AvgPool:
+        return cuda::avg_pool_forward(y, x, pool_shape(n), act_, stream_);
+      case Op::GlobalAvgPool: {
+        const Chw in = values_[n.inputs[0]].s;
+        return cuda::global_avg_pool_forward(y, x, batch_ * in.c, in.plane(), act_, stream_);
+      }
+      case Op::FullyConnected:
+        return fc_forward(n, v, x);
+      case Op::Add:
+        return cuda::add_forward(y, x, y_of(n.inputs[1]), v.elems, act_, stream_);
+      case Op::Concat: {
+        int64_t first = 0;
+        for (int in : n.inputs) {
+          const Chw s = values_[in].s;
+          cuda::slice_to_concat(y, y_of(in), batch_, s.c, s.plane(), v.s.c, first, act_, stream_);
+          first += s.c;
+        }
+        return;
+      }
+      case Op::Dropout:
+        if (train) {
+          v.dropout_step = dropout_step_;
+          return cuda::dropout_forward(y, x, v.elems, dropout_key(n, id, dropout_step_), act_,
+                                       stream_);
+        }
+        GG_CUDA_CHECK(cudaMemcpyAsync(y, x, v.elems * cuda::dtype_size(act_),
+                                      cudaMemcpyDeviceToDevice, stream_));
+        return;
+      case Op::Lrn:
+        return cuda::lrn_forward(y, v.denom.get(), x, lrn_shape(n), act_, stream_);
+    }
+    throw std::logic_error("CUDA backend: unhandled op");
+  }
+
+  // Row-major y {N, out} = x {N, in} W^T + b: in cuBLAS's column-major terms y^T = W^T' x^T with
+  // W stored {out, in}, i.e. op(A) = transpose of the {in, out} column-major view of W.
+  void fc_forward(const Node& n, Value& v, const void* x) {
+    const int in = static_cast<int>(numel(g_.node(n.inputs[0]).out));
+    const int out = static_cast<int>(n.fc.out_features), nb = static_cast<int>(batch_);
+    const float one = 1.f, zero = 0.f;
+    GG_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, out, nb, in, &one,
+                                 weight_act(n, 0), blas_type(), in, x, blas_type(), in, &zero,
+                                 v.y.get(), blas_type(), out, gemm_compute(), CUBLAS_GEMM_DEFAULT));
+    if (n.fc.bias) cuda::bias_add(v.y.get(), param(n, 1), batch_, out, 1, act_, stream_);
+  }
+
+  cublasComputeType_t gemm_compute() const {
+    return act_ == DType::F32 && opt_.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  }
+
+  void backward_node(int id) {
+    const Node& n = g_.node(id);
+    Value& v = values_[id];
+    const void* dy = v.dy.get();
+    const int in = n.inputs.empty() ? 0 : n.inputs[0];
+    void* dx = in == 0 ? nullptr : values_[in].dy.get();
+    const bool acc = !v.acc.empty() && v.acc[0];
+    const void* x = n.inputs.empty() ? nullptr : y_of(in);
+    switch (n.op) {
+      case Op::Input:
+        return;
+      case Op::Conv:
+        return conv_backward(id, n, v, x, dx, acc);
+      case Op::BatchNorm:
+        return cuda::bn_backward(dx, grad(n, 0), grad(n, 1), dy, x, v.mean.get(), v.inv_std.get(),
+                                 param(n, 0), bn_shape(n), bn_scratch_buf_.get(), act_, acc,
+                                 stream_);
+      case Op::Relu:
+        if (dx) cuda::relu_backward(dx, dy, x, v.elems, act_, acc, stream_);
+        return;
+      case Op::MaxPool:
+        if (dx) cuda::max_pool_backward(dx, dy, v.argmax.get(), pool_shape(n), act_, acc, stream_);
+        return;
+      case Op::AvgPool:
+        if (dx) cuda::avg_pool_backward(dx, dy, pool_shape(n), act_, acc, stream_);
+        return;
+      case Op::GlobalAvgPool:
+        if (dx) {
+          const Chw s = values_[in].s;
+          cuda::global_avg_pool_backward(dx, dy, batch_ * s.c, s.plane(), act_, acc, stream_);
+        }
+        return;
+      case Op::FullyConnected:
+        return fc_backward(n, v, x, dx, acc);
+      case Op::Add:
+        for (size_t i = 0; i < 2; ++i) {
+          const int t = n.inputs[i];
+          if (t != 0) cuda::accumulate(values_[t].dy.get(), dy, v.elems, act_, v.acc[i], stream_);
+        }
+        return;
+      case Op::Concat: {
+        int64_t first = 0;
+        for (size_t i = 0; i < n.inputs.size(); ++i) {
+          const int t = n.inputs[i];
+          const Chw s = values_[t].s;
+          if (t != 0)
+            cuda::concat_to_slice(values_[t].dy.get(), dy, batch_, s.c, s.plane(), v.s.c, first,
+                                  act_, v.acc[i], stream_);
+          first += s.c;
+        }
+        return;
+      }
+      case Op::Dropout:
+        if (dx)
+          cuda::dropout_backward(dx, dy, v.elems, dropout_key(n, id, v.dropout_step), act_, acc,
+                                 stream_);
+        return;
+      case Op::Lrn:
+        if (dx) cuda::lrn_backward(dx, dy, x, v.denom.get(), lrn_shape(n), act_, acc, stream_);
+        return;
+    }
+    throw std::logic_error("CUDA backend: unhandled op");
+  }
+
+  void conv_backward(int id, const Node& n, Value& v, const void* x, void* dx, bool acc) {
+    const Conv& c = *convs_[id];
+    const float one = 1.f, zero = 0.f, beta = acc ? 1.f : 0.f;
+    void* ws = workspace_.get();
+    const size_t ws_bytes = static_cast<size_t>(workspace_.size());
+    GG_CUDNN_CHECK(cudnnSetConvolutionMathType(c.conv.d, c.filter_math));
+    GG_CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn_, &one, c.x.d, x, c.y.d, v.dy.get(),
+                                                  c.conv.d, c.bwd_filter, ws, ws_bytes, &zero,
+                                                  c.w.d, weight_grad_act(n, 0)));
+    if (act_ != DType::F32) {
+      const TensorSpec& w = g_.params()[n.params[0]];
+      cuda::cast(dev_->grads() + w.offset, DType::F32, weight_grad_act(n, 0), act_, w.size(),
+                 stream_);
+    }
+    if (n.conv.bias)
+      cuda::bias_grad(grad(n, 1), v.dy.get(), batch_, v.s.c, v.s.plane(), act_, stream_);
+    if (!dx) return;
+    GG_CUDNN_CHECK(cudnnSetConvolutionMathType(c.conv.d, c.data_math));
+    GG_CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &one, c.w.d, weight_act(n, 0), c.y.d,
+                                                v.dy.get(), c.conv.d, c.bwd_data, ws, ws_bytes,
+                                                &beta, c.x.d, dx));
+  }
+
+  // dW {out, in} = dy^T x and dx {N, in} = dy W, in cuBLAS's column-major terms.
+  void fc_backward(const Node& n, Value& v, const void* x, void* dx, bool acc) {
+    const int in = static_cast<int>(numel(g_.node(n.inputs[0]).out));
+    const int out = static_cast<int>(n.fc.out_features), nb = static_cast<int>(batch_);
+    const float one = 1.f, zero = 0.f, beta = acc ? 1.f : 0.f;
+    // The weight gradient is fp32 whatever the inputs (cuBLAS accumulates in fp32).
+    GG_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, in, out, nb, &one, x,
+                                 blas_type(), in, v.dy.get(), blas_type(), out, &zero, grad(n, 0),
+                                 CUDA_R_32F, in, gemm_compute(), CUBLAS_GEMM_DEFAULT));
+    if (n.fc.bias) cuda::bias_grad(grad(n, 1), v.dy.get(), batch_, out, 1, act_, stream_);
+    if (!dx) return;
+    GG_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, in, nb, out, &one,
+                                 weight_act(n, 0), blas_type(), in, v.dy.get(), blas_type(), out,
+                                 &beta, dx, blas_type(), in, gemm_compute(), CUBLAS_GEMM_DEFAULT));
+  }
+
+  const Graph g_;  // a copy: the caller's graph may go away first
+  ParamStore& store_;
+  CudaOptions opt_;
+  DType act_;
+  cudaStream_t stream_ = nullptr;
+  cudnnHandle_t cudnn_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  std::unique_ptr<cuda::DeviceBuffers> dev_;
+  DeviceArray<unsigned char> params_lp_, grads_lp_;  // bf16 shadows of the flat buffers
+  DeviceArray<float> input_, logits_, loss_;
+  DeviceArray<int32_t> labels_;
+  float* host_logits_ = nullptr;
+  float* host_loss_ = nullptr;
+  std::vector<Value> values_;
+  std::vector<std::unique_ptr<Conv>> convs_;
+  DeviceArray<unsigned char> workspace_;
+  size_t workspace_need_ = 0;
+  int64_t bn_scratch_ = 0;
+  DeviceArray<float> bn_scratch_buf_;
+  std::vector<int> order_;
+  std::vector<std::vector<int>> fire_at_;
+  bool backward_ready_ = false;
+  bool trained_ = false;
+  bool resident_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<CudaExecutor> make_cuda_executor(const Graph& g, int64_t batch, ParamStore& store,
+                                                 const std::vector<Bucket>& buckets,
+                                                 Precision precision, CudaOptions options) {
+  std::string why;
+  if (cuda_device_count(&why) == 0) no_device(why);
+  if (static_cast<int64_t>(store.params.size()) != g.param_count() ||
+      static_cast<int64_t>(store.grads.size()) != g.param_count() ||
+      static_cast<int64_t>(store.buffers.size()) != g.buffer_count())
+    throw std::invalid_argument("CUDA backend: parameter store does not match the graph");
+  return std::make_unique<CudaExecutorImpl>(g, batch, store, buckets, precision, options);
+}
+
+}  // namespace gg::kernels

@@ -1,0 +1,71 @@
+// The CUDA backend: convolutions through cuDNN (algorithms chosen by cuDNN's find / heuristics,
+// workspace sized by its own queries), fully connected layers through cuBLAS, everything else in
+// small kernels; parameters, gradients and statistics in flat device buffers laid out as the host
+// ParamStore. fp32 runs may use TF32 tensor cores; bf16 runs keep activations in bf16 over fp32
+// master weights. This header needs no CUDA headers.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kernels/executor.hpp"
+#include "kernels/loss.hpp"
+
+namespace gg::kernels {
+
+namespace cuda {
+class DeviceBuffers;
+}
+
+struct CudaOptions {
+  bool tf32 = true;             // fp32 convolutions and GEMMs may round inputs to TF32
+  bool find_algorithms = true;  // time cuDNN's candidates (cudnnFind*Ex), else its heuristics
+};
+
+// Two ways to run:
+//  - host-authoritative (default): the Executor contract as the CPU backends keep it. Every
+//    forward uploads the host parameters and statistics; a training forward brings the running
+//    statistics back; backward copies each gradient bucket to ParamStore::grads on a side stream
+//    as soon as backward completes it, and calls ready(b) once bucket b is on the host (the
+//    buckets copy while backward still runs). The optimizer may run on the host.
+//  - resident (set_resident(true)): parameters, statistics and the SGD velocity stay on the device
+//    (device() holds them; upload/download them explicitly). forward_device / loss_device /
+//    backward_device enqueue work without waiting for it; backward_device calls ready(b) as soon
+//    as bucket b's gradients are *enqueued*, so the callback can enqueue staging after them
+//    (device().on_bucket_ready(b)), and device().sgd_step updates on the GPU.
+class CudaExecutor : public Executor {
+ public:
+  virtual void set_resident(bool resident) = 0;
+  virtual bool resident() const = 0;
+  virtual cuda::DeviceBuffers& device() = 0;
+
+  // The fp32 input batch on the device, batch x input dims, that forward_device reads.
+  virtual float* device_input() = 0;
+  virtual void forward_device(bool train) = 0;
+  // Softmax cross-entropy of the last forward's logits against host labels (< 0: padding),
+  // computed on the device; its gradient becomes backward_device's starting point.
+  virtual void loss_device(const int32_t* labels) = 0;
+  // The mean loss of the last loss_device (waits for it).
+  virtual double last_loss() = 0;
+  virtual void backward_device(const BucketReady& ready) = 0;
+  // Waits for everything enqueued on the compute stream.
+  virtual void synchronize() = 0;
+
+ protected:
+  using Executor::Executor;
+};
+
+std::unique_ptr<CudaExecutor> make_cuda_executor(const Graph& g, int64_t batch, ParamStore& store,
+                                                 const std::vector<Bucket>& buckets,
+                                                 Precision precision, CudaOptions options = {});
+
+// How many CUDA devices this process sees; 0 with the runtime's reason in `why` when none.
+int cuda_device_count(std::string* why = nullptr);
+// One rank per GPU: makes device (local_rank mod device count) current for this process.
+// Throws a one-line std::runtime_error when no device is present.
+void select_cuda_device(int local_rank);
+// The name of the current device and the CUDA / cuDNN / cuBLAS versions, for benchmark headers.
+std::string cuda_describe();
+
+}  // namespace gg::kernels

@@ -1,0 +1,105 @@
+// The small CUDA kernels of the GPU backend: everything cuDNN (convolutions) and cuBLAS (fully
+// connected) do not do. Every launcher is asynchronous on `s`. Tensors are plain NCHW in fp32 or
+// bf16 (`DType`); parameters, gradients and statistics are always fp32. `acc` selects dx += ...
+// (a tensor with several consumers) over dx = ..., so that no gradient needs zeroing first.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace gg::kernels::cuda {
+
+enum class DType { F32, BF16 };
+inline int64_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
+
+void cast(void* dst, DType dt, const void* src, DType st, int64_t n, cudaStream_t s);
+void relu_forward(void* y, const void* x, int64_t n, DType t, cudaStream_t s);
+void relu_backward(void* dx, const void* dy, const void* x, int64_t n, DType t, bool acc,
+                   cudaStream_t s);
+void add_forward(void* y, const void* a, const void* b, int64_t n, DType t, cudaStream_t s);
+void accumulate(void* dx, const void* dy, int64_t n, DType t, bool acc, cudaStream_t s);
+
+// Channels [first, first + c) of a {batch, total_c, plane} tensor <-> a {batch, c, plane} one.
+void slice_to_concat(void* cat, const void* x, int64_t batch, int64_t c, int64_t plane,
+                     int64_t total_c, int64_t first, DType t, cudaStream_t s);
+void concat_to_slice(void* dx, const void* dcat, int64_t batch, int64_t c, int64_t plane,
+                     int64_t total_c, int64_t first, DType t, bool acc, cudaStream_t s);
+
+// y[n, c, i] += bias[c]; db[c] = sum over n, i of dy[n, c, i] (plane = 1 for feature vectors).
+void bias_add(void* y, const float* bias, int64_t batch, int64_t c, int64_t plane, DType t,
+              cudaStream_t s);
+void bias_grad(float* db, const void* dy, int64_t batch, int64_t c, int64_t plane, DType t,
+               cudaStream_t s);
+
+struct PoolShape {
+  int64_t planes = 0;  // batch * channels
+  int64_t ih = 0, iw = 0, oh = 0, ow = 0;
+  int64_t k = 1, stride = 1, pad = 0;
+};
+// Max pool keeps, per output, the offset of its winner within the input plane (ties: first in
+// scan order; padding and the positions ceil mode adds never win).
+void max_pool_forward(void* y, int32_t* argmax, const void* x, const PoolShape& p, DType t,
+                      cudaStream_t s);
+void max_pool_backward(void* dx, const void* dy, const int32_t* argmax, const PoolShape& p, DType t,
+                       bool acc, cudaStream_t s);
+// Average pool counting padding in the divisor (kernel^2), floor mode.
+void avg_pool_forward(void* y, const void* x, const PoolShape& p, DType t, cudaStream_t s);
+void avg_pool_backward(void* dx, const void* dy, const PoolShape& p, DType t, bool acc,
+                       cudaStream_t s);
+void global_avg_pool_forward(void* y, const void* x, int64_t planes, int64_t plane, DType t,
+                             cudaStream_t s);
+void global_avg_pool_backward(void* dx, const void* dy, int64_t planes, int64_t plane, DType t,
+                              bool acc, cudaStream_t s);
+
+// Inverted dropout with the masks of kernels::dropout_multiplier, recomputed in backward.
+struct DropoutKey {
+  uint64_t seed = 0;
+  int node = 0;
+  uint64_t step = 0;
+  float p = 0.f;
+};
+void dropout_forward(void* y, const void* x, int64_t n, const DropoutKey& k, DType t,
+                     cudaStream_t s);
+void dropout_backward(void* dx, const void* dy, int64_t n, const DropoutKey& k, DType t, bool acc,
+                      cudaStream_t s);
+
+// LRN across channels (PyTorch's nn.LocalResponseNorm, odd sizes); denom keeps k + alpha/size *
+// window sum of squares for backward.
+struct LrnShape {
+  int64_t batch = 0, c = 0, plane = 0, size = 5;
+  float alpha = 1e-4f, beta = 0.75f, k = 1.f;
+};
+void lrn_forward(void* y, float* denom, const void* x, const LrnShape& l, DType t, cudaStream_t s);
+void lrn_backward(void* dx, const void* dy, const void* x, const float* denom, const LrnShape& l,
+                  DType t, bool acc, cudaStream_t s);
+
+// Batch norm over {batch, c, plane}. `scratch` holds bn_scratch_floats(...) floats.
+struct BnShape {
+  int64_t batch = 0, c = 0, plane = 1;
+  float eps = 1e-5f, momentum = 0.1f;
+};
+int64_t bn_scratch_floats(const BnShape& b);
+// Training: batch statistics into mean / inv_std and the running statistics updated as PyTorch
+// does (unbiased variance). Eval: mean / inv_std from the running statistics.
+void bn_statistics(float* mean, float* inv_std, float* running_mean, float* running_var,
+                   const void* x, const BnShape& b, bool train, float* scratch, DType t,
+                   cudaStream_t s);
+void bn_apply(void* y, const void* x, const float* mean, const float* inv_std, const float* gamma,
+              const float* beta, const BnShape& b, DType t, cudaStream_t s);
+// dgamma, dbeta are written; dx (if non-null) written or accumulated.
+void bn_backward(void* dx, float* dgamma, float* dbeta, const void* dy, const void* x,
+                 const float* mean, const float* inv_std, const float* gamma, const BnShape& b,
+                 float* scratch, DType t, bool acc, cudaStream_t s);
+
+// torch.optim.SGD's update over n fp32 values (see kernels::Sgd); `first` seeds v with the
+// gradient.
+void sgd_update(float* w, float* v, const float* g, int64_t n, float lr, float momentum,
+                float weight_decay, bool nesterov, bool first, cudaStream_t s);
+
+// Mean softmax cross-entropy of fp32 logits {n, classes} against labels (< 0: padding rows),
+// dlogits = its gradient; loss_sum receives the summed loss of the valid rows and their count.
+void softmax_xent(float* dlogits, float* loss_and_count, const float* logits, const int32_t* labels,
+                  int64_t n, int64_t classes, cudaStream_t s);
+
+}  // namespace gg::kernels::cuda

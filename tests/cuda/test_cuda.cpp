@@ -1,0 +1,329 @@
+// The CUDA backend against the reference backend (the oracle) and the oneDNN backend: every layer
+// kind forward and backward, small ResNet and GoogLeNet on the same weights and input (fp32 with
+// TF32 off tightly; TF32 and bf16 loosely), the device SGD update against kernels::Sgd, the
+// bucket staging round trip, and resident training against host-authoritative training. Runs
+// only where a GPU is present (main.cpp skips otherwise).
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/cuda_executor.hpp"
+#include "kernels/cuda/device_buffers.hpp"
+#include "kernels/executor.hpp"
+#include "kernels/graph.hpp"
+#include "kernels/loss.hpp"
+#include "kernels/models.hpp"
+#include "kernels/optimizer.hpp"
+#include "kernels/reference/reference_executor.hpp"
+
+using namespace gg::kernels;
+
+namespace {
+
+std::vector<float> randoms(int64_t n, uint32_t seed, float lo = -1.f, float hi = 1.f) {
+  std::mt19937 e(seed);
+  std::vector<float> v(n);
+  for (float& x : v) x = lo + (hi - lo) * static_cast<float>(e() >> 8) / 16777216.f;
+  return v;
+}
+
+// Weights ~ U(-1,1)/sqrt(fan_in), biases small, batch-norm scale near 1, running statistics
+// random (so an eval forward that ignored them shows).
+void init_random(const Graph& g, ParamStore& s, uint32_t seed) {
+  std::mt19937 e(seed);
+  auto u = [&](float lo, float hi) {
+    return lo + (hi - lo) * static_cast<float>(e() >> 8) / 16777216.f;
+  };
+  for (const TensorSpec& t : g.params()) {
+    const bool bn = g.node(t.node).op == Op::BatchNorm;
+    const bool weight = t.name.ends_with(".weight");
+    const double fan_in = t.dims.size() > 1 ? static_cast<double>(t.size() / t.dims[0]) : 1.0;
+    const float scale = static_cast<float>(1.0 / std::sqrt(fan_in));
+    for (int64_t i = 0; i < t.size(); ++i)
+      s.params[t.offset + i] = bn ? (weight ? u(0.5f, 1.5f) : u(-0.5f, 0.5f))
+                                  : (weight ? u(-1.f, 1.f) * scale : u(-0.5f, 0.5f));
+  }
+  for (const TensorSpec& t : g.buffers())
+    for (int64_t i = 0; i < t.size(); ++i)
+      s.buffers[t.offset + i] = t.name.ends_with("running_var") ? u(0.5f, 2.f) : u(-0.5f, 0.5f);
+}
+
+// One training step (forward, a fixed dlogits, backward) and one eval forward.
+struct Outcome {
+  std::vector<float> train_logits, eval_logits, grads, buffers;
+};
+
+Outcome run(
+    const Graph& g, int64_t batch,
+    const std::function<std::unique_ptr<Executor>(ParamStore&, const std::vector<Bucket>&)>& make) {
+  ParamStore s(g);
+  init_random(g, s, 11);
+  const std::vector<Bucket> buckets = make_buckets(g, 64);
+  std::unique_ptr<Executor> e = make(s, buckets);
+  const std::vector<float> x = randoms(batch * numel(g.input_dims()), 5);
+  const std::vector<float> dlogits = randoms(batch * g.classes(), 6, -0.1f, 0.1f);
+  Outcome o;
+  const float* y = e->forward(x.data(), true);
+  o.train_logits.assign(y, y + batch * g.classes());
+  e->backward(dlogits.data(), {});
+  o.grads = s.grads;
+  o.buffers = s.buffers;
+  y = e->forward(x.data(), false);
+  o.eval_logits.assign(y, y + batch * g.classes());
+  return o;
+}
+
+// |a - b| <= tol * (max |b| + 1e-3) elementwise: errors judged against the tensor's scale.
+void close(const std::vector<float>& a, const std::vector<float>& b, double tol,
+           const std::string& what) {
+  REQUIRE(a.size() == b.size());
+  double scale = 1e-3, worst = 0;
+  for (float v : b) scale = std::max(scale, static_cast<double>(std::fabs(v)));
+  for (size_t i = 0; i < a.size(); ++i) {
+    REQUIRE(std::isfinite(a[i]));
+    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]));
+  }
+  INFO(what << ": worst |diff| " << worst << " at scale " << scale);
+  CHECK(worst <= tol * scale);
+}
+
+void compare(const Outcome& gpu, const Outcome& ref, double tol) {
+  close(gpu.train_logits, ref.train_logits, tol, "training logits");
+  close(gpu.grads, ref.grads, tol, "gradients");
+  close(gpu.buffers, ref.buffers, tol, "running statistics");
+  close(gpu.eval_logits, ref.eval_logits, tol, "eval logits");
+}
+
+auto cuda_maker(const Graph& g, int64_t batch, Precision p, bool tf32) {
+  return [&g, batch, p, tf32](ParamStore& s, const std::vector<Bucket>& b) {
+    CudaOptions o;
+    o.tf32 = tf32;
+    return std::unique_ptr<Executor>(make_cuda_executor(g, batch, s, b, p, o));
+  };
+}
+auto reference_maker(const Graph& g, int64_t batch) {
+  return [&g, batch](ParamStore& s, const std::vector<Bucket>& b) {
+    return make_reference_executor(g, batch, s, b);
+  };
+}
+
+// input -> conv -> LAYER -> fc: the conv's weight gradient carries the layer's input gradient.
+Graph around(const std::function<int(Graph&, int)>& layer, Dims input = {5, 9, 9}) {
+  Graph g(std::move(input));
+  const int c = g.conv("conv0", g.input(), {6, 3, 1, 1, true});
+  const int l = layer(g, c);
+  g.set_output(g.fully_connected("fc", l, {7, true}));
+  return g;
+}
+
+}  // namespace
+
+TEST_CASE("every layer kind agrees with the reference backend, forward and backward (fp32)") {
+  const std::vector<std::pair<std::string, std::function<int(Graph&, int)>>> layers = {
+      {"conv stride 2 with bias",
+       [](Graph& g, int x) {
+         return g.conv("c", x, {8, 3, 2, 1, true});
+       }},
+      {"conv 1x1",
+       [](Graph& g, int x) {
+         return g.conv("c", x, {4, 1, 1, 0, false});
+       }},
+      {"batch norm",
+       [](Graph& g, int x) {
+         return g.batch_norm("bn", x, {1e-3f, 0.1f});
+       }},
+      {"relu", [](Graph& g, int x) { return g.relu(x); }},
+      {"max pool ceil mode",
+       [](Graph& g, int x) {
+         return g.max_pool(x, {3, 2, 0, true});
+       }},
+      {"max pool padded",
+       [](Graph& g, int x) {
+         return g.max_pool(x, {3, 2, 1, false});
+       }},
+      {"avg pool",
+       [](Graph& g, int x) {
+         return g.avg_pool(x, {3, 2, 1, false});
+       }},
+      {"global avg pool", [](Graph& g, int x) { return g.global_avg_pool(x); }},
+      {"add of a branch and its input",
+       [](Graph& g, int x) {
+         return g.add(g.relu(g.conv("b", x, {6, 3, 1, 1, false})), x);
+       }},
+      {"add of a tensor to itself", [](Graph& g, int x) { return g.add(x, x); }},
+      {"concat of three branches",
+       [](Graph& g, int x) {
+         return g.concat({g.conv("a", x, {3, 1, 1, 0, false}), x, g.relu(x)});
+       }},
+      {"dropout",
+       [](Graph& g, int x) {
+         return g.dropout(x, {0.3f, 9});
+       }},
+      {"lrn",
+       [](Graph& g, int x) {
+         return g.lrn(x, {5, 1e-2f, 0.75f, 2.f});
+       }},
+      {"fully connected without bias",
+       [](Graph& g, int x) {
+         return g.relu(g.fully_connected("f", x, {11, false}));
+       }},
+      {"batch norm of features",
+       [](Graph& g, int x) {
+         return g.batch_norm("bnf", g.fully_connected("f", x, {10, true}));
+       }},
+  };
+  for (const auto& [name, layer] : layers) {
+    SECTION(name) {
+      const Graph g = around(layer);
+      const int64_t batch = 3;
+      compare(run(g, batch, cuda_maker(g, batch, Precision::Fp32, false)),
+              run(g, batch, reference_maker(g, batch)), 1e-4);
+    }
+  }
+}
+
+TEST_CASE(
+    "small ResNet and GoogLeNet agree with the oneDNN backend on the same weights and input") {
+  for (const std::string name : {"resnet18", "googlenet"}) {
+    SECTION(name) {
+      ModelSpec spec;
+      spec.name = name;
+      spec.input = {3, 32, 32};
+      spec.classes = 10;
+      const Graph g = build_model(spec);
+      const int64_t batch = 4;
+      const Outcome ref = run(g, batch, [&](ParamStore& s, const std::vector<Bucket>& b) {
+        return compile(g, Backend::OneDnn, batch, s, b);
+      });
+      compare(run(g, batch, cuda_maker(g, batch, Precision::Fp32, false)), ref, 2e-3);
+      compare(run(g, batch, cuda_maker(g, batch, Precision::Fp32, true)), ref, 3e-2);
+      compare(run(g, batch, cuda_maker(g, batch, Precision::Bf16, false)), ref, 1e-1);
+    }
+  }
+}
+
+TEST_CASE("the device SGD update equals kernels::Sgd over several steps") {
+  for (const bool nesterov : {false, true}) {
+    const int64_t n = 1000;
+    SgdOptions o{0.9f, 1e-3f, nesterov};
+    std::vector<float> w = randoms(n, 1), host_grads(n);
+    cuda::DeviceBuffers dev(n, 0, {{0, n}}, host_grads.data(), nullptr);
+    dev.upload_params(w.data());
+    Sgd host(n, o);
+    for (int step = 0; step < 3; ++step) {
+      const std::vector<float> g = randoms(n, 10 + step);
+      host_grads = g;
+      dev.upload_bucket(0);
+      dev.sgd_step(0.1f, o);
+      host.step(w.data(), g.data(), 0.1f);
+    }
+    std::vector<float> got(n), v(n);
+    dev.download_params(got.data());
+    dev.download_velocity(v.data());
+    close(got, w, 1e-6, "weights");
+    close(v, host.velocity(), 1e-6, "velocity");
+  }
+}
+
+TEST_CASE("buckets go device -> host -> device through the staging hooks unchanged") {
+  const int64_t n = 10000;
+  std::vector<float> host(n, 0.f);
+  const std::vector<Bucket> buckets = {{6000, 10000}, {2500, 6000}, {0, 2500}};
+  cuda::DeviceBuffers dev(n, 0, buckets, host.data(), nullptr);
+  const std::vector<float> g = randoms(n, 3);
+  REQUIRE(cudaMemcpy(dev.grads(), g.data(), n * sizeof(float), cudaMemcpyHostToDevice) ==
+          cudaSuccess);
+  for (int b = 0; b < 3; ++b) dev.on_bucket_ready(b);
+  for (int b = 0; b < 3; ++b) {
+    dev.wait_bucket_host(b);
+    for (int64_t i = buckets[b].begin; i < buckets[b].end; ++i) REQUIRE(host[i] == g[i]);
+  }
+  for (float& v : host) v *= 0.5f;  // what mixing with a partner would do
+  for (int b = 0; b < 3; ++b) dev.upload_bucket(b);
+  std::vector<float> back(n);
+  REQUIRE(cudaStreamSynchronize(dev.compute()) == cudaSuccess);
+  REQUIRE(cudaMemcpy(back.data(), dev.grads(), n * sizeof(float), cudaMemcpyDeviceToHost) ==
+          cudaSuccess);
+  CHECK(back == host);
+}
+
+TEST_CASE("host-authoritative backward hands every bucket over in order, final on the host") {
+  ModelSpec spec;
+  spec.name = "resnet8";
+  const Graph g = build_model(spec);
+  ParamStore s(g);
+  init_random(g, s, 4);
+  const std::vector<Bucket> buckets = make_buckets(g, 2000);
+  REQUIRE(buckets.size() > 2);
+  auto e = make_cuda_executor(g, 8, s, buckets, Precision::Fp32, {false, true});
+  const std::vector<float> x = randoms(8 * numel(g.input_dims()), 2);
+  const std::vector<float> dl = randoms(8 * g.classes(), 3, -0.1f, 0.1f);
+  e->forward(x.data(), true);
+  std::vector<int> order;
+  std::vector<std::vector<float>> seen;
+  e->backward(dl.data(), [&](int b) {
+    order.push_back(b);
+    seen.emplace_back(s.grads.begin() + buckets[b].begin, s.grads.begin() + buckets[b].end);
+  });
+  REQUIRE(order.size() == buckets.size());
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    CHECK(order[b] == static_cast<int>(b));
+    CHECK(std::equal(seen[b].begin(), seen[b].end(), s.grads.begin() + buckets[b].begin));
+  }
+}
+
+TEST_CASE("resident training on the device follows host-authoritative training") {
+  ModelSpec spec;
+  spec.name = "resnet8";
+  const Graph g = build_model(spec);
+  const int64_t batch = 8;
+  const std::vector<float> x = randoms(batch * numel(g.input_dims()), 2);
+  std::vector<int32_t> labels(batch);
+  for (int64_t i = 0; i < batch; ++i) labels[i] = static_cast<int32_t>(i % g.classes());
+  const SgdOptions o{0.9f, 1e-4f, false};
+  const std::vector<Bucket> buckets = make_buckets(g, 1 << 30);
+
+  ParamStore host_store(g);
+  init_random(g, host_store, 8);
+  ParamStore dev_store(g);
+  dev_store.params = host_store.params;
+  dev_store.buffers = host_store.buffers;
+
+  auto a = make_cuda_executor(g, batch, host_store, buckets, Precision::Fp32, {false, true});
+  Sgd sgd(g.param_count(), o);
+  std::vector<float> dlogits(batch * g.classes());
+  double host_loss = 0;
+  for (int step = 0; step < 3; ++step) {
+    const float* logits = a->forward(x.data(), true);
+    host_loss =
+        softmax_cross_entropy(logits, labels.data(), batch, g.classes(), dlogits.data()).loss;
+    a->backward(dlogits.data(), {});
+    sgd.step(host_store.params.data(), host_store.grads.data(), 0.05f);
+  }
+
+  auto b = make_cuda_executor(g, batch, dev_store, buckets, Precision::Fp32, {false, true});
+  b->set_resident(true);
+  b->device().upload_params(dev_store.params.data());
+  b->device().upload_buffers(dev_store.buffers.data());
+  double dev_loss = 0;
+  for (int step = 0; step < 3; ++step) {
+    REQUIRE(cudaMemcpy(b->device_input(), x.data(), x.size() * sizeof(float),
+                       cudaMemcpyHostToDevice) == cudaSuccess);
+    b->forward_device(true);
+    b->loss_device(labels.data());
+    dev_loss = b->last_loss();
+    b->backward_device({});
+    b->device().sgd_step(0.05f, o);
+  }
+  b->device().download_params(dev_store.params.data());
+  b->device().download_buffers(dev_store.buffers.data());
+  CHECK(std::fabs(dev_loss - host_loss) <= 1e-3 * std::max(1.0, std::fabs(host_loss)));
+  close(dev_store.params, host_store.params, 1e-4, "weights after 3 steps");
+  close(dev_store.buffers, host_store.buffers, 1e-4, "running statistics after 3 steps");
+}
