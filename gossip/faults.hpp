@@ -22,8 +22,9 @@ enum class FaultStrategy {
 FaultStrategy parse_fault_strategy(const std::string& name);  // throws UsageError
 const char* to_string(FaultStrategy s);
 
-// Rank `rank` (of the job's original ranks) fails at the boundary before step `step` (counted in
-// the run's own steps: after a forward recovery these are the survivors' steps).
+// Rank `rank` (of the job's original ranks) fails at the boundary before step `step`, counted
+// in the steps of the job at its starting rank count: after a forward recovery, where an epoch
+// has more steps, a later failure comes at the same point of the same epoch.
 struct FaultEvent {
   int64_t step = 0;
   int rank = 0;

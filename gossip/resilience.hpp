@@ -52,6 +52,9 @@ class Resilience {
   int64_t continue_from(const RankState& own, int64_t old_step, int64_t old_per_epoch);
   // Whether this run wrote a full checkpoint (restart reloads the newest then).
   bool wrote_checkpoint() const { return wrote_any_; }
+  // The step of this run at the point of step `step` of a run with `old_per_epoch` steps per
+  // epoch: the same point of the same epoch.
+  int64_t same_point(int64_t step, int64_t old_per_epoch) const;
   // The network changed shape (apoptosis): the NaN guard's snapshot is taken afresh.
   void model_changed() { snapshot_.reset(); }
 
@@ -71,9 +74,7 @@ class Resilience {
  private:
   RankState capture();
   bool time_due();
-  // The step of a run with `per_epoch` steps per epoch at the point of step `step` of a run with
-  // `old_per_epoch`: the same point of the same epoch.
-  int64_t same_point(int64_t step, int64_t old_per_epoch) const;
+
 
   const Config& c_;
   const mpi::Comm& world_;

@@ -397,6 +397,7 @@ struct Run {
   double train_seconds = 0, comm_seconds = 0, images = 0, last_print = 0;
   int64_t first_step = 0;  // of the first group (a resumed run starts later)
   bool started = false;
+  bool wrote_checkpoint = false;  // a full checkpoint of this run exists (restart reloads it)
   // Forward: this rank's own state before `carry_step`, in a run of `carry_per_epoch`.
   std::optional<RankState> carry;
   int64_t carry_step = 0, carry_per_epoch = 0;
@@ -492,9 +493,7 @@ Ending train_group(const Config& c, const mpi::Comm& comm, Run& run, GroupObject
   Resilience& resilience = *g.resilience;
   if (!run.planned) {
     run.strategy = parse_fault_strategy(c.fault.strategy);
-    // Forward recovery runs more steps per epoch as ranks leave: the horizon allows for it.
-    const int64_t horizon = total * (run.strategy == FaultStrategy::Forward ? ranks : 1);
-    run.plan = make_fault_plan(c, ranks, horizon);
+    run.plan = make_fault_plan(c, ranks, total);
     run.planned = true;
     if (!run.plan.empty() && c.apoptosis.enable)
       throw UsageError("fault.inject / fault.mtbf_steps cannot be combined with apoptosis.enable");
@@ -502,6 +501,9 @@ Ending train_group(const Config& c, const mpi::Comm& comm, Run& run, GroupObject
   int64_t first = 0;
   if (run.carry) {
     first = resilience.continue_from(*run.carry, run.carry_step, run.carry_per_epoch);
+    // Later failures happen at the same point of training, in the survivors' steps.
+    for (size_t i = run.next_fault; i < run.plan.size(); ++i)
+      run.plan[i].step = resilience.same_point(run.plan[i].step, run.carry_per_epoch);
     run.carry.reset();
   } else {
     first = resilience.resume();
@@ -854,14 +856,19 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
   Ending end = Ending::Done;
   for (;;) {
     auto objects = std::make_unique<GroupObjects>();
-    end = train_group(run.configs.back(), *comm, run, *objects);
+    try {
+      end = train_group(run.configs.back(), *comm, run, *objects);
+    } catch (...) {
+      // Unwinding must not wait in MPI_Win_free for a rank that left: the job is ending anyway.
+      if (!run.parked.empty()) mpi::mark_peer_lost();
+      throw;
+    }
     if (end == Ending::Restart) {
       // Every rank is alive (the failed ones replaced): the objects go collectively, and a new
       // set reloads the newest full checkpoint of this run, or starts afresh without one.
+      run.wrote_checkpoint |= objects->resilience->wrote_checkpoint();
       Config next = without_hooks(c);
-      next.checkpoint.resume = objects->resilience->wrote_checkpoint() ? "auto"
-                               : objects->resilience->resumed()        ? c.checkpoint.resume
-                                                                       : "";
+      next.checkpoint.resume = run.wrote_checkpoint ? "auto" : c.checkpoint.resume;
       objects.reset();
       run.configs.push_back(next);
       continue;
