@@ -75,7 +75,6 @@ class Resilience {
   RankState capture();
   bool time_due();
 
-
   const Config& c_;
   const mpi::Comm& world_;
   Trainer& trainer_;
