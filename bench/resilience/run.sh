@@ -38,7 +38,7 @@ STEPS=$((60000 / (BATCH * P) * EPOCHS))
 CKPT_EVERY=${CKPT_EVERY:-$((STEPS / 8))}
 export OMP_NUM_THREADS=1
 {
-  echo "# $(date -u +%FT%TZ) $(uname -srm), $(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+  echo "# $(date -u +%FT%TZ) $(uname -srm), $(nproc --all) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
   echo "# $P ranks (mpirun, oversubscribed where ranks > cores), config $CONFIG, model $MODEL width $WIDTH, $EPOCHS epoch(s) = $STEPS steps, MTBF = steps / (${FRACTIONS[*]}), restart checkpoints every $CKPT_EVERY steps, extra: ${EXTRA[*]:-none}"
   echo "# repeat $REPEAT (median wall time); $(mpichversion 2>/dev/null | head -1 | xargs)"
 } >"$OUT.txt"

@@ -115,7 +115,7 @@ set xlabel 'MTBF (steps)'
 set xtics ({", ".join(f'"{m}" {i}' for i, m in enumerate(rates))})
 set xrange [-0.5:{len(rates) - 0.5}]
 set ylabel 'final top-1 (%)'
-set key bottom left
+set key top left
 plot '{data}' u 1:3 w lp t 'restart', '' u 1:5 w lp t 'rollback', '' u 1:7 w lp t 'forward', \
   {100 * base['top1']:.3f} dt 2 lc 'gray' t 'no failures'
 set ylabel 'wall-time overhead (%)'
