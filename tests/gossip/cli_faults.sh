@@ -3,7 +3,8 @@
 # and conserves the samples, checked on every rank's log of the sample ids it trained on
 # (check_samples.py): forward recovery (the survivors carry on, the samples reassigned) covers
 # every sample exactly once in every epoch but the one it reshuffled, also when rank 0 leaves and
-# with the distributed shuffle on; rollback redoes exactly the interrupted step on every rank;
+# with the distributed shuffle on, and over rma windows; rollback redoes exactly the interrupted
+# step on every rank;
 # restart redoes exactly the steps since the last full checkpoint (or all of them without one).
 # Bad fault specs exit 2 with one line.
 set -euo pipefail
@@ -45,6 +46,14 @@ grep -q "rank 3 failed before step 44: 2 survivors" fwd2.log || fail "fwd2: $(gr
 grep -q '"event":"summary".*"ranks":2' fwd2.jsonl || fail "fwd2 summary not from 2 ranks"
 python3 "$CHECK" fwd2 --count 1200 --epochs 3 --skip-epoch 0 --skip-epoch 2
 echo "forward with the shuffle on and rank 0 failing: ok"
+
+# Forward over RMA windows (MPI_Win_allocate on the old communicator, freed at the end with the
+# failed rank) and weights-only gossip: nothing hangs, the samples are conserved.
+train 3 fwd3 --fault.strategy forward --fault.inject 2:10 --gossip.transport rma \
+  --gossip.mode model
+grep -q "2 survivors carry on at step 15 of 90" fwd3.log || fail "fwd3: $(grep -i fail fwd3.log)"
+python3 "$CHECK" fwd3 --count 1200 --epochs 3 --skip-epoch 0 --min-ranks 3
+echo "forward over rma windows: ok"
 
 # Rollback: rank 1 in step 20, ranks 2 and 3 together in step 33: 2 steps redone by 4 ranks.
 train 4 rb --fault.strategy rollback --fault.inject 1:20,3:33,2:33 --data.shuffle ids
