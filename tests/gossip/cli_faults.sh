@@ -4,8 +4,8 @@
 # (check_samples.py): forward recovery (the survivors carry on, the samples reassigned) covers
 # every sample exactly once in every epoch but the one it reshuffled, also when rank 0 leaves and
 # with the distributed shuffle on, and over rma windows; rollback redoes exactly the interrupted
-# step on every rank;
-# restart redoes exactly the steps since the last full checkpoint (or all of them without one).
+# step on every rank; restart redoes exactly the steps since the last full checkpoint (or all of
+# them without one).
 # Bad fault specs exit 2 with one line.
 set -euo pipefail
 BIN="$1"; ROOT="$2"; MPIEXEC="$3"
