@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "gossip/checkpoint.hpp"
+#include "gossip/faults.hpp"
 #include "kernels/models.hpp"
 #include "shuffle/distributed.hpp"
 #include "shuffle/source.hpp"
@@ -180,6 +181,16 @@ po::options_description describe(Config& c) {
     ("fault.nan", po::value(&c.fault.nan)->default_value(c.fault.nan),
      "test hook: rank 0's weights become NaN at the start of this step (-1: never; not in a "
      "resumed run)")
+    ("fault.inject", po::value(&c.fault.inject)->default_value(c.fault.inject),
+     "simulated failures RANK:STEP[,RANK:STEP...]: that rank fails at the boundary before that "
+     "step and is recovered by fault.strategy")
+    ("fault.mtbf_steps", po::value(&c.fault.mtbf_steps)->default_value(c.fault.mtbf_steps),
+     "random simulated failures: mean steps between failures (exponential gaps, victims uniform "
+     "among the live ranks, drawn from train.seed identically on every rank; 0: none)")
+    ("fault.strategy", po::value(&c.fault.strategy)->default_value(c.fault.strategy),
+     "recovery from a simulated failure: restart (every rank reloads the last full checkpoint "
+     "or the initial state), rollback (the failed rank takes a live rank's state, the step is "
+     "redone), forward (the survivors carry on)")
     ("network.inter_latency_us",
      po::value(&c.network.inter_latency_us)->default_value(c.network.inter_latency_us),
      "simulate: latency between nodes, microseconds")
@@ -221,6 +232,9 @@ po::options_description describe(Config& c) {
      po::value(&c.log.timeline_steps)->default_value(c.log.timeline_steps),
      "how many steps from the start the timeline records (each is one event per layer, bucket "
      "and phase on every rank)")
+    ("log.samples", po::value(&c.log.samples)->default_value(c.log.samples),
+     "debug: each rank appends every step's sample ids to PATH.<rank> (\"step epoch id ...\"), "
+     "to check that failures conserve the samples (empty: none)")
     ("log.interval", po::value(&c.log.interval)->default_value(c.log.interval),
      "seconds between progress lines (0.1, 3600]");
   // clang-format on
@@ -381,6 +395,10 @@ void validate(const Config& c, bool check_paths) {
   require(c.fault.nan >= -1, "fault.nan", c.fault.nan, "must be >= -1");
   if (!c.fault.kill.empty()) parse_fault_kill(c.fault.kill, "fault.kill");
   if (!c.fault.stall.empty()) parse_fault_kill(c.fault.stall, "fault.stall");
+  if (!c.fault.inject.empty()) parse_fault_inject(c.fault.inject);
+  require(std::isfinite(c.fault.mtbf_steps) && c.fault.mtbf_steps >= 0, "fault.mtbf_steps",
+          c.fault.mtbf_steps, "must be >= 0");
+  parse_fault_strategy(c.fault.strategy);
   for (const auto& [v, key] :
        {std::pair{c.checkpoint.every, "checkpoint.every"}, {c.train.stop_at, "train.stop_at"}})
     if (v > 0 && c.checkpoint.dir.empty())
@@ -550,7 +568,8 @@ std::string to_ini(const Config& c) {
     << "\nresume = " << c.checkpoint.resume << "\n\n[guard]\nnan_retries = " << c.guard.nan_retries
     << "\nsnapshot_every = " << c.guard.snapshot_every << "\nlr_factor = " << c.guard.lr_factor
     << "\n\n[fault]\nkill = " << c.fault.kill << "\nstall = " << c.fault.stall
-    << "\nnan = " << c.fault.nan
+    << "\nnan = " << c.fault.nan << "\ninject = " << c.fault.inject
+    << "\nmtbf_steps = " << c.fault.mtbf_steps << "\nstrategy = " << c.fault.strategy
     << "\n\n[network]\ninter_latency_us = " << c.network.inter_latency_us
     << "\ninter_bandwidth_gbs = " << c.network.inter_bandwidth_gbs
     << "\nintra_latency_us = " << c.network.intra_latency_us
@@ -562,7 +581,7 @@ std::string to_ini(const Config& c) {
     << "\nsteps = " << c.simulate.steps << "\n\n[log]\nmetrics = " << c.log.metrics
     << "\noverwrite = " << c.log.overwrite << "\nprogress = " << c.log.progress
     << "\ninterval = " << c.log.interval << "\ntimeline = " << c.log.timeline
-    << "\ntimeline_steps = " << c.log.timeline_steps << "\n";
+    << "\ntimeline_steps = " << c.log.timeline_steps << "\nsamples = " << c.log.samples << "\n";
   return s.str();
 }
 

@@ -97,6 +97,11 @@ struct Config {
     std::string kill;   // "RANK:STEP": that rank raises SIGKILL at the start of that step
     std::string stall;  // "RANK:STEP": that rank stops itself (SIGSTOP): a hung rank
     int64_t nan = -1;   // rank 0's weights become NaN at that step (-1: never)
+    // Simulated failures (gossip/faults.hpp): "RANK:STEP,..." and/or a random plan with this
+    // mean number of steps between failures (0: none), recovered by `strategy`.
+    std::string inject;
+    double mtbf_steps = 0;
+    std::string strategy = "forward";  // restart | rollback | forward
   } fault;
   // The cluster's network, for `gossipgrad simulate` (alpha-beta-gamma model).
   struct {
@@ -121,6 +126,7 @@ struct Config {
     double interval = 2.0;         // seconds between progress lines
     std::string timeline;          // Chrome trace events of the run (empty: none)
     int64_t timeline_steps = 100;  // steps recorded from the start (then it stops recording)
+    std::string samples;           // debug: PATH.<rank> gets every step's sample ids (empty: none)
   } log;
 };
 

@@ -116,6 +116,9 @@ class GossipExchange final : public GradientExchange {
   // The first step this process exchanges (a resumed run): transports count their steps from
   // it, as in a fresh run, while partners still follow the global step. Before any step.
   void set_first_step(int64_t step) { first_step_ = step; }
+  // The next `n` steps repeat steps already exchanged (a rollback): the transports keep counting
+  // up, as their sequence flags and epochs require, while the partners repeat. At a step boundary.
+  void repeat_steps(int64_t n) { first_step_ -= n; }
   partners::Partners partners_at(int64_t step) const;
   float* buffer() const { return buffer_; }
   // Whether a bucket exchanged in `step` is averaged in place (no copy).

@@ -48,6 +48,8 @@ class Comm {
  public:
   static Comm world() { return Comm(MPI_COMM_WORLD, false); }
   static Comm self() { return Comm(MPI_COMM_SELF, false); }
+  // Takes ownership of a communicator made elsewhere (MPI_Comm_create_group).
+  static Comm adopt(MPI_Comm c) { return Comm(c, true); }
   Comm() = default;
   ~Comm();
   Comm(Comm&& o) noexcept : c_(std::exchange(o.c_, MPI_COMM_NULL)), owned_(o.owned_) {}

@@ -193,12 +193,7 @@ int64_t Resilience::resume() {
   if (same_ranks) {
     if (data_.shuffles()) data_.restore_shuffle(s.shuffle);
   } else {
-    // The same point of the same epoch, in this run's steps.
-    const int64_t epoch = s.step / s.steps_per_epoch;
-    const int64_t within = s.step % s.steps_per_epoch;
-    const int64_t per_epoch = data_.steps_per_epoch();
-    step = epoch * per_epoch + std::min(per_epoch - 1, within * per_epoch / s.steps_per_epoch);
-    if (within == 0) step = epoch * per_epoch;
+    step = same_point(s.step, s.steps_per_epoch);
     data_.shuffle_start_at(step);
   }
   trainer_.resume_at(step, s.dropout_step);
@@ -220,6 +215,29 @@ int64_t Resilience::resume() {
           static_cast<long long>(step));
     std::fflush(stdout);
   }
+  return step;
+}
+
+int64_t Resilience::same_point(int64_t step, int64_t old_per_epoch) const {
+  const int64_t epoch = step / old_per_epoch;
+  const int64_t within = step % old_per_epoch;
+  const int64_t per_epoch = data_.steps_per_epoch();
+  if (within == 0) return epoch * per_epoch;
+  return epoch * per_epoch + std::min(per_epoch - 1, within * per_epoch / old_per_epoch);
+}
+
+int64_t Resilience::continue_from(const RankState& own, int64_t old_step, int64_t old_per_epoch) {
+  const int64_t step = same_point(old_step, old_per_epoch);
+  data_.shuffle_start_at(step);
+  trainer_.restore_model(own);
+  trainer_.resume_at(step, own.dropout_step);
+  lr_scale_ = own.lr_scale;
+  nan_restores_ = own.nan_restores;
+  trainer_.set_lr_scale(lr_scale_);
+  // The survivors' checkpoints join the run's (none of them is removed as an earlier run's).
+  resumed_ = true;
+  faults_armed_ = false;
+  last_written_ = step;
   return step;
 }
 

@@ -45,6 +45,16 @@ class Resilience {
   // checkpoint of another model or shuffle mode, std::runtime_error when none is valid.
   int64_t resume();
   bool resumed() const { return resumed_; }
+  // Forward recovery: this freshly built trainer (over the survivors) continues with this rank's
+  // own state `own`, captured before step `old_step` of a run with `old_per_epoch` steps per
+  // epoch; the samples are reassigned from the same point of the same epoch. Before the data
+  // start; returns the first step to run, in this run's steps.
+  int64_t continue_from(const RankState& own, int64_t old_step, int64_t old_per_epoch);
+  // Whether this run wrote a full checkpoint (restart reloads the newest then).
+  bool wrote_checkpoint() const { return wrote_any_; }
+  // The step of this run at the point of step `step` of a run with `old_per_epoch` steps per
+  // epoch: the same point of the same epoch.
+  int64_t same_point(int64_t step, int64_t old_per_epoch) const;
   // The network changed shape (apoptosis): the NaN guard's snapshot is taken afresh.
   void model_changed() { snapshot_.reset(); }
 

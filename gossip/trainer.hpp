@@ -97,6 +97,10 @@ class Trainer {
   void capture_state(RankState& s);
   void restore_model(const RankState& s);
   void resume_at(int64_t step, uint64_t dropout_step);
+  // Goes back to a state captured earlier in this run (s.step <= steps_done(), at a step
+  // boundary): the model as restore_model, the step counter and dropout masks as they were, so
+  // the steps since are redone with the same partners (a rollback). Every rank must rewind alike.
+  void rewind(const RankState& s);
   void set_lr_scale(double scale) { lr_scale_ = scale; }
 
  private:
