@@ -10,6 +10,16 @@ int64_t numel(const Dims& d) {
   return n;
 }
 
+Chw chw(const Dims& d, const char* who) {
+  Chw s;
+  s.c = d.empty() ? 1 : d[0];
+  s.h = d.size() > 1 ? d[1] : 1;
+  s.w = d.size() > 2 ? d[2] : 1;
+  if (s.size() != numel(d))
+    throw std::invalid_argument(std::string(who) + ": unsupported dims " + to_string(d));
+  return s;
+}
+
 std::string to_string(const Dims& d) {
   std::string s = "[";
   for (size_t i = 0; i < d.size(); ++i) {

@@ -15,6 +15,16 @@ using Dims = std::vector<int64_t>;
 int64_t numel(const Dims& d);
 std::string to_string(const Dims& d);
 
+// A per-sample tensor seen as {C, H, W}; feature vectors {F} are F channels of 1x1, which is how
+// batch norm and the per-channel layers treat them.
+struct Chw {
+  int64_t c = 1, h = 1, w = 1;
+  int64_t plane() const { return h * w; }
+  int64_t size() const { return c * h * w; }
+};
+// Throws std::invalid_argument "<who>: unsupported dims [...]" for more than three dimensions.
+Chw chw(const Dims& d, const char* who);
+
 enum class Op {
   Input,
   Conv,

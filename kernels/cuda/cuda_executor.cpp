@@ -89,21 +89,7 @@ struct ConvDesc {
   ConvDesc& operator=(const ConvDesc&) = delete;
 };
 
-// A per-sample tensor as {C, H, W}; feature vectors {F} are F channels of 1x1.
-struct Chw {
-  int64_t c = 1, h = 1, w = 1;
-  int64_t plane() const { return h * w; }
-  int64_t size() const { return c * h * w; }
-};
-Chw chw(const Dims& d) {
-  Chw s;
-  s.c = d.empty() ? 1 : d[0];
-  s.h = d.size() > 1 ? d[1] : 1;
-  s.w = d.size() > 2 ? d[2] : 1;
-  if (s.size() != numel(d))
-    throw std::invalid_argument("CUDA backend: unsupported dims " + to_string(d));
-  return s;
-}
+Chw chw(const Dims& d) { return kernels::chw(d, "CUDA backend"); }
 
 // One node's output on the device, its gradient, and what its backward keeps from forward.
 struct Value {

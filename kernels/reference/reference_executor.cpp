@@ -13,22 +13,7 @@ namespace gg::kernels {
 
 namespace {
 
-// A per-sample tensor seen as {C, H, W}; feature vectors {F} are F channels of 1x1, which is how
-// batch norm treats them.
-struct Chw {
-  int64_t c = 1, h = 1, w = 1;
-  int64_t size() const { return c * h * w; }
-};
-
-Chw chw(const Dims& d) {
-  Chw s;
-  s.c = d.empty() ? 1 : d[0];
-  s.h = d.size() > 1 ? d[1] : 1;
-  s.w = d.size() > 2 ? d[2] : 1;
-  if (s.size() != numel(d))
-    throw std::invalid_argument("reference: unsupported dims " + to_string(d));
-  return s;
-}
+Chw chw(const Dims& d) { return kernels::chw(d, "reference"); }
 
 // Activations and their gradients for one node, plus what its backward needs from its forward.
 struct NodeState {
