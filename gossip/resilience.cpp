@@ -196,13 +196,7 @@ int64_t Resilience::resume() {
     step = same_point(s.step, s.steps_per_epoch);
     data_.shuffle_start_at(step);
   }
-  trainer_.resume_at(step, s.dropout_step);
-  lr_scale_ = s.lr_scale;
-  nan_restores_ = s.nan_restores;
-  trainer_.set_lr_scale(lr_scale_);
-  resumed_ = true;
-  faults_armed_ = false;
-  last_written_ = step;
+  continue_at(step, s);
   if (world_.rank() == 0) {
     if (same_ranks)
       std::printf("gossipgrad: resumed from %s at step %lld\n", folder.c_str(),
@@ -230,15 +224,19 @@ int64_t Resilience::continue_from(const RankState& own, int64_t old_step, int64_
   const int64_t step = same_point(old_step, old_per_epoch);
   data_.shuffle_start_at(step);
   trainer_.restore_model(own);
-  trainer_.resume_at(step, own.dropout_step);
-  lr_scale_ = own.lr_scale;
-  nan_restores_ = own.nan_restores;
-  trainer_.set_lr_scale(lr_scale_);
   // The survivors' checkpoints join the run's (none of them is removed as an earlier run's).
+  continue_at(step, own);
+  return step;
+}
+
+void Resilience::continue_at(int64_t step, const RankState& s) {
+  trainer_.resume_at(step, s.dropout_step);
+  lr_scale_ = s.lr_scale;
+  nan_restores_ = s.nan_restores;
+  trainer_.set_lr_scale(lr_scale_);
   resumed_ = true;
   faults_armed_ = false;
   last_written_ = step;
-  return step;
 }
 
 void Resilience::before_step(int64_t s, shuffle::Batch& batch) {

@@ -72,6 +72,9 @@ class Resilience {
   void write_checkpoint(int64_t steps, int64_t epoch);
 
  private:
+  // After the model of `s` is restored: training goes on at `step` with its counters and
+  // learning-rate scale, as a resumed run (no fault injected again, no checkpoint removed).
+  void continue_at(int64_t step, const RankState& s);
   RankState capture();
   bool time_due();
 

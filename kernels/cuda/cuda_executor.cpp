@@ -66,28 +66,21 @@ int to_int(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
-// cuDNN descriptors as RAII owners.
-struct TensorDesc {
-  cudnnTensorDescriptor_t d = nullptr;
-  TensorDesc() { GG_CUDNN_CHECK(cudnnCreateTensorDescriptor(&d)); }
-  ~TensorDesc() { cudnnDestroyTensorDescriptor(d); }
-  TensorDesc(const TensorDesc&) = delete;
-  TensorDesc& operator=(const TensorDesc&) = delete;
+// cuDNN descriptors as RAII owners: one template over the type's create and destroy calls.
+template <typename T, cudnnStatus_t (*Create)(T*), cudnnStatus_t (*Destroy)(T)>
+struct CudnnDesc {
+  T d = nullptr;
+  CudnnDesc() { GG_CUDNN_CHECK(Create(&d)); }
+  ~CudnnDesc() { Destroy(d); }
+  CudnnDesc(const CudnnDesc&) = delete;
+  CudnnDesc& operator=(const CudnnDesc&) = delete;
 };
-struct FilterDesc {
-  cudnnFilterDescriptor_t d = nullptr;
-  FilterDesc() { GG_CUDNN_CHECK(cudnnCreateFilterDescriptor(&d)); }
-  ~FilterDesc() { cudnnDestroyFilterDescriptor(d); }
-  FilterDesc(const FilterDesc&) = delete;
-  FilterDesc& operator=(const FilterDesc&) = delete;
-};
-struct ConvDesc {
-  cudnnConvolutionDescriptor_t d = nullptr;
-  ConvDesc() { GG_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&d)); }
-  ~ConvDesc() { cudnnDestroyConvolutionDescriptor(d); }
-  ConvDesc(const ConvDesc&) = delete;
-  ConvDesc& operator=(const ConvDesc&) = delete;
-};
+using TensorDesc =
+    CudnnDesc<cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor, cudnnDestroyTensorDescriptor>;
+using FilterDesc =
+    CudnnDesc<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor, cudnnDestroyFilterDescriptor>;
+using ConvDesc = CudnnDesc<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor,
+                           cudnnDestroyConvolutionDescriptor>;
 
 Chw chw(const Dims& d) { return kernels::chw(d, "CUDA backend"); }
 
