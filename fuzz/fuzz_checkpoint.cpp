@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "gossip/full_checkpoint.hpp"
+#include "gossip/resilience/full_checkpoint.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "gossip/config.hpp"
+#include "gossip/config/config.hpp"
 
 namespace {
 

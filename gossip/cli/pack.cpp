@@ -1,0 +1,82 @@
+#include "gossip/cli/pack.hpp"
+
+#include <boost/program_options.hpp>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <stdexcept>
+#include <thread>
+
+#include "gossip/config/config.hpp"
+#include "shuffle/tar.hpp"
+
+namespace gg::gossip {
+
+int cmd_pack(const std::vector<std::string>& args) {
+  namespace po = boost::program_options;
+  shuffle::PackOptions o;
+  double shard_mb = 256;
+  o.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  po::options_description d("pack options");
+  // clang-format off
+  d.add_options()
+    ("help", "this help")
+    ("input", po::value(&o.input)->required(),
+     "class folders <wnid>/*.JPEG, or an ImageNet root with train/ (and val/)")
+    ("output", po::value(&o.output)->required(),
+     "folder for shard-NNNNNN.tar (+ classes.txt); train/ and val/ for an ImageNet root")
+    ("shard-size", po::value(&shard_mb)->default_value(shard_mb), "MB per shard (0.001 - 65536)")
+    ("threads", po::value(&o.threads)->default_value(o.threads), "shards written in parallel")
+    ("shuffle", po::value(&o.shuffle_seed)->default_value(0),
+     "seed of a random sample order across shards (0: sorted, the folder reader's ids)");
+  // clang-format on
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args).options(d).run(), vm);
+    if (vm.count("help")) {
+      std::cout << "usage: gossipgrad pack --input DIR --output DIR [--shard-size MB] "
+                   "[--threads N] [--shuffle SEED]\n\n"
+                << d;
+      return 0;
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw UsageError(e.what());
+  }
+  if (!(shard_mb >= 0.001 && shard_mb <= 65536))
+    throw UsageError("--shard-size " + std::to_string(shard_mb) + " must be in [0.001, 65536] MB");
+  if (o.threads < 1 || o.threads > 256)
+    throw UsageError("--threads " + std::to_string(o.threads) + " must be in [1, 256]");
+  o.shard_bytes = static_cast<int64_t>(shard_mb * 1e6);
+
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  auto last = t0;
+  const auto line = [&](const shuffle::PackProgress& p) {
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::fprintf(stderr, "\rpack: %lld/%lld images, %d/%d shards, %.1f MB, %.1f MB/s   ",
+                 static_cast<long long>(p.images), static_cast<long long>(p.total_images),
+                 p.shards_done, p.shards, p.bytes / 1e6, s > 0 ? p.bytes / 1e6 / s : 0.0);
+  };
+  shuffle::PackProgress final_state;
+  shuffle::PackResult r;
+  try {
+    r = shuffle::pack(o, [&](const shuffle::PackProgress& p) {
+      final_state = p;
+      const auto now = Clock::now();
+      if (now - last >= std::chrono::milliseconds(250)) {
+        last = now;
+        line(p);
+      }
+    });
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  line(final_state);
+  std::fprintf(stderr, "\n");
+  std::printf("pack: wrote %lld images (%.1f MB) into %d shards under %s\n",
+              static_cast<long long>(r.images), r.bytes / 1e6, r.shards, o.output.c_str());
+  return 0;
+}
+
+}  // namespace gg::gossip

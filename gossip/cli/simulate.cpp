@@ -1,0 +1,244 @@
+#include "gossip/cli/simulate.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "gossip/config/config.hpp"
+#include "gossip/train/trainer.hpp"
+#include "kernels/loss.hpp"
+#include "kernels/models.hpp"
+#include "kernels/net.hpp"
+#include "kernels/optimizer.hpp"
+#include "partners/cost_model.hpp"
+
+namespace gg::gossip {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<int> parse_ranks(const std::string& list) {
+  std::vector<int> out;
+  std::stringstream s(list);
+  std::string item;
+  while (std::getline(s, item, ',')) {
+    size_t used = 0;
+    int p = 0;
+    try {
+      p = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != item.size() || p < 1 || p > 65536)
+      throw UsageError("--ranks " + list + ": '" + item +
+                       "' is not a rank count in [1, 65536] (give a list like 2,4,8)");
+    out.push_back(p);
+  }
+  if (out.empty()) throw UsageError("--ranks needs a list of rank counts, like 2,4,8");
+  return out;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Forward, backward and update times of one rank, measured here: median of a few steps after a
+// warm-up, on synthetic inputs.
+void measure(const Config& c, const kernels::ModelSpec& spec, partners::Workload& w) {
+  // As the trainer would run here: the cores shared by the ranks of a node.
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads =
+      c.train.threads > 0 ? c.train.threads : std::max(1, cores / c.network.ranks_per_node);
+  omp_set_num_threads(threads);
+  kernels::Net net(kernels::build_model(spec), kernels::parse_backend(c.train.backend),
+                   std::max<int64_t>(1, c.gossip.bucket_kb * 256));
+  kernels::init_params(net.graph(), net.store(), c.train.seed);
+  kernels::Sgd sgd(net.graph().param_count(), {0.9f, 1e-4f, false});
+  kernels::Executor& ex = net.at_batch(c.train.batch);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal;
+  std::vector<float> x(c.train.batch * kernels::numel(spec.input));
+  for (float& v : x) v = normal(rng);
+  std::vector<int32_t> y(c.train.batch);
+  for (auto& v : y) v = static_cast<int32_t>(rng() % spec.classes);
+  std::vector<float> dz(c.train.batch * spec.classes);
+  std::vector<double> f, b, u;
+  for (int s = 0; s < 5; ++s) {
+    const auto t0 = Clock::now();
+    const float* z = ex.forward(x.data(), true);
+    kernels::softmax_cross_entropy(z, y.data(), c.train.batch, spec.classes, dz.data());
+    const auto t1 = Clock::now();
+    ex.backward(dz.data(), {});
+    const auto t2 = Clock::now();
+    sgd.step(net.store().params.data(), net.store().grads.data(), 0.01f);
+    const auto t3 = Clock::now();
+    if (s < 2) continue;  // warm-up
+    f.push_back(std::chrono::duration<double>(t1 - t0).count());
+    b.push_back(std::chrono::duration<double>(t2 - t1).count());
+    u.push_back(std::chrono::duration<double>(t3 - t2).count());
+  }
+  w.forward_s = median(f);
+  w.backward_s = median(b);
+  w.update_s = median(u);
+  std::fprintf(stderr, "simulate: measured %s batch %lld here with %d threads\n", spec.name.c_str(),
+               static_cast<long long>(c.train.batch), threads);
+}
+
+nlohmann::json to_json(const partners::StepPrediction& s) {
+  return {{"step_s", s.step_s},
+          {"exposed_s", s.exposed_s},
+          {"comm_s", s.comm_s},
+          {"efficiency", s.efficiency},
+          {"images_per_s", s.images_per_s}};
+}
+
+}  // namespace
+
+int run_simulate(const std::vector<std::string>& args) {
+  std::vector<std::string> rest;
+  std::string ranks_arg;
+  bool json = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--help" || args[i] == "-h") {
+      std::cout << "usage: gossipgrad simulate --config FILE --ranks 2,4,...,4096 [--json] "
+                   "[--section.key value ...]\n\n"
+                   "Predicts the step time and efficiency of gossip and of ring and Rabenseifner "
+                   "allreduce at each rank count, from the config's [network] (alpha-beta-gamma "
+                   "links), its model's gradient buckets, the exact partner schedule and the "
+                   "trainer's overlap rules. Compute per step comes from [simulate] forward_ms, "
+                   "backward_ms, update_ms, or is measured here when they are 0.\n"
+                   "Efficiency = compute time / step time (weak scaling, per rank).\n";
+      return 0;
+    }
+    if (args[i] == "--json") {
+      json = true;
+    } else if (args[i] == "--ranks") {
+      if (i + 1 >= args.size()) throw UsageError("--ranks needs a list of rank counts, like 2,4,8");
+      ranks_arg = args[++i];
+    } else if (args[i].rfind("--ranks=", 0) == 0) {
+      ranks_arg = args[i].substr(8);
+    } else {
+      rest.push_back(args[i]);
+    }
+  }
+  if (ranks_arg.empty()) throw UsageError("simulate needs --ranks, like --ranks 2,4,8,16");
+  const std::vector<int> ranks = parse_ranks(ranks_arg);
+  const Config c = parse_train_args(rest, /*check_paths=*/false);
+
+  const bool small = c.model.name == "resnet8" || c.model.name == "cnn";
+  const kernels::Dims input = small ? kernels::Dims{1, 28, 28} : kernels::Dims{3, 224, 224};
+  const int64_t classes = small ? 10 : 1000;
+  const kernels::ModelSpec spec = model_spec(c, 0, input, classes);
+  const kernels::Graph g = kernels::build_model(spec);
+  partners::Workload w;
+  w.batch_per_rank = c.train.batch;
+  for (const kernels::Bucket& b :
+       kernels::make_buckets(g, std::max<int64_t>(1, c.gossip.bucket_kb * 256)))
+    w.bucket_bytes.push_back(b.size() * static_cast<int64_t>(sizeof(float)));
+  const bool given = c.simulate.forward_ms > 0 || c.simulate.backward_ms > 0;
+  if (given) {
+    w.forward_s = c.simulate.forward_ms * 1e-3;
+    w.backward_s = c.simulate.backward_ms * 1e-3;
+    w.update_s = c.simulate.update_ms * 1e-3;
+  } else {
+    measure(c, spec, w);
+  }
+  partners::Network net;
+  net.inter_latency_s = c.network.inter_latency_us * 1e-6;
+  net.inter_bandwidth_Bps = c.network.inter_bandwidth_gbs * 1e9;
+  net.intra_latency_s = c.network.intra_latency_us * 1e-6;
+  net.intra_bandwidth_Bps = c.network.intra_bandwidth_gbs * 1e9;
+  net.mix_bandwidth_Bps = c.network.mix_bandwidth_gbs * 1e9;
+  net.ranks_per_node = c.network.ranks_per_node;
+  const partners::GossipMode mode{c.gossip.mode == "grad" || c.gossip.mode == "both",
+                                  c.gossip.mode == "model" || c.gossip.mode == "both"};
+  const partners::Kind kind = partners::parse_kind(c.gossip.schedule);
+
+  nlohmann::json rows = nlohmann::json::array();
+  std::vector<std::string> lines;
+  for (int p : ranks) {
+    nlohmann::json row = {{"ranks", p}};
+    partners::StepPrediction gossip;
+    if (p >= 2 && c.gossip.mode != "allreduce") {
+      partners::Schedule s{kind, p, c.gossip.rotate, c.train.seed};
+      try {
+        partners::validate(s);
+      } catch (const std::invalid_argument& e) {
+        throw UsageError("--ranks " + std::to_string(p) + ": " + e.what());
+      }
+      gossip = partners::predict_gossip(s, mode, net, w, c.simulate.steps);
+      row["gossip"] = to_json(gossip);
+    }
+    const auto ring = partners::predict_allreduce(partners::Method::RingAllreduce, p, net, w);
+    const auto rab =
+        partners::predict_allreduce(partners::Method::RabenseifnerAllreduce, p, net, w);
+    row["ring_allreduce"] = to_json(ring);
+    row["rabenseifner_allreduce"] = to_json(rab);
+    rows.push_back(row);
+    char cells[3][64];
+    if (row.contains("gossip"))
+      std::snprintf(cells[0], sizeof cells[0], "%10.2f %7.2f%%", gossip.step_s * 1e3,
+                    gossip.efficiency * 100);
+    else
+      std::snprintf(cells[0], sizeof cells[0], "%10s %8s", "-", "-");
+    std::snprintf(cells[1], sizeof cells[1], "%10.2f %7.2f%%", ring.step_s * 1e3,
+                  ring.efficiency * 100);
+    std::snprintf(cells[2], sizeof cells[2], "%10.2f %7.2f%%", rab.step_s * 1e3,
+                  rab.efficiency * 100);
+    char line[256];
+    std::snprintf(line, sizeof line, "%6d  %s  %s  %s  %12.0f", p, cells[0], cells[1], cells[2],
+                  row.contains("gossip") ? gossip.images_per_s : ring.images_per_s);
+    lines.push_back(line);
+  }
+  if (json) {
+    nlohmann::json out = {{"model", spec.name},
+                          {"params", g.param_count()},
+                          {"batch_per_rank", c.train.batch},
+                          {"gradient_bytes", w.total_bytes()},
+                          {"buckets", w.bucket_bytes.size()},
+                          {"gossip_mode", c.gossip.mode},
+                          {"schedule", c.gossip.schedule},
+                          {"compute",
+                           {{"forward_s", w.forward_s},
+                            {"backward_s", w.backward_s},
+                            {"update_s", w.update_s},
+                            {"source", given ? "config" : "measured"}}},
+                          {"network",
+                           {{"inter_latency_s", net.inter_latency_s},
+                            {"inter_bandwidth_Bps", net.inter_bandwidth_Bps},
+                            {"intra_latency_s", net.intra_latency_s},
+                            {"intra_bandwidth_Bps", net.intra_bandwidth_Bps},
+                            {"mix_bandwidth_Bps", net.mix_bandwidth_Bps},
+                            {"ranks_per_node", net.ranks_per_node}}},
+                          {"rows", rows}};
+    std::cout << out.dump() << "\n";
+    return 0;
+  }
+  std::printf("%s: %lld parameters, %.1f MB of gradients in %zu buckets, batch %lld per rank\n",
+              spec.name.c_str(), static_cast<long long>(g.param_count()), w.total_bytes() / 1e6,
+              w.bucket_bytes.size(), static_cast<long long>(c.train.batch));
+  std::printf("compute per step (%s): forward %.2f ms, backward %.2f ms, update %.2f ms\n",
+              given ? "from the config" : "measured here", w.forward_s * 1e3, w.backward_s * 1e3,
+              w.update_s * 1e3);
+  std::printf(
+      "network: between nodes %.2f us, %.2f GB/s per node; within %.2f us, %.2f GB/s; mixing "
+      "%.1f GB/s; %d ranks per node\n",
+      c.network.inter_latency_us, c.network.inter_bandwidth_gbs, c.network.intra_latency_us,
+      c.network.intra_bandwidth_gbs, c.network.mix_bandwidth_gbs, c.network.ranks_per_node);
+  std::printf("gossip: mode %s, %s schedule%s, mean of %d steps\n\n", c.gossip.mode.c_str(),
+              c.gossip.schedule.c_str(), c.gossip.rotate ? " with rotation" : "", c.simulate.steps);
+  std::printf("%6s  %10s %8s  %10s %8s  %10s %8s  %12s\n", "ranks", "gossip ms", "eff", "ring ms",
+              "eff", "rabens. ms", "eff", "img/s");
+  for (const std::string& l : lines) std::printf("%s\n", l.c_str());
+  return 0;
+}
+
+}  // namespace gg::gossip

@@ -1,0 +1,392 @@
+#include "gossip/comm/exchange.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+namespace gg::gossip {
+
+AllreduceExchange::AllreduceExchange(const mpi::Comm& world, float* grads,
+                                     std::vector<kernels::Bucket> buckets)
+    : comm_(world.dup()),
+      grads_(grads),
+      buckets_(std::move(buckets)),
+      scale_(1.f / static_cast<float>(world.size())),
+      worker_([this] { loop(); }) {}
+
+AllreduceExchange::~AllreduceExchange() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();
+}
+
+void AllreduceExchange::begin_step(int64_t) {
+  std::lock_guard lock(mu_);
+  done_ = 0;
+  queue_.clear();
+}
+
+void AllreduceExchange::on_bucket_ready(int bucket) {
+  {
+    std::lock_guard lock(mu_);
+    queue_.push_back(bucket);
+  }
+  cv_.notify_all();
+}
+
+double AllreduceExchange::finish_step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return done_ == buckets_.size() || error_; });
+  if (error_) std::rethrow_exception(error_);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void AllreduceExchange::loop() {
+  bool named = false;
+  for (;;) {
+    int b = -1;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      b = queue_.front();
+      queue_.pop_front();
+    }
+    if (timeline_ && !named) {
+      timeline_->name_thread("allreduce comm");
+      named = true;
+    }
+    try {
+      Timeline::Span span(timeline_, "allreduce bucket " + std::to_string(b), "comm");
+      const kernels::Bucket& k = buckets_.at(b);
+      float* g = grads_ + k.begin;
+      comm_.allreduce_sum(g, k.size());
+      for (int64_t i = 0; i < k.size(); ++i) g[i] *= scale_;
+    } catch (...) {
+      std::lock_guard lock(mu_);
+      error_ = std::current_exception();
+    }
+    {
+      std::lock_guard lock(mu_);
+      ++done_;
+    }
+    cv_.notify_all();
+  }
+}
+
+}  // namespace gg::gossip
+
+namespace gg::gossip {
+
+GossipExchange::GossipExchange(const mpi::Comm& world, float* buffer,
+                               std::vector<kernels::Bucket> buckets, GossipOptions o)
+    : comm_(world.dup()),
+      buffer_(buffer),
+      buckets_(std::move(buckets)),
+      o_(std::move(o)),
+      rank_(world.rank()),
+      latest_step_(buckets_.size(), -1),
+      completed_(buckets_.size(), -1) {
+  if (o_.schedule.p != comm_.size())
+    throw std::invalid_argument("gossip schedule is for " + std::to_string(o_.schedule.p) +
+                                " ranks but the job has " + std::to_string(comm_.size()));
+  if (o_.threading != "funneled" && o_.threading != "concurrent" && o_.threading != "chained")
+    throw std::invalid_argument("unknown threading '" + o_.threading +
+                                "' (expected funneled, concurrent or chained)");
+  if (o_.staleness != 0 && o_.staleness != 1)
+    throw std::invalid_argument("staleness must be 0 or 1");
+  partners::validate(o_.schedule);
+  BufferLayout layout;
+  layout.count = buckets_.empty() ? 0 : buckets_.front().end;
+  layout.buckets = buckets_;
+  transport_ = make_transport(o_.transport, comm_, layout, buffer_ == nullptr);
+  transport_->set_timeout(o_.timeout_s);
+  if (!buffer_) {
+    buffer_ = transport_->shared_home();
+    if (!buffer_) {
+      own_.assign(layout.count, 0.f);
+      buffer_ = own_.data();
+    }
+  }
+  // A whole-step transport opens the next step's epoch in begin_step, which must not happen
+  // while the previous step's exchange may still be running.
+  if (o_.staleness == 1 && transport_->whole_step())
+    throw std::invalid_argument("gossip.staleness 1 needs the shm or p2p transport, not " +
+                                std::string(transport_->name()));
+  if (o_.staleness == 1) {
+    send_stage_.resize(layout.count);
+    latest_.resize(layout.count);
+  }
+  if (o_.delayed) {
+    if (o_.staleness != 0) throw std::invalid_argument("delayed mixing needs staleness 0");
+    send_stage_.resize(layout.count);
+    delta_.resize(layout.count);
+  }
+  // A whole-step transport (rma) is driven by one thread whatever the threading option.
+  const int threads =
+      o_.threading == "concurrent" && !transport_->whole_step() ? std::max(1, o_.comm_threads) : 1;
+  for (int i = 0; i < threads; ++i) workers_.emplace_back([this, i] { worker(i); });
+}
+
+GossipExchange::~GossipExchange() {
+  {
+    std::unique_lock lock(mu_);
+    // Let exchanges already started finish: the partner is waiting for them.
+    cv_.wait(lock, [&] { return queue_.empty() || error_; });
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (std::thread& t : workers_) t.join();
+}
+
+partners::Partners GossipExchange::partners_at(int64_t step) const {
+  return partners::partners(o_.schedule, rank_, step);
+}
+
+void GossipExchange::begin_step(int64_t step) {
+  const partners::Partners peers = partners_at(step);
+  transport_->begin_step(peers.recv_from, peers.send_to, step - first_step_);
+  std::lock_guard lock(mu_);
+  step_ = step;
+  peers_ = peers;
+  done_ = 0;
+  next_chained_ = 0;
+}
+
+bool GossipExchange::in_place(const partners::Partners& peers) const {
+  return buffer_ == transport_->shared_home() && o_.staleness == 0 && !o_.delayed &&
+         peers.send_to == peers.recv_from && transport_->pairs_in_place(peers.send_to);
+}
+
+const float* GossipExchange::source(int b) const {
+  return (o_.staleness == 1 || o_.delayed ? send_stage_.data() : buffer_) + buckets_[b].begin;
+}
+
+void GossipExchange::on_bucket_ready(int b) {
+  std::unique_lock lock(mu_);
+  if (o_.staleness == 1) {
+    // Bounded staleness: the previous exchange of this bucket must be over before its staging
+    // copy is reused.
+    cv_.wait(lock, [&] { return completed_[b] >= step_ - 1 || error_; });
+    if (error_) std::rethrow_exception(error_);
+    const kernels::Bucket& k = buckets_[b];
+    std::copy(buffer_ + k.begin, buffer_ + k.end, send_stage_.begin() + k.begin);
+  }
+  queue_.push_back({step_, b, peers_});
+  lock.unlock();
+  cv_.notify_all();
+}
+
+void GossipExchange::start(Job& j) {
+  j.started = Timeline::Clock::now();
+  const int64_t t = j.step - first_step_;
+  if (in_place(j.peers)) return transport_->publish(j.peers.send_to, t, j.bucket);
+  transport_->expect(j.peers.recv_from, t, j.bucket);
+  transport_->send(j.peers.send_to, t, j.bucket, source(j.bucket));
+}
+
+void GossipExchange::complete(const Job& j) {
+  const int64_t t = j.step - first_step_;
+  if (in_place(j.peers)) return transport_->average_in_place(j.peers.send_to, t, j.bucket);
+  const kernels::Bucket& k = buckets_[j.bucket];
+  const float* in = transport_->received(j.peers.recv_from, t, j.bucket);
+  // The outgoing bucket may still be read by MPI (p2p rendezvous) until the send completes:
+  // only then may it be overwritten by the mix.
+  transport_->finish_send(j.peers.send_to, t, j.bucket);
+  if (o_.delayed) {
+    const float* mine = send_stage_.data() + k.begin;
+    float* d = delta_.data() + k.begin;
+    for (int64_t i = 0; i < k.size(); ++i) d[i] = 0.5f * (in[i] - mine[i]);
+  } else if (o_.staleness == 0) {
+    float* x = buffer_ + k.begin;
+    for (int64_t i = 0; i < k.size(); ++i) x[i] = 0.5f * (x[i] + in[i]);
+  } else {
+    std::lock_guard lock(mu_);
+    std::copy(in, in + k.size(), latest_.begin() + k.begin);
+    latest_step_[j.bucket] = j.step;
+  }
+  transport_->release(j.peers.recv_from, t, j.bucket);
+}
+
+void GossipExchange::mark_done(const Job& j) {
+  if (timeline_ && timeline_->enabled())
+    timeline_->record(
+        "bucket " + std::to_string(j.bucket), "comm", j.started, Timeline::Clock::now(),
+        "{\"step\":" + std::to_string(j.step) + ",\"send_to\":" + std::to_string(j.peers.send_to) +
+            ",\"recv_from\":" + std::to_string(j.peers.recv_from) +
+            ",\"in_place\":" + (in_place(j.peers) ? "true" : "false") + "}");
+  {
+    std::lock_guard lock(mu_);
+    completed_[j.bucket] = j.step;
+    if (j.step == step_) ++done_;
+  }
+  cv_.notify_all();
+}
+
+void GossipExchange::run_blocking(Job& j) {
+  start(j);
+  complete(j);
+  mark_done(j);
+}
+
+void GossipExchange::worker(int id) {
+  bool named = false;
+  for (;;) {
+    std::vector<Job> batch;
+    {
+      std::unique_lock lock(mu_);
+      if (o_.threading == "chained") {
+        // Strictly in bucket order: wait for the next bucket even if later ones are ready.
+        cv_.wait(lock, [&] {
+          if (stop_) return true;
+          for (const Job& j : queue_)
+            if (j.step < step_ || j.bucket == next_chained_) return true;
+          return false;
+        });
+        if (stop_ && queue_.empty()) return;
+        auto it = std::find_if(queue_.begin(), queue_.end(), [&](const Job& j) {
+          return j.step < step_ || j.bucket == next_chained_;
+        });
+        if (it == queue_.end()) continue;
+        batch.push_back(*it);
+        queue_.erase(it);
+        if (batch[0].step == step_) ++next_chained_;
+      } else {
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (stop_ && queue_.empty()) return;
+        if (o_.threading == "funneled") {
+          batch.assign(queue_.begin(), queue_.end());
+          queue_.clear();
+        } else {
+          batch.push_back(queue_.front());
+          queue_.pop_front();
+        }
+      }
+    }
+    cv_.notify_all();  // the destructor may be waiting for an empty queue
+    if (timeline_ && !named) {
+      timeline_->name_thread("gossip comm " + std::to_string(id));
+      named = true;
+    }
+    try {
+      if (transport_->whole_step()) {
+        // Put each bucket as it comes; once the step's last one is out, close the epoch and mix.
+        for (Job& j : batch) {
+          j.started = Timeline::Clock::now();
+          transport_->send(j.peers.send_to, j.step - first_step_, j.bucket, source(j.bucket));
+          if (++sent_ < static_cast<int>(buckets_.size())) continue;
+          sent_ = 0;
+          transport_->end_sends(j.peers.send_to, j.step - first_step_);
+          for (int k = 0; k < static_cast<int>(buckets_.size()); ++k) {
+            const Job done{j.step, k, j.peers, j.started};
+            complete(done);
+            mark_done(done);
+          }
+        }
+      } else if (batch.size() == 1) {
+        run_blocking(batch[0]);
+      } else {
+        // Funneled: every ready bucket is on the wire before the first one is waited for.
+        for (Job& j : batch) start(j);
+        for (const Job& j : batch) {
+          complete(j);
+          mark_done(j);
+        }
+      }
+    } catch (const PartnerTimeout& e) {
+      mpi::mark_peer_lost();
+      std::lock_guard lock(mu_);
+      char what[384];
+      std::snprintf(what, sizeof what,
+                    "gossip: rank %d waited more than %g s for rank %d at step %lld, bucket %d "
+                    "(%s); that rank died or hangs",
+                    rank_, o_.timeout_s, e.peer, static_cast<long long>(step_), e.bucket, e.what());
+      error_ = std::make_exception_ptr(std::runtime_error(what));
+      cv_.notify_all();
+      return;
+    } catch (...) {
+      std::lock_guard lock(mu_);
+      error_ = std::current_exception();
+      cv_.notify_all();
+      return;
+    }
+  }
+}
+
+double GossipExchange::finish_step() {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_lock lock(mu_);
+  if (o_.staleness == 0) {
+    cv_.wait(lock, [&] { return done_ == buckets_.size() || error_; });
+    if (error_) std::rethrow_exception(error_);
+  } else {
+    if (error_) std::rethrow_exception(error_);
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      if (latest_step_[b] < step_ - 1) continue;  // nothing from the partner yet
+      const kernels::Bucket& k = buckets_[b];
+      float* x = buffer_ + k.begin;
+      const float* in = latest_.data() + k.begin;
+      for (int64_t i = 0; i < k.size(); ++i) x[i] = 0.5f * (x[i] + in[i]);
+    }
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void GossipExchange::queue_all(int64_t step) {
+  begin_step(step);
+  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) on_bucket_ready(b);
+}
+
+double GossipExchange::exchange_all(int64_t step) {
+  const auto t0 = std::chrono::steady_clock::now();
+  queue_all(step);
+  finish_step();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void GossipExchange::start_delayed(int64_t step) {
+  if (!o_.delayed) throw std::logic_error("start_delayed on an exchange built without delayed");
+  finish_delayed();
+  const int64_t n = static_cast<int64_t>(send_stage_.size());
+  std::copy(buffer_, buffer_ + n, send_stage_.begin());
+  queue_all(step);
+  pending_ = true;
+}
+
+void GossipExchange::settle_delayed() {
+  if (!pending_ || settled_) return;
+  finish_step();
+  settled_ = true;
+}
+
+std::vector<float> GossipExchange::delayed_delta() {
+  if (!pending_) return {};
+  settle_delayed();
+  return delta_;
+}
+
+void GossipExchange::set_delayed_delta(const std::vector<float>& delta) {
+  if (!o_.delayed) throw std::logic_error("set_delayed_delta on an exchange built without delayed");
+  if (pending_) finish_delayed();
+  if (delta.empty()) return;
+  if (delta.size() != delta_.size())
+    throw std::invalid_argument("delayed correction of " + std::to_string(delta.size()) +
+                                " values for a buffer of " + std::to_string(delta_.size()));
+  delta_ = delta;
+  pending_ = settled_ = true;
+}
+
+double GossipExchange::finish_delayed() {
+  if (!pending_) return 0;
+  const double waited = settled_ ? 0.0 : finish_step();
+  pending_ = settled_ = false;
+  const int64_t n = static_cast<int64_t>(delta_.size());
+  for (int64_t i = 0; i < n; ++i) buffer_[i] += delta_[i];
+  return waited;
+}
+
+}  // namespace gg::gossip

@@ -1,0 +1,170 @@
+// The exchange engine seam: the trainer announces each bucket as backward completes it and
+// waits for the mixed gradients before the optimizer step. Transports implement this interface;
+// the gossip transports plug in here next to the allreduce baseline.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gossip/comm/mpi.hpp"
+#include "gossip/comm/timeline.hpp"
+#include "gossip/comm/transport.hpp"
+#include "kernels/graph.hpp"
+#include "partners/schedule.hpp"
+
+namespace gg::gossip {
+
+class GradientExchange {
+ public:
+  virtual ~GradientExchange() = default;
+  virtual const char* name() const = 0;
+  // Called before backward of step `step`.
+  virtual void begin_step(int64_t step) = 0;
+  // Called from backward (the compute thread) when bucket b's gradients are final.
+  virtual void on_bucket_ready(int bucket) = 0;
+  // Blocks until every bucket of this step is mixed; returns the seconds it blocked (the exposed
+  // communication time).
+  virtual double finish_step() = 0;
+  // Each bucket's exchange becomes an event on its communication thread (nullptr: none).
+  void set_timeline(Timeline* t) { timeline_ = t; }
+
+ protected:
+  Timeline* timeline_ = nullptr;
+};
+
+// The allreduce baseline: every bucket is averaged over all ranks with MPI_Allreduce on a
+// communication thread that owns its own communicator, so it overlaps the rest of backward.
+class AllreduceExchange final : public GradientExchange {
+ public:
+  AllreduceExchange(const mpi::Comm& world, float* grads, std::vector<kernels::Bucket> buckets);
+  ~AllreduceExchange() override;
+  const char* name() const override { return "allreduce"; }
+  void begin_step(int64_t step) override;
+  void on_bucket_ready(int bucket) override;
+  double finish_step() override;
+
+ private:
+  void loop();
+
+  mpi::Comm comm_;
+  float* grads_;
+  std::vector<kernels::Bucket> buckets_;
+  float scale_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<int> queue_;
+  size_t done_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::thread worker_;
+};
+
+struct GossipOptions {
+  partners::Schedule schedule;         // p must equal the communicator's size
+  std::string transport = "auto";      // auto | shm | rma | p2p
+  std::string threading = "funneled";  // funneled | concurrent | chained
+  int comm_threads = 2;                // concurrent only
+  int staleness = 0;     // 0: wait for the partner; 1: never wait, mix what has arrived
+  bool delayed = false;  // start_delayed/finish_delayed: mix as a correction applied later
+  double timeout_s = 0;  // a wait on a partner longer than this fails the step (0: never)
+};
+
+// Gossip: bucket b is averaged with the same bucket of this step's partner, x = (x + x_from) / 2,
+// where the schedule says who sends to whom. Transports move the bytes; threading decides who
+// drives them:
+//   funneled    one communication thread starts every ready bucket, then completes them
+//   concurrent  several threads, each exchanging a whole bucket (MPI_THREAD_MULTIPLE)
+//   chained     one thread, one bucket at a time, strictly in bucket order
+// With staleness 1 a bucket is copied aside when it is ready, and finish_step mixes whatever the
+// partner's latest completed bucket is (this step's or the previous one's) without waiting; a
+// bucket is queued again only once its previous exchange is complete (staleness bounded by 1).
+//
+// buffer == nullptr asks the exchange to provide the flat buffer (buffer()): in the shm
+// transport's window where it has one, so that partners that pair up in a step (send_to ==
+// recv_from: every step at p = 2, hypercube, every other step of dissemination at p = 4) average
+// it in place with no copy (see transport.hpp); in private memory otherwise.
+class GossipExchange final : public GradientExchange {
+ public:
+  GossipExchange(const mpi::Comm& world, float* buffer, std::vector<kernels::Bucket> buckets,
+                 GossipOptions o);
+  ~GossipExchange() override;
+  const char* name() const override { return "gossip"; }
+  void begin_step(int64_t step) override;
+  void on_bucket_ready(int bucket) override;
+  double finish_step() override;
+  // Every bucket at once (model averaging after the update); returns the seconds it took.
+  double exchange_all(int64_t step);
+  // Overlapped averaging (options.delayed): start_delayed snapshots the buffer and exchanges the
+  // snapshot in the background; finish_delayed waits for it and adds the correction
+  // (x_partner - x_snapshot) / 2 to the buffer, which may have changed meanwhile. Returns the
+  // seconds it waited; does nothing when no exchange is pending.
+  void start_delayed(int64_t step);
+  double finish_delayed();
+  // Checkpoints and snapshots of the delayed exchange: settle_delayed() waits for a pending
+  // exchange and computes its correction without applying it (the numbers stay those of an
+  // uninterrupted run); delayed_delta() is that correction (empty when none is pending), and
+  // set_delayed_delta() makes a saved one pending again, applied by the next finish_delayed().
+  void settle_delayed();
+  std::vector<float> delayed_delta();
+  void set_delayed_delta(const std::vector<float>& delta);
+  // The first step this process exchanges (a resumed run): transports count their steps from
+  // it, as in a fresh run, while partners still follow the global step. Before any step.
+  void set_first_step(int64_t step) { first_step_ = step; }
+  // The next `n` steps repeat steps already exchanged (a rollback): the transports keep counting
+  // up, as their sequence flags and epochs require, while the partners repeat. At a step boundary.
+  void repeat_steps(int64_t n) { first_step_ -= n; }
+  partners::Partners partners_at(int64_t step) const;
+  float* buffer() const { return buffer_; }
+  // Whether a bucket exchanged in `step` is averaged in place (no copy).
+  bool in_place(const partners::Partners& peers) const;
+
+ private:
+  struct Job {
+    int64_t step;
+    int bucket;
+    partners::Partners peers;
+    Timeline::Clock::time_point started{};
+  };
+  void queue_all(int64_t step);  // begin_step, then every bucket ready
+  void worker(int id);
+  void run_blocking(Job& j);
+  void start(Job& j);
+  void complete(const Job& j);
+  void mark_done(const Job& j);
+  const float* source(int bucket) const;
+
+  mpi::Comm comm_;
+  float* buffer_;
+  std::vector<kernels::Bucket> buckets_;
+  GossipOptions o_;
+  int rank_;
+  std::unique_ptr<Transport> transport_;
+  std::vector<float> own_;            // buffer() when asked for and not in shared memory
+  std::vector<float> send_stage_;     // staleness 1: the bucket as it was when ready
+  std::vector<float> latest_;         // staleness 1: the partner's latest completed bucket
+  std::vector<int64_t> latest_step_;  // step of latest_[b], -1 = none yet
+  std::vector<int64_t> completed_;    // step whose exchange of bucket b finished, -1 = none
+  std::vector<float> delta_;          // delayed: (partner - snapshot) / 2, per element
+  bool pending_ = false;              // delayed: an exchange was started and not yet applied
+  bool settled_ = false;              // delayed: ... and its delta_ is already computed
+  int64_t first_step_ = 0;            // transports see step - first_step_
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;
+  int64_t step_ = 0;
+  partners::Partners peers_;
+  size_t done_ = 0;
+  int next_chained_ = 0;
+  int sent_ = 0;  // whole-step transports: buckets of the current step sent so far
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace gg::gossip

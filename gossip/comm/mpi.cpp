@@ -1,0 +1,174 @@
+#include "gossip/comm/mpi.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+
+namespace gg::mpi {
+
+void fail(int code, const char* call, const char* file, int line) {
+  char msg[MPI_MAX_ERROR_STRING] = {0};
+  int len = 0;
+  MPI_Error_string(code, msg, &len);
+  throw MpiError(std::string(call) + " failed at " + file + ":" + std::to_string(line) + ": " +
+                 std::string(msg, len));
+}
+
+Environment::Environment(int* argc, char*** argv) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) GG_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided_));
+  GG_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+}
+
+Environment::~Environment() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+Comm::~Comm() {
+  if (owned_ && c_ != MPI_COMM_NULL) MPI_Comm_free(&c_);
+}
+
+Comm& Comm::operator=(Comm&& o) noexcept {
+  if (this != &o) {
+    if (owned_ && c_ != MPI_COMM_NULL) MPI_Comm_free(&c_);
+    c_ = std::exchange(o.c_, MPI_COMM_NULL);
+    owned_ = o.owned_;
+  }
+  return *this;
+}
+
+int Comm::rank() const {
+  int r = 0;
+  GG_MPI_CHECK(MPI_Comm_rank(c_, &r));
+  return r;
+}
+
+int Comm::size() const {
+  int s = 0;
+  GG_MPI_CHECK(MPI_Comm_size(c_, &s));
+  return s;
+}
+
+Comm Comm::dup() const {
+  MPI_Comm c;
+  GG_MPI_CHECK(MPI_Comm_dup(c_, &c));
+  GG_MPI_CHECK(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
+  return Comm(c, true);
+}
+
+Comm Comm::split_shared() const {
+  MPI_Comm c;
+  // Test hook: GG_RANKS_PER_NODE=N pretends that every N consecutive ranks form a node, so that
+  // the paths across nodes (auto's rma half) run on one machine.
+  const char* per_node = std::getenv("GG_RANKS_PER_NODE");
+  if (per_node != nullptr && std::atoi(per_node) > 0) {
+    GG_MPI_CHECK(MPI_Comm_split(c_, rank() / std::atoi(per_node), rank(), &c));
+  } else {
+    GG_MPI_CHECK(MPI_Comm_split_type(c_, MPI_COMM_TYPE_SHARED, rank(), MPI_INFO_NULL, &c));
+  }
+  GG_MPI_CHECK(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
+  return Comm(c, true);
+}
+
+void Comm::barrier() const { GG_MPI_CHECK(MPI_Barrier(c_)); }
+
+namespace {
+template <typename T>
+void allreduce_chunks(MPI_Comm c, T* data, int64_t count, MPI_Datatype type, MPI_Op op) {
+  for (int64_t off = 0; off < count; off += kMaxCount) {
+    const int n = static_cast<int>(std::min(kMaxCount, count - off));
+    GG_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data + off, n, type, op, c));
+  }
+}
+}  // namespace
+
+void Comm::allreduce_sum(float* d, int64_t n) const {
+  allreduce_chunks(c_, d, n, MPI_FLOAT, MPI_SUM);
+}
+void Comm::allreduce_sum(double* d, int64_t n) const {
+  allreduce_chunks(c_, d, n, MPI_DOUBLE, MPI_SUM);
+}
+void Comm::allreduce_sum(int64_t* d, int64_t n) const {
+  allreduce_chunks(c_, d, n, MPI_INT64_T, MPI_SUM);
+}
+void Comm::allreduce_max(double* d, int64_t n) const {
+  allreduce_chunks(c_, d, n, MPI_DOUBLE, MPI_MAX);
+}
+
+void Comm::broadcast(float* d, int64_t count, int root) const {
+  for (int64_t off = 0; off < count; off += kMaxCount) {
+    const int n = static_cast<int>(std::min(kMaxCount, count - off));
+    GG_MPI_CHECK(MPI_Bcast(d + off, n, MPI_FLOAT, root, c_));
+  }
+}
+
+void Comm::broadcast(std::string& s, int root) const {
+  int64_t len = static_cast<int64_t>(s.size());
+  GG_MPI_CHECK(MPI_Bcast(&len, 1, MPI_INT64_T, root, c_));
+  s.resize(len);
+  if (len > 0) GG_MPI_CHECK(MPI_Bcast(s.data(), static_cast<int>(len), MPI_CHAR, root, c_));
+}
+
+Request::~Request() {
+  if (r_ != MPI_REQUEST_NULL) MPI_Wait(&r_, MPI_STATUS_IGNORE);
+}
+
+Request& Request::operator=(Request&& o) noexcept {
+  if (this != &o) {
+    if (r_ != MPI_REQUEST_NULL) MPI_Wait(&r_, MPI_STATUS_IGNORE);
+    r_ = std::exchange(o.r_, MPI_REQUEST_NULL);
+  }
+  return *this;
+}
+
+void Request::wait() {
+  if (r_ != MPI_REQUEST_NULL) GG_MPI_CHECK(MPI_Wait(&r_, MPI_STATUS_IGNORE));
+}
+
+bool Request::test() {
+  int done = 1;
+  if (r_ != MPI_REQUEST_NULL) GG_MPI_CHECK(MPI_Test(&r_, &done, MPI_STATUS_IGNORE));
+  return done != 0;
+}
+
+Window::Window(const Comm& comm, int64_t bytes, Kind kind) : bytes_(bytes), kind_(kind) {
+  const MPI_Aint size = static_cast<MPI_Aint>(bytes);
+  if (kind == Kind::Shared) {
+    // Non-contiguous: every rank's segment starts on its own page (and so its own cache line),
+    // in memory first touched by its owner.
+    MPI_Info info;
+    GG_MPI_CHECK(MPI_Info_create(&info));
+    GG_MPI_CHECK(MPI_Info_set(info, "alloc_shared_noncontig", "true"));
+    const int rc = MPI_Win_allocate_shared(size, 1, info, comm.get(), &base_, &w_);
+    MPI_Info_free(&info);
+    GG_MPI_CHECK(rc);
+  } else {
+    GG_MPI_CHECK(MPI_Win_allocate(size, 1, MPI_INFO_NULL, comm.get(), &base_, &w_));
+  }
+  GG_MPI_CHECK(MPI_Win_set_errhandler(w_, MPI_ERRORS_RETURN));
+}
+
+namespace {
+std::atomic<bool> g_peer_lost{false};
+}  // namespace
+
+void mark_peer_lost() { g_peer_lost = true; }
+bool peer_lost() { return g_peer_lost; }
+
+Window::~Window() {
+  if (w_ != MPI_WIN_NULL && !peer_lost()) MPI_Win_free(&w_);
+}
+
+void* Window::shared_base(int rank) const {
+  if (kind_ != Kind::Shared) throw std::logic_error("shared_base on a non-shared window");
+  MPI_Aint size = 0;
+  int disp = 0;
+  void* p = nullptr;
+  GG_MPI_CHECK(MPI_Win_shared_query(w_, rank, &size, &disp, &p));
+  return p;
+}
+
+}  // namespace gg::mpi

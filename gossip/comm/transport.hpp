@@ -1,0 +1,118 @@
+// How one bucket of a flat buffer travels from a rank to its partner of the step. Each transport
+// splits an exchange into a receive half and a send half, so the two halves of one step may go
+// through different transports (auto: shared memory to a partner on this node, RMA otherwise).
+//
+// Protocol for bucket b at step t, on every rank (partners from the schedule):
+//   0. begin_step(from, to, t)   once per step, before any bucket
+//   1. expect(from, t, b)        announce readiness to receive a bucket (Irecv, nothing)
+//   2. send(to, t, b, data)      move this rank's bucket to `to` (store / put / Isend)
+//   3. received(from, t, b)      block until the partner's bucket is here; returns a pointer to
+//                                it, valid until release()
+//   4. release(from, t, b)       the data has been mixed; the slot may be reused
+// Zero-copy pairs (shm): when the flat buffer itself lives in the transport's shared memory
+// (shared_home()) and this step's partner both sends to and receives from this rank, nothing is
+// copied. Instead:
+//   1. publish(peer, t, b)           this rank's bucket is final (a flag, no data moves)
+//   2. average_in_place(peer, t, b)  once the partner's is final too, each of the two averages
+//                                    its half of the bucket, reading both buffers and storing
+//                                    the mean in both; returns when the partner's half is done
+// Each rank reads one bucket's worth and writes one bucket's worth: the traffic of one memcpy.
+// Windows and buffers are created once, in the constructor, over the whole flat buffer; they
+// are freed in the destructor, which must run before MPI_Finalize.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gossip/comm/mpi.hpp"
+#include "kernels/graph.hpp"
+
+namespace gg::gossip {
+
+// A wait on a partner that lasted longer than the transport's timeout: the partner died or hangs.
+// The exchange adds the step and turns it into a message naming both ranks.
+struct PartnerTimeout : std::runtime_error {
+  PartnerTimeout(int peer, int bucket, const std::string& what)
+      : std::runtime_error(what), peer(peer), bucket(bucket) {}
+  int peer;
+  int bucket;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual const char* name() const = 0;
+  // Waits on a partner (shm and rma flags, p2p requests) give up with PartnerTimeout after
+  // `seconds` (0: wait forever, the default).
+  virtual void set_timeout(double seconds) { timeout_s_ = seconds; }
+  virtual void begin_step(int from, int to, int64_t step) { (void)from, (void)to, (void)step; }
+  // A whole-step transport delivers a step's buckets together: after every bucket's send(),
+  // end_sends() closes the step, and only then may received() be called.
+  virtual bool whole_step() const { return false; }
+  virtual void end_sends(int to, int64_t step) { (void)to, (void)step; }
+  virtual void expect(int from, int64_t step, int bucket) = 0;
+  virtual void send(int to, int64_t step, int bucket, const float* data) = 0;
+  virtual const float* received(int from, int64_t step, int bucket) = 0;
+  virtual void release(int from, int64_t step, int bucket) = 0;
+  // Completes local send resources (p2p requests); called after received().
+  virtual void finish_send(int to, int64_t step, int bucket) { (void)to, (void)step, (void)bucket; }
+  // The flat buffer in memory the partners on this node can reach, when it was asked for and the
+  // transport has such memory; nullptr otherwise.
+  virtual float* shared_home() { return nullptr; }
+  virtual bool pairs_in_place(int peer) const { return (void)peer, false; }
+  virtual void publish(int peer, int64_t step, int bucket);
+  virtual void average_in_place(int peer, int64_t step, int bucket);
+  // Called on every poll of a wait that needs no MPI call itself (shm flags): auto sets it to
+  // drive MPI progress, which the rma half may need from this rank (MPICH implements some
+  // one-sided operations with messages the target must process).
+  void set_progress(std::function<void()> f) { progress_ = std::move(f); }
+
+ protected:
+  void progress() const {
+    if (progress_) progress_();
+  }
+  double timeout_s_ = 0;
+  std::function<void()> progress_;
+};
+
+// The layout every transport shares: bucket b covers elements [begin, end) of a flat buffer of
+// `count` floats.
+struct BufferLayout {
+  int64_t count = 0;
+  std::vector<kernels::Bucket> buckets;
+};
+
+// Isend/Irecv into a private receive buffer: portable, works everywhere.
+std::unique_ptr<Transport> make_p2p_transport(const mpi::Comm& comm, const BufferLayout& layout);
+
+// MPI_Put into the partner's MPI_Win_allocate window over the whole flat buffer, under one
+// passive-target epoch (lock_all) for the window's life: each bucket is put as soon as it is
+// ready, then an arrival flag in the partner's window; the partner frees the slot with a flag of
+// its own. Partners may change every step. (An earlier version synchronised with PSCW epochs:
+// with rotating partners it hung now and then in Debian's MPICH 4.0.2 at 4+ ranks.)
+std::unique_ptr<Transport> make_rma_transport(const mpi::Comm& comm, const BufferLayout& layout);
+
+// A store straight into the partner's segment of an MPI_Win_allocate_shared window on the node
+// communicator, double-buffered by step parity, with ready/done sequence flags per bucket. Only
+// for partners on this node; `node` must be comm split by MPI_COMM_TYPE_SHARED.
+// With `home`, the window also holds this rank's flat buffer (shared_home()), and partners
+// that pair up average it in place.
+std::unique_ptr<Transport> make_shm_transport(const mpi::Comm& comm, const mpi::Comm& node,
+                                              const BufferLayout& layout, bool home = false);
+
+// shm for partners on this node, rma for the others (decided per peer; both sides agree).
+std::unique_ptr<Transport> make_auto_transport(const mpi::Comm& comm, const BufferLayout& layout,
+                                               bool home = false);
+
+// "p2p" | "rma" | "shm" | "auto"; throws std::invalid_argument otherwise. shm throws when the
+// communicator spans several nodes. `home`: place the flat buffer in shared memory where the
+// transport has it (shm, auto), for zero-copy pairs.
+std::unique_ptr<Transport> make_transport(const std::string& name, const mpi::Comm& comm,
+                                          const BufferLayout& layout, bool home = false);
+
+}  // namespace gg::gossip

@@ -1,0 +1,148 @@
+// The resolved settings of a training run. Every option has a dotted name that is also its INI
+// key (`--train.batch 32` == `[train] batch = 32`); the command line overrides the config file.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace gg::gossip {
+
+// A mistake in what the user asked for: main prints the one-line message and exits 2.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Config {
+  std::string config_path;
+  struct {
+    std::string source = "fashion-mnist";  // fashion-mnist | idx:DIR | imagenet:DIR | ...
+    std::string dir = "/usr/share/datasets/fashion-mnist";
+    std::string val_labels = "auto";  // imagenet: labels of a flat val/ (auto: DIR/val_labels.txt)
+    bool augment = true;
+    int prefetch = 4;
+    int workers = 0;              // loader threads (0: 1 for pixel data, cores per rank for JPEG)
+    int crop = 224;               // JPEG sources: output side
+    int resize = 256;             // JPEG evaluation: shorter side before the centre crop
+    std::string shuffle = "off";  // off | ids | bytes
+    int64_t shuffle_per_step = 8;
+  } data;
+  struct {
+    std::string name = "resnet8";
+    int64_t width = 16;
+    bool batch_norm = true;
+  } model;
+  struct {
+    std::string backend = "onednn";
+    std::string precision = "fp32";  // fp32 | bf16 (onednn on AVX512_BF16 CPUs)
+    int64_t batch = 64;              // per rank
+    int64_t epochs = 4;
+    double lr = 0.1;  // for a global batch of base_batch (linear scaling)
+    int64_t base_batch = 256;
+    double momentum = 0.9;
+    double weight_decay = 5e-4;
+    bool nesterov = false;
+    double warmup_epochs = 0.5;
+    uint64_t seed = 1;
+    int threads = 0;        // 0: cores of this node / ranks on this node
+    int64_t max_steps = 0;  // 0: every step of every epoch
+    int64_t eval_batch = 500;
+    std::string init_from;  // .npz with torchvision names; empty: initialise from the seed
+    int64_t stop_at = 0;    // stop after this step with a checkpoint, as if preempted (0: never)
+  } train;
+  struct {
+    std::string mode = "both";  // grad | model | both | allreduce
+    std::string schedule = "dissemination";
+    bool rotate = true;
+    std::string transport = "auto";
+    std::string threading = "funneled";
+    int comm_threads = 2;
+    int staleness = 0;
+    bool overlap_model = true;  // model/both: weight averaging overlapped with the next step
+    int64_t global_every = 0;
+    int64_t consensus_every = 50;
+    int64_t bucket_kb = 512;
+    double timeout_s = 300;  // a wait on a partner longer than this is an error (0: never)
+  } gossip;
+  // Neuron apoptosis: remove output units whose outgoing weights fade (gossip/train/apoptosis.hpp).
+  struct {
+    bool enable = false;
+    std::string criterion = "relative_norm";  // relative_norm | norm (of the outgoing weights)
+    double threshold = 0.5;
+    int64_t interval = 200;       // steps between decisions
+    double max_share = 0.25;      // of a layer's units removed per decision at most
+    std::string layers = "both";  // fc | conv | both
+    int64_t min_keep = 4;         // units a layer keeps at least
+    double until = 1.0;           // decisions only in this first share of the training steps
+  } apoptosis;
+  struct {
+    std::string dir;           // empty: no checkpoints
+    int64_t every_epochs = 0;  // average model (model.npz): 0 = only at the end of training
+    int64_t every = 0;         // full checkpoint every N steps (0: never)
+    double every_minutes = 0;  // ... and/or every T minutes of training (0: never)
+    int64_t keep = 3;          // full checkpoints kept (the newest)
+    std::string resume;        // empty | auto (the newest valid one in dir, if any) | DIR
+  } checkpoint;
+  // Loss guard: a NaN/Inf loss on any rank restores the last in-memory snapshot on every rank
+  // and scales the learning rate by lr_factor, at most nan_retries times.
+  struct {
+    int nan_retries = 3;  // 0: a NaN/Inf loss stops training at once
+    int64_t snapshot_every = 100;
+    double lr_factor = 0.5;
+  } guard;
+  // Test hooks that inject failures; they fire only in a run that did not resume.
+  struct {
+    std::string kill;   // "RANK:STEP": that rank raises SIGKILL at the start of that step
+    std::string stall;  // "RANK:STEP": that rank stops itself (SIGSTOP): a hung rank
+    int64_t nan = -1;   // rank 0's weights become NaN at that step (-1: never)
+    // Simulated failures (gossip/resilience/faults.hpp): "RANK:STEP,..." and/or a random plan with this
+    // mean number of steps between failures (0: none), recovered by `strategy`.
+    std::string inject;
+    double mtbf_steps = 0;
+    std::string strategy = "forward";  // restart | rollback | forward
+  } fault;
+  // The cluster's network, for `gossipgrad simulate` (alpha-beta-gamma model).
+  struct {
+    double inter_latency_us = 2.0;      // between nodes
+    double inter_bandwidth_gbs = 12.5;  // GB/s per node (its NIC)
+    double intra_latency_us = 0.5;      // within a node
+    double intra_bandwidth_gbs = 20.0;  // GB/s per rank within a node
+    double mix_bandwidth_gbs = 50.0;    // GB/s of one operand through the local averaging
+    int ranks_per_node = 1;
+  } network;
+  // Compute per step for `gossipgrad simulate`; 0 = measure here with the configured model.
+  struct {
+    double forward_ms = 0;
+    double backward_ms = 0;
+    double update_ms = 0;
+    int steps = 48;  // gossip steps averaged (several rotation rounds)
+  } simulate;
+  struct {
+    std::string metrics = "runs/latest/metrics.jsonl";
+    bool overwrite = false;
+    bool progress = true;
+    double interval = 2.0;         // seconds between progress lines
+    std::string timeline;          // Chrome trace events of the run (empty: none)
+    int64_t timeline_steps = 100;  // steps recorded from the start (then it stops recording)
+    std::string samples;           // debug: PATH.<rank> gets every step's sample ids (empty: none)
+  } log;
+};
+
+// Parses `gossipgrad train` arguments (without the subcommand). Throws UsageError with one line
+// naming the option and the problem for unknown keys, wrong types, out-of-range values and
+// missing files. check_paths = false skips what concerns files of this machine (data, init
+// weights, metrics, checkpoints): for `simulate` and dry runs of another cluster's config.
+Config parse_train_args(const std::vector<std::string>& args, bool check_paths = true);
+
+// fault.kill / fault.stall "RANK:STEP" -> {rank, step}; throws UsageError naming `key`.
+std::pair<int, int64_t> parse_fault_kill(const std::string& spec, const char* key = "fault.kill");
+
+// The help text of `gossipgrad train`: every option, its default and what it does.
+std::string train_help();
+
+// The resolved settings as INI text that parse_train_args accepts back.
+std::string to_ini(const Config& c);
+
+}  // namespace gg::gossip

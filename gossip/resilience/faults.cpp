@@ -1,0 +1,140 @@
+#include "gossip/resilience/faults.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "gossip/config/config.hpp"
+
+namespace gg::gossip {
+namespace {
+
+// SplitMix64's finaliser over (seed, counter): draw k of stream `stream` is the same on every
+// rank and independent of how many draws came before.
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+double uniform(uint64_t seed, uint64_t stream, uint64_t k) {
+  const uint64_t bits = mix(mix(seed ^ 0x4641554c54ull) + mix(stream * 0x100000001b3ull + k));
+  return static_cast<double>(bits >> 11) * 0x1.0p-53;  // [0, 1)
+}
+
+}  // namespace
+
+FaultStrategy parse_fault_strategy(const std::string& name) {
+  if (name == "restart") return FaultStrategy::Restart;
+  if (name == "rollback") return FaultStrategy::Rollback;
+  if (name == "forward") return FaultStrategy::Forward;
+  throw UsageError("fault.strategy = " + name + " is unknown: restart, rollback or forward");
+}
+
+const char* to_string(FaultStrategy s) {
+  switch (s) {
+    case FaultStrategy::Restart:
+      return "restart";
+    case FaultStrategy::Rollback:
+      return "rollback";
+    case FaultStrategy::Forward:
+      return "forward";
+  }
+  return "?";
+}
+
+std::vector<FaultEvent> parse_fault_inject(const std::string& spec) {
+  std::vector<FaultEvent> events;
+  std::stringstream in(spec);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    try {
+      const auto [rank, step] = parse_fault_kill(item, "fault.inject");
+      events.push_back({step, rank});
+    } catch (const UsageError&) {
+      throw UsageError("fault.inject = " + spec +
+                       " must be RANK:STEP[,RANK:STEP...] (integers >= 0)");
+    }
+  }
+  if (events.empty() || spec.back() == ',')
+    throw UsageError("fault.inject = " + spec +
+                     " must be RANK:STEP[,RANK:STEP...] (integers >= 0)");
+  return events;
+}
+
+std::vector<FaultEvent> random_fault_plan(int ranks, double mtbf_steps, int64_t horizon,
+                                          uint64_t seed, bool shrinking) {
+  std::vector<FaultEvent> events;
+  if (!(mtbf_steps > 0) || ranks < 2) return events;
+  std::vector<int> alive(ranks);
+  for (int r = 0; r < ranks; ++r) alive[r] = r;
+  int64_t step = 0;
+  for (uint64_t k = 0; !shrinking || alive.size() > 1; ++k) {
+    // Inverse transform of an exponential gap; at least one step, so no step sees two.
+    const double gap = -mtbf_steps * std::log1p(-uniform(seed, 0, k));
+    const double next = static_cast<double>(step) + std::max(1.0, std::ceil(gap));
+    if (next >= static_cast<double>(horizon)) break;
+    step = static_cast<int64_t>(next);
+    const size_t i =
+        std::min(alive.size() - 1, static_cast<size_t>(uniform(seed, 1, k) * alive.size()));
+    events.push_back({step, alive[i]});
+    if (shrinking) alive.erase(alive.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+  return events;
+}
+
+std::vector<FaultEvent> make_fault_plan(const Config& c, int ranks, int64_t horizon) {
+  const FaultStrategy strategy = parse_fault_strategy(c.fault.strategy);
+  const bool shrinking = strategy == FaultStrategy::Forward;
+  std::vector<FaultEvent> plan;
+  if (!c.fault.inject.empty()) plan = parse_fault_inject(c.fault.inject);
+  for (const FaultEvent& e : plan)
+    if (e.rank >= ranks)
+      throw UsageError("fault.inject = " + c.fault.inject + ": rank " + std::to_string(e.rank) +
+                       " is out of range: the job has " + std::to_string(ranks) + " ranks");
+  if (c.fault.mtbf_steps > 0) {
+    if (ranks < 2)
+      throw UsageError(
+          "fault.mtbf_steps needs at least 2 ranks: one rank has no one to recover "
+          "from");
+    // Random failures after the explicit ones: with forward, only among those still alive.
+    std::set<int> gone;
+    if (shrinking)
+      for (const FaultEvent& e : plan) gone.insert(e.rank);
+    std::vector<int> keep;
+    for (int r = 0; r < ranks; ++r)
+      if (!gone.count(r)) keep.push_back(r);
+    for (FaultEvent e : random_fault_plan(static_cast<int>(keep.size()), c.fault.mtbf_steps,
+                                          horizon, c.train.seed, shrinking)) {
+      e.rank = keep[e.rank];
+      plan.push_back(e);
+    }
+  }
+  std::sort(plan.begin(), plan.end(), [](const FaultEvent& a, const FaultEvent& b) {
+    return a.step != b.step ? a.step < b.step : a.rank < b.rank;
+  });
+  plan.erase(std::unique(plan.begin(), plan.end()), plan.end());
+  const std::string what =
+      c.fault.inject.empty() ? std::string("fault.mtbf_steps") : "fault.inject = " + c.fault.inject;
+  if (shrinking) {
+    std::set<int> failed;
+    for (const FaultEvent& e : plan)
+      if (!failed.insert(e.rank).second)
+        throw UsageError(what + ": rank " + std::to_string(e.rank) +
+                         " fails twice; with fault.strategy forward a failed rank is gone");
+    if (!plan.empty() && static_cast<int>(failed.size()) >= ranks)
+      throw UsageError(what + ": every rank fails; forward recovery needs a survivor");
+  } else {
+    std::map<int64_t, int> per_step;
+    for (const FaultEvent& e : plan)
+      if (++per_step[e.step] >= ranks)
+        throw UsageError(what + ": every rank fails at step " + std::to_string(e.step) + "; " +
+                         to_string(strategy) + " needs a live rank");
+  }
+  return plan;
+}
+
+}  // namespace gg::gossip

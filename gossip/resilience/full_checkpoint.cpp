@@ -1,0 +1,328 @@
+#include "gossip/resilience/full_checkpoint.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+namespace gg::gossip {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kRankMagic[8] = {'G', 'G', 'R', 'A', 'N', 'K', '0', '1'};
+
+void put_bytes(std::vector<uint8_t>& out, const void* data, size_t n) {
+  const size_t at = out.size();
+  out.resize(at + n);
+  if (n > 0) std::memcpy(out.data() + at, data, n);
+}
+
+template <typename T>
+void put(std::vector<uint8_t>& out, const T& v) {
+  put_bytes(out, &v, sizeof v);
+}
+
+template <typename T>
+void put_array(std::vector<uint8_t>& out, const std::vector<T>& v) {
+  put<uint64_t>(out, v.size());
+  put_bytes(out, v.data(), v.size() * sizeof(T));
+}
+
+// Bounds-checked reading of an encoded RankState.
+struct Cursor {
+  const uint8_t* p;
+  size_t left;
+  const std::string& what;
+  void need(size_t n) const {
+    if (n > left) throw std::runtime_error(what + ": truncated or corrupt rank state");
+  }
+  template <typename T>
+  T get() {
+    need(sizeof(T));
+    T v;
+    std::memcpy(&v, p, sizeof v);
+    p += sizeof v;
+    left -= sizeof v;
+    return v;
+  }
+  template <typename T>
+  std::vector<T> get_array() {
+    const auto n = get<uint64_t>();
+    if (n > left / sizeof(T)) throw std::runtime_error(what + ": truncated or corrupt rank state");
+    std::vector<T> v(static_cast<size_t>(n));
+    std::memcpy(v.data(), p, n * sizeof(T));
+    p += n * sizeof(T);
+    left -= n * sizeof(T);
+    return v;
+  }
+};
+
+void fsync_path(const fs::path& path, bool directory) {
+  const int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+std::string hex(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+}  // namespace
+
+std::vector<uint8_t> read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error(path + ": cannot be read");
+  std::vector<uint8_t> out((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return out;
+}
+
+std::vector<uint8_t> encode_state(const RankState& s) {
+  std::vector<uint8_t> out;
+  out.reserve(
+      128 + 4 * (s.params.size() + s.buffers.size() + s.velocity.size() + s.delayed_delta.size()) +
+      s.shuffle.size());
+  put_bytes(out, kRankMagic, sizeof kRankMagic);
+  put<int64_t>(out, s.step);
+  put<int64_t>(out, s.steps_per_epoch);
+  put<int64_t>(out, s.rank);
+  put<int64_t>(out, s.ranks);
+  put<double>(out, s.lr_scale);
+  put<int64_t>(out, s.nan_restores);
+  put<uint64_t>(out, s.dropout_step);
+  put<uint64_t>(out, s.sgd_started ? 1 : 0);
+  put_array(out, s.params);
+  put_array(out, s.buffers);
+  put_array(out, s.velocity);
+  put_array(out, s.delayed_delta);
+  put_array(out, s.shuffle);
+  put<uint64_t>(out, checksum(out.data(), out.size()));  // the file checks itself too
+  return out;
+}
+
+RankState decode_state(const uint8_t* data, size_t size, const std::string& what) {
+  if (size < sizeof kRankMagic + 8 || std::memcmp(data, kRankMagic, sizeof kRankMagic) != 0)
+    throw std::runtime_error(what + ": not a gossipgrad rank state");
+  uint64_t stored;
+  std::memcpy(&stored, data + size - 8, 8);
+  if (stored != checksum(data, size - 8))
+    throw std::runtime_error(what + ": checksum mismatch (corrupt or truncated)");
+  Cursor c{data + sizeof kRankMagic, size - 8 - sizeof kRankMagic, what};
+  RankState s;
+  s.step = c.get<int64_t>();
+  s.steps_per_epoch = c.get<int64_t>();
+  s.rank = static_cast<int>(c.get<int64_t>());
+  s.ranks = static_cast<int>(c.get<int64_t>());
+  s.lr_scale = c.get<double>();
+  s.nan_restores = static_cast<int>(c.get<int64_t>());
+  s.dropout_step = c.get<uint64_t>();
+  s.sgd_started = c.get<uint64_t>() != 0;
+  s.params = c.get_array<float>();
+  s.buffers = c.get_array<float>();
+  s.velocity = c.get_array<float>();
+  s.delayed_delta = c.get_array<float>();
+  s.shuffle = c.get_array<uint8_t>();
+  if (c.left != 0) throw std::runtime_error(what + ": trailing bytes in the rank state");
+  if (s.step < 0 || s.steps_per_epoch < 1 || s.ranks < 1 || s.rank < 0 || s.rank >= s.ranks ||
+      !(s.lr_scale > 0 && s.lr_scale <= 1) || s.velocity.size() != s.params.size() ||
+      (!s.delayed_delta.empty() && s.delayed_delta.size() != s.params.size()))
+    throw std::runtime_error(what + ": inconsistent rank state");
+  return s;
+}
+
+uint64_t checksum(const void* data, size_t size) { return XXH3_64bits(data, size); }
+
+FileDigest write_file_durably(const std::string& path, const void* data, size_t size) {
+  const fs::path target(path);
+  const fs::path tmp = target.string() + ".tmp-" + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno));
+  const auto* p = static_cast<const uint8_t*>(data);
+  size_t left = size;
+  while (left > 0) {
+    const ssize_t n = ::write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw std::runtime_error("cannot write " + path + ": " + why);
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    ::unlink(tmp.c_str());
+    throw std::runtime_error("cannot write " + path + ": fsync failed");
+  }
+  if (::rename(tmp.c_str(), target.c_str()) != 0) {
+    const std::string why = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    throw std::runtime_error("cannot write " + path + ": " + why);
+  }
+  fsync_path(target.has_parent_path() ? target.parent_path() : fs::path("."), true);
+  return {size, checksum(data, size)};
+}
+
+std::string checkpoint_folder_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "ckpt-%012lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::string rank_file_name(int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "rank-%05d.bin", rank);
+  return buf;
+}
+
+void write_manifest(const std::string& folder, const Manifest& m) {
+  nlohmann::json files = nlohmann::json::object();
+  for (const auto& [name, d] : m.files) files[name] = {{"size", d.size}, {"xxh3", hex(d.hash)}};
+  nlohmann::json j = {{"format", "gossipgrad-full-checkpoint"},
+                      {"version", 1},
+                      {"step", m.step},
+                      {"epoch", m.epoch},
+                      {"ranks", m.ranks},
+                      {"steps_per_epoch", m.steps_per_epoch},
+                      {"model",
+                       {{"name", m.model.name},
+                        {"input", m.model.input},
+                        {"classes", m.model.classes},
+                        {"width", m.model.width},
+                        {"batch_norm", m.model.batch_norm}}},
+                      {"files", files}};
+  if (!m.widths.empty()) j["model"]["widths"] = m.widths;
+  const std::string text = j.dump(2) + "\n";
+  write_file_durably((fs::path(folder) / kManifest).string(), text.data(), text.size());
+}
+
+Manifest read_manifest(const std::string& folder) {
+  const fs::path path = fs::path(folder) / kManifest;
+  std::ifstream f(path);
+  if (!f) throw std::runtime_error(path.string() + " is missing (an incomplete checkpoint)");
+  Manifest m;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(f);
+    if (j.value("format", "") != "gossipgrad-full-checkpoint" || j.at("version").get<int>() != 1)
+      throw std::runtime_error("not a version-1 gossipgrad full checkpoint");
+    m.step = j.at("step").get<int64_t>();
+    m.epoch = j.at("epoch").get<int64_t>();
+    m.ranks = j.at("ranks").get<int>();
+    m.steps_per_epoch = j.at("steps_per_epoch").get<int64_t>();
+    const auto& model = j.at("model");
+    m.model.name = model.at("name").get<std::string>();
+    m.model.input = model.at("input").get<kernels::Dims>();
+    m.model.classes = model.at("classes").get<int64_t>();
+    m.model.width = model.at("width").get<int64_t>();
+    m.model.batch_norm = model.at("batch_norm").get<bool>();
+    if (model.contains("widths")) {
+      m.widths = model.at("widths").get<std::map<std::string, int64_t>>();
+      for (const auto& [name, units] : m.widths)
+        if (units < 1) throw std::runtime_error("width of " + name + " out of range");
+    }
+    for (const auto& [name, d] : j.at("files").items()) {
+      if (name.find('/') != std::string::npos || name == ".." || name.empty())
+        throw std::runtime_error("bad file name '" + name + "'");
+      m.files[name] = {d.at("size").get<uint64_t>(),
+                       std::stoull(d.at("xxh3").get<std::string>(), nullptr, 16)};
+    }
+    if (m.step < 0 || m.ranks < 1 || m.ranks > (1 << 20) || m.steps_per_epoch < 1)
+      throw std::runtime_error("step, ranks or steps_per_epoch out of range");
+    for (int r = 0; r < m.ranks; ++r)
+      if (!m.files.count(rank_file_name(r)))
+        throw std::runtime_error("lists no " + rank_file_name(r));
+  } catch (const nlohmann::json::exception& e) {
+    std::string what = e.what();
+    std::replace(what.begin(), what.end(), '\n', ' ');
+    throw std::runtime_error(path.string() + ": " + what);
+  } catch (const std::logic_error& e) {  // stoull
+    throw std::runtime_error(path.string() + ": malformed checksum");
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(path.string() + ": " + e.what());
+  }
+  return m;
+}
+
+std::string verify_checkpoint(const std::string& folder) {
+  try {
+    const Manifest m = read_manifest(folder);
+    for (const auto& [name, want] : m.files) {
+      const fs::path p = fs::path(folder) / name;
+      std::error_code ec;
+      const auto size = fs::file_size(p, ec);
+      if (ec) return p.string() + " is missing";
+      if (size != want.size)
+        return p.string() + " has " + std::to_string(size) + " bytes, the manifest says " +
+               std::to_string(want.size);
+      const std::vector<uint8_t> bytes = read_file(p.string());
+      if (checksum(bytes.data(), bytes.size()) != want.hash)
+        return p.string() + ": checksum mismatch (corrupt)";
+    }
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& root) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() != 17 || name.rfind("ckpt-", 0) != 0 || !entry.is_directory()) continue;
+    if (!std::all_of(name.begin() + 5, name.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
+      continue;
+    out.emplace_back(std::stoll(name.substr(5)), entry.path().string());
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return out;
+}
+
+std::optional<std::string> find_latest_valid(const std::string& where,
+                                             std::vector<std::string>& rejected) {
+  std::vector<std::pair<int64_t, std::string>> candidates;
+  if (fs::exists(fs::path(where) / kManifest) ||
+      fs::path(where).filename().string().rfind("ckpt-", 0) == 0)
+    candidates.emplace_back(0, where);
+  else
+    candidates = list_checkpoints(where);
+  for (const auto& [step, folder] : candidates) {
+    const std::string why = verify_checkpoint(folder);
+    if (why.empty()) return folder;
+    rejected.push_back("skipping checkpoint " + folder + ": " + why);
+  }
+  return std::nullopt;
+}
+
+void prune_checkpoints(const std::string& root, int64_t keep) {
+  int64_t complete = 0;
+  int64_t oldest_kept = -1;
+  bool any_complete = false;
+  for (const auto& [step, folder] : list_checkpoints(root)) {
+    std::error_code ec;
+    const bool has_manifest = fs::exists(fs::path(folder) / kManifest, ec);
+    if (has_manifest) any_complete = true;
+    if (!any_complete) continue;  // newer than every complete one: may be being written
+    if (has_manifest && complete < keep) {
+      ++complete;
+      oldest_kept = step;
+      continue;
+    }
+    if (!has_manifest && step > oldest_kept) continue;
+    fs::remove_all(folder, ec);
+  }
+}
+
+}  // namespace gg::gossip

@@ -1,0 +1,155 @@
+#include "gossip/resilience/supervise.hpp"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "gossip/config/config.hpp"
+
+namespace gg::gossip {
+namespace {
+
+std::atomic<pid_t> g_child{0};  // the running job, for the signal handler only
+
+void forward_signal(int sig) {
+  const pid_t child = g_child.load();
+  if (child > 0) ::kill(child, sig);
+}
+
+bool is_count(const std::string& s) {
+  return !s.empty() && s.size() < 8 &&
+         std::all_of(s.begin(), s.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+}
+
+constexpr const char* kHelp =
+    "usage: gossipgrad supervise [--max-restarts N] [--shrink-on-failure] [--min-ranks M] --\n"
+    "                            mpirun -n P gossipgrad train ... --checkpoint.dir DIR ...\n\n"
+    "Runs the job; when it fails (not a usage error, exit 2), runs it again with\n"
+    "--checkpoint.resume auto, so it continues from the newest valid checkpoint in DIR.\n"
+    "  --max-restarts N      give up after N restarts (default 3)\n"
+    "  --shrink-on-failure   each restart runs one rank fewer (mpirun's -n/-np), down to\n"
+    "                        --min-ranks (default 1); the checkpoint's ranks are averaged\n"
+    "Restarts get GG_SUPERVISE_ATTEMPT=k in their environment; fault.* hooks fire only in\n"
+    "attempt 0. The exit code is the job's last one.\n";
+
+}  // namespace
+
+std::vector<std::string> restart_command(const std::vector<std::string>& job, int attempt,
+                                         bool shrink, int min_ranks) {
+  std::vector<std::string> out = job;
+  bool has_resume = false;
+  for (const std::string& a : out)
+    if (a == "--checkpoint.resume" || a.rfind("--checkpoint.resume=", 0) == 0) has_resume = true;
+  if (!has_resume) {
+    out.push_back("--checkpoint.resume");
+    out.push_back("auto");
+  }
+  if (shrink) {
+    for (size_t i = 0; i + 1 < out.size(); ++i) {
+      if ((out[i] == "-n" || out[i] == "-np") && is_count(out[i + 1])) {
+        const int p = std::max(min_ranks, std::stoi(out[i + 1]) - attempt);
+        out[i + 1] = std::to_string(p);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+int cmd_supervise(const std::vector<std::string>& args) {
+  int max_restarts = 3, min_ranks = 1;
+  bool shrink = false;
+  size_t i = 0;
+  for (; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--") {
+      ++i;
+      break;
+    }
+    if (a == "--help" || a == "-h") {
+      std::fputs(kHelp, stdout);
+      return 0;
+    }
+    if (a == "--shrink-on-failure") {
+      shrink = true;
+    } else if ((a == "--max-restarts" || a == "--min-ranks") && i + 1 < args.size() &&
+               is_count(args[i + 1])) {
+      (a == "--max-restarts" ? max_restarts : min_ranks) = std::stoi(args[++i]);
+    } else {
+      throw UsageError("supervise: unknown or incomplete option '" + a +
+                       "' (usage: gossipgrad supervise [options] -- COMMAND ...)");
+    }
+  }
+  const std::vector<std::string> job(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+  if (job.empty()) throw UsageError("supervise: no command after '--'");
+  if (min_ranks < 1) throw UsageError("supervise: --min-ranks must be >= 1");
+
+  std::signal(SIGINT, forward_signal);
+  std::signal(SIGTERM, forward_signal);
+  std::vector<std::string> cmd = job;
+  for (int attempt = 0;; ++attempt) {
+    if (attempt > 0) cmd = restart_command(job, attempt, shrink, min_ranks);
+    std::string line;
+    for (const std::string& a : cmd) line += (line.empty() ? "" : " ") + a;
+    std::fprintf(stderr, "gossipgrad supervise: attempt %d: %s\n", attempt, line.c_str());
+    std::fflush(stderr);
+    std::fflush(stdout);
+    const auto t0 = std::chrono::steady_clock::now();
+    const pid_t pid = ::fork();
+    if (pid < 0) throw std::runtime_error(std::string("supervise: fork: ") + std::strerror(errno));
+    if (pid == 0) {
+      const std::string value = std::to_string(attempt);
+      ::setenv("GG_SUPERVISE_ATTEMPT", value.c_str(), 1);
+      std::vector<char*> argv;
+      for (const std::string& a : cmd) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execvp(argv[0], argv.data());
+      std::fprintf(stderr, "gossipgrad supervise: cannot run %s: %s\n", argv[0],
+                   std::strerror(errno));
+      ::_exit(127);
+    }
+    g_child = pid;
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    g_child = 0;
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (code == 0) {
+      std::fprintf(stderr, "gossipgrad supervise: the job completed after %d restart(s)\n",
+                   attempt);
+      return 0;
+    }
+    std::string how = WIFEXITED(status) ? "exit code " + std::to_string(code)
+                                        : "signal " + std::to_string(WTERMSIG(status));
+    if (code == 2 || code == 127) {
+      std::fprintf(stderr,
+                   "gossipgrad supervise: attempt %d failed with %s (a usage error or a "
+                   "command that cannot run): not restarting\n",
+                   attempt, how.c_str());
+      return code;
+    }
+    if (attempt >= max_restarts) {
+      std::fprintf(stderr,
+                   "gossipgrad supervise: attempt %d failed with %s; giving up after %d "
+                   "restart(s)\n",
+                   attempt, how.c_str(), attempt);
+      return code;
+    }
+    std::fprintf(stderr,
+                 "gossipgrad supervise: attempt %d failed with %s after %.1f s; restarting from "
+                 "the latest valid checkpoint\n",
+                 attempt, how.c_str(), seconds);
+  }
+}
+
+}  // namespace gg::gossip

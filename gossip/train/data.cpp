@@ -1,0 +1,202 @@
+#include "gossip/train/data.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <thread>
+
+namespace gg::gossip {
+
+MpiShuffleChannel::MpiShuffleChannel(const mpi::Comm& comm) : comm_(comm.dup()) {}
+
+MpiShuffleChannel::~MpiShuffleChannel() {
+  if (!in_flight_) return;
+  if (*recv_size_.out() != MPI_REQUEST_NULL) {
+    MPI_Cancel(recv_size_.out());
+    MPI_Wait(recv_size_.out(), MPI_STATUS_IGNORE);
+  }
+  for (mpi::Request* r : {&send_size_, &send_data_})
+    if (*r->out() != MPI_REQUEST_NULL) MPI_Request_free(r->out());
+}
+
+void MpiShuffleChannel::start(int64_t step, int to, int from, std::vector<uint8_t> payload) {
+  if (static_cast<int64_t>(payload.size()) > mpi::kMaxCount)
+    throw std::runtime_error("shuffle: payload of " + std::to_string(payload.size()) +
+                             " bytes is too large for one message; lower data.shuffle_per_step");
+  out_ = std::move(payload);
+  out_size_ = static_cast<int64_t>(out_.size());
+  from_ = from;
+  // Tags cycle well inside MPI's guaranteed range; steps are finished in order anyway.
+  tag_ = static_cast<int>(step % 8192) * 2;
+  GG_MPI_CHECK(MPI_Isend(&out_size_, 1, MPI_INT64_T, to, tag_, comm_.get(), send_size_.out()));
+  GG_MPI_CHECK(MPI_Isend(out_.data(), static_cast<int>(out_size_), MPI_BYTE, to, tag_ + 1,
+                         comm_.get(), send_data_.out()));
+  GG_MPI_CHECK(MPI_Irecv(&in_size_, 1, MPI_INT64_T, from, tag_, comm_.get(), recv_size_.out()));
+  in_flight_ = true;
+}
+
+std::vector<uint8_t> MpiShuffleChannel::finish(int64_t /*step*/) {
+  recv_size_.wait();
+  if (in_size_ < 0 || in_size_ > mpi::kMaxCount)
+    throw std::runtime_error("shuffle: partner announced " + std::to_string(in_size_) + " bytes");
+  std::vector<uint8_t> in(static_cast<size_t>(in_size_));
+  GG_MPI_CHECK(MPI_Recv(in.data(), static_cast<int>(in_size_), MPI_BYTE, from_, tag_ + 1,
+                        comm_.get(), MPI_STATUS_IGNORE));
+  send_size_.wait();
+  send_data_.wait();
+  in_flight_ = false;
+  return in;
+}
+
+namespace {
+
+// Mean and std of pixel/255 over a data set held in memory (Fashion-MNIST's normalisation).
+shuffle::Normalize pixel_statistics(const shuffle::SampleSource& src) {
+  const auto* d = dynamic_cast<const shuffle::DatasetSource*>(&src);
+  if (d == nullptr) return {0.5f, 0.2887f};  // uniform random bytes (synthetic)
+  double sum = 0, sq = 0;
+  for (uint8_t v : d->data().pixels) {
+    sum += v / 255.0;
+    sq += (v / 255.0) * (v / 255.0);
+  }
+  const double npx = static_cast<double>(d->data().pixels.size());
+  const float mean = static_cast<float>(sum / npx);
+  const float stddev =
+      static_cast<float>(std::sqrt(std::max(1e-12, sq / npx - (sum / npx) * (sum / npx))));
+  return {mean, stddev};
+}
+
+}  // namespace
+
+TrainingData::TrainingData(const Config& c, const mpi::Comm& world) : c_(c), world_(world) {
+  const int rank = world.rank(), ranks = world.size();
+  // Every rank opens the data; if any fails, all stop with the first failing rank's message.
+  std::string error;
+  try {
+    const shuffle::SourceSpec spec = shuffle::parse_source(c.data.source, c.data.dir);
+    const std::string labels = c.data.val_labels == "auto" ? "" : c.data.val_labels;
+    train_ = shuffle::open_source(spec, true, labels);
+    eval_ = shuffle::open_source(spec, false, labels);
+  } catch (const std::exception& e) {
+    error = "data.source = " + c.data.source + ": " + e.what();
+  }
+  double lowest_failed = -(error.empty() ? ranks : rank);  // max of the negation = min rank
+  world.allreduce_max(&lowest_failed, 1);
+  const int first = static_cast<int>(-lowest_failed);
+  if (first < ranks) {
+    world.broadcast(error, first);
+    throw UsageError(error);
+  }
+
+  lo_.batch = c.train.batch;
+  lo_.rank = rank;
+  lo_.ranks = ranks;
+  lo_.seed = c.train.seed;
+  lo_.augment.enabled = c.data.augment;
+  lo_.prefetch = c.data.prefetch;
+  lo_.norm = pixel_statistics(*train_);
+  lo_.jpeg.crop = c.data.crop;
+  lo_.jpeg.resize = c.data.resize;
+  const bool jpeg = train_->encoding() == shuffle::Encoding::Jpeg;
+  lo_.workers = c.data.workers;
+  if (lo_.workers == 0) {
+    mpi::Comm node = world.split_shared();
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    lo_.workers = jpeg ? std::clamp(cores / node.size(), 2, 8) : 1;
+  }
+
+  const shuffle::ShuffleMode mode = shuffle::parse_shuffle_mode(c.data.shuffle);
+  if (mode == shuffle::ShuffleMode::Off) {
+    steps_per_epoch_ = shuffle::batches_per_epoch(train_->size(), lo_);
+  } else {
+    shuffle::ShuffleOptions so;
+    so.mode = mode;
+    so.per_step = c.data.shuffle_per_step;
+    so.batch = c.train.batch;
+    so.rank = rank;
+    so.ranks = ranks;
+    so.seed = c.train.seed;
+    so.schedule = {partners::Kind::Dissemination, ranks, true, c.train.seed ^ 0x5348554646ULL};
+    if (so.per_step > so.batch)
+      throw UsageError("data.shuffle_per_step = " + std::to_string(so.per_step) +
+                       " is out of range: must be <= train.batch (" + std::to_string(so.batch) +
+                       ")");
+    const int64_t per_epoch = train_->size() / ranks / c.train.batch;
+    // The quiet tail lets the loader build the next epoch's first batches before it starts.
+    so.quiet_steps = std::min<int64_t>(lo_.prefetch + lo_.workers, per_epoch / 2);
+    if (per_epoch >= 1) {
+      channel_ = std::make_unique<MpiShuffleChannel>(world);
+      shuffle_ = std::make_unique<shuffle::DistributedShuffle>(*train_, so, *channel_);
+      steps_per_epoch_ = shuffle_->batches_per_epoch();
+    }
+  }
+  if (steps_per_epoch_ < 1)
+    throw UsageError("train.batch = " + std::to_string(c.train.batch) +
+                     " is too large: " + std::to_string(train_->size()) + " samples over " +
+                     std::to_string(ranks) + " ranks give no full batch");
+}
+
+TrainingData::~TrainingData() {
+  loader_.reset();  // stops the workers before the shuffle they may be waiting on goes away
+}
+
+kernels::Dims TrainingData::input() const {
+  if (train_->encoding() == shuffle::Encoding::Jpeg)
+    return {lo_.jpeg.channels, lo_.jpeg.crop, lo_.jpeg.crop};
+  const auto [ch, h, w] = train_->shape();
+  return {ch, h, w};
+}
+
+std::string TrainingData::describe() const {
+  std::string s = train_->describe();
+  if (eval_) s += "; eval: " + eval_->describe();
+  s += "; " + std::to_string(lo_.workers) + " loader thread(s); shuffle " + c_.data.shuffle;
+  if (shuffle_) s += " (" + std::to_string(c_.data.shuffle_per_step) + " samples/step)";
+  return s;
+}
+
+void TrainingData::start(int64_t epochs, int64_t first_step) {
+  const int64_t first_epoch = std::min(first_step / steps_per_epoch_, epochs);
+  const int64_t first_batch = first_epoch < epochs ? first_step % steps_per_epoch_ : 0;
+  if (shuffle_)
+    loader_ = std::make_unique<shuffle::PrefetchLoader>(
+        shuffle_->source(), lo_, first_epoch, epochs - first_epoch, shuffle_.get(), first_batch);
+  else
+    loader_ = std::make_unique<shuffle::PrefetchLoader>(*train_, lo_, first_epoch,
+                                                        epochs - first_epoch, nullptr, first_batch);
+}
+
+std::vector<uint8_t> TrainingData::save_shuffle() const {
+  if (!shuffle_) return {};
+  std::ostringstream out;
+  shuffle_->save(out);
+  const std::string s = out.str();
+  return {s.begin(), s.end()};
+}
+
+void TrainingData::restore_shuffle(const std::vector<uint8_t>& state) {
+  std::istringstream in(std::string(state.begin(), state.end()));
+  shuffle_->restore(in);
+}
+
+void TrainingData::shuffle_start_at(int64_t step) {
+  if (shuffle_) shuffle_->start_at(step);
+}
+
+bool TrainingData::next(int64_t step, shuffle::Batch& batch) {
+  if (!loader_->next(batch)) return false;
+  if (shuffle_) shuffle_->start(step, batch.ids);
+  return true;
+}
+
+void TrainingData::finish_step(int64_t step) {
+  if (shuffle_) shuffle_->finish(step);
+}
+
+shuffle::LoaderOptions TrainingData::eval_options() const {
+  shuffle::LoaderOptions o = lo_;
+  o.augment.enabled = false;
+  return o;
+}
+
+}  // namespace gg::gossip

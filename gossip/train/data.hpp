@@ -1,0 +1,90 @@
+// The data side of `gossipgrad train`: the configured sources ([data] source), the prefetching
+// loader, and the distributed shuffle with the MPI channel that moves its samples.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gossip/config/config.hpp"
+#include "gossip/comm/mpi.hpp"
+#include "kernels/graph.hpp"
+#include "shuffle/distributed.hpp"
+#include "shuffle/loader.hpp"
+#include "shuffle/source.hpp"
+
+namespace gg::gossip {
+
+// The shuffle's payloads over MPI, on a private duplicate of the communicator: per step a size
+// and a payload each way (MPI_Isend/MPI_Irecv posted by start(), so the transfer overlaps the
+// forward pass where MPI progresses in the background; the receive completes in finish()).
+class MpiShuffleChannel : public shuffle::ShuffleChannel {
+ public:
+  explicit MpiShuffleChannel(const mpi::Comm& comm);  // collective
+  // A step still in flight (training failed mid-step) is abandoned: the receive is cancelled and
+  // the sends left to complete on their own, so unwinding never blocks on a partner.
+  ~MpiShuffleChannel() override;
+  MpiShuffleChannel(const MpiShuffleChannel&) = delete;
+  MpiShuffleChannel& operator=(const MpiShuffleChannel&) = delete;
+  void start(int64_t step, int to, int from, std::vector<uint8_t> payload) override;
+  std::vector<uint8_t> finish(int64_t step) override;
+
+ private:
+  mpi::Comm comm_;
+  std::vector<uint8_t> out_;
+  int64_t out_size_ = 0, in_size_ = 0;
+  int from_ = 0, tag_ = 0;
+  bool in_flight_ = false;
+  mpi::Request send_size_, send_data_, recv_size_;
+};
+
+// Opens the configured training and evaluation data on every rank. A missing or unreadable data
+// path becomes a UsageError with one line on every rank (the first failing rank's message), so
+// all ranks stop before training.
+class TrainingData {
+ public:
+  TrainingData(const Config& c, const mpi::Comm& world);
+  ~TrainingData();
+
+  kernels::Dims input() const;
+  int64_t classes() const { return train_->classes(); }
+  int64_t train_count() const { return train_->size(); }
+  int64_t eval_count() const { return eval_ ? eval_->size() : 0; }
+  int64_t steps_per_epoch() const { return steps_per_epoch_; }
+  std::string describe() const;  // one line: source, sizes, shuffle
+
+  // Starts the loader for epochs [0, epochs), at step `first_step` (a resumed run).
+  void start(int64_t epochs, int64_t first_step = 0);
+  // The distributed shuffle's state, for checkpoints (empty with data.shuffle = off), and back;
+  // before start(). shuffle_start_at: the samples are reassigned afresh, training starting at
+  // `step` (a checkpoint of another rank count).
+  bool shuffles() const { return shuffle_ != nullptr; }
+  std::vector<uint8_t> save_shuffle() const;
+  void restore_shuffle(const std::vector<uint8_t>& state);
+  void shuffle_start_at(int64_t step);
+  // The batch of step `step`; with the shuffle on, its exchange starts here.
+  bool next(int64_t step, shuffle::Batch& batch);
+  // After the step's forward/backward: completes the shuffle exchange of `step`.
+  void finish_step(int64_t step);
+  double wait_seconds() const { return loader_ ? loader_->wait_seconds() : 0; }
+  int64_t skipped() const { return loader_ ? loader_->skipped() : 0; }
+  int64_t shuffled_samples() const { return shuffle_ ? shuffle_->samples_sent() : 0; }
+
+  // Evaluation: nullptr when the source has no evaluation split.
+  const shuffle::SampleSource* eval_source() const { return eval_.get(); }
+  // Loader options for evaluation (normalisation, transform; batch and ranks set by the caller).
+  shuffle::LoaderOptions eval_options() const;
+
+ private:
+  const Config& c_;
+  const mpi::Comm& world_;
+  std::unique_ptr<shuffle::SampleSource> train_, eval_;
+  shuffle::LoaderOptions lo_;
+  std::unique_ptr<MpiShuffleChannel> channel_;
+  std::unique_ptr<shuffle::DistributedShuffle> shuffle_;
+  std::unique_ptr<shuffle::PrefetchLoader> loader_;
+  int64_t steps_per_epoch_ = 0;
+};
+
+}  // namespace gg::gossip

@@ -1,0 +1,405 @@
+#include "gossip/train/recovery.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+
+#include "gossip/train/data.hpp"
+#include "gossip/train/trainer.hpp"
+#include "kernels/apoptosis.hpp"
+#include "shuffle/loader.hpp"
+
+namespace gg::gossip {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kConfigFile = "config.ini";
+
+// One line per failing rank is too many: the first failing rank's message is every rank's error.
+// `usage` (the verdict of rank `first`) chooses UsageError.
+void agree(const mpi::Comm& world, const std::string& error, bool usage) {
+  double lowest = -(error.empty() ? world.size() : world.rank());
+  world.allreduce_max(&lowest, 1);
+  const int first = static_cast<int>(-lowest);
+  if (first >= world.size()) return;
+  std::string msg = (usage ? "U" : "R") + error;
+  world.broadcast(msg, first);
+  if (msg[0] == 'U') throw UsageError(msg.substr(1));
+  throw std::runtime_error(msg.substr(1));
+}
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+Recovery::Recovery(const Config& c, const mpi::Comm& world, Trainer& trainer,
+                       TrainingData& data, kernels::ModelSpec model)
+    : c_(c), world_(world), trainer_(trainer), data_(data), model_(std::move(model)) {
+  start_ = now_seconds();
+  // A restart by gossipgrad supervise (attempt > 0) never injects failures again.
+  const char* attempt = std::getenv("GG_SUPERVISE_ATTEMPT");
+  faults_armed_ = attempt == nullptr || std::string(attempt) == "0";
+}
+
+RankState Recovery::capture() {
+  RankState s;
+  trainer_.capture_state(s);
+  s.rank = world_.rank();
+  s.ranks = world_.size();
+  s.steps_per_epoch = data_.steps_per_epoch();
+  s.nan_restores = nan_restores_;
+  return s;
+}
+
+int64_t Recovery::resume() {
+  if (c_.checkpoint.resume.empty()) return 0;
+  const std::string where =
+      c_.checkpoint.resume == "auto" ? c_.checkpoint.dir : c_.checkpoint.resume;
+  // Rank 0 chooses (reading every file of the candidates); every rank takes its verdict.
+  std::string chosen, error;
+  if (world_.rank() == 0) {
+    std::vector<std::string> rejected;
+    const auto found = find_latest_valid(where, rejected);
+    for (const std::string& r : rejected) std::fprintf(stderr, "gossipgrad: %s\n", r.c_str());
+    // Folders without a manifest are writes that never finished: with auto and nothing else,
+    // the run starts afresh (a job that died during its first checkpoint).
+    bool any_manifest = false;
+    for (const auto& [step, folder] : list_checkpoints(where))
+      any_manifest |= fs::exists(fs::path(folder) / kManifest);
+    if (found) {
+      chosen = "+" + *found;
+    } else if (any_manifest || c_.checkpoint.resume != "auto") {
+      error = "checkpoint.resume: no valid checkpoint in " + where +
+              (rejected.empty() ? "" : " (every one is corrupt or incomplete)");
+    }
+  }
+  agree(world_, error, false);
+  world_.broadcast(chosen, 0);
+  if (chosen.empty()) {
+    if (world_.rank() == 0)
+      std::printf("gossipgrad: no checkpoint in %s yet: starting from step 0\n", where.c_str());
+    return 0;
+  }
+  const std::string folder = chosen.substr(1);
+
+  Manifest m;
+  error.clear();
+  bool usage = false;
+  try {
+    m = read_manifest(folder);
+    const kernels::ModelSpec& a = m.model;
+    if (a.name != model_.name || a.input != model_.input || a.classes != model_.classes ||
+        a.width != model_.width || a.batch_norm != model_.batch_norm) {
+      usage = true;
+      throw std::runtime_error(
+          folder + " holds a " + a.name + " (width " + std::to_string(a.width) + ", " +
+          std::to_string(a.classes) + " classes); this run builds a " + model_.name + " (width " +
+          std::to_string(model_.width) + ", " + std::to_string(model_.classes) + " classes)");
+    }
+  } catch (const std::exception& e) {
+    error = std::string("checkpoint.resume: ") + e.what();
+  }
+  // A checkpoint taken after apoptosis shrank the model: the same widths here first.
+  std::optional<kernels::Graph> shrunk;
+  if (error.empty() && !m.widths.empty()) {
+    try {
+      shrunk = kernels::apply_widths(kernels::build_model(model_), m.widths);
+    } catch (const std::invalid_argument& e) {
+      usage = true;
+      error = "checkpoint.resume: " + folder + ": " + e.what();
+    }
+  }
+  agree(world_, error, usage);
+  if (shrunk) trainer_.reshape(std::move(*shrunk));
+
+  const bool same_ranks = m.ranks == world_.size();
+  RankState s;
+  error.clear();
+  try {
+    if (same_ranks) {
+      const std::string name = rank_file_name(world_.rank());
+      const fs::path p = fs::path(folder) / name;
+      const std::vector<uint8_t> bytes = read_file(p.string());
+      if (FileDigest{bytes.size(), checksum(bytes.data(), bytes.size())} != m.files.at(name))
+        throw std::runtime_error(p.string() + " changed since it was checked");
+      s = decode_state(bytes.data(), bytes.size(), p.string());
+      if (s.rank != world_.rank() || s.ranks != m.ranks || s.step != m.step)
+        throw std::runtime_error(p.string() + ": rank, ranks or step differ from the manifest");
+    } else if (world_.rank() == 0) {
+      // Another rank count: the ranks' average model (a pending weight correction applied
+      // first); the samples are reassigned afresh.
+      for (int r = 0; r < m.ranks; ++r) {
+        const fs::path p = fs::path(folder) / rank_file_name(r);
+        const std::vector<uint8_t> bytes = read_file(p.string());
+        RankState one = decode_state(bytes.data(), bytes.size(), p.string());
+        if (!one.delayed_delta.empty())
+          for (size_t i = 0; i < one.params.size(); ++i) one.params[i] += one.delayed_delta[i];
+        if (r == 0) {
+          s = std::move(one);
+          s.delayed_delta.clear();
+          s.shuffle.clear();
+          continue;
+        }
+        if (one.params.size() != s.params.size() || one.buffers.size() != s.buffers.size())
+          throw std::runtime_error(p.string() + ": sizes differ from rank 0's");
+        for (size_t i = 0; i < s.params.size(); ++i) s.params[i] += one.params[i];
+        for (size_t i = 0; i < s.buffers.size(); ++i) s.buffers[i] += one.buffers[i];
+        for (size_t i = 0; i < s.velocity.size(); ++i) s.velocity[i] += one.velocity[i];
+      }
+      const float inv = 1.f / static_cast<float>(m.ranks);
+      for (auto* v : {&s.params, &s.buffers, &s.velocity})
+        for (float& x : *v) x *= inv;
+      s.ranks = m.ranks;
+    }
+    if (same_ranks && s.shuffle.empty() != !data_.shuffles()) {
+      usage = true;
+      throw std::runtime_error(folder + " was written with data.shuffle " +
+                               (s.shuffle.empty() ? "off" : "on") + ", this run has it " +
+                               (data_.shuffles() ? "on" : "off"));
+    }
+  } catch (const std::exception& e) {
+    error = std::string("checkpoint.resume: ") + e.what();
+  }
+  agree(world_, error, usage);
+  if (!same_ranks) {
+    std::vector<uint8_t> bytes = world_.rank() == 0 ? encode_state(s) : std::vector<uint8_t>{};
+    std::string wire(bytes.begin(), bytes.end());
+    world_.broadcast(wire, 0);
+    s = decode_state(reinterpret_cast<const uint8_t*>(wire.data()), wire.size(), "broadcast");
+  }
+  try {
+    trainer_.restore_model(s);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError("checkpoint.resume: " + folder + ": " + e.what());
+  }
+
+  int64_t step = s.step;
+  if (same_ranks) {
+    if (data_.shuffles()) data_.restore_shuffle(s.shuffle);
+  } else {
+    step = same_point(s.step, s.steps_per_epoch);
+    data_.shuffle_start_at(step);
+  }
+  continue_at(step, s);
+  if (world_.rank() == 0) {
+    if (same_ranks)
+      std::printf("gossipgrad: resumed from %s at step %lld\n", folder.c_str(),
+                  static_cast<long long>(step));
+    else
+      std::printf(
+          "gossipgrad: resumed from %s (%d ranks, step %lld) at %d ranks: the ranks' average "
+          "model, samples reassigned, continuing at step %lld\n",
+          folder.c_str(), m.ranks, static_cast<long long>(s.step), world_.size(),
+          static_cast<long long>(step));
+    std::fflush(stdout);
+  }
+  return step;
+}
+
+int64_t Recovery::same_point(int64_t step, int64_t old_per_epoch) const {
+  const int64_t epoch = step / old_per_epoch;
+  const int64_t within = step % old_per_epoch;
+  const int64_t per_epoch = data_.steps_per_epoch();
+  if (within == 0) return epoch * per_epoch;
+  return epoch * per_epoch + std::min(per_epoch - 1, within * per_epoch / old_per_epoch);
+}
+
+int64_t Recovery::continue_from(const RankState& own, int64_t old_step, int64_t old_per_epoch) {
+  const int64_t step = same_point(old_step, old_per_epoch);
+  data_.shuffle_start_at(step);
+  trainer_.restore_model(own);
+  // The survivors' checkpoints join the run's (none of them is removed as an earlier run's).
+  continue_at(step, own);
+  return step;
+}
+
+void Recovery::continue_at(int64_t step, const RankState& s) {
+  trainer_.resume_at(step, s.dropout_step);
+  lr_scale_ = s.lr_scale;
+  nan_restores_ = s.nan_restores;
+  trainer_.set_lr_scale(lr_scale_);
+  resumed_ = true;
+  faults_armed_ = false;
+  last_written_ = step;
+}
+
+void Recovery::before_step(int64_t s, shuffle::Batch& batch) {
+  (void)batch;
+  if (c_.guard.nan_retries > 0 && (!snapshot_ || s % c_.guard.snapshot_every == 0)) {
+    RankState snap;
+    trainer_.capture_state(snap);
+    snap.step = s;
+    // Weights that became non-finite without a NaN loss yet are no state to go back to.
+    bool finite = true;
+    for (float v : snap.params) finite &= std::isfinite(v);
+    double bad = finite ? 0 : 1;
+    world_.allreduce_max(&bad, 1);
+    if (bad == 0) snapshot_ = std::move(snap);
+  }
+  if (!faults_armed_) return;
+  for (const auto& [spec, sig] : {std::pair{c_.fault.kill, SIGKILL}, {c_.fault.stall, SIGSTOP}}) {
+    if (spec.empty()) continue;
+    const auto [rank, step] = parse_fault_kill(spec);
+    if (rank != world_.rank() || step != s) continue;
+    std::fprintf(stderr, "gossipgrad: rank %d: fault hook: %s at step %lld\n", rank,
+                 sig == SIGKILL ? "SIGKILL" : "SIGSTOP", static_cast<long long>(s));
+    std::fflush(stderr);
+    std::fflush(stdout);
+    std::raise(sig);
+  }
+  // Weights that blew up: every logit, hence the loss, becomes NaN (a NaN input would not do:
+  // ReLU maps NaN to 0).
+  if (c_.fault.nan == s && world_.rank() == 0)
+    std::fill(trainer_.store().params.begin(), trainer_.store().params.end(),
+              std::numeric_limits<float>::quiet_NaN());
+}
+
+bool Recovery::after_step(int64_t s, double loss, MetricsWriter& metrics) {
+  // Every rank decides alike (a partner's NaN reaches this rank only a step later).
+  double bad = std::isfinite(loss) ? 0 : 1;
+  world_.allreduce_max(&bad, 1);
+  if (bad == 0) return false;
+  if (c_.guard.nan_retries == 0 || nan_restores_ >= c_.guard.nan_retries || !snapshot_) {
+    std::string msg = "the loss became non-finite at step " + std::to_string(s);
+    if (c_.guard.nan_retries > 0)
+      msg += " after " + std::to_string(nan_restores_) + " restores (guard.nan_retries)";
+    throw std::runtime_error(msg + "; lower train.lr");
+  }
+  ++nan_restores_;
+  lr_scale_ *= c_.guard.lr_factor;
+  trainer_.restore_model(*snapshot_);
+  trainer_.set_lr_scale(lr_scale_);
+  if (world_.rank() == 0) {
+    std::printf(
+        "gossipgrad: non-finite loss at step %lld: restored the state of step %lld on every "
+        "rank, learning rate scaled by %g (restore %d of at most %d)\n",
+        static_cast<long long>(s), static_cast<long long>(snapshot_->step), lr_scale_,
+        nan_restores_, c_.guard.nan_retries);
+    std::fflush(stdout);
+    metrics.write({{"event", "guard"},
+                   {"step", s},
+                   {"restored_step", snapshot_->step},
+                   {"lr_scale", lr_scale_},
+                   {"restores", nan_restores_}});
+  }
+  return true;
+}
+
+bool Recovery::time_due() {
+  if (c_.checkpoint.every_minutes <= 0) return false;
+  float due = now_seconds() - start_ - last_write_time_ >= 60 * c_.checkpoint.every_minutes;
+  world_.broadcast(&due, 1, 0);  // rank 0's clock decides for everyone
+  return due != 0;
+}
+
+bool Recovery::after_step_done(int64_t s, int64_t epoch, bool last, MetricsWriter& metrics) {
+  const int64_t done = s + 1;
+  const bool stop = c_.train.stop_at > 0 && done == c_.train.stop_at && !last;
+  bool due = c_.checkpoint.every > 0 && done % c_.checkpoint.every == 0;
+  due = time_due() || due || stop || last;
+  if (due && last_written_ != done && !c_.checkpoint.dir.empty()) {
+    const double t0 = now_seconds();
+    write_checkpoint(done, epoch);
+    if (world_.rank() == 0)
+      metrics.write(
+          {{"event", "full_checkpoint"},
+           {"step", done},
+           {"seconds", now_seconds() - t0},
+           {"dir", (fs::path(c_.checkpoint.dir) / checkpoint_folder_name(done)).string()}});
+  }
+  if (stop && world_.rank() == 0) {
+    std::printf(
+        "gossipgrad: stopped after step %lld (train.stop_at); resume with "
+        "--checkpoint.resume auto\n",
+        static_cast<long long>(done));
+    std::fflush(stdout);
+  }
+  return stop;
+}
+
+void Recovery::write_checkpoint(int64_t steps, int64_t epoch) {
+  const fs::path root(c_.checkpoint.dir);
+  const fs::path folder = root / checkpoint_folder_name(steps);
+  std::string error;
+  if (world_.rank() == 0) {
+    try {
+      std::error_code ec;
+      fs::create_directories(root, ec);
+      // A fresh run (log.overwrite) replaces the full checkpoints of an earlier run.
+      if (!wrote_any_ && !resumed_)
+        for (const auto& [step, old] : list_checkpoints(root.string())) fs::remove_all(old, ec);
+      // A folder of this step left by an earlier attempt is set aside, never overwritten.
+      if (fs::exists(folder))
+        fs::rename(folder, folder.string() + ".old-" + std::to_string(std::time(nullptr)));
+      fs::create_directories(folder);
+    } catch (const std::exception& e) {
+      error = "checkpoint: cannot create " + folder.string() + ": " + e.what();
+    }
+  }
+  agree(world_, error, false);
+
+  const RankState s = [&] {
+    RankState st = capture();
+    st.shuffle = data_.save_shuffle();
+    return st;
+  }();
+  const std::vector<uint8_t> bytes = encode_state(s);
+  std::vector<int64_t> digests(2 * world_.size(), 0);
+  try {
+    const FileDigest d = write_file_durably((folder / rank_file_name(world_.rank())).string(),
+                                            bytes.data(), bytes.size());
+    digests[2 * world_.rank()] = static_cast<int64_t>(d.size);
+    std::memcpy(&digests[2 * world_.rank() + 1], &d.hash, 8);
+  } catch (const std::exception& e) {
+    error = std::string("checkpoint: ") + e.what();
+  }
+  agree(world_, error, false);
+  world_.allreduce_sum(digests.data(), static_cast<int64_t>(digests.size()));
+
+  if (world_.rank() == 0) {
+    try {
+      Manifest m;
+      m.step = steps;
+      m.epoch = epoch;
+      m.ranks = world_.size();
+      m.steps_per_epoch = data_.steps_per_epoch();
+      m.model = model_;
+      m.widths = kernels::changed_widths(kernels::build_model(model_), trainer_.graph());
+      for (int r = 0; r < world_.size(); ++r) {
+        FileDigest d;
+        d.size = static_cast<uint64_t>(digests[2 * r]);
+        std::memcpy(&d.hash, &digests[2 * r + 1], 8);
+        m.files[rank_file_name(r)] = d;
+      }
+      const std::string ini = to_ini(c_);
+      m.files[kConfigFile] =
+          write_file_durably((folder / kConfigFile).string(), ini.data(), ini.size());
+      write_manifest(folder.string(), m);  // last: from here on the checkpoint counts
+      prune_checkpoints(root.string(), c_.checkpoint.keep);
+    } catch (const std::exception& e) {
+      error = std::string("checkpoint: ") + e.what();
+    }
+  }
+  agree(world_, error, false);
+  wrote_any_ = true;
+  last_written_ = steps;
+  last_write_time_ = now_seconds() - start_;
+}
+
+}  // namespace gg::gossip

@@ -1,0 +1,97 @@
+// Surviving failures: full checkpoints (every rank's exact state), resume (exact at the same rank
+// count, the ranks' average at another), the NaN guard, and failure-injection hooks for tests.
+//
+// A full checkpoint is a folder `<checkpoint.dir>/ckpt-<step>/`:
+//   rank-00000.bin ...  one per rank (RankState, encode_state), each written under a temporary
+//                       name, fsynced and renamed
+//   config.ini          the resolved config of the run that wrote it
+//   MANIFEST.json       written last by rank 0, once every rank's file is durable: step, epoch,
+//                       ranks, the model, and each file's size and XXH3-64 checksum
+// A folder without a manifest, or with a file whose size or checksum differs, is not a
+// checkpoint: resume skips it (saying so) and takes the previous one. The newest
+// `checkpoint.keep` complete checkpoints are kept. Ranks must share the checkpoint folder.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gossip/config/config.hpp"
+#include "gossip/resilience/full_checkpoint.hpp"
+#include "gossip/train/metrics.hpp"
+#include "gossip/comm/mpi.hpp"
+#include "gossip/resilience/rank_state.hpp"
+#include "kernels/models.hpp"
+
+namespace gg::shuffle {
+struct Batch;
+}
+
+namespace gg::gossip {
+
+class Trainer;
+class TrainingData;
+
+// The resilience side of `gossipgrad train`, driven by run_training at step boundaries.
+class Recovery {
+ public:
+  Recovery(const Config& c, const mpi::Comm& world, Trainer& trainer, TrainingData& data,
+             kernels::ModelSpec model);
+
+  // checkpoint.resume: restores the newest valid checkpoint into the trainer and the data (a
+  // collective). Returns the first step to run (0 without a checkpoint). Throws UsageError for a
+  // checkpoint of another model or shuffle mode, std::runtime_error when none is valid.
+  int64_t resume();
+  bool resumed() const { return resumed_; }
+  // Forward recovery: this freshly built trainer (over the survivors) continues with this rank's
+  // own state `own`, captured before step `old_step` of a run with `old_per_epoch` steps per
+  // epoch; the samples are reassigned from the same point of the same epoch. Before the data
+  // start; returns the first step to run, in this run's steps.
+  int64_t continue_from(const RankState& own, int64_t old_step, int64_t old_per_epoch);
+  // Whether this run wrote a full checkpoint (restart reloads the newest then).
+  bool wrote_checkpoint() const { return wrote_any_; }
+  // The step of this run at the point of step `step` of a run with `old_per_epoch` steps per
+  // epoch: the same point of the same epoch.
+  int64_t same_point(int64_t step, int64_t old_per_epoch) const;
+  // The network changed shape (apoptosis): the NaN guard's snapshot is taken afresh.
+  void model_changed() { snapshot_.reset(); }
+
+  // Before step s, once its batch is there: the fault hooks and the guard's snapshot.
+  void before_step(int64_t s, shuffle::Batch& batch);
+  // After step s with this rank's loss (a collective, 8 bytes): a NaN/Inf loss on
+  // any rank restores every rank's last snapshot and lowers the learning rate; returns true
+  // then. Throws std::runtime_error once guard.nan_retries restores are spent.
+  bool after_step(int64_t s, double loss, MetricsWriter& metrics);
+  // After step s and its evaluation: a full checkpoint when one is due, and after the `last`
+  // step of training (a collective). Returns true when training must stop here (train.stop_at).
+  bool after_step_done(int64_t s, int64_t epoch, bool last, MetricsWriter& metrics);
+
+  // Writes the full checkpoint of the state after `steps` steps (a collective).
+  void write_checkpoint(int64_t steps, int64_t epoch);
+
+ private:
+  // After the model of `s` is restored: training goes on at `step` with its counters and
+  // learning-rate scale, as a resumed run (no fault injected again, no checkpoint removed).
+  void continue_at(int64_t step, const RankState& s);
+  RankState capture();
+  bool time_due();
+
+  const Config& c_;
+  const mpi::Comm& world_;
+  Trainer& trainer_;
+  TrainingData& data_;
+  const kernels::ModelSpec model_;
+  bool resumed_ = false;
+  bool faults_armed_ = true;
+  bool wrote_any_ = false;
+  int64_t last_written_ = -1;
+  double last_write_time_ = 0;  // seconds since start_
+  double start_ = 0;
+  std::optional<RankState> snapshot_;
+  int nan_restores_ = 0;
+  double lr_scale_ = 1;
+};
+
+}  // namespace gg::gossip

@@ -1,0 +1,144 @@
+// Data-parallel training of one rank: forward, backward with buckets handed to the exchange
+// engine as they complete, the optimizer step, evaluation, metrics and progress.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gossip/train/apoptosis.hpp"
+#include "gossip/config/config.hpp"
+#include "gossip/comm/exchange.hpp"
+#include "gossip/train/metrics.hpp"
+#include "gossip/comm/mpi.hpp"
+#include "gossip/resilience/rank_state.hpp"
+#include "kernels/executor.hpp"
+#include "kernels/models.hpp"
+#include "kernels/net.hpp"
+#include "kernels/optimizer.hpp"
+#include "shuffle/dataset.hpp"
+#include "shuffle/loader.hpp"
+#include "shuffle/source.hpp"
+
+namespace gg::gossip {
+
+struct StepStats {
+  double loss = 0;
+  int64_t correct = 0;
+  double lr = 0;
+  double comm_seconds = 0;  // exposed: time the step waited for the exchange
+  double consensus = -1;    // measured this step (every gossip.consensus_every steps), else -1
+};
+
+struct EvalStats {
+  double loss = 0;
+  double top1 = 0;
+  double top5 = 0;
+  double consensus = 0;  // mean squared distance of the ranks' weights to their average
+  int64_t samples = 0;
+};
+
+struct RunSummary {
+  double final_top1 = 0;
+  double final_top5 = 0;
+  double wall_seconds = 0;
+  double images_per_second = 0;  // training images of all ranks per second of training
+  int64_t steps = 0;
+  int64_t skipped_samples = 0;  // failed to decode
+};
+
+class Trainer {
+ public:
+  // `input` and `classes` describe the samples; the model comes from the config.
+  Trainer(const Config& c, const mpi::Comm& world, kernels::Dims input, int64_t classes,
+          int64_t total_steps, int64_t steps_per_epoch);
+
+  // One training step on this rank's local batch (train.batch samples, NCHW, normalised).
+  StepStats step(const float* x, const int32_t* y);
+  // Records every step's phases, layers and bucket exchanges there (nullptr: none).
+  void set_timeline(Timeline* t);
+  Timeline* timeline() const { return timeline_; }
+
+  // Top-1/top-5 over the whole data set (split across ranks) of the ranks' average model: with
+  // gossip every rank holds its own model, and their average is what training converges to.
+  // `o` gives the normalisation and transform; batch, ranks and order are set here.
+  EvalStats evaluate(const shuffle::SampleSource& data, shuffle::LoaderOptions o);
+  // The same on an in-memory idx data set normalised with one mean/std (the idx-only signature,
+  // kept for callers written against it).
+  EvalStats evaluate(const shuffle::Dataset& data, float mean, float stddev);
+
+  // Mean over ranks of ||w_r - mean_w||^2 (a collective: every rank must call it).
+  double consensus_distance();
+
+  // The ranks' average weights and running statistics, the model evaluate() measures (a
+  // collective: every rank must call it).
+  void average_model(std::vector<float>& params, std::vector<float>& buffers);
+
+  // Neuron apoptosis (defined in gossip/train/apoptosis.cpp): the ranks agree on the units to remove
+  // (one small collective) and shrink() them. A collective; every rank gets the same report.
+  ApoptosisReport apoptosis();
+  // Replaces the network by the one without the units of `r` (the same on every rank: a
+  // collective): parameters, running statistics and momentum keep the kept units' values; the
+  // gradient buffer, buckets, executors and exchanges are rebuilt over the new sizes.
+  void shrink(const kernels::Removal& r);
+  // Replaces the network by `g` (the base model at other widths: a checkpoint taken after a
+  // shrink), zero-filled, before restore_model; a collective, like shrink.
+  void reshape(kernels::Graph g);
+
+  const kernels::Graph& graph() const { return net_.graph(); }
+  kernels::ParamStore& store() { return net_.store(); }
+  int64_t steps_done() const { return step_; }
+
+  // Recovery (gossip/train/recovery.hpp). capture_state fills the model part of a RankState
+  // (weights, running statistics, momentum, a pending weight exchange's correction, counters)
+  // without changing what training computes next; restore_model puts a captured model back;
+  // resume_at makes this freshly built trainer continue at `step`, before its first step.
+  void capture_state(RankState& s);
+  void restore_model(const RankState& s);
+  void resume_at(int64_t step, uint64_t dropout_step);
+  // Goes back to a state captured earlier in this run (s.step <= steps_done(), at a step
+  // boundary): the model as restore_model, the step counter and dropout masks as they were, so
+  // the steps since are redone with the same partners (a rollback). Every rank must rewind alike.
+  void rewind(const RankState& s);
+  void set_lr_scale(double scale) { lr_scale_ = scale; }
+
+ private:
+  void make_exchanges();  // before any executor is compiled
+  // The network, momentum, executors and exchanges over a new graph (shrink, reshape).
+  void rebuild(kernels::Graph g, std::vector<float> params, std::vector<float> buffers,
+               std::vector<float> velocity);
+  Timeline* timeline_ = nullptr;
+  void average_over_ranks(std::vector<float>& v);
+  // Mean over ranks of ||w - avg||^2, where avg is the ranks' average of w (a collective).
+  double distance_to_average(const std::vector<float>& w, const std::vector<float>& avg);
+  double flush_model();         // applies a pending overlapped weight exchange
+  void load_initial_weights();  // train.init_from, read by rank 0
+
+  const Config& c_;
+  const mpi::Comm& world_;
+  kernels::Net net_;
+  kernels::Executor* train_exec_;
+  kernels::Executor* eval_exec_;
+  std::unique_ptr<GradientExchange> exchange_;      // gradients (grad, both, allreduce)
+  std::unique_ptr<GossipExchange> model_exchange_;  // weights after the update (model, both)
+  kernels::Sgd sgd_;
+  kernels::LrSchedule schedule_;
+  std::vector<float> dlogits_;
+  int64_t step_ = 0;
+  double lr_scale_ = 1;  // the NaN guard lowers it
+};
+
+// The whole `gossipgrad train` job: data, training loop, per-epoch evaluation, metrics,
+// progress on rank 0 and the final summary.
+RunSummary run_training(const Config& c, const mpi::Comm& world);
+
+// Compute threads for this rank: the configured count, or this node's cores shared evenly by
+// the ranks on this node.
+int compute_threads(const Config& c, const mpi::Comm& world);
+
+// The model a config describes, for an input of `input` and `classes` classes; `rank` seeds the
+// dropout masks.
+kernels::ModelSpec model_spec(const Config& c, int rank, kernels::Dims input, int64_t classes);
+
+}  // namespace gg::gossip

@@ -1,0 +1,168 @@
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+
+#include "gossip/config/config.hpp"
+
+using gg::gossip::Config;
+using gg::gossip::parse_train_args;
+using gg::gossip::UsageError;
+namespace fs = std::filesystem;
+
+namespace {
+std::string write_ini(const std::string& name, const std::string& text) {
+  const fs::path p = fs::temp_directory_path() / name;
+  std::ofstream(p) << text;
+  return p.string();
+}
+std::string error_of(const std::vector<std::string>& args) {
+  try {
+    parse_train_args(args);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST_CASE("INI keys set options and the command line overrides the file") {
+  const auto ini =
+      write_ini("gg_cfg_a.ini", "[train]\nbatch = 8\nepochs = 3\n[model]\nwidth = 4\n");
+  const Config c = parse_train_args({"--config", ini, "--train.epochs", "2"});
+  CHECK(c.train.batch == 8);
+  CHECK(c.train.epochs == 2);
+  CHECK(c.model.width == 4);
+  CHECK(c.train.lr == Approx(Config{}.train.lr));  // untouched keys keep their defaults
+}
+
+TEST_CASE("dotted options parse with and without '=' and negative values reach validation") {
+  CHECK(parse_train_args({"--train.batch=16"}).train.batch == 16);
+  CHECK(parse_train_args({"--train.lr", "0.05"}).train.lr == Approx(0.05));
+  CHECK(error_of({"--train.batch", "-3"}).find("train.batch = -3 is out of range") !=
+        std::string::npos);
+}
+
+TEST_CASE("booleans accept true/false in files and on the command line") {
+  const auto ini = write_ini("gg_cfg_b.ini", "[data]\naugment = false\n");
+  CHECK_FALSE(parse_train_args({"--config", ini}).data.augment);
+  CHECK(parse_train_args({"--config", ini, "--data.augment", "true"}).data.augment);
+}
+
+TEST_CASE("usage errors name the option and the problem in one line") {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--train.batch", "0"}, "train.batch"},
+      {{"--train.epochs", "0"}, "train.epochs"},
+      {{"--train.lr", "-1"}, "train.lr"},
+      {{"--train.momentum", "1"}, "train.momentum"},
+      {{"--train.threads", "-1"}, "train.threads"},
+      {{"--train.batch", "many"}, "train.batch"},
+      {{"--train.backend", "gpu9"}, "train.backend"},
+      {{"--model.name", "vgg"}, "model.name"},
+      {{"--gossip.mode", "magic"}, "gossip.mode"},
+      {{"--data.prefetch", "0"}, "data.prefetch"},
+      {{"--log.interval", "0"}, "log.interval"},
+      {{"--no.such", "1"}, "no.such"},
+      {{"--config", "/nonexistent/x.ini"}, "/nonexistent/x.ini"},
+      {{"--data.dir", "/nonexistent"}, "data.dir"},
+  };
+  for (const auto& [args, needle] : cases) {
+    const std::string e = error_of(args);
+    INFO(args[0] << " -> " << e);
+    CHECK(e.find(needle) != std::string::npos);
+    CHECK(e.find('\n') == std::string::npos);
+  }
+}
+
+TEST_CASE("unknown keys and wrong types inside the INI file are errors") {
+  CHECK(error_of({"--config", write_ini("gg_cfg_c.ini", "[train]\nbogus = 1\n")}).find("bogus") !=
+        std::string::npos);
+  CHECK(error_of({"--config", write_ini("gg_cfg_d.ini", "[train]\nbatch = x\n")}).find("batch") !=
+        std::string::npos);
+}
+
+TEST_CASE("an existing metrics file is refused unless overwrite is set") {
+  const auto path = write_ini("gg_cfg_metrics.jsonl", "{}\n");
+  CHECK(error_of({"--log.metrics", path}).find("already exists") != std::string::npos);
+  CHECK(parse_train_args({"--log.metrics", path, "--log.overwrite", "true"}).log.overwrite);
+}
+
+TEST_CASE("to_ini round-trips every setting") {
+  Config c = parse_train_args({"--train.batch", "12", "--model.width", "6", "--train.nesterov",
+                               "true", "--log.metrics", "x/y.jsonl"});
+  const auto ini = write_ini("gg_cfg_rt.ini", gg::gossip::to_ini(c));
+  const Config back = parse_train_args({"--config", ini});
+  CHECK(gg::gossip::to_ini(back) == gg::gossip::to_ini(c));
+  CHECK(back.train.batch == 12);
+  CHECK(back.train.nesterov);
+}
+
+TEST_CASE("the shipped laptop config parses and is complete") {
+  const Config c = parse_train_args({"--config", GG_SOURCE_DIR "/configs/laptop.ini"});
+  CHECK(c.gossip.mode == "both");
+  CHECK(c.model.name == "resnet8");
+  const std::string ini = gg::gossip::to_ini(c);
+  std::ifstream f(GG_SOURCE_DIR "/configs/laptop.ini");
+  const std::string text((std::istreambuf_iterator<char>(f)), {});
+  // Every key the program knows appears in the shipped file.
+  std::istringstream lines(ini);
+  std::string line;
+  while (std::getline(lines, line)) {
+    const auto eq = line.find(" = ");
+    if (eq == std::string::npos) continue;
+    const std::string key = line.substr(0, eq);
+    INFO(key);
+    CHECK(text.find("\n" + key + " =") != std::string::npos);
+  }
+}
+
+TEST_CASE("a checkpoint folder that already holds a checkpoint is refused unless overwrite") {
+  const fs::path dir = fs::temp_directory_path() / "gg_cfg_ckpt";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  CHECK(parse_train_args({"--checkpoint.dir", dir.string()}).checkpoint.dir == dir.string());
+  std::ofstream(dir / "meta.json") << "{}";
+  CHECK(error_of({"--checkpoint.dir", dir.string()}).find("already holds a checkpoint") !=
+        std::string::npos);
+  CHECK(parse_train_args({"--checkpoint.dir", dir.string(), "--log.overwrite", "true"})
+            .log.overwrite);
+  CHECK(error_of({"--checkpoint.every_epochs", "2"}).find("needs checkpoint.dir") !=
+        std::string::npos);
+  CHECK(error_of({"--checkpoint.dir", dir.string(), "--checkpoint.every_epochs", "-1"})
+            .find("checkpoint.every_epochs = -1 is out of range") != std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("apoptosis keys are validated with one line naming the key") {
+  const Config d = parse_train_args({});
+  CHECK_FALSE(d.apoptosis.enable);
+  CHECK(d.apoptosis.criterion == "relative_norm");
+  const Config c = parse_train_args({"--apoptosis.enable", "true", "--apoptosis.layers", "fc",
+                                     "--apoptosis.criterion", "norm", "--apoptosis.threshold",
+                                     "0.01", "--apoptosis.interval", "50", "--apoptosis.max_share",
+                                     "0.5", "--apoptosis.min_keep", "8"});
+  CHECK(c.apoptosis.enable);
+  CHECK(c.apoptosis.layers == "fc");
+  CHECK(c.apoptosis.criterion == "norm");
+  CHECK(c.apoptosis.threshold == 0.01);
+  CHECK(c.apoptosis.interval == 50);
+  CHECK(c.apoptosis.max_share == 0.5);
+  CHECK(c.apoptosis.min_keep == 8);
+  CHECK(error_of({"--apoptosis.layers", "attention"}) ==
+        "apoptosis.layers = attention is unknown: use fc, conv, both");
+  CHECK(error_of({"--apoptosis.criterion", "activation"}) ==
+        "apoptosis.criterion = activation is unknown: use relative_norm, norm");
+  CHECK(error_of({"--apoptosis.max_share", "0"}).find("apoptosis.max_share = 0 is out of range") ==
+        0);
+  CHECK(error_of({"--apoptosis.max_share", "1.5"}).find("out of range") != std::string::npos);
+  CHECK(error_of({"--apoptosis.interval", "0"}).find("apoptosis.interval = 0") == 0);
+  CHECK(error_of({"--apoptosis.min_keep", "0"}).find("apoptosis.min_keep = 0") == 0);
+  CHECK(error_of({"--apoptosis.threshold", "-1"}).find("apoptosis.threshold = -1") == 0);
+  CHECK(error_of({"--apoptosis.until", "0"}).find("apoptosis.until = 0 is out of range") == 0);
+  CHECK(parse_train_args({"--apoptosis.until", "0.5"}).apoptosis.until == 0.5);
+}
+
+TEST_CASE("train.init_from must name an existing file") {
+  CHECK(error_of({"--train.init_from", "/nonexistent/w.npz"}) ==
+        "train.init_from = /nonexistent/w.npz is not a file");
+  CHECK(parse_train_args({}).train.init_from.empty());
+}

@@ -1,0 +1,225 @@
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "gossip/config/config.hpp"
+#include "gossip/resilience/rank_state.hpp"
+#include "gossip/train/recovery.hpp"
+#include "gossip/resilience/supervise.hpp"
+
+namespace fs = std::filesystem;
+using namespace gg::gossip;
+
+namespace {
+
+RankState sample_state() {
+  RankState s;
+  s.step = 1234;
+  s.steps_per_epoch = 100;
+  s.rank = 1;
+  s.ranks = 3;
+  s.lr_scale = 0.25;
+  s.nan_restores = 2;
+  s.dropout_step = 77;
+  s.sgd_started = true;
+  s.params = {1.f, -2.5f, 3e-7f, 4.f};
+  s.buffers = {0.5f, 0.25f};
+  s.velocity = {0.1f, 0.2f, 0.3f, 0.4f};
+  s.delayed_delta = {-1.f, 0.f, 1.f, 2.f};
+  s.shuffle = {9, 8, 7};
+  return s;
+}
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() / ("gg-resil-" + std::to_string(::getpid()) + "-" +
+                                        std::to_string(reinterpret_cast<uintptr_t>(this)));
+    fs::create_directories(path);
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+// A complete checkpoint of `ranks` rank files in root/ckpt-<step>.
+std::string make_checkpoint(const fs::path& root, int64_t step, int ranks) {
+  const fs::path folder = root / checkpoint_folder_name(step);
+  fs::create_directories(folder);
+  Manifest m;
+  m.step = step;
+  m.ranks = ranks;
+  m.steps_per_epoch = 10;
+  m.model.name = "resnet8";
+  m.model.input = {1, 28, 28};
+  m.model.classes = 10;
+  for (int r = 0; r < ranks; ++r) {
+    RankState s = sample_state();
+    s.rank = r;
+    s.ranks = ranks;
+    s.step = step;
+    const auto bytes = encode_state(s);
+    m.files[rank_file_name(r)] =
+        write_file_durably((folder / rank_file_name(r)).string(), bytes.data(), bytes.size());
+  }
+  write_manifest(folder.string(), m);
+  return folder.string();
+}
+
+}  // namespace
+
+TEST_CASE("a rank state survives encode and decode bit for bit", "[resilience]") {
+  const RankState s = sample_state();
+  const auto bytes = encode_state(s);
+  const RankState t = decode_state(bytes.data(), bytes.size(), "x");
+  CHECK(t.step == s.step);
+  CHECK(t.steps_per_epoch == s.steps_per_epoch);
+  CHECK(t.rank == s.rank);
+  CHECK(t.ranks == s.ranks);
+  CHECK(t.lr_scale == s.lr_scale);
+  CHECK(t.nan_restores == s.nan_restores);
+  CHECK(t.dropout_step == s.dropout_step);
+  CHECK(t.sgd_started == s.sgd_started);
+  CHECK(t.params == s.params);
+  CHECK(t.buffers == s.buffers);
+  CHECK(t.velocity == s.velocity);
+  CHECK(t.delayed_delta == s.delayed_delta);
+  CHECK(t.shuffle == s.shuffle);
+  CHECK(encode_state(t) == bytes);
+}
+
+TEST_CASE("every truncation and every flipped byte of a rank state is rejected", "[resilience]") {
+  const auto bytes = encode_state(sample_state());
+  for (size_t n = 0; n < bytes.size(); ++n)
+    REQUIRE_THROWS_AS(decode_state(bytes.data(), n, "x"), std::runtime_error);
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    auto bad = bytes;
+    bad[i] ^= 0x5a;
+    REQUIRE_THROWS_AS(decode_state(bad.data(), bad.size(), "x"), std::runtime_error);
+  }
+  CHECK_THROWS_WITH(decode_state(bytes.data(), bytes.size() - 1, "rank-00001.bin"),
+                    Catch::Contains("rank-00001.bin"));
+}
+
+TEST_CASE("a written checkpoint verifies; a changed, truncated or missing file does not",
+          "[resilience]") {
+  TempDir tmp;
+  const std::string folder = make_checkpoint(tmp.path, 40, 2);
+  CHECK(verify_checkpoint(folder).empty());
+  const Manifest m = read_manifest(folder);
+  CHECK(m.step == 40);
+  CHECK(m.ranks == 2);
+  CHECK(m.files.size() == 2);
+  const fs::path f = fs::path(folder) / rank_file_name(1);
+  SECTION("one byte changed") {
+    std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(20);
+    io.put('\x7f');
+    io.close();
+    CHECK_THAT(verify_checkpoint(folder), Catch::Contains("checksum mismatch"));
+  }
+  SECTION("truncated") {
+    fs::resize_file(f, fs::file_size(f) - 3);
+    CHECK_THAT(verify_checkpoint(folder), Catch::Contains("bytes, the manifest says"));
+  }
+  SECTION("missing") {
+    fs::remove(f);
+    CHECK_THAT(verify_checkpoint(folder), Catch::Contains("is missing"));
+  }
+  SECTION("no manifest: an incomplete checkpoint") {
+    fs::remove(fs::path(folder) / kManifest);
+    CHECK_THAT(verify_checkpoint(folder), Catch::Contains("incomplete"));
+  }
+  SECTION("a malformed manifest") {
+    std::ofstream(fs::path(folder) / kManifest) << "{\"format\": \"gossipgrad-full-checkpoint\"";
+    CHECK_FALSE(verify_checkpoint(folder).empty());
+  }
+}
+
+TEST_CASE("resume takes the newest valid checkpoint and names each one it skips", "[resilience]") {
+  TempDir tmp;
+  make_checkpoint(tmp.path, 10, 2);
+  const std::string mid = make_checkpoint(tmp.path, 20, 2);
+  const std::string newest = make_checkpoint(tmp.path, 30, 2);
+  fs::create_directories(tmp.path / checkpoint_folder_name(40));  // a write that never finished
+  fs::resize_file(fs::path(newest) / rank_file_name(0), 5);
+  std::vector<std::string> rejected;
+  const auto found = find_latest_valid(tmp.path.string(), rejected);
+  REQUIRE(found);
+  CHECK(*found == mid);
+  REQUIRE(rejected.size() == 2);
+  CHECK_THAT(rejected[0], Catch::Contains("ckpt-000000000040"));
+  CHECK_THAT(rejected[1], Catch::Contains("ckpt-000000000030"));
+  // A folder named directly is taken or refused on its own.
+  rejected.clear();
+  CHECK_FALSE(find_latest_valid(newest, rejected));
+  CHECK(rejected.size() == 1);
+  rejected.clear();
+  CHECK(find_latest_valid(mid, rejected) == mid);
+  // An empty folder: nothing, nothing rejected.
+  TempDir empty;
+  rejected.clear();
+  CHECK_FALSE(find_latest_valid(empty.path.string(), rejected));
+  CHECK(rejected.empty());
+}
+
+TEST_CASE("pruning keeps the newest complete checkpoints and a write in progress", "[resilience]") {
+  TempDir tmp;
+  for (int64_t step : {10, 20, 30, 40}) make_checkpoint(tmp.path, step, 1);
+  fs::create_directories(tmp.path / checkpoint_folder_name(5));   // stale partial
+  fs::create_directories(tmp.path / checkpoint_folder_name(50));  // being written
+  prune_checkpoints(tmp.path.string(), 2);
+  std::vector<int64_t> left;
+  for (const auto& [step, folder] : list_checkpoints(tmp.path.string())) left.push_back(step);
+  CHECK(left == std::vector<int64_t>{50, 40, 30});
+}
+
+TEST_CASE("write_file_durably replaces a file whole and leaves no temporary behind",
+          "[resilience]") {
+  TempDir tmp;
+  const std::string path = (tmp.path / "f.bin").string();
+  const std::string a = "first", b = "second, longer";
+  write_file_durably(path, a.data(), a.size());
+  const FileDigest d = write_file_durably(path, b.data(), b.size());
+  CHECK(d.size == b.size());
+  CHECK(d.hash == checksum(b.data(), b.size()));
+  std::ifstream f(path);
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  CHECK(text == b);
+  CHECK(std::distance(fs::directory_iterator(tmp.path), fs::directory_iterator()) == 1);
+  CHECK_THROWS_AS(write_file_durably((tmp.path / "no" / "f").string(), a.data(), a.size()),
+                  std::runtime_error);
+}
+
+TEST_CASE("supervise restarts add resume auto and shrink mpirun's rank count", "[resilience]") {
+  const std::vector<std::string> job = {"mpirun", "-n", "4", "gossipgrad", "train", "--x", "1"};
+  auto r = restart_command(job, 1, false, 1);
+  CHECK(r == std::vector<std::string>{"mpirun", "-n", "4", "gossipgrad", "train", "--x", "1",
+                                      "--checkpoint.resume", "auto"});
+  r = restart_command(job, 2, true, 1);
+  CHECK(r[2] == "2");
+  r = restart_command(job, 5, true, 3);
+  CHECK(r[2] == "3");
+  const std::vector<std::string> named = {"mpirun", "-np", "2", "g", "--checkpoint.resume=DIR"};
+  r = restart_command(named, 1, true, 1);
+  CHECK(r == std::vector<std::string>{"mpirun", "-np", "1", "g", "--checkpoint.resume=DIR"});
+}
+
+TEST_CASE("resilience options are range-checked with one clear line", "[resilience]") {
+  const auto bad = [](std::vector<std::string> args, const std::string& what) {
+    args.insert(args.begin(), {"--data.source", "synthetic:1x8x8", "--log.metrics",
+                               "/nonexistent-dir-for-test/m.jsonl"});
+    CHECK_THROWS_WITH(parse_train_args(args, false), Catch::Contains(what));
+  };
+  bad({"--checkpoint.every", "10"}, "checkpoint.every = 10 needs checkpoint.dir");
+  bad({"--checkpoint.keep", "0"}, "checkpoint.keep = 0 is out of range");
+  bad({"--checkpoint.resume", "auto"}, "checkpoint.resume = auto needs checkpoint.dir");
+  bad({"--fault.kill", "1-2"}, "fault.kill = 1-2 must be RANK:STEP");
+  bad({"--fault.stall", "a:3"}, "fault.stall = a:3 must be RANK:STEP");
+  bad({"--guard.lr_factor", "0"}, "guard.lr_factor = 0 is out of range");
+  bad({"--gossip.timeout_s", "-1"}, "gossip.timeout_s = -1 is out of range");
+  bad({"--train.stop_at", "5"}, "train.stop_at = 5 needs checkpoint.dir");
+  CHECK(parse_fault_kill("3:120") == std::pair<int, int64_t>{3, 120});
+}
