@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "gossip/exchange.hpp"
-#include "gossip/mpi.hpp"
+#include "gossip/comm/exchange.hpp"
+#include "gossip/comm/mpi.hpp"
 
 using namespace gg;
 using Clock = std::chrono::steady_clock;

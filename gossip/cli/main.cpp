@@ -11,11 +11,11 @@
 #include <thread>
 #include <vector>
 
-#include "gossip/resilience/checkpoint.hpp"
-#include "gossip/config/config.hpp"
-#include "gossip/comm/mpi.hpp"
 #include "gossip/cli/pack.hpp"
 #include "gossip/cli/simulate.hpp"
+#include "gossip/comm/mpi.hpp"
+#include "gossip/config/config.hpp"
+#include "gossip/resilience/checkpoint.hpp"
 #include "gossip/resilience/supervise.hpp"
 #include "gossip/train/trainer.hpp"
 #include "kernels/apoptosis.hpp"

@@ -97,8 +97,8 @@ struct Config {
     std::string kill;   // "RANK:STEP": that rank raises SIGKILL at the start of that step
     std::string stall;  // "RANK:STEP": that rank stops itself (SIGSTOP): a hung rank
     int64_t nan = -1;   // rank 0's weights become NaN at that step (-1: never)
-    // Simulated failures (gossip/resilience/faults.hpp): "RANK:STEP,..." and/or a random plan with this
-    // mean number of steps between failures (0: none), recovered by `strategy`.
+    // Simulated failures (gossip/resilience/faults.hpp): "RANK:STEP,..." and/or a random plan with
+    // this mean number of steps between failures (0: none), recovered by `strategy`.
     std::string inject;
     double mtbf_steps = 0;
     std::string strategy = "forward";  // restart | rollback | forward

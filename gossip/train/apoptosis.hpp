@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "gossip/config/config.hpp"
 #include "gossip/comm/mpi.hpp"
+#include "gossip/config/config.hpp"
 #include "kernels/apoptosis.hpp"
 #include "kernels/graph.hpp"
 

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "gossip/config/config.hpp"
 #include "gossip/comm/mpi.hpp"
+#include "gossip/config/config.hpp"
 #include "kernels/graph.hpp"
 #include "shuffle/distributed.hpp"
 #include "shuffle/loader.hpp"

@@ -48,8 +48,8 @@ double now_seconds() {
 
 }  // namespace
 
-Recovery::Recovery(const Config& c, const mpi::Comm& world, Trainer& trainer,
-                       TrainingData& data, kernels::ModelSpec model)
+Recovery::Recovery(const Config& c, const mpi::Comm& world, Trainer& trainer, TrainingData& data,
+                   kernels::ModelSpec model)
     : c_(c), world_(world), trainer_(trainer), data_(data), model_(std::move(model)) {
   start_ = now_seconds();
   // A restart by gossipgrad supervise (attempt > 0) never injects failures again.

@@ -18,11 +18,11 @@
 #include <string>
 #include <vector>
 
+#include "gossip/comm/mpi.hpp"
 #include "gossip/config/config.hpp"
 #include "gossip/resilience/full_checkpoint.hpp"
-#include "gossip/train/metrics.hpp"
-#include "gossip/comm/mpi.hpp"
 #include "gossip/resilience/rank_state.hpp"
+#include "gossip/train/metrics.hpp"
 #include "kernels/models.hpp"
 
 namespace gg::shuffle {
@@ -38,7 +38,7 @@ class TrainingData;
 class Recovery {
  public:
   Recovery(const Config& c, const mpi::Comm& world, Trainer& trainer, TrainingData& data,
-             kernels::ModelSpec model);
+           kernels::ModelSpec model);
 
   // checkpoint.resume: restores the newest valid checkpoint into the trainer and the data (a
   // collective). Returns the first step to run (0 without a checkpoint). Throws UsageError for a

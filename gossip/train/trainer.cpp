@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "gossip/resilience/checkpoint.hpp"
-#include "gossip/train/data.hpp"
 #include "gossip/resilience/faults.hpp"
+#include "gossip/train/data.hpp"
 #include "gossip/train/recovery.hpp"
 #include "kernels/loss.hpp"
 #include "kernels/weights.hpp"
@@ -492,7 +492,7 @@ Ending train_group(const Config& c, const mpi::Comm& comm, Run& run, GroupObject
   CheckpointMeta checkpoint;
   checkpoint.model = model_spec(c, comm.rank(), data.input(), data.classes());
   g.resilience = std::make_unique<Recovery>(c, comm, trainer, data,
-                                              model_spec(c, 0, data.input(), data.classes()));
+                                            model_spec(c, 0, data.input(), data.classes()));
   Recovery& resilience = *g.resilience;
   if (!run.planned) {
     run.strategy = parse_fault_strategy(c.fault.strategy);

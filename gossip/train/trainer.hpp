@@ -7,12 +7,12 @@
 #include <string>
 #include <vector>
 
-#include "gossip/train/apoptosis.hpp"
-#include "gossip/config/config.hpp"
 #include "gossip/comm/exchange.hpp"
-#include "gossip/train/metrics.hpp"
 #include "gossip/comm/mpi.hpp"
+#include "gossip/config/config.hpp"
 #include "gossip/resilience/rank_state.hpp"
+#include "gossip/train/apoptosis.hpp"
+#include "gossip/train/metrics.hpp"
 #include "kernels/executor.hpp"
 #include "kernels/models.hpp"
 #include "kernels/net.hpp"
@@ -75,8 +75,8 @@ class Trainer {
   // collective: every rank must call it).
   void average_model(std::vector<float>& params, std::vector<float>& buffers);
 
-  // Neuron apoptosis (defined in gossip/train/apoptosis.cpp): the ranks agree on the units to remove
-  // (one small collective) and shrink() them. A collective; every rank gets the same report.
+  // Neuron apoptosis (defined in gossip/train/apoptosis.cpp): the ranks agree on the units to
+  // remove (one small collective) and shrink() them. A collective; every rank gets the same report.
   ApoptosisReport apoptosis();
   // Replaces the network by the one without the units of `r` (the same on every rank: a
   // collective): parameters, running statistics and momentum keep the kept units' values; the

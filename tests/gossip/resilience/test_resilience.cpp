@@ -8,8 +8,8 @@
 
 #include "gossip/config/config.hpp"
 #include "gossip/resilience/rank_state.hpp"
-#include "gossip/train/recovery.hpp"
 #include "gossip/resilience/supervise.hpp"
+#include "gossip/train/recovery.hpp"
 
 namespace fs = std::filesystem;
 using namespace gg::gossip;

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "gossip/train/apoptosis.hpp"
 #include "gossip/comm/mpi.hpp"
+#include "gossip/train/apoptosis.hpp"
 #include "gossip/train/trainer.hpp"
 #include "kernels/apoptosis.hpp"
 #include "kernels/models.hpp"

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "gossip/train/data.hpp"
 #include "gossip/comm/mpi.hpp"
+#include "gossip/train/data.hpp"
 #include "shuffle/distributed.hpp"
 #include "shuffle/loader.hpp"
 #include "shuffle/source.hpp"
