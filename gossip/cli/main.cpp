@@ -17,6 +17,7 @@
 #include "gossip/config/config.hpp"
 #include "gossip/resilience/checkpoint.hpp"
 #include "gossip/resilience/supervise.hpp"
+#include "gossip/train/loop.hpp"
 #include "gossip/train/trainer.hpp"
 #include "kernels/apoptosis.hpp"
 #include "kernels/models.hpp"

@@ -6,6 +6,14 @@
 
 namespace gg::gossip {
 
+Threading parse_threading(const std::string& name) {
+  if (name == "funneled") return Threading::Funneled;
+  if (name == "concurrent") return Threading::Concurrent;
+  if (name == "chained") return Threading::Chained;
+  throw std::invalid_argument("unknown threading '" + name +
+                              "' (expected funneled, concurrent or chained)");
+}
+
 AllreduceExchange::AllreduceExchange(const mpi::Comm& world, float* grads,
                                      std::vector<kernels::Bucket> buckets)
     : comm_(world.dup()),
@@ -94,9 +102,6 @@ GossipExchange::GossipExchange(const mpi::Comm& world, float* buffer,
   if (o_.schedule.p != comm_.size())
     throw std::invalid_argument("gossip schedule is for " + std::to_string(o_.schedule.p) +
                                 " ranks but the job has " + std::to_string(comm_.size()));
-  if (o_.threading != "funneled" && o_.threading != "concurrent" && o_.threading != "chained")
-    throw std::invalid_argument("unknown threading '" + o_.threading +
-                                "' (expected funneled, concurrent or chained)");
   if (o_.staleness != 0 && o_.staleness != 1)
     throw std::invalid_argument("staleness must be 0 or 1");
   partners::validate(o_.schedule);
@@ -112,11 +117,6 @@ GossipExchange::GossipExchange(const mpi::Comm& world, float* buffer,
       buffer_ = own_.data();
     }
   }
-  // A whole-step transport opens the next step's epoch in begin_step, which must not happen
-  // while the previous step's exchange may still be running.
-  if (o_.staleness == 1 && transport_->whole_step())
-    throw std::invalid_argument("gossip.staleness 1 needs the shm or p2p transport, not " +
-                                std::string(transport_->name()));
   if (o_.staleness == 1) {
     send_stage_.resize(layout.count);
     latest_.resize(layout.count);
@@ -126,9 +126,7 @@ GossipExchange::GossipExchange(const mpi::Comm& world, float* buffer,
     send_stage_.resize(layout.count);
     delta_.resize(layout.count);
   }
-  // A whole-step transport (rma) is driven by one thread whatever the threading option.
-  const int threads =
-      o_.threading == "concurrent" && !transport_->whole_step() ? std::max(1, o_.comm_threads) : 1;
+  const int threads = o_.threading == Threading::Concurrent ? std::max(1, o_.comm_threads) : 1;
   for (int i = 0; i < threads; ++i) workers_.emplace_back([this, i] { worker(i); });
 }
 
@@ -149,7 +147,6 @@ partners::Partners GossipExchange::partners_at(int64_t step) const {
 
 void GossipExchange::begin_step(int64_t step) {
   const partners::Partners peers = partners_at(step);
-  transport_->begin_step(peers.recv_from, peers.send_to, step - first_step_);
   std::lock_guard lock(mu_);
   step_ = step;
   peers_ = peers;
@@ -239,7 +236,7 @@ void GossipExchange::worker(int id) {
     std::vector<Job> batch;
     {
       std::unique_lock lock(mu_);
-      if (o_.threading == "chained") {
+      if (o_.threading == Threading::Chained) {
         // Strictly in bucket order: wait for the next bucket even if later ones are ready.
         cv_.wait(lock, [&] {
           if (stop_) return true;
@@ -258,7 +255,7 @@ void GossipExchange::worker(int id) {
       } else {
         cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
         if (stop_ && queue_.empty()) return;
-        if (o_.threading == "funneled") {
+        if (o_.threading == Threading::Funneled) {
           batch.assign(queue_.begin(), queue_.end());
           queue_.clear();
         } else {
@@ -273,21 +270,7 @@ void GossipExchange::worker(int id) {
       named = true;
     }
     try {
-      if (transport_->whole_step()) {
-        // Put each bucket as it comes; once the step's last one is out, close the epoch and mix.
-        for (Job& j : batch) {
-          j.started = Timeline::Clock::now();
-          transport_->send(j.peers.send_to, j.step - first_step_, j.bucket, source(j.bucket));
-          if (++sent_ < static_cast<int>(buckets_.size())) continue;
-          sent_ = 0;
-          transport_->end_sends(j.peers.send_to, j.step - first_step_);
-          for (int k = 0; k < static_cast<int>(buckets_.size()); ++k) {
-            const Job done{j.step, k, j.peers, j.started};
-            complete(done);
-            mark_done(done);
-          }
-        }
-      } else if (batch.size() == 1) {
+      if (batch.size() == 1) {
         run_blocking(batch[0]);
       } else {
         // Funneled: every ready bucket is on the wire before the first one is waited for.

@@ -20,17 +20,24 @@
 
 namespace gg::gossip {
 
-class GradientExchange {
+// Exchanges the buckets of one flat buffer (gradients, or weights after the update) every step.
+class BucketExchange {
  public:
-  virtual ~GradientExchange() = default;
+  virtual ~BucketExchange() = default;
   virtual const char* name() const = 0;
-  // Called before backward of step `step`.
+  // Called before the step's first bucket is ready (before backward of step `step`).
   virtual void begin_step(int64_t step) = 0;
   // Called from backward (the compute thread) when bucket b's gradients are final.
   virtual void on_bucket_ready(int bucket) = 0;
   // Blocks until every bucket of this step is mixed; returns the seconds it blocked (the exposed
   // communication time).
   virtual double finish_step() = 0;
+  // Step numbering across a resume or a rollback. set_first_step: the first step this process
+  // exchanges (a resumed run, or exchanges rebuilt mid-run); repeat_steps: the next `n` steps
+  // repeat steps already exchanged (a rollback). Both at a step boundary; exchanges that keep no
+  // per-step state (allreduce) ignore them.
+  virtual void set_first_step(int64_t step) { (void)step; }
+  virtual void repeat_steps(int64_t n) { (void)n; }
   // Each bucket's exchange becomes an event on its communication thread (nullptr: none).
   void set_timeline(Timeline* t) { timeline_ = t; }
 
@@ -40,7 +47,7 @@ class GradientExchange {
 
 // The allreduce baseline: every bucket is averaged over all ranks with MPI_Allreduce on a
 // communication thread that owns its own communicator, so it overlaps the rest of backward.
-class AllreduceExchange final : public GradientExchange {
+class AllreduceExchange final : public BucketExchange {
  public:
   AllreduceExchange(const mpi::Comm& world, float* grads, std::vector<kernels::Bucket> buckets);
   ~AllreduceExchange() override;
@@ -65,11 +72,16 @@ class AllreduceExchange final : public GradientExchange {
   std::thread worker_;
 };
 
+// Who drives a gossip exchange's transport (see GossipExchange).
+enum class Threading { Funneled, Concurrent, Chained };
+// "funneled" | "concurrent" | "chained"; throws std::invalid_argument otherwise.
+Threading parse_threading(const std::string& name);
+
 struct GossipOptions {
-  partners::Schedule schedule;         // p must equal the communicator's size
-  std::string transport = "auto";      // auto | shm | rma | p2p
-  std::string threading = "funneled";  // funneled | concurrent | chained
-  int comm_threads = 2;                // concurrent only
+  partners::Schedule schedule;     // p must equal the communicator's size
+  std::string transport = "auto";  // auto | shm | rma | p2p (make_transport)
+  Threading threading = Threading::Funneled;
+  int comm_threads = 2;  // concurrent only
   int staleness = 0;     // 0: wait for the partner; 1: never wait, mix what has arrived
   bool delayed = false;  // start_delayed/finish_delayed: mix as a correction applied later
   double timeout_s = 0;  // a wait on a partner longer than this fails the step (0: never)
@@ -89,7 +101,7 @@ struct GossipOptions {
 // transport's window where it has one, so that partners that pair up in a step (send_to ==
 // recv_from: every step at p = 2, hypercube, every other step of dissemination at p = 4) average
 // it in place with no copy (see transport.hpp); in private memory otherwise.
-class GossipExchange final : public GradientExchange {
+class GossipExchange final : public BucketExchange {
  public:
   GossipExchange(const mpi::Comm& world, float* buffer, std::vector<kernels::Bucket> buckets,
                  GossipOptions o);
@@ -113,12 +125,11 @@ class GossipExchange final : public GradientExchange {
   void settle_delayed();
   std::vector<float> delayed_delta();
   void set_delayed_delta(const std::vector<float>& delta);
-  // The first step this process exchanges (a resumed run): transports count their steps from
-  // it, as in a fresh run, while partners still follow the global step. Before any step.
-  void set_first_step(int64_t step) { first_step_ = step; }
-  // The next `n` steps repeat steps already exchanged (a rollback): the transports keep counting
-  // up, as their sequence flags and epochs require, while the partners repeat. At a step boundary.
-  void repeat_steps(int64_t n) { first_step_ -= n; }
+  // Transports count their steps from the first one this process exchanges, as in a fresh run,
+  // while partners follow the global step; after a rollback the transports keep counting up, as
+  // their sequence flags require, while the partners repeat.
+  void set_first_step(int64_t step) override { first_step_ = step; }
+  void repeat_steps(int64_t n) override { first_step_ -= n; }
   partners::Partners partners_at(int64_t step) const;
   float* buffer() const { return buffer_; }
   // Whether a bucket exchanged in `step` is averaged in place (no copy).
@@ -161,7 +172,6 @@ class GossipExchange final : public GradientExchange {
   partners::Partners peers_;
   size_t done_ = 0;
   int next_chained_ = 0;
-  int sent_ = 0;  // whole-step transports: buckets of the current step sent so far
   bool stop_ = false;
   std::exception_ptr error_;
   std::vector<std::thread> workers_;

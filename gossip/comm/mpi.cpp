@@ -112,6 +112,17 @@ void Comm::broadcast(std::string& s, int root) const {
   if (len > 0) GG_MPI_CHECK(MPI_Bcast(s.data(), static_cast<int>(len), MPI_CHAR, root, c_));
 }
 
+RankError agree_on_error(const Comm& comm, const RankError& mine) {
+  // The max of the negated ranks is the lowest failing rank (size() when none failed).
+  double lowest = -(mine.message.empty() ? comm.size() : comm.rank());
+  comm.allreduce_max(&lowest, 1);
+  const int first = static_cast<int>(-lowest);
+  if (first >= comm.size()) return {};
+  std::string wire = (mine.usage ? "U" : "R") + mine.message;
+  comm.broadcast(wire, first);
+  return {wire.substr(1), wire[0] == 'U'};
+}
+
 Request::~Request() {
   if (r_ != MPI_REQUEST_NULL) MPI_Wait(&r_, MPI_STATUS_IGNORE);
 }

@@ -77,6 +77,16 @@ class Comm {
   bool owned_ = false;
 };
 
+// An error one rank met in work that every rank does together (opening the data, reading a
+// checkpoint); an empty message means none.
+struct RankError {
+  std::string message;
+  bool usage = false;  // the user's mistake (exit 2), not a runtime failure (exit 1)
+};
+// Every rank learns the error of the lowest-numbered rank that failed, so that all ranks stop with
+// one and the same line (a collective). Returns an empty RankError when no rank failed.
+RankError agree_on_error(const Comm& comm, const RankError& mine);
+
 // A nonblocking request; waits on destruction if still active so buffers are never freed early.
 class Request {
  public:

@@ -343,10 +343,6 @@ class AutoTransport final : public Transport {
     for (Transport* t : {shm_.get(), remote_.get()})
       if (t) t->set_timeout(seconds);
   }
-  void begin_step(int from, int to, int64_t t) override {
-    // Both halves of a step go through shm or rma, which need no per-step set-up.
-    (void)from, (void)to, (void)t;
-  }
   void expect(int from, int64_t t, int b) override { pick(from).expect(from, t, b); }
   void send(int to, int64_t t, int b, const float* d) override { pick(to).send(to, t, b, d); }
   const float* received(int from, int64_t t, int b) override {

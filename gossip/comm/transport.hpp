@@ -3,7 +3,6 @@
 // through different transports (auto: shared memory to a partner on this node, RMA otherwise).
 //
 // Protocol for bucket b at step t, on every rank (partners from the schedule):
-//   0. begin_step(from, to, t)   once per step, before any bucket
 //   1. expect(from, t, b)        announce readiness to receive a bucket (Irecv, nothing)
 //   2. send(to, t, b, data)      move this rank's bucket to `to` (store / put / Isend)
 //   3. received(from, t, b)      block until the partner's bucket is here; returns a pointer to
@@ -50,11 +49,6 @@ class Transport {
   // Waits on a partner (shm and rma flags, p2p requests) give up with PartnerTimeout after
   // `seconds` (0: wait forever, the default).
   virtual void set_timeout(double seconds) { timeout_s_ = seconds; }
-  virtual void begin_step(int from, int to, int64_t step) { (void)from, (void)to, (void)step; }
-  // A whole-step transport delivers a step's buckets together: after every bucket's send(),
-  // end_sends() closes the step, and only then may received() be called.
-  virtual bool whole_step() const { return false; }
-  virtual void end_sends(int to, int64_t step) { (void)to, (void)step; }
   virtual void expect(int from, int64_t step, int bucket) = 0;
   virtual void send(int to, int64_t step, int bucket, const float* data) = 0;
   virtual const float* received(int from, int64_t step, int bucket) = 0;

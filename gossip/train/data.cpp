@@ -5,6 +5,8 @@
 #include <sstream>
 #include <thread>
 
+#include "gossip/train/agree.hpp"
+
 namespace gg::gossip {
 
 MpiShuffleChannel::MpiShuffleChannel(const mpi::Comm& comm) : comm_(comm.dup()) {}
@@ -71,22 +73,16 @@ shuffle::Normalize pixel_statistics(const shuffle::SampleSource& src) {
 TrainingData::TrainingData(const Config& c, const mpi::Comm& world) : c_(c), world_(world) {
   const int rank = world.rank(), ranks = world.size();
   // Every rank opens the data; if any fails, all stop with the first failing rank's message.
-  std::string error;
+  mpi::RankError error;
   try {
     const shuffle::SourceSpec spec = shuffle::parse_source(c.data.source, c.data.dir);
     const std::string labels = c.data.val_labels == "auto" ? "" : c.data.val_labels;
     train_ = shuffle::open_source(spec, true, labels);
     eval_ = shuffle::open_source(spec, false, labels);
   } catch (const std::exception& e) {
-    error = "data.source = " + c.data.source + ": " + e.what();
+    error = {"data.source = " + c.data.source + ": " + e.what(), true};
   }
-  double lowest_failed = -(error.empty() ? ranks : rank);  // max of the negation = min rank
-  world.allreduce_max(&lowest_failed, 1);
-  const int first = static_cast<int>(-lowest_failed);
-  if (first < ranks) {
-    world.broadcast(error, first);
-    throw UsageError(error);
-  }
+  throw_agreed(world, error);
 
   lo_.batch = c.train.batch;
   lo_.rank = rank;

@@ -5,18 +5,17 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
 
+#include "gossip/train/agree.hpp"
 #include "gossip/train/data.hpp"
 #include "gossip/train/trainer.hpp"
 #include "kernels/apoptosis.hpp"
@@ -29,19 +28,6 @@ namespace fs = std::filesystem;
 
 constexpr const char* kConfigFile = "config.ini";
 
-// One line per failing rank is too many: the first failing rank's message is every rank's error.
-// `usage` (the verdict of rank `first`) chooses UsageError.
-void agree(const mpi::Comm& world, const std::string& error, bool usage) {
-  double lowest = -(error.empty() ? world.size() : world.rank());
-  world.allreduce_max(&lowest, 1);
-  const int first = static_cast<int>(-lowest);
-  if (first >= world.size()) return;
-  std::string msg = (usage ? "U" : "R") + error;
-  world.broadcast(msg, first);
-  if (msg[0] == 'U') throw UsageError(msg.substr(1));
-  throw std::runtime_error(msg.substr(1));
-}
-
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -52,9 +38,6 @@ Recovery::Recovery(const Config& c, const mpi::Comm& world, Trainer& trainer, Tr
                    kernels::ModelSpec model)
     : c_(c), world_(world), trainer_(trainer), data_(data), model_(std::move(model)) {
   start_ = now_seconds();
-  // A restart by gossipgrad supervise (attempt > 0) never injects failures again.
-  const char* attempt = std::getenv("GG_SUPERVISE_ATTEMPT");
-  faults_armed_ = attempt == nullptr || std::string(attempt) == "0";
 }
 
 RankState Recovery::capture() {
@@ -71,6 +54,44 @@ int64_t Recovery::resume() {
   if (c_.checkpoint.resume.empty()) return 0;
   const std::string where =
       c_.checkpoint.resume == "auto" ? c_.checkpoint.dir : c_.checkpoint.resume;
+  const std::string folder = choose_checkpoint(where);
+  if (folder.empty()) {
+    if (world_.rank() == 0)
+      std::printf("gossipgrad: no checkpoint in %s yet: starting from step 0\n", where.c_str());
+    return 0;
+  }
+  const Manifest m = open_manifest(folder);
+  const bool same_ranks = m.ranks == world_.size();
+  const RankState s = read_states(folder, m);
+  try {
+    trainer_.restore_model(s);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError("checkpoint.resume: " + folder + ": " + e.what());
+  }
+  int64_t step = s.step;
+  if (same_ranks) {
+    if (data_.shuffles()) data_.restore_shuffle(s.shuffle);
+  } else {
+    step = same_point(s.step, s.steps_per_epoch);
+    data_.shuffle_start_at(step);
+  }
+  continue_at(step, s);
+  if (world_.rank() == 0) {
+    if (same_ranks)
+      std::printf("gossipgrad: resumed from %s at step %lld\n", folder.c_str(),
+                  static_cast<long long>(step));
+    else
+      std::printf(
+          "gossipgrad: resumed from %s (%d ranks, step %lld) at %d ranks: the ranks' average "
+          "model, samples reassigned, continuing at step %lld\n",
+          folder.c_str(), m.ranks, static_cast<long long>(s.step), world_.size(),
+          static_cast<long long>(step));
+    std::fflush(stdout);
+  }
+  return step;
+}
+
+std::string Recovery::choose_checkpoint(const std::string& where) {
   // Rank 0 chooses (reading every file of the candidates); every rank takes its verdict.
   std::string chosen, error;
   if (world_.rank() == 0) {
@@ -83,23 +104,20 @@ int64_t Recovery::resume() {
     for (const auto& [step, folder] : list_checkpoints(where))
       any_manifest |= fs::exists(fs::path(folder) / kManifest);
     if (found) {
-      chosen = "+" + *found;
+      chosen = *found;
     } else if (any_manifest || c_.checkpoint.resume != "auto") {
       error = "checkpoint.resume: no valid checkpoint in " + where +
               (rejected.empty() ? "" : " (every one is corrupt or incomplete)");
     }
   }
-  agree(world_, error, false);
+  throw_agreed(world_, {error, false});
   world_.broadcast(chosen, 0);
-  if (chosen.empty()) {
-    if (world_.rank() == 0)
-      std::printf("gossipgrad: no checkpoint in %s yet: starting from step 0\n", where.c_str());
-    return 0;
-  }
-  const std::string folder = chosen.substr(1);
+  return chosen;
+}
 
+Manifest Recovery::open_manifest(const std::string& folder) {
   Manifest m;
-  error.clear();
+  std::string error;
   bool usage = false;
   try {
     m = read_manifest(folder);
@@ -125,48 +143,21 @@ int64_t Recovery::resume() {
       error = "checkpoint.resume: " + folder + ": " + e.what();
     }
   }
-  agree(world_, error, usage);
+  throw_agreed(world_, {error, usage});
   if (shrunk) trainer_.reshape(std::move(*shrunk));
+  return m;
+}
 
+RankState Recovery::read_states(const std::string& folder, const Manifest& m) {
   const bool same_ranks = m.ranks == world_.size();
   RankState s;
-  error.clear();
+  std::string error;
+  bool usage = false;
   try {
-    if (same_ranks) {
-      const std::string name = rank_file_name(world_.rank());
-      const fs::path p = fs::path(folder) / name;
-      const std::vector<uint8_t> bytes = read_file(p.string());
-      if (FileDigest{bytes.size(), checksum(bytes.data(), bytes.size())} != m.files.at(name))
-        throw std::runtime_error(p.string() + " changed since it was checked");
-      s = decode_state(bytes.data(), bytes.size(), p.string());
-      if (s.rank != world_.rank() || s.ranks != m.ranks || s.step != m.step)
-        throw std::runtime_error(p.string() + ": rank, ranks or step differ from the manifest");
-    } else if (world_.rank() == 0) {
-      // Another rank count: the ranks' average model (a pending weight correction applied
-      // first); the samples are reassigned afresh.
-      for (int r = 0; r < m.ranks; ++r) {
-        const fs::path p = fs::path(folder) / rank_file_name(r);
-        const std::vector<uint8_t> bytes = read_file(p.string());
-        RankState one = decode_state(bytes.data(), bytes.size(), p.string());
-        if (!one.delayed_delta.empty())
-          for (size_t i = 0; i < one.params.size(); ++i) one.params[i] += one.delayed_delta[i];
-        if (r == 0) {
-          s = std::move(one);
-          s.delayed_delta.clear();
-          s.shuffle.clear();
-          continue;
-        }
-        if (one.params.size() != s.params.size() || one.buffers.size() != s.buffers.size())
-          throw std::runtime_error(p.string() + ": sizes differ from rank 0's");
-        for (size_t i = 0; i < s.params.size(); ++i) s.params[i] += one.params[i];
-        for (size_t i = 0; i < s.buffers.size(); ++i) s.buffers[i] += one.buffers[i];
-        for (size_t i = 0; i < s.velocity.size(); ++i) s.velocity[i] += one.velocity[i];
-      }
-      const float inv = 1.f / static_cast<float>(m.ranks);
-      for (auto* v : {&s.params, &s.buffers, &s.velocity})
-        for (float& x : *v) x *= inv;
-      s.ranks = m.ranks;
-    }
+    if (same_ranks)
+      s = read_own_state(folder, m);
+    else if (world_.rank() == 0)
+      s = average_states(folder, m);
     if (same_ranks && s.shuffle.empty() != !data_.shuffles()) {
       usage = true;
       throw std::runtime_error(folder + " was written with data.shuffle " +
@@ -176,40 +167,55 @@ int64_t Recovery::resume() {
   } catch (const std::exception& e) {
     error = std::string("checkpoint.resume: ") + e.what();
   }
-  agree(world_, error, usage);
+  throw_agreed(world_, {error, usage});
   if (!same_ranks) {
     std::vector<uint8_t> bytes = world_.rank() == 0 ? encode_state(s) : std::vector<uint8_t>{};
     std::string wire(bytes.begin(), bytes.end());
     world_.broadcast(wire, 0);
     s = decode_state(reinterpret_cast<const uint8_t*>(wire.data()), wire.size(), "broadcast");
   }
-  try {
-    trainer_.restore_model(s);
-  } catch (const std::invalid_argument& e) {
-    throw UsageError("checkpoint.resume: " + folder + ": " + e.what());
-  }
+  return s;
+}
 
-  int64_t step = s.step;
-  if (same_ranks) {
-    if (data_.shuffles()) data_.restore_shuffle(s.shuffle);
-  } else {
-    step = same_point(s.step, s.steps_per_epoch);
-    data_.shuffle_start_at(step);
+RankState Recovery::read_own_state(const std::string& folder, const Manifest& m) const {
+  const std::string name = rank_file_name(world_.rank());
+  const fs::path p = fs::path(folder) / name;
+  const std::vector<uint8_t> bytes = read_file(p.string());
+  if (FileDigest{bytes.size(), checksum(bytes.data(), bytes.size())} != m.files.at(name))
+    throw std::runtime_error(p.string() + " changed since it was checked");
+  RankState s = decode_state(bytes.data(), bytes.size(), p.string());
+  if (s.rank != world_.rank() || s.ranks != m.ranks || s.step != m.step)
+    throw std::runtime_error(p.string() + ": rank, ranks or step differ from the manifest");
+  return s;
+}
+
+RankState Recovery::average_states(const std::string& folder, const Manifest& m) const {
+  // Another rank count: the ranks' average model (a pending weight correction applied first);
+  // the samples are reassigned afresh.
+  RankState s;
+  for (int r = 0; r < m.ranks; ++r) {
+    const fs::path p = fs::path(folder) / rank_file_name(r);
+    const std::vector<uint8_t> bytes = read_file(p.string());
+    RankState one = decode_state(bytes.data(), bytes.size(), p.string());
+    if (!one.delayed_delta.empty())
+      for (size_t i = 0; i < one.params.size(); ++i) one.params[i] += one.delayed_delta[i];
+    if (r == 0) {
+      s = std::move(one);
+      s.delayed_delta.clear();
+      s.shuffle.clear();
+      continue;
+    }
+    if (one.params.size() != s.params.size() || one.buffers.size() != s.buffers.size())
+      throw std::runtime_error(p.string() + ": sizes differ from rank 0's");
+    for (size_t i = 0; i < s.params.size(); ++i) s.params[i] += one.params[i];
+    for (size_t i = 0; i < s.buffers.size(); ++i) s.buffers[i] += one.buffers[i];
+    for (size_t i = 0; i < s.velocity.size(); ++i) s.velocity[i] += one.velocity[i];
   }
-  continue_at(step, s);
-  if (world_.rank() == 0) {
-    if (same_ranks)
-      std::printf("gossipgrad: resumed from %s at step %lld\n", folder.c_str(),
-                  static_cast<long long>(step));
-    else
-      std::printf(
-          "gossipgrad: resumed from %s (%d ranks, step %lld) at %d ranks: the ranks' average "
-          "model, samples reassigned, continuing at step %lld\n",
-          folder.c_str(), m.ranks, static_cast<long long>(s.step), world_.size(),
-          static_cast<long long>(step));
-    std::fflush(stdout);
-  }
-  return step;
+  const float inv = 1.f / static_cast<float>(m.ranks);
+  for (auto* v : {&s.params, &s.buffers, &s.velocity})
+    for (float& x : *v) x *= inv;
+  s.ranks = m.ranks;
+  return s;
 }
 
 int64_t Recovery::same_point(int64_t step, int64_t old_per_epoch) const {
@@ -235,12 +241,10 @@ void Recovery::continue_at(int64_t step, const RankState& s) {
   nan_restores_ = s.nan_restores;
   trainer_.set_lr_scale(lr_scale_);
   resumed_ = true;
-  faults_armed_ = false;
   last_written_ = step;
 }
 
-void Recovery::before_step(int64_t s, shuffle::Batch& batch) {
-  (void)batch;
+void Recovery::before_step(int64_t s) {
   if (c_.guard.nan_retries > 0 && (!snapshot_ || s % c_.guard.snapshot_every == 0)) {
     RankState snap;
     trainer_.capture_state(snap);
@@ -252,22 +256,6 @@ void Recovery::before_step(int64_t s, shuffle::Batch& batch) {
     world_.allreduce_max(&bad, 1);
     if (bad == 0) snapshot_ = std::move(snap);
   }
-  if (!faults_armed_) return;
-  for (const auto& [spec, sig] : {std::pair{c_.fault.kill, SIGKILL}, {c_.fault.stall, SIGSTOP}}) {
-    if (spec.empty()) continue;
-    const auto [rank, step] = parse_fault_kill(spec);
-    if (rank != world_.rank() || step != s) continue;
-    std::fprintf(stderr, "gossipgrad: rank %d: fault hook: %s at step %lld\n", rank,
-                 sig == SIGKILL ? "SIGKILL" : "SIGSTOP", static_cast<long long>(s));
-    std::fflush(stderr);
-    std::fflush(stdout);
-    std::raise(sig);
-  }
-  // Weights that blew up: every logit, hence the loss, becomes NaN (a NaN input would not do:
-  // ReLU maps NaN to 0).
-  if (c_.fault.nan == s && world_.rank() == 0)
-    std::fill(trainer_.store().params.begin(), trainer_.store().params.end(),
-              std::numeric_limits<float>::quiet_NaN());
 }
 
 bool Recovery::after_step(int64_t s, double loss, MetricsWriter& metrics) {
@@ -352,7 +340,7 @@ void Recovery::write_checkpoint(int64_t steps, int64_t epoch) {
       error = "checkpoint: cannot create " + folder.string() + ": " + e.what();
     }
   }
-  agree(world_, error, false);
+  throw_agreed(world_, {error, false});
 
   const RankState s = [&] {
     RankState st = capture();
@@ -369,7 +357,7 @@ void Recovery::write_checkpoint(int64_t steps, int64_t epoch) {
   } catch (const std::exception& e) {
     error = std::string("checkpoint: ") + e.what();
   }
-  agree(world_, error, false);
+  throw_agreed(world_, {error, false});
   world_.allreduce_sum(digests.data(), static_cast<int64_t>(digests.size()));
 
   if (world_.rank() == 0) {
@@ -396,7 +384,7 @@ void Recovery::write_checkpoint(int64_t steps, int64_t epoch) {
       error = std::string("checkpoint: ") + e.what();
     }
   }
-  agree(world_, error, false);
+  throw_agreed(world_, {error, false});
   wrote_any_ = true;
   last_written_ = steps;
   last_write_time_ = now_seconds() - start_;

@@ -1,5 +1,5 @@
 // Surviving failures: full checkpoints (every rank's exact state), resume (exact at the same rank
-// count, the ranks' average at another), the NaN guard, and failure-injection hooks for tests.
+// count, the ranks' average at another), and the NaN guard.
 //
 // A full checkpoint is a folder `<checkpoint.dir>/ckpt-<step>/`:
 //   rank-00000.bin ...  one per rank (RankState, encode_state), each written under a temporary
@@ -24,10 +24,6 @@
 #include "gossip/resilience/rank_state.hpp"
 #include "gossip/train/metrics.hpp"
 #include "kernels/models.hpp"
-
-namespace gg::shuffle {
-struct Batch;
-}
 
 namespace gg::gossip {
 
@@ -58,8 +54,8 @@ class Recovery {
   // The network changed shape (apoptosis): the NaN guard's snapshot is taken afresh.
   void model_changed() { snapshot_.reset(); }
 
-  // Before step s, once its batch is there: the fault hooks and the guard's snapshot.
-  void before_step(int64_t s, shuffle::Batch& batch);
+  // Before step s: the NaN guard's snapshot, when one is due (a collective).
+  void before_step(int64_t s);
   // After step s with this rank's loss (a collective, 8 bytes): a NaN/Inf loss on
   // any rank restores every rank's last snapshot and lowers the learning rate; returns true
   // then. Throws std::runtime_error once guard.nan_retries restores are spent.
@@ -76,6 +72,14 @@ class Recovery {
   // learning-rate scale, as a resumed run (no fault injected again, no checkpoint removed).
   void continue_at(int64_t step, const RankState& s);
   RankState capture();
+  // resume(), step by step (collectives, but the const ones): the folder to resume from (empty:
+  // none yet), its manifest checked against this run's model (which takes the checkpoint's
+  // widths), and this rank's state in it (the ranks' average at another rank count).
+  std::string choose_checkpoint(const std::string& where);
+  Manifest open_manifest(const std::string& folder);
+  RankState read_states(const std::string& folder, const Manifest& m);
+  RankState read_own_state(const std::string& folder, const Manifest& m) const;
+  RankState average_states(const std::string& folder, const Manifest& m) const;
   bool time_due();
 
   const Config& c_;
@@ -84,7 +88,6 @@ class Recovery {
   TrainingData& data_;
   const kernels::ModelSpec model_;
   bool resumed_ = false;
-  bool faults_armed_ = true;
   bool wrote_any_ = false;
   int64_t last_written_ = -1;
   double last_write_time_ = 0;  // seconds since start_

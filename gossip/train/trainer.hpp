@@ -39,15 +39,6 @@ struct EvalStats {
   int64_t samples = 0;
 };
 
-struct RunSummary {
-  double final_top1 = 0;
-  double final_top5 = 0;
-  double wall_seconds = 0;
-  double images_per_second = 0;  // training images of all ranks per second of training
-  int64_t steps = 0;
-  int64_t skipped_samples = 0;  // failed to decode
-};
-
 class Trainer {
  public:
   // `input` and `classes` describe the samples; the model comes from the config.
@@ -120,7 +111,8 @@ class Trainer {
   kernels::Net net_;
   kernels::Executor* train_exec_;
   kernels::Executor* eval_exec_;
-  std::unique_ptr<GradientExchange> exchange_;      // gradients (grad, both, allreduce)
+  std::vector<BucketExchange*> exchanges() const;   // those of this run: gradients, weights
+  std::unique_ptr<BucketExchange> exchange_;        // gradients (grad, both, allreduce)
   std::unique_ptr<GossipExchange> model_exchange_;  // weights after the update (model, both)
   kernels::Sgd sgd_;
   kernels::LrSchedule schedule_;
@@ -128,10 +120,6 @@ class Trainer {
   int64_t step_ = 0;
   double lr_scale_ = 1;  // the NaN guard lowers it
 };
-
-// The whole `gossipgrad train` job: data, training loop, per-epoch evaluation, metrics,
-// progress on rank 0 and the final summary.
-RunSummary run_training(const Config& c, const mpi::Comm& world);
 
 // Compute threads for this rank: the configured count, or this node's cores shared evenly by
 // the ranks on this node.

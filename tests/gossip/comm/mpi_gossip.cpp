@@ -93,7 +93,7 @@ void run_case(const mpi::Comm& world, const std::string& transport, const std::s
   gossip::GossipOptions o;
   o.schedule = {kind, p, rotate, 42};
   o.transport = transport;
-  o.threading = threading;
+  o.threading = gossip::parse_threading(threading);
   o.comm_threads = 3;
   const std::string name = transport + "/" + threading + "/" + partners::kind_name(kind) +
                            (rotate ? "+rotate" : "") + (delays ? "+delays" : "") +

@@ -1,0 +1,276 @@
+// The training loop: one function that reads as the algorithm (train_group), the set-up of a
+// group of ranks around it, and the job over successive groups when simulated failures end one.
+#include "gossip/train/loop.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <thread>
+
+#include "gossip/train/job.hpp"
+#include "gossip/train/simulated_failures.hpp"
+#include "gossip/train/step_hooks.hpp"
+
+namespace gg::gossip {
+namespace {
+
+constexpr int kWakeTag = 0x5755;  // the end of training, to the failed ranks
+
+// The data, the trainer and its recovery over `comm`, and where this group starts: a resumed
+// checkpoint, the state a forward recovery carried over, or step 0.
+Group open_group(const Config& c, const mpi::Comm& comm, JobState& job, GroupObjects& o) {
+  const int threads = compute_threads(c, comm);
+  omp_set_num_threads(threads);
+  o.data = std::make_unique<TrainingData>(c, comm);
+  TrainingData& data = *o.data;
+  const int64_t per_epoch = data.steps_per_epoch();
+  int64_t total = per_epoch * c.train.epochs;
+  if (c.train.max_steps > 0) total = std::min(total, c.train.max_steps);
+  o.trainer = std::make_unique<Trainer>(c, comm, data.input(), data.classes(), total, per_epoch);
+  o.recovery = std::make_unique<Recovery>(c, comm, *o.trainer, data,
+                                          model_spec(c, 0, data.input(), data.classes()));
+  Group g{c, comm, data, *o.trainer, *o.recovery};
+  g.threads = threads;
+  g.per_epoch = per_epoch;
+  g.total = total;
+  g.epochs = (total + per_epoch - 1) / per_epoch;
+  g.global_batch = c.train.batch * comm.size();
+  g.lead = comm.rank() == 0;
+  plan_failures(c, job, comm.size(), total);
+  if (job.carry) {
+    g.first = g.recovery.continue_from(*job.carry, job.carry_step, job.carry_per_epoch);
+    // Later failures happen at the same point of training, in the survivors' steps.
+    for (size_t i = job.failures.next; i < job.failures.events.size(); ++i)
+      job.failures.events[i].step =
+          g.recovery.same_point(job.failures.events[i].step, job.carry_per_epoch);
+    job.carry.reset();
+  } else {
+    g.first = g.recovery.resume();
+  }
+  if (c.apoptosis.enable && apoptosis_layers(c, g.trainer.graph()).empty())
+    throw UsageError("apoptosis.layers = " + c.apoptosis.layers + ": " + c.model.name +
+                     " has no such layer whose units may be removed (units that reach a residual "
+                     "add, a concat or the output stay)");
+  return g;
+}
+
+// The metrics file (rank 0 of the job, or of the survivors once it failed) and the job's first
+// lines: ranks, model, data, schedule.
+void announce_start(Group& g, JobState& job) {
+  const Config& c = g.c;
+  if (!job.started) {
+    if (g.lead)
+      job.metrics = MetricsWriter(c.log.metrics, c.log.overwrite, !c.checkpoint.resume.empty());
+  } else if (g.lead && !job.metrics.enabled()) {
+    job.metrics = MetricsWriter(c.log.metrics, false, true);  // appends to the same file
+  }
+  report_recovery(g, job);
+  if (!g.lead || job.started) return;
+  const std::string mixing = c.gossip.mode == "allreduce"
+                                 ? std::string("allreduce")
+                                 : "gossip " + c.gossip.mode + " (" + c.gossip.schedule +
+                                       (c.gossip.rotate ? "+rotate" : "") + ", " +
+                                       c.gossip.transport + ")";
+  const int64_t params = g.trainer.graph().param_count();
+  std::printf("gossipgrad: %d ranks x %d threads, %s (%lld params), %s backend\n", g.comm.size(),
+              g.threads, c.model.name.c_str(), static_cast<long long>(params),
+              c.train.backend.c_str());
+  std::printf("gossipgrad: data: %s\n", g.data.describe().c_str());
+  std::printf(
+      "gossipgrad: %lld train / %lld test samples, global batch %lld, %lld steps/epoch, "
+      "%lld epochs, peak lr %.4g, mixing: %s\n",
+      static_cast<long long>(g.data.train_count()), static_cast<long long>(g.data.eval_count()),
+      static_cast<long long>(g.global_batch), static_cast<long long>(g.per_epoch),
+      static_cast<long long>(g.epochs), c.train.lr * g.global_batch / c.train.base_batch,
+      mixing.c_str());
+  const FailurePlan& f = job.failures;
+  if (!f.events.empty())
+    std::printf("gossipgrad: %zu simulated failure(s) planned, recovery: %s\n", f.events.size(),
+                to_string(f.strategy));
+  std::fflush(stdout);
+  job.metrics.write({{"event", "start"},
+                     {"ranks", g.comm.size()},
+                     {"threads", g.threads},
+                     {"model", c.model.name},
+                     {"params", params},
+                     {"global_batch", g.global_batch},
+                     {"steps", g.total},
+                     {"first_step", g.first},
+                     {"mode", c.gossip.mode},
+                     {"backend", c.train.backend},
+                     {"faults_planned", f.events.size()},
+                     {"fault_strategy", to_string(f.strategy)}});
+}
+
+// One step: its batch, the hooks before it, forward/backward with the buckets exchanged as they
+// complete, the wait for the partner, the update, and the step's share of the sample exchange.
+// False when the data has no batch for step s.
+bool run_step(Group& g, StepHooks& hooks, int64_t s, shuffle::Batch& batch, StepRecord& r) {
+  const auto t0 = Clock::now();
+  const double waited_before = g.data.wait_seconds();
+  {
+    Timeline::Span span(g.trainer.timeline(), "data", "data");
+    if (!g.data.next(s, batch)) return false;
+  }
+  hooks.before_step(s, batch);
+  r = StepRecord{};
+  r.data_wait = g.data.wait_seconds() - waited_before;
+  r.stats = g.trainer.step(batch.x.data(), batch.y.data());
+  const auto t_shuffle = Clock::now();
+  {
+    Timeline::Span span(g.trainer.timeline(), "shuffle", "data");
+    g.data.finish_step(s);
+  }
+  r.shuffle_wait = seconds_since(t_shuffle);
+  r.step = s;
+  r.epoch = batch.epoch;
+  r.batch = &batch;
+  r.last = s + 1 == g.total;
+  r.epoch_end = (s + 1) % g.per_epoch == 0 || r.last;
+  r.seconds = seconds_since(t0);
+  return true;
+}
+
+// After the group's last step: the timeline, every rank's totals, and the summary on rank 0.
+void finish_group(Group& g, JobState& job, Timeline& timeline) {
+  RunSummary& summary = job.summary;
+  summary.wall_seconds = seconds_since(job.t_start);
+  if (timeline.enabled()) {
+    g.trainer.set_timeline(nullptr);
+    timeline.write(g.comm, g.c.log.timeline);
+    if (g.lead) std::printf("gossipgrad: timeline written to %s\n", g.c.log.timeline.c_str());
+  }
+  // Every rank's corrupt files and shuffled samples (a collective: every rank gets here).
+  int64_t data_totals[2] = {g.data.skipped(), g.data.shuffled_samples()};
+  g.comm.allreduce_sum(data_totals, 2);
+  summary.skipped_samples = data_totals[0];
+  summary.images_per_second = job.train_seconds > 0 ? job.images / job.train_seconds : 0;
+  if (!g.lead) return;
+  const double comm_share = job.train_seconds > 0 ? job.comm_seconds / job.train_seconds : 0;
+  char final_eval[64] = "no evaluation data";
+  if (g.data.eval_source())
+    std::snprintf(final_eval, sizeof final_eval, "final test top-1 %.2f%%",
+                  100 * summary.final_top1);
+  std::printf(
+      "done: %lld steps in %s, %.0f img/s, exposed communication %.1f%% of step time, %s "
+      "(metrics: %s)\n",
+      static_cast<long long>(summary.steps), format_duration(summary.wall_seconds).c_str(),
+      summary.images_per_second, 100 * comm_share, final_eval, g.c.log.metrics.c_str());
+  job.metrics.write({{"event", "summary"},
+                     {"steps", summary.steps},
+                     {"top1", summary.final_top1},
+                     {"top5", summary.final_top5},
+                     {"wall_s", summary.wall_seconds},
+                     {"images_per_s", summary.images_per_second},
+                     {"comm_s", job.comm_seconds},
+                     {"exposed_comm_share", comm_share},
+                     {"data_wait_s", g.data.wait_seconds()},
+                     {"params", g.trainer.graph().param_count()},
+                     {"skipped", data_totals[0]},
+                     {"shuffled_samples", data_totals[1]},
+                     {"ranks", g.comm.size()},
+                     {"faults", job.failures.next}});
+}
+
+// Training over the group of ranks in `comm`, until the end or a failure the group cannot absorb.
+Ending train_group(const Config& c, const mpi::Comm& comm, JobState& job, GroupObjects& o) {
+  Group g = open_group(c, comm, job, o);
+  announce_start(g, job);
+  comm.barrier();  // the ranks' timelines start together
+  // A timeline spans one group of ranks: with failures planned there may be several, so none.
+  const bool failures = !job.failures.events.empty();
+  Timeline timeline(!c.log.timeline.empty() && !failures);
+  if (g.lead && !c.log.timeline.empty() && failures && !job.started)
+    std::printf("gossipgrad: log.timeline is not written in a run with simulated failures\n");
+  job.started = true;
+  g.trainer.set_timeline(&timeline);
+  StepHooks hooks = make_step_hooks(g, job);
+  g.data.start(g.epochs, g.first);
+  job.summary.steps = g.first;
+  shuffle::Batch batch;
+  StepRecord r;
+  for (int64_t s = g.first; s < g.total; ++s) {
+    if (auto end = fail_at_boundary(g, job, s)) return *end;
+    if (s == g.first + c.log.timeline_steps) g.trainer.set_timeline(nullptr);  // enough recorded
+    if (!run_step(g, hooks, s, batch, r)) break;
+    hooks.after_step(r);
+    job.summary.steps = s + 1;
+    if (hooks.stop()) break;
+  }
+  hooks.finish();
+  finish_group(g, job, timeline);
+  return Ending::Done;
+}
+
+// A rank that failed (simulated) waits, sleeping rather than polling MPI hard, until the
+// survivors are done, then frees the windows of the groups it was in, with them.
+RunSummary wait_as_failed(JobState& job) {
+  job.metrics = MetricsWriter();
+  MPI_Request wake = MPI_REQUEST_NULL;
+  GG_MPI_CHECK(MPI_Irecv(nullptr, 0, MPI_BYTE, MPI_ANY_SOURCE, kWakeTag, job.world.get(), &wake));
+  for (int done = 0; !done;) {
+    GG_MPI_CHECK(MPI_Test(&wake, &done, MPI_STATUS_IGNORE));
+    if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  job.parked.clear();
+  RunSummary gone;
+  gone.steps = job.summary.steps;
+  return gone;
+}
+
+}  // namespace
+
+RunSummary run_training(const Config& c, const mpi::Comm& world) {
+  JobState job(world);
+  job.t_start = Clock::now();
+  for (int r = 0; r < world.size(); ++r) job.members.push_back(r);
+  if (!c.log.samples.empty()) {
+    const std::string path = c.log.samples + "." + std::to_string(world.rank());
+    job.samples = std::make_unique<std::ofstream>(path, std::ios::trunc);
+    if (!*job.samples) throw std::runtime_error("log.samples: cannot write " + path);
+  }
+  const mpi::Comm* comm = &world;
+  job.configs.push_back(c);
+  for (;;) {
+    auto objects = std::make_unique<GroupObjects>();
+    Ending end = Ending::Done;
+    try {
+      end = train_group(job.configs.back(), *comm, job, *objects);
+    } catch (...) {
+      // Unwinding must not wait in MPI_Win_free for a rank that left: the job is ending anyway.
+      if (!job.parked.empty()) mpi::mark_peer_lost();
+      throw;
+    }
+    if (end == Ending::Done) break;
+    if (end == Ending::Left) {
+      job.parked.push_back(std::move(objects));
+      return wait_as_failed(job);
+    }
+    Config next = without_test_hooks(c);
+    if (end == Ending::Restart) {
+      // Every rank is alive (the failed ones replaced): the objects go collectively, and a new
+      // set reloads the newest full checkpoint of this job, or starts afresh without one.
+      job.wrote_checkpoint |= objects->recovery->wrote_checkpoint();
+      next.checkpoint.resume = job.wrote_checkpoint ? "auto" : c.checkpoint.resume;
+      objects.reset();
+    } else {  // Shrink
+      job.parked.push_back(std::move(objects));
+      job.comms.push_back(survivors_comm(*comm, job));
+      comm = job.comms.back().get();
+      next.checkpoint.resume.clear();
+    }
+    job.configs.push_back(next);
+  }
+  // The last group's objects went with the loop (over the survivors' communicator: a collective
+  // among them). The failed ranks wait for the end of training; then the windows of the earlier
+  // groups are freed, oldest first, on every rank that was in them.
+  if (comm->rank() == 0)
+    for (int r = 0; r < world.size(); ++r)
+      if (job.group_rank_of(r) < 0)
+        GG_MPI_CHECK(MPI_Send(nullptr, 0, MPI_BYTE, r, kWakeTag, world.get()));
+  job.parked.clear();
+  return job.summary;
+}
+
+}  // namespace gg::gossip
