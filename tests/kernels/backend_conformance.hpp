@@ -1,16 +1,20 @@
 // The backend-conformance fixture: what the tests of every backend share to hold it to the
 // reference backend, the oracle. Random numbers that are the same on every standard library;
 // parameters and inputs at a scale where every layer's output stays O(1); a probe that exposes a
-// layer's input gradient; and the executor contract of kernels/executor.hpp (bucket callbacks,
-// gradients overwritten, backward only after a training forward). Each backend's test file adds
-// only what is its own.
+// layer's input gradient; whole-tensor comparisons judged against the tensor's scale; a Twin, one
+// graph compiled on the oracle and on the backend under test side by side; and the executor
+// contract of kernels/executor.hpp (bucket callbacks, gradients overwritten, backward only after a
+// training forward). Each backend's test file adds only what is its own: tolerances, shapes, and
+// the checks no other backend needs.
 #pragma once
 
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <random>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -18,6 +22,9 @@
 
 #include "kernels/executor.hpp"
 #include "kernels/graph.hpp"
+#include "kernels/loss.hpp"
+#include "kernels/models.hpp"
+#include "kernels/optimizer.hpp"
 
 namespace gg::test {
 
@@ -126,6 +133,253 @@ inline std::vector<float> distinct_per_plane(int64_t planes, int64_t plane, Rng&
 inline kernels::Graph with_head(kernels::Graph g, int body, int64_t classes) {
   g.set_output(g.fully_connected("head", body, {.out_features = classes}));
   return g;
+}
+
+// Where a backend's tensor lies furthest from the oracle's.
+struct Mismatch {
+  double worst = 0;  // max |got - want|
+  double scale = 0;  // max |want|
+  int64_t at = -1;
+  float got = 0, want = 0;
+  int64_t non_finite = 0;  // NaN or inf on either side never counts as close
+};
+
+inline Mismatch mismatch(const float* got, const float* want, int64_t n) {
+  Mismatch m;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(got[i]) || !std::isfinite(want[i])) {
+      ++m.non_finite;
+      continue;
+    }
+    m.scale = std::max(m.scale, std::abs(static_cast<double>(want[i])));
+    const double d = std::abs(static_cast<double>(got[i]) - want[i]);
+    if (d > m.worst || m.at < 0) {
+      m.worst = d;
+      m.at = i;
+      m.got = got[i];
+      m.want = want[i];
+    }
+  }
+  return m;
+}
+
+// What a comparison found: whether everything agreed, and a line for each thing that did not.
+struct Verdict {
+  bool ok = true;
+  std::string report;
+  void fail(const std::string& line) {
+    ok = false;
+    report += line + "\n";
+  }
+  Verdict& operator+=(const Verdict& o) {
+    ok = ok && o.ok;
+    report += o.report;
+    return *this;
+  }
+};
+
+// A backend's tensor against the oracle's, judged against the whole tensor's scale, not each
+// element's: backends accumulate in orders and precisions of their own (the reference in double),
+// so an element that comes out near zero by cancellation (a batch-norm bias gradient summing dy
+// over a channel, a logit near 0) carries an absolute error of the size of the terms it summed.
+//   max_i |got_i - want_i| <= tol * max(max_i |want_i|, 1e-3)
+// The 1e-3 floor only matters for tensors that are nearly all zero. A real bug (wrong index,
+// layout, padding rule, missing or doubled term) moves elements by the order of the tensor's
+// largest value.
+inline Verdict compare_tensor(const std::string& what, const float* got, const float* want,
+                              int64_t n, double tol) {
+  const Mismatch m = mismatch(got, want, n);
+  Verdict v;
+  if (m.non_finite != 0 || !(m.worst <= tol * std::max(m.scale, 1e-3))) {
+    std::ostringstream s;
+    s << what << ": max |got - want| = " << m.worst << " at [" << m.at << "] (got " << m.got
+      << ", want " << m.want << "); max |want| = " << m.scale << ", tolerance " << tol
+      << ", non-finite " << m.non_finite << " of " << n;
+    v.fail(s.str());
+  }
+  return v;
+}
+
+inline void require(const Verdict& v) {
+  INFO(v.report);
+  CHECK(v.ok);
+}
+
+// The backend a test holds to the oracle, the precision it runs in, and how far it may lie from
+// the oracle (see compare_tensor): in a forward; in the gradients of one backward, which pass
+// through more layers (and batch-norm backward subtracts nearly equal sums); and after a few SGD
+// steps, which compound the per-step differences (momentum carries them forward).
+struct Target {
+  kernels::Backend backend;
+  kernels::Precision precision;
+  double forward_tol, grad_tol, training_tol;
+};
+
+// Kinks. ReLU's derivative jumps at 0, and max pool's where two window values tie. A
+// pre-activation that lands within rounding of 0 can be positive on one backend and not on the
+// other (or a near-tie can go either way); backward then routes one element's gradient
+// differently on the two backends, and both are right. Measured on resnet8 against oneDNN (about
+// 1e5 ReLU inputs per step) this happens on about one input in ten, costs about 1e-2 of a
+// gradient's scale, and vanishes when the input moves by 1e-4; which inputs hit a kink depends on
+// the CPU's instruction set. So a training step is compared on up to kAttempts inputs, each a
+// small random move of the last, and must agree on one of them: a wrong kernel disagrees on every
+// input.
+inline constexpr int kAttempts = 4;
+
+// One graph compiled on the reference backend and on the target's at the same batch, each over
+// its own ParamStore holding identical parameters and running statistics, fed the same input and
+// labels: `ref` runs over `ref_store`, and `ex`, the backend under test, over `store`.
+struct Twin {
+  Twin(const Target& tgt, kernels::Graph graph, int64_t batch_size, uint32_t seed,
+       int64_t bucket_elements = 1)
+      : target(tgt),
+        g(std::move(graph)),
+        batch(batch_size),
+        classes(g.classes()),
+        buckets(kernels::make_buckets(g, bucket_elements)),
+        ref_store(g),
+        store(g),
+        rng(seed) {
+    init_random(g, ref_store, rng, RunningStats::Random);
+    sync();
+    ref = kernels::compile(g, kernels::Backend::Reference, batch, ref_store, buckets);
+    ex = kernels::compile(g, target.backend, batch, store, buckets, target.precision);
+    x.resize(batch * kernels::numel(g.input_dims()));
+    for (float& v : x) v = rng.uniform(-1.f, 1.f);
+    labels.resize(batch);
+    for (int32_t& l : labels) l = static_cast<int32_t>(rng.below(static_cast<uint32_t>(classes)));
+  }
+  Twin(const Twin&) = delete;
+  Twin& operator=(const Twin&) = delete;
+
+  // Copies the reference store's parameters and statistics into the other store, element by
+  // element: the executors keep pointers into both buffers.
+  void sync() {
+    std::copy(ref_store.params.begin(), ref_store.params.end(), store.params.begin());
+    std::copy(ref_store.buffers.begin(), ref_store.buffers.end(), store.buffers.begin());
+  }
+
+  // A forward on both; the logits must agree. In eval mode the running statistics must come out
+  // untouched on both backends.
+  Verdict forward(bool train) { return forward(train, target.forward_tol); }
+  Verdict forward(bool train, double tol) {
+    const std::vector<float> ref_before = ref_store.buffers, before = store.buffers;
+    const float* zr = ref->forward(x.data(), train);
+    const float* z = ex->forward(x.data(), train);
+    ref_logits.assign(zr, zr + batch * classes);
+    Verdict v =
+        compare_tensor(train ? "logits (train)" : "logits (eval)", z, zr, batch * classes, tol);
+    if (!train && ref_store.buffers != ref_before)
+      v.fail("the reference's eval forward changed the running statistics");
+    if (!train && store.buffers != before)
+      v.fail(std::string(kernels::backend_name(target.backend)) +
+             "'s eval forward changed the running statistics");
+    return v;
+  }
+
+  // The gradient of the loss w.r.t. the reference's logits of the last forward.
+  std::vector<float> ref_dlogits() const {
+    std::vector<float> dz(batch * classes);
+    kernels::softmax_cross_entropy(ref_logits.data(), labels.data(), batch, classes, dz.data());
+    return dz;
+  }
+
+  // Backward on both from one dlogits (the reference's, so that only backward is under test):
+  // every parameter gradient must agree.
+  Verdict backward() { return backward(target.grad_tol); }
+  Verdict backward(double tol) {
+    const std::vector<float> dz = ref_dlogits();
+    ref->backward(dz.data(), {});
+    ex->backward(dz.data(), [](int) {});
+    Verdict v;
+    for (const kernels::TensorSpec& t : g.params()) {
+      const float* want = ref_store.grads.data() + t.offset;
+      v += compare_tensor("d " + t.name, store.grads.data() + t.offset, want, t.size(), tol);
+      // Guards the comparison itself: an all-zero oracle gradient would match a backend that
+      // never wrote anything.
+      if (std::none_of(want, want + t.size(), [](float e) { return e != 0.f; }))
+        v.fail("d " + t.name + " is all zero on the reference: the test proves nothing");
+    }
+    return v;
+  }
+
+  Verdict buffers() { return buffers(target.forward_tol); }
+  Verdict buffers(double tol) {
+    Verdict v;
+    for (const kernels::TensorSpec& t : g.buffers())
+      v += compare_tensor(t.name, store.buffers.data() + t.offset,
+                          ref_store.buffers.data() + t.offset, t.size(), tol);
+    return v;
+  }
+
+  // A training step on both backends: logits, every running statistic and every gradient, on
+  // the first of up to kAttempts inputs that meets no kink (see kAttempts).
+  void check_train_step() {
+    const std::vector<float> ref_stats = ref_store.buffers, stats = store.buffers;
+    Verdict v;
+    int attempt = 1;
+    for (;; ++attempt) {
+      v = forward(true);
+      v += buffers();
+      v += backward();
+      if (v.ok || attempt == kAttempts) break;
+      std::copy(ref_stats.begin(), ref_stats.end(), ref_store.buffers.begin());
+      std::copy(stats.begin(), stats.end(), store.buffers.begin());
+      for (float& e : x) e += rng.uniform(-1e-3f, 1e-3f);
+    }
+    if (v.ok && attempt > 1)
+      WARN("agreed on attempt " << attempt << " after a kink (see kAttempts)");
+    INFO("attempt " << attempt << " of " << kAttempts);
+    require(v);
+  }
+
+  void check_forward(bool train) { require(forward(train)); }
+  void check_forward(bool train, double tol) { require(forward(train, tol)); }
+
+  Target target;
+  kernels::Graph g;
+  int64_t batch;
+  int64_t classes;
+  std::vector<kernels::Bucket> buckets;
+  kernels::ParamStore ref_store, store;
+  Rng rng;
+  std::unique_ptr<kernels::Executor> ref, ex;
+  std::vector<float> x;
+  std::vector<int32_t> labels;
+  std::vector<float> ref_logits;
+};
+
+// A few SGD steps on both backends, each step checked like check_train_step (logits, running
+// statistics, every gradient) and the updated weights compared. Tiny nets with batch norm over a
+// handful of values are chaotic under rounding: on googlenet with a sixteenth of its channels at
+// 32x32, a 3e-6 relative weight difference after one step became a 10% gradient difference at the
+// next and O(1) weight differences within six, while every step from equal weights agreed to 1e-5.
+// So each step starts the backend under test from the reference's weights, statistics and
+// momentum; what it carries between steps is its own state (reordered weights, workspaces, the
+// dropout step).
+inline void train_both(Twin& t, uint64_t init_seed, int steps) {
+  kernels::init_params(t.g, t.ref_store, init_seed);
+  t.sync();
+  const std::vector<float> start = t.ref_store.params;
+  kernels::Sgd ref_sgd(t.g.param_count(), {}), sgd(t.g.param_count(), {});
+  for (int step = 0; step < steps; ++step) {
+    INFO("step " << step);
+    for (float& v : t.x) v = t.rng.uniform(-1.f, 1.f);
+    for (int32_t& l : t.labels)
+      l = static_cast<int32_t>(t.rng.below(static_cast<uint32_t>(t.classes)));
+    t.check_train_step();
+    ref_sgd.step(t.ref_store.params.data(), t.ref_store.grads.data(), 0.05f);
+    sgd.step(t.store.params.data(), t.store.grads.data(), 0.05f);
+    Verdict v;
+    for (const kernels::TensorSpec& s : t.g.params())
+      v += compare_tensor(s.name + " after the update", t.store.params.data() + s.offset,
+                          t.ref_store.params.data() + s.offset, s.size(), t.target.training_tol);
+    require(v);
+    t.sync();
+    sgd.velocity() = ref_sgd.velocity();
+  }
+  t.check_forward(false);              // eval, with the running statistics the steps produced
+  CHECK(start != t.ref_store.params);  // training moved the weights
 }
 
 // The executor contract (kernels/executor.hpp), on executor `ex` writing its gradients to `grads`.
