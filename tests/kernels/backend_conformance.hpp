@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <span>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -40,6 +41,14 @@ class Rng {
  private:
   std::mt19937 engine_;
 };
+
+// n values uniform in [lo, hi), the first n of a generator seeded with `seed`.
+inline std::vector<float> randoms(int64_t n, uint32_t seed, float lo = -1.f, float hi = 1.f) {
+  Rng r(seed);
+  std::vector<float> v(n);
+  for (float& e : v) e = r.uniform(lo, hi);
+  return v;
+}
 
 // A parameter or running statistic by name, and where its values live in a store.
 inline const kernels::TensorSpec& spec(const kernels::Graph& g, const std::string& name) {
@@ -198,6 +207,17 @@ inline Verdict compare_tensor(const std::string& what, const float* got, const f
     v.fail(s.str());
   }
   return v;
+}
+
+inline Verdict compare_tensor(const std::string& what, std::span<const float> got,
+                              std::span<const float> want, double tol) {
+  if (got.size() != want.size()) {
+    Verdict v;
+    v.fail(what + ": " + std::to_string(got.size()) + " values against " +
+           std::to_string(want.size()));
+    return v;
+  }
+  return compare_tensor(what, got.data(), want.data(), static_cast<int64_t>(got.size()), tol);
 }
 
 inline void require(const Verdict& v) {
