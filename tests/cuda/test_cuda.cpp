@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -21,38 +20,12 @@
 #include "kernels/models.hpp"
 #include "kernels/optimizer.hpp"
 #include "kernels/reference/reference_executor.hpp"
+#include "tests/kernels/backend_conformance.hpp"
 
 using namespace gg::kernels;
+using namespace gg::test;
 
 namespace {
-
-std::vector<float> randoms(int64_t n, uint32_t seed, float lo = -1.f, float hi = 1.f) {
-  std::mt19937 e(seed);
-  std::vector<float> v(n);
-  for (float& x : v) x = lo + (hi - lo) * static_cast<float>(e() >> 8) / 16777216.f;
-  return v;
-}
-
-// Weights ~ U(-1,1)/sqrt(fan_in), biases small, batch-norm scale near 1, running statistics
-// random (so an eval forward that ignored them shows).
-void init_random(const Graph& g, ParamStore& s, uint32_t seed) {
-  std::mt19937 e(seed);
-  auto u = [&](float lo, float hi) {
-    return lo + (hi - lo) * static_cast<float>(e() >> 8) / 16777216.f;
-  };
-  for (const TensorSpec& t : g.params()) {
-    const bool bn = g.node(t.node).op == Op::BatchNorm;
-    const bool weight = t.name.ends_with(".weight");
-    const double fan_in = t.dims.size() > 1 ? static_cast<double>(t.size() / t.dims[0]) : 1.0;
-    const float scale = static_cast<float>(1.0 / std::sqrt(fan_in));
-    for (int64_t i = 0; i < t.size(); ++i)
-      s.params[t.offset + i] = bn ? (weight ? u(0.5f, 1.5f) : u(-0.5f, 0.5f))
-                                  : (weight ? u(-1.f, 1.f) * scale : u(-0.5f, 0.5f));
-  }
-  for (const TensorSpec& t : g.buffers())
-    for (int64_t i = 0; i < t.size(); ++i)
-      s.buffers[t.offset + i] = t.name.ends_with("running_var") ? u(0.5f, 2.f) : u(-0.5f, 0.5f);
-}
 
 // One training step (forward, a fixed dlogits, backward) and one eval forward.
 struct Outcome {
@@ -63,7 +36,8 @@ Outcome run(
     const Graph& g, int64_t batch,
     const std::function<std::unique_ptr<Executor>(ParamStore&, const std::vector<Bucket>&)>& make) {
   ParamStore s(g);
-  init_random(g, s, 11);
+  Rng r(11);
+  init_random(g, s, r, RunningStats::Random);
   const std::vector<Bucket> buckets = make_buckets(g, 64);
   std::unique_ptr<Executor> e = make(s, buckets);
   const std::vector<float> x = randoms(batch * numel(g.input_dims()), 5);
@@ -79,25 +53,11 @@ Outcome run(
   return o;
 }
 
-// |a - b| <= tol * (max |b| + 1e-3) elementwise: errors judged against the tensor's scale.
-void close(const std::vector<float>& a, const std::vector<float>& b, double tol,
-           const std::string& what) {
-  REQUIRE(a.size() == b.size());
-  double scale = 1e-3, worst = 0;
-  for (float v : b) scale = std::max(scale, static_cast<double>(std::fabs(v)));
-  for (size_t i = 0; i < a.size(); ++i) {
-    REQUIRE(std::isfinite(a[i]));
-    worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]));
-  }
-  INFO(what << ": worst |diff| " << worst << " at scale " << scale);
-  CHECK(worst <= tol * scale);
-}
-
 void compare(const Outcome& gpu, const Outcome& ref, double tol) {
-  close(gpu.train_logits, ref.train_logits, tol, "training logits");
-  close(gpu.grads, ref.grads, tol, "gradients");
-  close(gpu.buffers, ref.buffers, tol, "running statistics");
-  close(gpu.eval_logits, ref.eval_logits, tol, "eval logits");
+  require(compare_tensor("training logits", gpu.train_logits, ref.train_logits, tol));
+  require(compare_tensor("gradients", gpu.grads, ref.grads, tol));
+  require(compare_tensor("running statistics", gpu.buffers, ref.buffers, tol));
+  require(compare_tensor("eval logits", gpu.eval_logits, ref.eval_logits, tol));
 }
 
 auto cuda_maker(const Graph& g, int64_t batch, Precision p, bool tf32) {
@@ -226,8 +186,8 @@ TEST_CASE("the device SGD update equals kernels::Sgd over several steps") {
     std::vector<float> got(n), v(n);
     dev.download_params(got.data());
     dev.download_velocity(v.data());
-    close(got, w, 1e-6, "weights");
-    close(v, host.velocity(), 1e-6, "velocity");
+    require(compare_tensor("weights", got, w, 1e-6));
+    require(compare_tensor("velocity", v, host.velocity(), 1e-6));
   }
 }
 
@@ -258,7 +218,8 @@ TEST_CASE("host-authoritative backward hands every bucket over in order, final o
   spec.name = "resnet8";
   const Graph g = build_model(spec);
   ParamStore s(g);
-  init_random(g, s, 4);
+  Rng r(4);
+  init_random(g, s, r, RunningStats::Random);
   const std::vector<Bucket> buckets = make_buckets(g, 2000);
   REQUIRE(buckets.size() > 2);
   auto e = make_cuda_executor(g, 8, s, buckets, Precision::Fp32, {false, true});
@@ -290,7 +251,8 @@ TEST_CASE("resident training on the device follows host-authoritative training")
   const std::vector<Bucket> buckets = make_buckets(g, 1 << 30);
 
   ParamStore host_store(g);
-  init_random(g, host_store, 8);
+  Rng r(8);
+  init_random(g, host_store, r, RunningStats::Random);
   ParamStore dev_store(g);
   dev_store.params = host_store.params;
   dev_store.buffers = host_store.buffers;
@@ -324,6 +286,7 @@ TEST_CASE("resident training on the device follows host-authoritative training")
   b->device().download_params(dev_store.params.data());
   b->device().download_buffers(dev_store.buffers.data());
   CHECK(std::fabs(dev_loss - host_loss) <= 1e-3 * std::max(1.0, std::fabs(host_loss)));
-  close(dev_store.params, host_store.params, 1e-4, "weights after 3 steps");
-  close(dev_store.buffers, host_store.buffers, 1e-4, "running statistics after 3 steps");
+  require(compare_tensor("weights after 3 steps", dev_store.params, host_store.params, 1e-4));
+  require(compare_tensor("running statistics after 3 steps", dev_store.buffers, host_store.buffers,
+                         1e-4));
 }

@@ -6,8 +6,6 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <random>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,77 +14,15 @@
 #include "kernels/graph.hpp"
 #include "kernels/loss.hpp"
 #include "kernels/reference/reference_executor.hpp"
+#include "tests/kernels/backend_conformance.hpp"
 
 using namespace gg::kernels;
+using namespace gg::test;
 
 namespace {
 
-// Deterministic on every standard library (std::uniform_real_distribution is not).
-class Rng {
- public:
-  explicit Rng(uint32_t seed) : engine_(seed) {}
-  float uniform(float lo, float hi) {
-    return lo + (hi - lo) * static_cast<float>(engine_() >> 8) / 16777216.f;
-  }
-  uint32_t below(uint32_t n) { return engine_() % n; }
-
- private:
-  std::mt19937 engine_;
-};
-
-const TensorSpec& spec(const Graph& g, const std::string& name) {
-  for (const TensorSpec& t : g.params())
-    if (t.name == name) return t;
-  for (const TensorSpec& t : g.buffers())
-    if (t.name == name) return t;
-  throw std::invalid_argument("no tensor named " + name);
-}
-
-float* param(const Graph& g, ParamStore& s, const std::string& name) {
-  return s.params.data() + spec(g, name).offset;
-}
-float* buffer(const Graph& g, ParamStore& s, const std::string& name) {
-  return s.buffers.data() + spec(g, name).offset;
-}
-
-// Parameters at a scale where every layer's output stays O(1): weights ~ U(-1,1)/sqrt(fan_in),
-// batch-norm scale around 1, running variance 1.
-void init_random(const Graph& g, ParamStore& s, Rng& r) {
-  for (const TensorSpec& t : g.params()) {
-    const bool bn = g.node(t.node).op == Op::BatchNorm;
-    const bool is_weight = t.name.ends_with(".weight");
-    const double fan_in = t.dims.size() > 1 ? static_cast<double>(t.size() / t.dims[0]) : 1.0;
-    const float scale = static_cast<float>(1.0 / std::sqrt(fan_in));
-    for (int64_t i = 0; i < t.size(); ++i) {
-      float& v = s.params[t.offset + i];
-      if (bn && is_weight)
-        v = r.uniform(0.5f, 1.5f);
-      else
-        v = r.uniform(-1.f, 1.f) * (is_weight ? scale : 0.5f);
-    }
-  }
-  for (const TensorSpec& t : g.buffers())
-    for (int64_t i = 0; i < t.size(); ++i)
-      s.buffers[t.offset + i] = t.name.ends_with("running_var") ? 1.f : 0.f;
-}
-
-// A 3x3 convolution that starts as the identity (centre tap 1, all else 0). Put in front of the
-// layer under test, it feeds that layer exactly the chosen input, and since the Executor does not
-// expose dx, the probe's weight and bias gradients (sums of dx times shifted inputs) are how the
-// layer's input gradient gets checked.
-int probe(Graph& g, int x) {
-  return g.conv("probe", x,
-                {.out_channels = g.node(x).out[0], .kernel = 3, .pad = 1, .bias = true});
-}
-
-void make_identity_probe(const Graph& g, ParamStore& s) {
-  const TensorSpec& w = spec(g, "probe.weight");
-  const int64_t c = w.dims[0];
-  for (int64_t i = 0; i < w.size(); ++i) s.params[w.offset + i] = 0.f;
-  for (int64_t o = 0; o < c; ++o) s.params[w.offset + (o * c + o) * 9 + 4] = 1.f;
-  const TensorSpec& b = spec(g, "probe.bias");
-  for (int64_t i = 0; i < b.size(); ++i) s.params[b.offset + i] = 0.f;
-}
+// The head every layer under test gets: few classes keep the finite differences cheap.
+constexpr int64_t kClasses = 3;
 
 // Inputs kept away from ReLU's kink: |v| in [0.1, 1]. A probe perturbation of eps moves a value by
 // at most eps * max|v| = eps, far less than 0.1.
@@ -96,25 +32,11 @@ std::vector<float> away_from_zero(int64_t n, Rng& r) {
   return v;
 }
 
-// Every plane a shuffled ladder of values 0.05 apart, so that no perturbation of the probe (which
-// moves a difference of two values by at most 2 * eps) reorders a pooling window.
-std::vector<float> distinct_per_plane(int64_t planes, int64_t plane, Rng& r) {
-  std::vector<float> v(planes * plane);
-  for (int64_t p = 0; p < planes; ++p) {
-    float* q = v.data() + p * plane;
-    for (int64_t i = 0; i < plane; ++i)
-      q[i] = 0.05f * static_cast<float>(i) - 0.025f * static_cast<float>(plane - 1);
-    for (int64_t i = plane - 1; i > 0; --i)
-      std::swap(q[i], q[r.below(static_cast<uint32_t>(i + 1))]);
-  }
-  return v;
-}
-
 // A graph compiled on the reference backend with random parameters, a batch and labels.
 struct Net {
   Net(Graph graph, int64_t batch_size, uint32_t seed)
       : g(std::move(graph)), batch(batch_size), store(g), rng(seed) {
-    init_random(g, store, rng);
+    init_random(g, store, rng, RunningStats::Neutral);
     ex = compile(g, Backend::Reference, batch, store, make_buckets(g, 1));
     x.resize(batch * numel(g.input_dims()));
     for (float& v : x) v = rng.uniform(-1.f, 1.f);
@@ -151,12 +73,6 @@ struct Net {
   // parameters alone and finite differences mean something.
   std::optional<uint64_t> fixed_dropout_step;
 };
-
-// A layer under test gets a fully connected head to a few classes, so the loss sees all of it.
-Graph with_head(Graph g, int body, int64_t classes = 3) {
-  g.set_output(g.fully_connected("head", body, {.out_features = classes}));
-  return g;
-}
 
 struct GradCheck {
   float eps = 1e-2f;
@@ -245,7 +161,7 @@ TEST_CASE("conv gradients match finite differences for every stride, padding and
   const int y = g.conv(
       "conv", probe(g, g.input()),
       {.out_channels = 3, .kernel = c.kernel, .stride = c.stride, .pad = c.pad, .bias = c.bias});
-  Net net(with_head(std::move(g), y), 3, 11);
+  Net net(with_head(std::move(g), y, kClasses), 3, 11);
   make_identity_probe(net.g, net.store);
   check_gradients(net);
 }
@@ -255,7 +171,7 @@ TEST_CASE("batch norm training gradients match finite differences through the ba
   SECTION("on a {C,H,W} tensor") {
     Graph g({3, 4, 4});
     const int y = g.batch_norm("bn", probe(g, g.input()));
-    Net net(with_head(std::move(g), y), 4, 12);
+    Net net(with_head(std::move(g), y, kClasses), 4, 12);
     make_identity_probe(net.g, net.store);
     check_gradients(net);
   }
@@ -263,7 +179,7 @@ TEST_CASE("batch norm training gradients match finite differences through the ba
     Graph g({2, 3, 3});
     const int f = g.fully_connected("fc", probe(g, g.input()), {.out_features = 5});
     const int y = g.batch_norm("bn", f);
-    Net net(with_head(std::move(g), y), 6, 13);
+    Net net(with_head(std::move(g), y, kClasses), 6, 13);
     make_identity_probe(net.g, net.store);
     check_gradients(net);
   }
@@ -272,7 +188,7 @@ TEST_CASE("batch norm training gradients match finite differences through the ba
 TEST_CASE("relu gradients match finite differences away from the kink", "[reference][gradcheck]") {
   Graph g({2, 5, 5});
   const int y = g.relu(probe(g, g.input()));
-  Net net(with_head(std::move(g), y), 3, 14);
+  Net net(with_head(std::move(g), y, kClasses), 3, 14);
   make_identity_probe(net.g, net.store);
   net.x = away_from_zero(static_cast<int64_t>(net.x.size()), net.rng);
   check_gradients(net);
@@ -283,7 +199,7 @@ TEST_CASE("max pool gradients match finite differences", "[reference][gradcheck]
   INFO("kernel " << a.kernel << " stride " << a.stride << " pad " << a.pad);
   Graph g({2, 6, 6});
   const int y = g.max_pool(probe(g, g.input()), a);
-  Net net(with_head(std::move(g), y), 3, 15);
+  Net net(with_head(std::move(g), y, kClasses), 3, 15);
   make_identity_probe(net.g, net.store);
   net.x = distinct_per_plane(3 * 2, 36, net.rng);
   check_gradients(net);
@@ -294,7 +210,7 @@ TEST_CASE("avg pool gradients match finite differences", "[reference][gradcheck]
   INFO("kernel " << a.kernel << " stride " << a.stride << " pad " << a.pad);
   Graph g({2, 7, 7});
   const int y = g.avg_pool(probe(g, g.input()), a);
-  Net net(with_head(std::move(g), y), 3, 16);
+  Net net(with_head(std::move(g), y, kClasses), 3, 16);
   make_identity_probe(net.g, net.store);
   check_gradients(net);
 }
@@ -302,7 +218,7 @@ TEST_CASE("avg pool gradients match finite differences", "[reference][gradcheck]
 TEST_CASE("global avg pool gradients match finite differences", "[reference][gradcheck]") {
   Graph g({3, 4, 5});
   const int y = g.global_avg_pool(probe(g, g.input()));
-  Net net(with_head(std::move(g), y), 3, 17);
+  Net net(with_head(std::move(g), y, kClasses), 3, 17);
   make_identity_probe(net.g, net.store);
   check_gradients(net);
 }
@@ -313,7 +229,7 @@ TEST_CASE("fully connected gradients match finite differences on a flattened inp
   INFO("bias " << bias);
   Graph g({2, 3, 4});
   const int y = g.fully_connected("fc", probe(g, g.input()), {.out_features = 4, .bias = bias});
-  Net net(with_head(std::move(g), y), 3, 18);
+  Net net(with_head(std::move(g), y, kClasses), 3, 18);
   make_identity_probe(net.g, net.store);
   check_gradients(net);
 }
@@ -324,7 +240,7 @@ TEST_CASE("add sums the gradients of a tensor consumed by several nodes",
     Graph g({2, 5, 5});
     const int t = probe(g, g.input());
     const int y = g.add(g.conv("conv", t, {.out_channels = 2, .kernel = 3, .pad = 1}), t);
-    Net net(with_head(std::move(g), y), 3, 19);
+    Net net(with_head(std::move(g), y, kClasses), 3, 19);
     make_identity_probe(net.g, net.store);
     check_gradients(net);
   }
@@ -332,7 +248,7 @@ TEST_CASE("add sums the gradients of a tensor consumed by several nodes",
     Graph g({2, 4, 4});
     const int t = probe(g, g.input());
     const int y = g.add(t, t);
-    Net net(with_head(std::move(g), y), 3, 20);
+    Net net(with_head(std::move(g), y, kClasses), 3, 20);
     make_identity_probe(net.g, net.store);
     check_gradients(net);
   }
@@ -341,7 +257,7 @@ TEST_CASE("add sums the gradients of a tensor consumed by several nodes",
     const int t = probe(g, g.input());
     const int a = g.add(g.conv("conv", t, {.out_channels = 2, .kernel = 1, .pad = 0}), t);
     const int y = g.add(a, t);
-    Net net(with_head(std::move(g), y), 3, 21);
+    Net net(with_head(std::move(g), y, kClasses), 3, 21);
     make_identity_probe(net.g, net.store);
     check_gradients(net);
   }
@@ -581,53 +497,26 @@ TEST_CASE("bucket callbacks fire once each, in bucket order, after their gradien
   const std::vector<Bucket> buckets = make_buckets(g, bucket_elements);
   ParamStore s(g);
   Rng r(30);
-  init_random(g, s, r);
+  init_random(g, s, r, RunningStats::Neutral);
   auto ex = make_reference_executor(g, 2, s, buckets);
   std::vector<float> x(2 * 72);
   for (float& v : x) v = r.uniform(-1.f, 1.f);
   ex->forward(x.data(), true);
   const std::vector<float> dlogits = {0.1f, -0.3f, 0.2f, -0.25f, 0.05f, 0.2f};
-  const float sentinel = 12345.f;  // anything a callback sees of it was not written yet
-  std::fill(s.grads.begin(), s.grads.end(), sentinel);
-  std::vector<int> fired;
-  std::vector<std::vector<float>> seen(buckets.size());
-  bool first_layer_pending_at_bucket0 = false;
-  const int64_t conv1_weight = spec(g, "conv1.weight").offset;
-  ex->backward(dlogits.data(), [&](int b) {
-    fired.push_back(b);
-    seen.at(b).assign(s.grads.begin() + buckets[b].begin, s.grads.begin() + buckets[b].end);
-    if (b == 0) first_layer_pending_at_bucket0 = s.grads[conv1_weight] == sentinel;
-  });
-  std::vector<int> expected(buckets.size());
-  for (size_t b = 0; b < buckets.size(); ++b) expected[b] = static_cast<int>(b);
-  CHECK(fired == expected);
-  for (size_t b = 0; b < buckets.size(); ++b) {
-    INFO("bucket " << b);
-    CHECK(seen[b] ==
-          std::vector<float>(s.grads.begin() + buckets[b].begin, s.grads.begin() + buckets[b].end));
-  }
-  CHECK(std::count(s.grads.begin(), s.grads.end(), sentinel) == 0);
-  if (buckets.size() > 1) CHECK(first_layer_pending_at_bucket0);  // bucket 0 did not wait for all
+  check_bucket_callbacks(*ex, s.grads, buckets, dlogits.data(), spec(g, "conv1.weight").offset);
 }
 
 TEST_CASE("backward overwrites the gradients instead of accumulating", "[reference]") {
   const Graph g = residual_net();
   ParamStore s(g);
   Rng r(31);
-  init_random(g, s, r);
+  init_random(g, s, r, RunningStats::Neutral);
   auto ex = make_reference_executor(g, 2, s, make_buckets(g, 1));
   std::vector<float> x(2 * 72);
   for (float& v : x) v = r.uniform(-1.f, 1.f);
   const std::vector<float> dlogits = {0.1f, -0.3f, 0.2f, -0.25f, 0.05f, 0.2f};
   ex->forward(x.data(), true);
-  ex->backward(dlogits.data(), {});
-  const std::vector<float> once = s.grads;
-  std::fill(s.grads.begin(), s.grads.end(), -7.f);
-  ex->forward(x.data(), true);
-  ex->backward(dlogits.data(), {});
-  CHECK(s.grads == once);
-  ex->backward(dlogits.data(), {});  // twice on one forward: still no accumulation
-  CHECK(s.grads == once);
+  check_backward_overwrites(*ex, s.grads, x.data(), dlogits.data(), {});
 }
 
 TEST_CASE("backward without a preceding training forward throws logic_error", "[reference]") {
@@ -636,12 +525,7 @@ TEST_CASE("backward without a preceding training forward throws logic_error", "[
   auto ex = make_reference_executor(g, 2, s, make_buckets(g, 1));
   const std::vector<float> x(2 * 72, 0.5f);
   const std::vector<float> dlogits(6, 0.1f);
-  CHECK_THROWS_AS(ex->backward(dlogits.data(), {}), std::logic_error);
-  ex->forward(x.data(), true);
-  ex->forward(x.data(), false);
-  CHECK_THROWS_AS(ex->backward(dlogits.data(), {}), std::logic_error);
-  ex->forward(x.data(), true);
-  CHECK_NOTHROW(ex->backward(dlogits.data(), {}));
+  check_backward_needs_training_forward(*ex, x.data(), dlogits.data(), {});
 }
 
 TEST_CASE("compile on the reference backend gives the same logits as make_reference_executor",
@@ -649,7 +533,7 @@ TEST_CASE("compile on the reference backend gives the same logits as make_refere
   const Graph g = residual_net();
   ParamStore s(g);
   Rng r(32);
-  init_random(g, s, r);
+  init_random(g, s, r, RunningStats::Neutral);
   std::vector<float> x(2 * 72);
   for (float& v : x) v = r.uniform(-1.f, 1.f);
   auto a = make_reference_executor(g, 2, s, make_buckets(g, 1));
@@ -678,7 +562,7 @@ TEST_CASE("ceil-mode max pool gradients match finite differences, edge windows i
   INFO("in " << c.in << " kernel " << c.a.kernel << " stride " << c.a.stride << " pad " << c.a.pad);
   Graph g({2, c.in, c.in});
   const int y = g.max_pool(probe(g, g.input()), c.a);
-  Net net(with_head(std::move(g), y), 3, 40);
+  Net net(with_head(std::move(g), y, kClasses), 3, 40);
   make_identity_probe(net.g, net.store);
   net.x = distinct_per_plane(3 * 2, c.in * c.in, net.rng);
   check_gradients(net);
@@ -691,7 +575,7 @@ TEST_CASE("concat gradients match finite differences", "[reference][gradcheck]")
     const int a = g.conv("a", p, {.out_channels = 3, .kernel = 1, .pad = 0});
     const int b = g.conv("b", p, {.out_channels = 1, .kernel = 3, .pad = 1});
     const int y = g.concat({a, p, b});
-    Net net(with_head(std::move(g), y), 3, 41);
+    Net net(with_head(std::move(g), y, kClasses), 3, 41);
     make_identity_probe(net.g, net.store);
     check_gradients(net);
   }
@@ -699,7 +583,7 @@ TEST_CASE("concat gradients match finite differences", "[reference][gradcheck]")
     Graph g({2, 4, 4});
     const int p = probe(g, g.input());
     const int y = g.concat({p, g.input(), p});
-    Net net(with_head(std::move(g), y), 3, 42);
+    Net net(with_head(std::move(g), y, kClasses), 3, 42);
     make_identity_probe(net.g, net.store);
     check_gradients(net);
   }
@@ -711,7 +595,7 @@ TEST_CASE("dropout gradients match finite differences under a fixed mask",
   INFO("p " << p);
   Graph g({2, 4, 4});
   const int y = g.dropout(probe(g, g.input()), {.p = p, .seed = 9});
-  Net net(with_head(std::move(g), y), 3, 43);
+  Net net(with_head(std::move(g), y, kClasses), 3, 43);
   make_identity_probe(net.g, net.store);
   net.fixed_dropout_step = 4;
   check_gradients(net);
@@ -730,7 +614,7 @@ TEST_CASE("LRN gradients match finite differences", "[reference][gradcheck]") {
   INFO("channels " << c.channels << " size " << c.a.size);
   Graph g({c.channels, 3, 3});
   const int y = g.lrn(probe(g, g.input()), c.a);
-  Net net(with_head(std::move(g), y), 3, 44);
+  Net net(with_head(std::move(g), y, kClasses), 3, 44);
   make_identity_probe(net.g, net.store);
   check_gradients(net);
 }
