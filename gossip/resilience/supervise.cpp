@@ -64,9 +64,17 @@ std::vector<std::string> restart_command(const std::vector<std::string>& job, in
   return out;
 }
 
-int cmd_supervise(const std::vector<std::string>& args) {
+namespace {
+
+struct SuperviseOptions {
   int max_restarts = 3, min_ranks = 1;
   bool shrink = false;
+  bool help = false;
+  std::vector<std::string> job;  // the command after "--"
+};
+
+SuperviseOptions parse_supervise(const std::vector<std::string>& args) {
+  SuperviseOptions o;
   size_t i = 0;
   for (; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -75,52 +83,69 @@ int cmd_supervise(const std::vector<std::string>& args) {
       break;
     }
     if (a == "--help" || a == "-h") {
-      std::fputs(kHelp, stdout);
-      return 0;
+      o.help = true;
+      return o;
     }
     if (a == "--shrink-on-failure") {
-      shrink = true;
+      o.shrink = true;
     } else if ((a == "--max-restarts" || a == "--min-ranks") && i + 1 < args.size() &&
                is_count(args[i + 1])) {
-      (a == "--max-restarts" ? max_restarts : min_ranks) = std::stoi(args[++i]);
+      (a == "--max-restarts" ? o.max_restarts : o.min_ranks) = std::stoi(args[++i]);
     } else {
       throw UsageError("supervise: unknown or incomplete option '" + a +
                        "' (usage: gossipgrad supervise [options] -- COMMAND ...)");
     }
   }
-  const std::vector<std::string> job(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
-  if (job.empty()) throw UsageError("supervise: no command after '--'");
-  if (min_ranks < 1) throw UsageError("supervise: --min-ranks must be >= 1");
+  o.job.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+  if (o.job.empty()) throw UsageError("supervise: no command after '--'");
+  if (o.min_ranks < 1) throw UsageError("supervise: --min-ranks must be >= 1");
+  return o;
+}
 
+// Runs `cmd` as attempt `attempt` (GG_SUPERVISE_ATTEMPT in its environment) and waits for it;
+// returns its wait status.
+int run_attempt(const std::vector<std::string>& cmd, int attempt) {
+  std::string line;
+  for (const std::string& a : cmd) line += (line.empty() ? "" : " ") + a;
+  std::fprintf(stderr, "gossipgrad supervise: attempt %d: %s\n", attempt, line.c_str());
+  std::fflush(stderr);
+  std::fflush(stdout);
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error(std::string("supervise: fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    const std::string value = std::to_string(attempt);
+    ::setenv("GG_SUPERVISE_ATTEMPT", value.c_str(), 1);
+    std::vector<char*> argv;
+    for (const std::string& a : cmd) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execvp(argv[0], argv.data());
+    std::fprintf(stderr, "gossipgrad supervise: cannot run %s: %s\n", argv[0],
+                 std::strerror(errno));
+    ::_exit(127);
+  }
+  g_child = pid;
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  g_child = 0;
+  return status;
+}
+
+}  // namespace
+
+int cmd_supervise(const std::vector<std::string>& args) {
+  const SuperviseOptions o = parse_supervise(args);
+  if (o.help) {
+    std::fputs(kHelp, stdout);
+    return 0;
+  }
   std::signal(SIGINT, forward_signal);
   std::signal(SIGTERM, forward_signal);
-  std::vector<std::string> cmd = job;
   for (int attempt = 0;; ++attempt) {
-    if (attempt > 0) cmd = restart_command(job, attempt, shrink, min_ranks);
-    std::string line;
-    for (const std::string& a : cmd) line += (line.empty() ? "" : " ") + a;
-    std::fprintf(stderr, "gossipgrad supervise: attempt %d: %s\n", attempt, line.c_str());
-    std::fflush(stderr);
-    std::fflush(stdout);
+    const std::vector<std::string> cmd =
+        attempt == 0 ? o.job : restart_command(o.job, attempt, o.shrink, o.min_ranks);
     const auto t0 = std::chrono::steady_clock::now();
-    const pid_t pid = ::fork();
-    if (pid < 0) throw std::runtime_error(std::string("supervise: fork: ") + std::strerror(errno));
-    if (pid == 0) {
-      const std::string value = std::to_string(attempt);
-      ::setenv("GG_SUPERVISE_ATTEMPT", value.c_str(), 1);
-      std::vector<char*> argv;
-      for (const std::string& a : cmd) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      ::execvp(argv[0], argv.data());
-      std::fprintf(stderr, "gossipgrad supervise: cannot run %s: %s\n", argv[0],
-                   std::strerror(errno));
-      ::_exit(127);
-    }
-    g_child = pid;
-    int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    g_child = 0;
+    const int status = run_attempt(cmd, attempt);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -138,7 +163,7 @@ int cmd_supervise(const std::vector<std::string>& args) {
                    attempt, how.c_str());
       return code;
     }
-    if (attempt >= max_restarts) {
+    if (attempt >= o.max_restarts) {
       std::fprintf(stderr,
                    "gossipgrad supervise: attempt %d failed with %s; giving up after %d "
                    "restart(s)\n",

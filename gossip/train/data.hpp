@@ -1,5 +1,5 @@
 // The data side of `gossipgrad train`: the configured sources ([data] source), the prefetching
-// loader, and the distributed shuffle with the MPI channel that moves its samples.
+// loader, and the distributed shuffle over the MPI channel that moves its samples.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gossip/comm/mpi.hpp"
+#include "gossip/comm/shuffle_channel.hpp"
 #include "gossip/config/config.hpp"
 #include "kernels/graph.hpp"
 #include "shuffle/distributed.hpp"
@@ -15,29 +16,6 @@
 #include "shuffle/source.hpp"
 
 namespace gg::gossip {
-
-// The shuffle's payloads over MPI, on a private duplicate of the communicator: per step a size
-// and a payload each way (MPI_Isend/MPI_Irecv posted by start(), so the transfer overlaps the
-// forward pass where MPI progresses in the background; the receive completes in finish()).
-class MpiShuffleChannel : public shuffle::ShuffleChannel {
- public:
-  explicit MpiShuffleChannel(const mpi::Comm& comm);  // collective
-  // A step still in flight (training failed mid-step) is abandoned: the receive is cancelled and
-  // the sends left to complete on their own, so unwinding never blocks on a partner.
-  ~MpiShuffleChannel() override;
-  MpiShuffleChannel(const MpiShuffleChannel&) = delete;
-  MpiShuffleChannel& operator=(const MpiShuffleChannel&) = delete;
-  void start(int64_t step, int to, int from, std::vector<uint8_t> payload) override;
-  std::vector<uint8_t> finish(int64_t step) override;
-
- private:
-  mpi::Comm comm_;
-  std::vector<uint8_t> out_;
-  int64_t out_size_ = 0, in_size_ = 0;
-  int from_ = 0, tag_ = 0;
-  bool in_flight_ = false;
-  mpi::Request send_size_, send_data_, recv_size_;
-};
 
 // Opens the configured training and evaluation data on every rank. A missing or unreadable data
 // path becomes a UsageError with one line on every rank (the first failing rank's message), so
