@@ -18,6 +18,7 @@
 #include "gossip/resilience/checkpoint.hpp"
 #include "gossip/resilience/supervise.hpp"
 #include "gossip/train/loop.hpp"
+#include "gossip/train/stop_signals.hpp"
 #include "gossip/train/trainer.hpp"
 #include "kernels/apoptosis.hpp"
 #include "kernels/models.hpp"
@@ -515,6 +516,10 @@ int cmd_train(const std::vector<std::string>& args, int argc, char** argv) {
     gg::gossip::run_training(c, world);
     world.barrier();
     return 0;
+  } catch (const gg::gossip::StopRequested& e) {
+    // Every rank stopped at the same step boundary: one line, and MPI ends normally.
+    if (rank == 0) std::fprintf(stderr, "gossipgrad: %s\n", e.what());
+    return 128 + e.signal;
   } catch (const UsageError& e) {
     // Every rank sees the same usage error; one line from rank 0 is enough.
     if (rank == 0) std::fprintf(stderr, "gossipgrad: error: %s\n", e.what());

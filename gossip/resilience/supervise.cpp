@@ -1,5 +1,6 @@
 #include "gossip/resilience/supervise.hpp"
 
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "gossip/config/config.hpp"
 
@@ -18,11 +20,19 @@ namespace gg::gossip {
 namespace {
 
 std::atomic<pid_t> g_child{0};  // the running job, for the signal handler only
+std::atomic<int> g_stop{0};     // SIGTERM or SIGINT received: the job is to stop, not restart
 
-void forward_signal(int sig) {
+// A scheduler's preemption (SIGTERM) or a user's Ctrl-C (SIGINT) stops the job: the job hears it
+// once, as SIGTERM (mpirun forwards it to the ranks, which write a checkpoint and exit; a
+// second SIGINT would make mpirun kill them at once), and is not restarted.
+void stop_job(int sig) {
+  int none = 0;
+  if (!g_stop.compare_exchange_strong(none, sig)) return;
   const pid_t child = g_child.load();
-  if (child > 0) ::kill(child, sig);
+  if (child > 0) ::kill(child, SIGTERM);
 }
+
+const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : "SIGTERM"; }
 
 bool is_count(const std::string& s) {
   return !s.empty() && s.size() < 8 &&
@@ -37,8 +47,12 @@ constexpr const char* kHelp =
     "  --max-restarts N      give up after N restarts (default 3)\n"
     "  --shrink-on-failure   each restart runs one rank fewer (mpirun's -n/-np), down to\n"
     "                        --min-ranks (default 1); the checkpoint's ranks are averaged\n"
+    "  --stop-timeout S      after SIGTERM or SIGINT, seconds the job has to write its\n"
+    "                        checkpoint and exit before it is killed (default 120)\n"
     "Restarts get GG_SUPERVISE_ATTEMPT=k in their environment; fault.* hooks fire only in\n"
-    "attempt 0. The exit code is the job's last one.\n";
+    "attempt 0. SIGTERM or SIGINT (Ctrl-C) stops the job: it is sent SIGTERM once, writes a\n"
+    "checkpoint where checkpoint.dir is set, and is not restarted; the exit code is then\n"
+    "128 + the signal's number. Otherwise the exit code is the job's last one.\n";
 
 }  // namespace
 
@@ -67,7 +81,7 @@ std::vector<std::string> restart_command(const std::vector<std::string>& job, in
 namespace {
 
 struct SuperviseOptions {
-  int max_restarts = 3, min_ranks = 1;
+  int max_restarts = 3, min_ranks = 1, stop_timeout = 120;
   bool shrink = false;
   bool help = false;
   std::vector<std::string> job;  // the command after "--"
@@ -88,9 +102,12 @@ SuperviseOptions parse_supervise(const std::vector<std::string>& args) {
     }
     if (a == "--shrink-on-failure") {
       o.shrink = true;
-    } else if ((a == "--max-restarts" || a == "--min-ranks") && i + 1 < args.size() &&
-               is_count(args[i + 1])) {
-      (a == "--max-restarts" ? o.max_restarts : o.min_ranks) = std::stoi(args[++i]);
+    } else if ((a == "--max-restarts" || a == "--min-ranks" || a == "--stop-timeout") &&
+               i + 1 < args.size() && is_count(args[i + 1])) {
+      const int v = std::stoi(args[++i]);
+      (a == "--max-restarts" ? o.max_restarts
+       : a == "--min-ranks"  ? o.min_ranks
+                             : o.stop_timeout) = v;
     } else {
       throw UsageError("supervise: unknown or incomplete option '" + a +
                        "' (usage: gossipgrad supervise [options] -- COMMAND ...)");
@@ -102,9 +119,34 @@ SuperviseOptions parse_supervise(const std::vector<std::string>& args) {
   return o;
 }
 
-// Runs `cmd` as attempt `attempt` (GG_SUPERVISE_ATTEMPT in its environment) and waits for it;
-// returns its wait status.
-int run_attempt(const std::vector<std::string>& cmd, int attempt) {
+// Waits for the job; once a stop is requested, for at most `stop_timeout` seconds, after which
+// its process group is killed. Returns its wait status.
+int wait_for_job(pid_t pid, int stop_timeout) {
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point deadline = Clock::time_point::max();
+  for (;;) {
+    int status = 0;
+    const pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) return status;
+    if (r < 0 && errno != EINTR)
+      throw std::runtime_error(std::string("supervise: waitpid: ") + std::strerror(errno));
+    if (g_stop.load() != 0 && deadline == Clock::time_point::max())
+      deadline = Clock::now() + std::chrono::seconds(stop_timeout);
+    if (Clock::now() > deadline) {
+      std::fprintf(stderr,
+                   "gossipgrad supervise: the job did not stop within %d s of %s: killing it\n",
+                   stop_timeout, signal_name(g_stop.load()));
+      ::kill(-pid, SIGKILL);
+      deadline = Clock::time_point::max() - std::chrono::hours(1);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+// Runs `cmd` as attempt `attempt` (GG_SUPERVISE_ATTEMPT in its environment) in a process group of
+// its own (a Ctrl-C reaches the job through the supervisor only, once) and waits for it; returns
+// its wait status.
+int run_attempt(const std::vector<std::string>& cmd, int attempt, int stop_timeout) {
   std::string line;
   for (const std::string& a : cmd) line += (line.empty() ? "" : " ") + a;
   std::fprintf(stderr, "gossipgrad supervise: attempt %d: %s\n", attempt, line.c_str());
@@ -113,6 +155,10 @@ int run_attempt(const std::vector<std::string>& cmd, int attempt) {
   const pid_t pid = ::fork();
   if (pid < 0) throw std::runtime_error(std::string("supervise: fork: ") + std::strerror(errno));
   if (pid == 0) {
+    ::setpgid(0, 0);
+    // Outside the terminal's foreground group, reading it would stop the job (SIGTTIN).
+    const int null = ::open("/dev/null", O_RDONLY);
+    if (null >= 0) ::dup2(null, STDIN_FILENO);
     const std::string value = std::to_string(attempt);
     ::setenv("GG_SUPERVISE_ATTEMPT", value.c_str(), 1);
     std::vector<char*> argv;
@@ -123,10 +169,10 @@ int run_attempt(const std::vector<std::string>& cmd, int attempt) {
                  std::strerror(errno));
     ::_exit(127);
   }
+  ::setpgid(pid, pid);  // also here: no signal may find the child still in our group
   g_child = pid;
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
+  if (g_stop.load() != 0) ::kill(pid, SIGTERM);  // a stop that came during the fork
+  const int status = wait_for_job(pid, stop_timeout);
   g_child = 0;
   return status;
 }
@@ -139,16 +185,24 @@ int cmd_supervise(const std::vector<std::string>& args) {
     std::fputs(kHelp, stdout);
     return 0;
   }
-  std::signal(SIGINT, forward_signal);
-  std::signal(SIGTERM, forward_signal);
+  std::signal(SIGINT, stop_job);
+  std::signal(SIGTERM, stop_job);
   for (int attempt = 0;; ++attempt) {
     const std::vector<std::string> cmd =
         attempt == 0 ? o.job : restart_command(o.job, attempt, o.shrink, o.min_ranks);
     const auto t0 = std::chrono::steady_clock::now();
-    const int status = run_attempt(cmd, attempt);
+    const int status = run_attempt(cmd, attempt, o.stop_timeout);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (const int sig = g_stop.load()) {
+      std::fprintf(stderr,
+                   "gossipgrad supervise: stopped by %s: the job was told to stop and exited "
+                   "with %s %d; not restarting (resume with --checkpoint.resume auto)\n",
+                   signal_name(sig), WIFEXITED(status) ? "code" : "signal",
+                   WIFEXITED(status) ? code : WTERMSIG(status));
+      return 128 + sig;
+    }
     if (code == 0) {
       std::fprintf(stderr, "gossipgrad supervise: the job completed after %d restart(s)\n",
                    attempt);

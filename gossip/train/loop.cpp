@@ -11,6 +11,7 @@
 #include "gossip/train/job.hpp"
 #include "gossip/train/simulated_failures.hpp"
 #include "gossip/train/step_hooks.hpp"
+#include "gossip/train/stop_signals.hpp"
 
 namespace gg::gossip {
 namespace {
@@ -211,6 +212,8 @@ RunSummary wait_as_failed(JobState& job) {
   GG_MPI_CHECK(MPI_Irecv(nullptr, 0, MPI_BYTE, MPI_ANY_SOURCE, kWakeTag, job.world.get(), &wake));
   for (int done = 0; !done;) {
     GG_MPI_CHECK(MPI_Test(&wake, &done, MPI_STATUS_IGNORE));
+    if (const int sig = StopSignals::requested())  // the survivors stop too, without waking it
+      throw StopRequested(sig, std::string("stopped by ") + signal_name(sig));
     if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   job.parked.clear();
@@ -222,6 +225,7 @@ RunSummary wait_as_failed(JobState& job) {
 }  // namespace
 
 RunSummary run_training(const Config& c, const mpi::Comm& world) {
+  const StopSignals stop_signals;  // SIGTERM, SIGINT: stop at a step boundary (step_hooks.cpp)
   JobState job(world);
   job.t_start = Clock::now();
   for (int r = 0; r < world.size(); ++r) job.members.push_back(r);

@@ -301,16 +301,7 @@ bool Recovery::after_step_done(int64_t s, int64_t epoch, bool last, MetricsWrite
   const bool stop = c_.train.stop_at > 0 && done == c_.train.stop_at && !last;
   bool due = c_.checkpoint.every > 0 && done % c_.checkpoint.every == 0;
   due = time_due() || due || stop || last;
-  if (due && last_written_ != done && !c_.checkpoint.dir.empty()) {
-    const double t0 = now_seconds();
-    write_checkpoint(done, epoch);
-    if (world_.rank() == 0)
-      metrics.write(
-          {{"event", "full_checkpoint"},
-           {"step", done},
-           {"seconds", now_seconds() - t0},
-           {"dir", (fs::path(c_.checkpoint.dir) / checkpoint_folder_name(done)).string()}});
-  }
+  if (due) checkpoint_now(done, epoch, metrics);
   if (stop && world_.rank() == 0) {
     std::printf(
         "gossipgrad: stopped after step %lld (train.stop_at); resume with "
@@ -319,6 +310,20 @@ bool Recovery::after_step_done(int64_t s, int64_t epoch, bool last, MetricsWrite
     std::fflush(stdout);
   }
   return stop;
+}
+
+std::string Recovery::checkpoint_now(int64_t done, int64_t epoch, MetricsWriter& metrics) {
+  if (c_.checkpoint.dir.empty()) return "";
+  const std::string folder = (fs::path(c_.checkpoint.dir) / checkpoint_folder_name(done)).string();
+  if (last_written_ == done) return folder;
+  const double t0 = now_seconds();
+  write_checkpoint(done, epoch);
+  if (world_.rank() == 0)
+    metrics.write({{"event", "full_checkpoint"},
+                   {"step", done},
+                   {"seconds", now_seconds() - t0},
+                   {"dir", folder}});
+  return folder;
 }
 
 void Recovery::write_checkpoint(int64_t steps, int64_t epoch) {

@@ -66,6 +66,9 @@ class Recovery {
 
   // Writes the full checkpoint of the state after `steps` steps (a collective).
   void write_checkpoint(int64_t steps, int64_t epoch);
+  // The full checkpoint after `done` steps, written now unless it was already (a collective);
+  // returns its folder, or "" without checkpoint.dir.
+  std::string checkpoint_now(int64_t done, int64_t epoch, MetricsWriter& metrics);
 
  private:
   // After the model of `s` is restored: training goes on at `step` with its counters and

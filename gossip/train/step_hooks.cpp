@@ -8,6 +8,7 @@
 #include "gossip/resilience/checkpoint.hpp"
 #include "gossip/train/apoptosis.hpp"
 #include "gossip/train/simulated_failures.hpp"
+#include "gossip/train/stop_signals.hpp"
 #include "gossip/train/test_hooks.hpp"
 #include "kernels/apoptosis.hpp"
 
@@ -208,6 +209,32 @@ class FullCheckpoints : public StepHook {
   bool stop_ = false;
 };
 
+// SIGTERM / SIGINT on any rank: every rank stops after this step (one 8-byte collective a step
+// agrees on it), with a full checkpoint where checkpoint.dir is set.
+class StopOnSignal : public StepHook {
+ public:
+  StopOnSignal(Group& g, JobState& job) : g_(g), job_(job) {}
+  void after_step(StepRecord& r) override {
+    double sig = StopSignals::requested();
+    g_.comm.allreduce_max(&sig, 1);
+    if (sig == 0) return;
+    const int signal = static_cast<int>(sig);
+    const int64_t done = r.step + 1;
+    const std::string folder = g_.recovery.checkpoint_now(done, r.epoch, job_.metrics);
+    job_.metrics.write({{"event", "stopped"}, {"signal", signal_name(signal)}, {"step", done}});
+    throw StopRequested(signal,
+                        std::string("stopped by ") + signal_name(signal) + " after step " +
+                            std::to_string(done) + " of " + std::to_string(g_.total) +
+                            (folder.empty() ? ": no checkpoint.dir, so nothing was saved"
+                                            : ": full checkpoint in " + folder +
+                                                  "; resume with --checkpoint.resume auto"));
+  }
+
+ private:
+  Group& g_;
+  JobState& job_;
+};
+
 }  // namespace
 
 std::string format_duration(double s) {
@@ -234,6 +261,7 @@ StepHooks make_step_hooks(Group& g, JobState& job) {
   hooks.add(std::make_unique<Progress>(g, job));
   hooks.add(std::make_unique<Evaluation>(g, job));
   hooks.add(std::make_unique<FullCheckpoints>(g.recovery, job.metrics));
+  hooks.add(std::make_unique<StopOnSignal>(g, job));
   return hooks;
 }
 
