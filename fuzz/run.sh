@@ -12,7 +12,8 @@ CXX=(clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize
 # The config reader with everything it validates against (models, schedules, sources, backends).
 "${CXX[@]}" -fopenmp fuzz/fuzz_config.cpp gossip/config.cpp gossip/faults.cpp gossip/checkpoint.cpp \
   kernels/models.cpp \
-  kernels/graph.cpp kernels/executor.cpp kernels/weights.cpp kernels/npz.cpp kernels/memory_plan.cpp \
+  kernels/graph.cpp kernels/executor.cpp kernels/weights.cpp kernels/npz.cpp kernels/durable_file.cpp \
+  kernels/memory_plan.cpp \
   kernels/onednn/onednn_executor.cpp kernels/reference/reference_executor.cpp partners/*.cpp \
   shuffle/source.cpp shuffle/tar.cpp shuffle/image.cpp shuffle/idx.cpp shuffle/distributed.cpp \
   -lboost_program_options -ldnnl -larchive -lturbojpeg -lz -o "$OUT/fuzz_config"
