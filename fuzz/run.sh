@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (ASan + UBSan) and runs each for SECONDS (default 10):
-# the full-checkpoint readers, the tar shard index and the config reader. Seeds: a manifest, a tar
-# archive, and the cluster configs. Usage: fuzz/run.sh [SECONDS]. Exits non-zero on a crash.
+# the full-checkpoint readers, the tar shard index, the config reader and the .npz/.npy readers.
+# Seeds: a manifest, a tar archive, the cluster configs, and .npz archives from Python's zipfile.
+# Usage: fuzz/run.sh [SECONDS]. Exits non-zero on a crash.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH="${1:-10}"
@@ -12,14 +13,17 @@ CXX=(clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize
 # The config reader with everything it validates against (models, schedules, sources, backends).
 "${CXX[@]}" -fopenmp fuzz/fuzz_config.cpp gossip/config/config.cpp gossip/resilience/faults.cpp gossip/resilience/checkpoint.cpp \
   kernels/models.cpp \
-  kernels/graph.cpp kernels/executor.cpp kernels/weights.cpp kernels/npz.cpp kernels/memory_plan.cpp \
+  kernels/graph.cpp kernels/executor.cpp kernels/weights.cpp kernels/npz.cpp kernels/durable_file.cpp \
+  kernels/memory_plan.cpp \
   kernels/onednn/onednn_executor.cpp kernels/reference/reference_executor.cpp partners/*.cpp \
   shuffle/source.cpp shuffle/tar.cpp shuffle/image.cpp shuffle/idx.cpp shuffle/distributed.cpp \
   -lboost_program_options -ldnnl -larchive -lturbojpeg -lz -o "$OUT/fuzz_config"
 "${CXX[@]}" fuzz/fuzz_tar.cpp shuffle/tar.cpp shuffle/source.cpp shuffle/image.cpp shuffle/idx.cpp \
   -larchive -lturbojpeg -lz -o "$OUT/fuzz_tar"
-rm -rf "$OUT/seeds-ckpt" "$OUT/seeds-tar" "$OUT/seeds-config"
-mkdir -p "$OUT/seeds-ckpt" "$OUT/seeds-tar" "$OUT/seeds-config"
+"${CXX[@]}" fuzz/fuzz_npz.cpp kernels/npz.cpp kernels/durable_file.cpp kernels/graph.cpp -larchive \
+  -o "$OUT/fuzz_npz"
+rm -rf "$OUT/seeds-ckpt" "$OUT/seeds-tar" "$OUT/seeds-config" "$OUT/seeds-npz"
+mkdir -p "$OUT/seeds-ckpt" "$OUT/seeds-tar" "$OUT/seeds-config" "$OUT/seeds-npz"
 cp configs/*.ini "$OUT/seeds-config/"  # every cluster config
 # Seeds: a tar with one sample, and a manifest + a small rank state from the unit-test format.
 ( cd "$OUT" && printf 'img' > k.jpg && printf '3' > k.cls &&
@@ -30,7 +34,23 @@ printf '"steps_per_epoch":2,"model":{"name":"resnet8","input":[1,28,28],"classes
   >> "$OUT/seeds-ckpt/manifest.json"
 printf '"width":4,"batch_norm":true},"files":{"rank-00000.bin":{"size":3,"xxh3":"00ff"}}}' \
   >> "$OUT/seeds-ckpt/manifest.json"
-for t in checkpoint tar config; do
+# .npz seeds as numpy writes them (stored, deflated, ZIP64 records) and the .npy inside them.
+/usr/bin/python3 - "$OUT/seeds-npz" <<'PY'
+import sys, zipfile
+d = sys.argv[1]
+h = "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }"
+h += " " * (63 - (10 + len(h)) % 64) + "\n"
+npy = b"\x93NUMPY\x01\x00" + len(h).to_bytes(2, "little") + h.encode() + bytes(8)
+open(f"{d}/x.npy", "wb").write(npy)
+for name, method, zip64 in [("stored", zipfile.ZIP_STORED, False),
+                            ("deflated", zipfile.ZIP_DEFLATED, False),
+                            ("zip64", zipfile.ZIP_STORED, True)]:
+    with zipfile.ZipFile(f"{d}/{name}.npz", "w", method) as z:
+        for member in ["w.npy", "b.npy"]:
+            with z.open(member, "w", force_zip64=zip64) as f:
+                f.write(npy)
+PY
+for t in checkpoint tar config npz; do
   seeds="$OUT/seeds-$t"; [ $t = checkpoint ] && seeds="$OUT/seeds-ckpt"
   echo "fuzz: $t for ${SECONDS_EACH}s"
   rc=0

@@ -13,8 +13,8 @@
 
 namespace gg::kernels {
 
-// A file that cannot be read or is not a valid .npy/.npz: the one-line message names the file
-// (and the archive member) and the problem.
+// A file that cannot be read, is not a valid .npy/.npz, or cannot be written: the one-line message
+// names the file (and the archive member) and the problem.
 struct NpyError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -43,15 +43,16 @@ using NpzEntries = std::vector<std::pair<std::string, NpyArray>>;
 // Reads a .npy file of format version 1, 2 or 3 (C order only).
 NpyArray read_npy(const std::string& path);
 
-// Reads an .npz file: a zip archive of .npy members, stored or deflated, with ZIP64 records
-// where the archive needs them. Member CRC-32s are checked.
+// Reads an .npz file: a zip archive of .npy members, stored or deflated (or in any other method
+// libarchive reads), with ZIP64 records where the archive needs them. Member CRC-32s are checked.
 NpzEntries read_npz(const std::string& path);
 
 // Writes a .npy file (float arrays as '<f4', int64 arrays as '<i8'). The file appears under
-// `path` only once it is complete: it is written to a temporary name and renamed.
+// `path` only once it is complete (write_file_durably).
 void write_npy(const std::string& path, const NpyArray& a);
 
-// Writes an .npz file with stored members, in the order given, atomically like write_npy.
+// Writes an .npz file with stored members, in the order given, built in memory and then written
+// durably like write_npy.
 // ZIP64 records are written where sizes or offsets need them, or always with `force_zip64`.
 void write_npz(const std::string& path, const NpzEntries& arrays, bool force_zip64 = false);
 

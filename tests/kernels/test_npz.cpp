@@ -336,3 +336,26 @@ assert y.dtype == np.float32 and y.shape == (2, 3) and y.tolist() == [[1, 2, 3],
 )PY") == 0);
   fs::remove_all(dir);
 }
+
+TEST_CASE("array names outside ASCII round-trip and reach numpy as the same names") {
+  const fs::path dir = scratch("utf8");
+  const NpzEntries arrays = {{"gewicht.\xc3\xa9", NpyArray::floats({2}, {1.f, 2.f})},
+                             {"plain", NpyArray::floats({}, {3.f})}};
+  write_npz((dir / "u.npz").string(), arrays);
+  check_equal(read_npz((dir / "u.npz").string()), arrays);
+  if (!have_numpy()) {
+    WARN("numpy part skipped: /usr/bin/python3 with numpy is not available");
+    fs::remove_all(dir);
+    return;
+  }
+  CHECK(python(dir, R"PY(
+import numpy as np
+z = np.load("u.npz")
+assert list(z.keys()) == ["gewicht.\u00e9", "plain"], list(z.keys())
+np.savez("from_numpy.npz", **{"\u00fcber": np.arange(3, dtype=np.float32)})
+)PY") == 0);
+  const NpzEntries back = read_npz((dir / "from_numpy.npz").string());
+  REQUIRE(back.size() == 1);
+  CHECK(back[0].first == std::string("\xc3\xbc") + "ber");
+  fs::remove_all(dir);
+}
