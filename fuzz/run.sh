@@ -9,7 +9,7 @@ SECONDS_EACH="${1:-10}"
 OUT=build-fuzz
 mkdir -p "$OUT"
 CXX=(clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I.)
-"${CXX[@]}" fuzz/fuzz_checkpoint.cpp gossip/resilience/full_checkpoint.cpp -lxxhash -o "$OUT/fuzz_checkpoint"
+"${CXX[@]}" fuzz/fuzz_checkpoint.cpp gossip/resilience/full_checkpoint.cpp kernels/durable_file.cpp -lxxhash -o "$OUT/fuzz_checkpoint"
 # The config reader with everything it validates against (models, schedules, sources, backends).
 "${CXX[@]}" -fopenmp fuzz/fuzz_config.cpp gossip/config/config.cpp gossip/resilience/faults.cpp gossip/resilience/checkpoint.cpp \
   kernels/models.cpp \

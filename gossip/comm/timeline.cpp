@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "kernels/durable_file.hpp"
+
 namespace gg::gossip {
 
 int Timeline::thread_index() {
@@ -80,22 +82,17 @@ void Timeline::write(const mpi::Comm& world, const std::string& path) const {
   GG_MPI_CHECK(MPI_Gatherv(mine.data(), n, MPI_CHAR, all.data(), sizes.data(), offsets.data(),
                            MPI_CHAR, 0, world.get()));
   if (world.rank() != 0) return;
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    if (!f) throw std::runtime_error("cannot write the timeline " + tmp);
-    f << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
-    bool first = true;
-    for (int r = 0; r < world.size(); ++r) {
-      if (sizes[r] == 0) continue;
-      if (!first) f << ",\n";
-      f.write(all.data() + offsets[r], sizes[r]);
-      first = false;
-    }
-    f << "\n]}\n";
-    if (!f) throw std::runtime_error("cannot write the timeline " + tmp);
+  std::string text = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+  text.reserve(text.size() + all.size() + 2 * world.size() + 4);
+  bool first = true;
+  for (int r = 0; r < world.size(); ++r) {
+    if (sizes[r] == 0) continue;
+    if (!first) text += ",\n";
+    text.append(all.data() + offsets[r], sizes[r]);
+    first = false;
   }
-  std::filesystem::rename(tmp, path);
+  text += "\n]}\n";
+  kernels::write_file_durably(path, text);
 }
 
 }  // namespace gg::gossip

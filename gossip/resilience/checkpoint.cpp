@@ -8,33 +8,13 @@
 #include <stdexcept>
 
 #include "gossip/config/config.hpp"
+#include "kernels/durable_file.hpp"
 #include "kernels/weights.hpp"
 
 namespace gg::gossip {
 namespace {
 
 namespace fs = std::filesystem;
-
-// meta.json appears complete or not at all.
-void write_text_atomically(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp-" + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << text;
-    f.flush();
-    if (!f) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      throw std::runtime_error("cannot write " + path.string());
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    throw std::runtime_error("cannot write " + path.string() + ": " + ec.message());
-  }
-}
 
 }  // namespace
 
@@ -71,7 +51,7 @@ void write_checkpoint(const std::string& dir, const CheckpointMeta& meta, const 
                       {"weights", kCheckpointModel}};
   if (meta.top1) j["top1"] = *meta.top1;
   if (!meta.widths.empty()) j["widths"] = meta.widths;
-  write_text_atomically(fs::path(dir) / kCheckpointMeta, j.dump(2) + "\n");
+  kernels::write_file_durably((fs::path(dir) / kCheckpointMeta).string(), j.dump(2) + "\n");
 }
 
 CheckpointMeta read_checkpoint_meta(const std::string& dir) {

@@ -13,6 +13,8 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "kernels/durable_file.hpp"
+
 namespace gg::gossip {
 namespace {
 
@@ -65,13 +67,6 @@ struct Cursor {
     return v;
   }
 };
-
-void fsync_path(const fs::path& path, bool directory) {
-  const int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
-}
 
 std::string hex(uint64_t v) {
   char buf[17];
@@ -144,34 +139,7 @@ RankState decode_state(const uint8_t* data, size_t size, const std::string& what
 uint64_t checksum(const void* data, size_t size) { return XXH3_64bits(data, size); }
 
 FileDigest write_file_durably(const std::string& path, const void* data, size_t size) {
-  const fs::path target(path);
-  const fs::path tmp = target.string() + ".tmp-" + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) throw std::runtime_error("cannot write " + path + ": " + std::strerror(errno));
-  const auto* p = static_cast<const uint8_t*>(data);
-  size_t left = size;
-  while (left > 0) {
-    const ssize_t n = ::write(fd, p, left);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string why = std::strerror(errno);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw std::runtime_error("cannot write " + path + ": " + why);
-    }
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    ::unlink(tmp.c_str());
-    throw std::runtime_error("cannot write " + path + ": fsync failed");
-  }
-  if (::rename(tmp.c_str(), target.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    throw std::runtime_error("cannot write " + path + ": " + why);
-  }
-  fsync_path(target.has_parent_path() ? target.parent_path() : fs::path("."), true);
+  kernels::write_file_durably(path, data, size);
   return {size, checksum(data, size)};
 }
 

@@ -25,8 +25,8 @@ struct FileDigest {
   bool operator==(const FileDigest&) const = default;
 };
 
-// Writes `path` so that it appears complete or not at all: a temporary file in the same folder,
-// fsynced, renamed over `path`, and the folder fsynced. Throws std::runtime_error.
+// kernels::write_file_durably (complete or not at all, and on disk before it returns), with the
+// size and checksum the manifest records. Throws std::runtime_error.
 FileDigest write_file_durably(const std::string& path, const void* data, size_t size);
 
 struct Manifest {
