@@ -243,15 +243,22 @@ bool PrefetchLoader::next(Batch& out) {
 }
 
 std::shared_ptr<const std::vector<int64_t>> PrefetchLoader::order_of(int64_t epoch) {
-  std::lock_guard<std::mutex> lk(order_mu_);
-  auto it = orders_.find(epoch);
-  if (it != orders_.end()) return it->second;
+  {
+    std::lock_guard<std::mutex> lk(order_mu_);
+    auto it = orders_.find(epoch);
+    if (it != orders_.end()) return it->second;
+  }
+  // Not under order_mu_: order() may block until the trainer has taken the batches of earlier
+  // epochs, which other workers must be free to build meanwhile (with the lock held, a worker
+  // waiting for epoch e + 1 kept the one building the trainer's next batch of epoch e out).
   auto order = std::make_shared<const std::vector<int64_t>>(
       order_ ? order_->order(epoch)
              : partition(src_.size(), opt_.rank, opt_.ranks, opt_.seed, epoch, opt_.shuffle));
-  while (orders_.size() >= 2) orders_.erase(orders_.begin());  // workers span two epochs at most
-  orders_[epoch] = order;
-  return order;
+  std::lock_guard<std::mutex> lk(order_mu_);
+  auto [it, inserted] = orders_.emplace(epoch, std::move(order));
+  // Workers span a few epochs at most (prefetch + workers batches); an evicted order is recomputed.
+  while (orders_.size() > 4) orders_.erase(orders_.begin() == it ? std::next(it) : orders_.begin());
+  return it->second;
 }
 
 void PrefetchLoader::run() {

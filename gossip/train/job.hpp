@@ -20,6 +20,7 @@
 #include "gossip/train/loop.hpp"
 #include "gossip/train/metrics.hpp"
 #include "gossip/train/recovery.hpp"
+#include "gossip/train/stop_signals.hpp"
 #include "gossip/train/trainer.hpp"
 
 namespace gg::gossip {
@@ -89,6 +90,7 @@ struct JobState {
   std::optional<PendingFault> pending;
   std::vector<std::unique_ptr<GroupObjects>> parked;
   std::vector<std::unique_ptr<mpi::Comm>> comms;  // the survivors' communicators
+  StopSignals* stop_signals = nullptr;
   // This rank's index in the live group, or -1 once it left.
   int group_rank_of(int original) const;
 };

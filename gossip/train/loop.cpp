@@ -225,8 +225,10 @@ RunSummary wait_as_failed(JobState& job) {
 }  // namespace
 
 RunSummary run_training(const Config& c, const mpi::Comm& world) {
-  const StopSignals stop_signals;  // SIGTERM, SIGINT: stop at a step boundary (step_hooks.cpp)
+  // SIGTERM, SIGINT: stop at a step boundary (step_hooks.cpp), or give up after the grace period.
+  StopSignals stop_signals(std::max(60.0, 2 * c.gossip.timeout_s));
   JobState job(world);
+  job.stop_signals = &stop_signals;
   job.t_start = Clock::now();
   for (int r = 0; r < world.size(); ++r) job.members.push_back(r);
   if (!c.log.samples.empty()) {

@@ -219,6 +219,7 @@ class StopOnSignal : public StepHook {
     g_.comm.allreduce_max(&sig, 1);
     if (sig == 0) return;
     const int signal = static_cast<int>(sig);
+    if (job_.stop_signals) job_.stop_signals->taken_up();
     const int64_t done = r.step + 1;
     const std::string folder = g_.recovery.checkpoint_now(done, r.epoch, job_.metrics);
     job_.metrics.write({{"event", "stopped"}, {"signal", signal_name(signal)}, {"step", done}});
