@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstdio>
 
+#include "gossip/comm/wait_watch.hpp"
+
 namespace gg::gossip {
 
 Threading parse_threading(const std::string& name) {
@@ -31,8 +33,9 @@ AllreduceExchange::~AllreduceExchange() {
   worker_.join();
 }
 
-void AllreduceExchange::begin_step(int64_t) {
+void AllreduceExchange::begin_step(int64_t step) {
   std::lock_guard lock(mu_);
+  step_ = step;
   done_ = 0;
   queue_.clear();
 }
@@ -57,10 +60,12 @@ void AllreduceExchange::loop() {
   bool named = false;
   for (;;) {
     int b = -1;
+    int64_t step = 0;
     {
       std::unique_lock lock(mu_);
       cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
       if (stop_) return;
+      step = step_;
       b = queue_.front();
       queue_.pop_front();
     }
@@ -69,6 +74,8 @@ void AllreduceExchange::loop() {
       named = true;
     }
     try {
+      const mpi::Activity doing("allreduce of gradient bucket " + std::to_string(b) + " in step " +
+                                std::to_string(step));
       Timeline::Span span(timeline_, "allreduce bucket " + std::to_string(b), "comm");
       const kernels::Bucket& k = buckets_.at(b);
       float* g = grads_ + k.begin;

@@ -63,6 +63,7 @@ class AllreduceExchange final : public BucketExchange {
   float* grads_;
   std::vector<kernels::Bucket> buckets_;
   float scale_;
+  int64_t step_ = 0;  // of the buckets queued
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<int> queue_;

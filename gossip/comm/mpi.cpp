@@ -4,6 +4,8 @@
 #include <atomic>
 #include <cstdlib>
 
+#include "gossip/comm/wait_watch.hpp"
+
 namespace gg::mpi {
 
 void fail(int code, const char* call, const char* file, int line) {
@@ -73,11 +75,15 @@ Comm Comm::split_shared() const {
   return Comm(c, true);
 }
 
-void Comm::barrier() const { GG_MPI_CHECK(MPI_Barrier(c_)); }
+void Comm::barrier() const {
+  const WatchedWait wait("MPI_Barrier");
+  GG_MPI_CHECK(MPI_Barrier(c_));
+}
 
 namespace {
 template <typename T>
 void allreduce_chunks(MPI_Comm c, T* data, int64_t count, MPI_Datatype type, MPI_Op op) {
+  const WatchedWait wait("MPI_Allreduce");
   for (int64_t off = 0; off < count; off += kMaxCount) {
     const int n = static_cast<int>(std::min(kMaxCount, count - off));
     GG_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data + off, n, type, op, c));
@@ -99,6 +105,7 @@ void Comm::allreduce_max(double* d, int64_t n) const {
 }
 
 void Comm::broadcast(float* d, int64_t count, int root) const {
+  const WatchedWait wait("MPI_Bcast");
   for (int64_t off = 0; off < count; off += kMaxCount) {
     const int n = static_cast<int>(std::min(kMaxCount, count - off));
     GG_MPI_CHECK(MPI_Bcast(d + off, n, MPI_FLOAT, root, c_));
@@ -106,6 +113,7 @@ void Comm::broadcast(float* d, int64_t count, int root) const {
 }
 
 void Comm::broadcast(std::string& s, int root) const {
+  const WatchedWait wait("MPI_Bcast");
   int64_t len = static_cast<int64_t>(s.size());
   GG_MPI_CHECK(MPI_Bcast(&len, 1, MPI_INT64_T, root, c_));
   s.resize(len);
@@ -136,7 +144,9 @@ Request& Request::operator=(Request&& o) noexcept {
 }
 
 void Request::wait() {
-  if (r_ != MPI_REQUEST_NULL) GG_MPI_CHECK(MPI_Wait(&r_, MPI_STATUS_IGNORE));
+  if (r_ == MPI_REQUEST_NULL) return;
+  const WatchedWait wait("MPI_Wait");
+  GG_MPI_CHECK(MPI_Wait(&r_, MPI_STATUS_IGNORE));
 }
 
 bool Request::test() {

@@ -1,5 +1,7 @@
 #include "gossip/comm/shuffle_channel.hpp"
 
+#include "gossip/comm/wait_watch.hpp"
+
 namespace gg::gossip {
 
 MpiShuffleChannel::MpiShuffleChannel(const mpi::Comm& comm) : comm_(comm.dup()) {}
@@ -35,6 +37,7 @@ std::vector<uint8_t> MpiShuffleChannel::finish(int64_t /*step*/) {
   if (in_size_ < 0 || in_size_ > mpi::kMaxCount)
     throw std::runtime_error("shuffle: partner announced " + std::to_string(in_size_) + " bytes");
   std::vector<uint8_t> in(static_cast<size_t>(in_size_));
+  const mpi::WatchedWait wait("MPI_Recv");
   GG_MPI_CHECK(MPI_Recv(in.data(), static_cast<int>(in_size_), MPI_BYTE, from_, tag_ + 1,
                         comm_.get(), MPI_STATUS_IGNORE));
   send_size_.wait();

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "gossip/comm/wait_watch.hpp"
 #include "kernels/durable_file.hpp"
 
 namespace gg::gossip {
@@ -79,6 +80,7 @@ void Timeline::write(const mpi::Comm& world, const std::string& path) const {
     if (total > INT32_MAX) throw std::runtime_error("timeline larger than 2 GB");
     all.resize(total);
   }
+  const mpi::WatchedWait wait("MPI_Gatherv");
   GG_MPI_CHECK(MPI_Gatherv(mine.data(), n, MPI_CHAR, all.data(), sizes.data(), offsets.data(),
                            MPI_CHAR, 0, world.get()));
   if (world.rank() != 0) return;

@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "gossip/comm/wait_watch.hpp"
 #include "gossip/train/trainer.hpp"
 
 namespace gg::gossip {
@@ -29,6 +30,7 @@ std::vector<std::vector<double>> agreed_scores(const mpi::Comm& world, const ker
   std::vector<double> all(static_cast<size_t>(n) * p);
   // Gathered rather than allreduced: MPI does not promise an allreduce's bits are the same on
   // every rank, and the decision must be.
+  const mpi::WatchedWait wait("MPI_Allgather");
   GG_MPI_CHECK(MPI_Allgather(flat.data(), n, MPI_DOUBLE, all.data(), n, MPI_DOUBLE, world.get()));
   std::vector<std::vector<double>> mean(own.size());
   size_t at = 0;

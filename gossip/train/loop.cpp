@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "gossip/comm/wait_watch.hpp"
 #include "gossip/train/job.hpp"
 #include "gossip/train/simulated_failures.hpp"
 #include "gossip/train/step_hooks.hpp"
@@ -135,6 +136,7 @@ bool run_step(Group& g, StepHooks& hooks, int64_t s, shuffle::Batch& batch, Step
 
 // After the group's last step: the timeline, every rank's totals, and the summary on rank 0.
 void finish_group(Group& g, JobState& job, Timeline& timeline) {
+  const mpi::Activity doing("the end of training");
   RunSummary& summary = job.summary;
   summary.wall_seconds = seconds_since(job.t_start);
   if (timeline.enabled()) {
@@ -176,6 +178,7 @@ void finish_group(Group& g, JobState& job, Timeline& timeline) {
 
 // Training over the group of ranks in `comm`, until the end or a failure the group cannot absorb.
 Ending train_group(const Config& c, const mpi::Comm& comm, JobState& job, GroupObjects& o) {
+  const mpi::Activity doing("start-up: data, model, checkpoint");
   Group g = open_group(c, comm, job, o);
   announce_start(g, job);
   comm.barrier();  // the ranks' timelines start together
@@ -192,6 +195,7 @@ Ending train_group(const Config& c, const mpi::Comm& comm, JobState& job, GroupO
   shuffle::Batch batch;
   StepRecord r;
   for (int64_t s = g.first; s < g.total; ++s) {
+    const mpi::Activity doing("step " + std::to_string(s));  // named if a wait times out
     if (auto end = fail_at_boundary(g, job, s)) return *end;
     if (s == g.first + c.log.timeline_steps) g.trainer.set_timeline(nullptr);  // enough recorded
     if (!run_step(g, hooks, s, batch, r)) break;
@@ -227,6 +231,8 @@ RunSummary wait_as_failed(JobState& job) {
 RunSummary run_training(const Config& c, const mpi::Comm& world) {
   // SIGTERM, SIGINT: stop at a step boundary (step_hooks.cpp), or give up after the grace period.
   StopSignals stop_signals(std::max(60.0, 2 * c.gossip.timeout_s));
+  // Every wait on other ranks is bounded by gossip.timeout_s (comm/wait_watch.hpp).
+  const mpi::WaitWatchdog watchdog(c.gossip.timeout_s, "gossip.timeout_s");
   JobState job(world);
   job.stop_signals = &stop_signals;
   job.t_start = Clock::now();

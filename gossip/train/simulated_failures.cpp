@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <string>
 
+#include "gossip/comm/wait_watch.hpp"
+
 namespace gg::gossip {
 namespace {
 
@@ -39,6 +41,7 @@ RankState replace_failed(const mpi::Comm& comm, const std::vector<int>& failed, 
     // This rank's state is lost: nothing of it survives into what it trains next.
     own = RankState{};
     MPI_Status st;
+    const mpi::WatchedWait wait("MPI_Probe");
     GG_MPI_CHECK(MPI_Probe(donor_of(me), kStateTag, comm.get(), &st));
     int bytes = 0;
     GG_MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &bytes));

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <string>
 
+#include "gossip/comm/wait_watch.hpp"
 #include "gossip/resilience/checkpoint.hpp"
 #include "gossip/train/apoptosis.hpp"
 #include "gossip/train/simulated_failures.hpp"
@@ -145,6 +146,7 @@ class Evaluation : public StepHook {
 
   void after_step(StepRecord& r) override {
     if (!r.epoch_end || g_.data.eval_source() == nullptr) return;
+    const mpi::Activity doing("evaluation after step " + std::to_string(r.step + 1));
     EvalStats e;
     {
       Timeline::Span span(g_.trainer.timeline(), "evaluate", "eval");
@@ -199,6 +201,7 @@ class FullCheckpoints : public StepHook {
   FullCheckpoints(Recovery& recovery, MetricsWriter& metrics)
       : recovery_(recovery), metrics_(metrics) {}
   void after_step(StepRecord& r) override {
+    const mpi::Activity doing("checkpoints after step " + std::to_string(r.step + 1));
     stop_ = recovery_.after_step_done(r.step, r.epoch, r.last, metrics_);
   }
   bool stop() const override { return stop_; }
