@@ -103,6 +103,7 @@ struct Group {
   Trainer& trainer;
   Recovery& recovery;
   int threads = 1;
+  int ranks_on_node = 1;  // on this rank's node
   int64_t per_epoch = 0;  // steps per epoch
   int64_t total = 0;      // steps of the whole run
   int64_t epochs = 0;

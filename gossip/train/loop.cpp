@@ -34,6 +34,7 @@ Group open_group(const Config& c, const mpi::Comm& comm, JobState& job, GroupObj
                                           model_spec(c, 0, data.input(), data.classes()));
   Group g{c, comm, data, *o.trainer, *o.recovery};
   g.threads = threads;
+  g.ranks_on_node = comm.split_shared().size();
   g.per_epoch = per_epoch;
   g.total = total;
   g.epochs = (total + per_epoch - 1) / per_epoch;
@@ -55,6 +56,17 @@ Group open_group(const Config& c, const mpi::Comm& comm, JobState& job, GroupObj
                      " has no such layer whose units may be removed (units that reach a residual "
                      "add, a concat or the output stay)");
   return g;
+}
+
+// More compute threads on this node than it has cores: every step waits for the slowest thread.
+void warn_if_oversubscribed(const Group& g) {
+  const int ranks_here = g.ranks_on_node;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (ranks_here * g.threads <= cores) return;
+  std::printf(
+      "gossipgrad: warning: %d ranks x %d threads on a node of %d cores: oversubscribed, "
+      "expect much slower steps (lower train.threads, or run fewer ranks per node)\n",
+      ranks_here, g.threads, cores);
 }
 
 // The metrics file (rank 0 of the job, or of the survivors once it failed) and the job's first
@@ -90,6 +102,7 @@ void announce_start(Group& g, JobState& job) {
   if (!f.events.empty())
     std::printf("gossipgrad: %zu simulated failure(s) planned, recovery: %s\n", f.events.size(),
                 to_string(f.strategy));
+  warn_if_oversubscribed(g);
   std::fflush(stdout);
   job.metrics.write({{"event", "start"},
                      {"ranks", g.comm.size()},
@@ -176,6 +189,37 @@ void finish_group(Group& g, JobState& job, Timeline& timeline) {
                      {"faults", job.failures.next}});
 }
 
+// A run resumed from the checkpoint of its last step: the restored model is evaluated, not
+// reported as 0%.
+Ending nothing_to_do(Group& g, JobState& job) {
+  job.summary.steps = g.first;
+  if (g.lead) {
+    std::printf("gossipgrad: resumed at step %lld of %lld: nothing left to train%s\n",
+                static_cast<long long>(g.first), static_cast<long long>(g.total),
+                g.data.eval_source() ? "; evaluating the restored model" : "");
+    std::fflush(stdout);
+  }
+  if (g.data.eval_source()) {
+    const mpi::Activity doing("evaluation of the restored model");
+    const EvalStats e = g.trainer.evaluate(*g.data.eval_source(), g.data.eval_options());
+    job.summary.final_top1 = e.top1;
+    job.summary.final_top5 = e.top5;
+    if (g.lead)
+      job.metrics.write({{"event", "eval"},
+                         {"epoch", g.epochs},
+                         {"step", g.first},
+                         {"top1", e.top1},
+                         {"top5", e.top5},
+                         {"loss", e.loss},
+                         {"consensus", e.consensus},
+                         {"ranks", g.comm.size()},
+                         {"wall_s", seconds_since(job.t_start)}});
+  }
+  Timeline none;
+  finish_group(g, job, none);
+  return Ending::Done;
+}
+
 // Training over the group of ranks in `comm`, until the end or a failure the group cannot absorb.
 Ending train_group(const Config& c, const mpi::Comm& comm, JobState& job, GroupObjects& o) {
   const mpi::Activity doing("start-up: data, model, checkpoint");
@@ -189,6 +233,7 @@ Ending train_group(const Config& c, const mpi::Comm& comm, JobState& job, GroupO
     std::printf("gossipgrad: log.timeline is not written in a run with simulated failures\n");
   job.started = true;
   g.trainer.set_timeline(&timeline);
+  if (g.first >= g.total) return nothing_to_do(g, job);
   StepHooks hooks = make_step_hooks(g, job);
   g.data.start(g.epochs, g.first);
   job.summary.steps = g.first;
@@ -239,7 +284,9 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
   for (int r = 0; r < world.size(); ++r) job.members.push_back(r);
   if (!c.log.samples.empty()) {
     const std::string path = c.log.samples + "." + std::to_string(world.rank());
-    job.samples = std::make_unique<std::ofstream>(path, std::ios::trunc);
+    // A resumed run goes on with the file of the run it continues.
+    const auto mode = c.checkpoint.resume.empty() ? std::ios::trunc : std::ios::app;
+    job.samples = std::make_unique<std::ofstream>(path, mode);
     if (!*job.samples) throw std::runtime_error("log.samples: cannot write " + path);
   }
   const mpi::Comm* comm = &world;

@@ -62,6 +62,11 @@ int64_t Recovery::resume() {
   }
   const Manifest m = open_manifest(folder);
   const bool same_ranks = m.ranks == world_.size();
+  if (same_ranks && m.steps_per_epoch != data_.steps_per_epoch())
+    throw UsageError("checkpoint.resume: " + folder + " was written with " +
+                     std::to_string(m.steps_per_epoch) + " steps per epoch, this run has " +
+                     std::to_string(data_.steps_per_epoch()) +
+                     " (another train.batch or data set): resume with the settings of that run");
   const RankState s = read_states(folder, m);
   try {
     trainer_.restore_model(s);
