@@ -10,7 +10,7 @@ mkdir -p "$OUT"
 CXX=(clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I.)
 "${CXX[@]}" fuzz/fuzz_checkpoint.cpp gossip/resilience/full_checkpoint.cpp -lxxhash -o "$OUT/fuzz_checkpoint"
 # The config reader with everything it validates against (models, schedules, sources, backends).
-"${CXX[@]}" -fopenmp fuzz/fuzz_config.cpp gossip/config/config.cpp gossip/resilience/faults.cpp gossip/resilience/checkpoint.cpp \
+"${CXX[@]}" -fopenmp fuzz/fuzz_config.cpp gossip/config/config.cpp gossip/config/fault_spec.cpp gossip/resilience/checkpoint.cpp \
   kernels/models.cpp \
   kernels/graph.cpp kernels/executor.cpp kernels/weights.cpp kernels/npz.cpp kernels/memory_plan.cpp \
   kernels/onednn/onednn_executor.cpp kernels/reference/reference_executor.cpp partners/*.cpp \

@@ -8,8 +8,8 @@
 #include <initializer_list>
 #include <sstream>
 
+#include "gossip/config/fault_spec.hpp"
 #include "gossip/resilience/checkpoint.hpp"
-#include "gossip/resilience/faults.hpp"
 #include "kernels/models.hpp"
 #include "shuffle/distributed.hpp"
 #include "shuffle/source.hpp"
@@ -462,21 +462,6 @@ std::string one_line(std::string s) {
 }
 
 }  // namespace
-
-std::pair<int, int64_t> parse_fault_kill(const std::string& spec, const char* key) {
-  const size_t colon = spec.find(':');
-  try {
-    size_t a = 0, b = 0;
-    if (colon == std::string::npos) throw std::invalid_argument(spec);
-    const int rank = std::stoi(spec.substr(0, colon), &a);
-    const long long step = std::stoll(spec.substr(colon + 1), &b);
-    if (a != colon || b != spec.size() - colon - 1 || rank < 0 || step < 0)
-      throw std::invalid_argument(spec);
-    return {rank, step};
-  } catch (const std::exception&) {
-    throw UsageError(std::string(key) + " = " + spec + " must be RANK:STEP (two integers >= 0)");
-  }
-}
 
 Config parse_train_args(const std::vector<std::string>& args, bool check_paths) {
   Config c;

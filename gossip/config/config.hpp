@@ -5,8 +5,9 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
-#include <utility>
 #include <vector>
+
+#include "gossip/config/fault_spec.hpp"  // the grammar of the fault.* values
 
 namespace gg::gossip {
 
@@ -135,9 +136,6 @@ struct Config {
 // missing files. check_paths = false skips what concerns files of this machine (data, init
 // weights, metrics, checkpoints): for `simulate` and dry runs of another cluster's config.
 Config parse_train_args(const std::vector<std::string>& args, bool check_paths = true);
-
-// fault.kill / fault.stall "RANK:STEP" -> {rank, step}; throws UsageError naming `key`.
-std::pair<int, int64_t> parse_fault_kill(const std::string& spec, const char* key = "fault.kill");
 
 // The help text of `gossipgrad train`: every option, its default and what it does.
 std::string train_help();
