@@ -9,7 +9,6 @@
 #include <sstream>
 
 #include "gossip/config/fault_spec.hpp"
-#include "gossip/resilience/checkpoint.hpp"
 #include "kernels/models.hpp"
 #include "shuffle/distributed.hpp"
 #include "shuffle/source.hpp"
@@ -249,9 +248,8 @@ void require(bool ok, const std::string& key, const T& value, const std::string&
   throw UsageError(s.str());
 }
 
-// The [data] keys: a malformed source or a missing data folder is reported before any rank
-// starts (deeper problems, e.g. a folder without images, when the data is opened).
-void validate_data(const Config& c, bool check_paths) {
+// The [data] keys (the data folder itself: gossip/train/preflight).
+void validate_data(const Config& c) {
   require(c.data.workers >= 0 && c.data.workers <= 64, "data.workers", c.data.workers,
           "must be in [0, 64]");
   require(c.data.crop >= 8 && c.data.crop <= 1024, "data.crop", c.data.crop,
@@ -265,24 +263,14 @@ void validate_data(const Config& c, bool check_paths) {
   } catch (const std::invalid_argument& e) {
     throw UsageError("data.shuffle = " + c.data.shuffle + " is unknown: use off, ids or bytes");
   }
-  shuffle::SourceSpec spec;
   try {
-    spec = shuffle::parse_source(c.data.source, c.data.dir);
+    shuffle::parse_source(c.data.source, c.data.dir);
   } catch (const std::invalid_argument& e) {
     throw UsageError("data.source = " + c.data.source + ": " + e.what());
   }
-  if (spec.kind == shuffle::SourceSpec::Kind::Synthetic || !check_paths) return;
-  if (c.data.source == "fashion-mnist" && !fs::is_directory(c.data.dir))
-    throw UsageError("data.dir = " + c.data.dir +
-                     " is not a folder (Debian's dataset-fashion-mnist package installs "
-                     "/usr/share/datasets/fashion-mnist)");
-  std::error_code ec;
-  if (!fs::is_directory(spec.path, ec))
-    throw UsageError("data.source = " + c.data.source + ": " + spec.path +
-                     (fs::exists(spec.path, ec) ? " is not a folder" : ": no such folder"));
 }
 
-void validate(const Config& c, bool check_paths) {
+void validate(const Config& c) {
   require(c.data.prefetch >= 1 && c.data.prefetch <= 64, "data.prefetch", c.data.prefetch,
           "must be in [1, 64]");
   const auto names = kernels::model_names();
@@ -296,14 +284,10 @@ void validate(const Config& c, bool check_paths) {
   if (c.train.backend != "onednn" && c.train.backend != "reference" && c.train.backend != "cuda")
     throw UsageError("train.backend = " + c.train.backend +
                      " is unknown: use onednn, reference or cuda");
-  if (c.train.backend == "cuda" && !kernels::cuda_built())
-    throw UsageError("train.backend = cuda: this gossipgrad was built without CUDA");
   if (c.train.precision != "fp32" && c.train.precision != "bf16")
     throw UsageError("train.precision = " + c.train.precision + " is unknown: use fp32 or bf16");
   if (c.train.precision == "bf16" && c.train.backend == "reference")
     throw UsageError("train.precision = bf16 needs train.backend = onednn or cuda");
-  if (c.train.precision == "bf16" && c.train.backend == "onednn" && !kernels::bf16_supported())
-    throw UsageError("train.precision = bf16 needs a CPU with AVX512_BF16 (or AMX): use fp32");
   require(c.train.batch >= 1 && c.train.batch <= 65536, "train.batch", c.train.batch,
           "must be in [1, 65536]");
   require(c.train.epochs >= 1 && c.train.epochs <= 100000, "train.epochs", c.train.epochs,
@@ -407,34 +391,13 @@ void validate(const Config& c, bool check_paths) {
     throw UsageError("checkpoint.every_minutes needs checkpoint.dir");
   if (c.checkpoint.resume == "auto" && c.checkpoint.dir.empty())
     throw UsageError("checkpoint.resume = auto needs checkpoint.dir");
-  validate_data(c, check_paths);
-  if (!check_paths) return;
-  const bool resuming = !c.checkpoint.resume.empty();
-  if (resuming && c.checkpoint.resume != "auto" && !fs::is_directory(c.checkpoint.resume))
-    throw UsageError("checkpoint.resume = " + c.checkpoint.resume + " is not a folder");
-  if (!c.train.init_from.empty() && !fs::is_regular_file(c.train.init_from))
-    throw UsageError("train.init_from = " + c.train.init_from + " is not a file");
   require(c.checkpoint.every_epochs >= 0, "checkpoint.every_epochs", c.checkpoint.every_epochs,
           "must be >= 0");
   if (c.checkpoint.every_epochs > 0 && c.checkpoint.dir.empty())
     throw UsageError("checkpoint.every_epochs = " + std::to_string(c.checkpoint.every_epochs) +
                      " needs checkpoint.dir");
-  if (!c.checkpoint.dir.empty()) {
-    if (fs::exists(c.checkpoint.dir) && !fs::is_directory(c.checkpoint.dir))
-      throw UsageError("checkpoint.dir = " + c.checkpoint.dir + " exists and is not a folder");
-    if (holds_checkpoint(c.checkpoint.dir) && !c.log.overwrite && !resuming)
-      throw UsageError("checkpoint.dir = " + c.checkpoint.dir +
-                       " already holds a checkpoint: choose a new folder, pass "
-                       "--checkpoint.resume auto or --log.overwrite true");
-  }
   if (c.log.metrics.empty()) throw UsageError("log.metrics must name a file");
-  if (!c.log.timeline.empty() && fs::exists(c.log.timeline) && !c.log.overwrite)
-    throw UsageError("log.timeline = " + c.log.timeline +
-                     " already exists: choose a new path or pass --log.overwrite true");
-  // A resumed run appends to its metrics file.
-  if (fs::exists(c.log.metrics) && !c.log.overwrite && !resuming)
-    throw UsageError("log.metrics = " + c.log.metrics +
-                     " already exists: choose a new path or pass --log.overwrite true");
+  validate_data(c);
 }
 
 // "--key value" -> "--key=value", so that values starting with '-' (e.g. -3) reach the
@@ -463,7 +426,7 @@ std::string one_line(std::string s) {
 
 }  // namespace
 
-Config parse_train_args(const std::vector<std::string>& args, bool check_paths) {
+Config parse_train_args(const std::vector<std::string>& args) {
   Config c;
   po::options_description opts = describe(c);
   po::options_description top;
@@ -505,8 +468,16 @@ Config parse_train_args(const std::vector<std::string>& args, bool check_paths) 
   } catch (const po::error& e) {
     throw UsageError(one_line(e.what()));
   }
-  validate(c, check_paths);
+  validate(c);
   return c;
+}
+
+Config parse_train_args(const std::vector<std::string>& args, bool check_paths) {
+  if (check_paths)
+    throw std::logic_error(
+        "parse_train_args: this machine's files are checked by check_run_files "
+        "(gossip/train/preflight.hpp)");
+  return parse_train_args(args);
 }
 
 std::string train_help() {

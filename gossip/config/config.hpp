@@ -131,11 +131,16 @@ struct Config {
   } log;
 };
 
-// Parses `gossipgrad train` arguments (without the subcommand). Throws UsageError with one line
-// naming the option and the problem for unknown keys, wrong types, out-of-range values and
-// missing files. check_paths = false skips what concerns files of this machine (data, init
-// weights, metrics, checkpoints): for `simulate` and dry runs of another cluster's config.
-Config parse_train_args(const std::vector<std::string>& args, bool check_paths = true);
+// Parses `gossipgrad train` arguments (without the subcommand): the command line over the
+// --config INI file over Config's defaults. Throws UsageError with one line naming the option
+// and the problem for unknown keys, wrong types, out-of-range values and options that contradict
+// each other. It reads no file but the config file: whether this machine can run the result
+// (its data, weights, checkpoint folder, output files, backend) is gossip/train/preflight.hpp.
+Config parse_train_args(const std::vector<std::string>& args);
+
+// Transitional, for callers written when the file checks lived here: `check_paths` must be
+// false (they moved to check_run_files in gossip/train/preflight.hpp).
+Config parse_train_args(const std::vector<std::string>& args, bool check_paths);
 
 // The help text of `gossipgrad train`: every option, its default and what it does.
 std::string train_help();

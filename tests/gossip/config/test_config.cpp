@@ -3,6 +3,7 @@
 #include <fstream>
 
 #include "gossip/config/config.hpp"
+#include "gossip/train/preflight.hpp"
 
 using gg::gossip::Config;
 using gg::gossip::parse_train_args;
@@ -15,9 +16,16 @@ std::string write_ini(const std::string& name, const std::string& text) {
   std::ofstream(p) << text;
   return p.string();
 }
+// What `gossipgrad train` checks before any rank starts: the config, then this machine.
+Config train_args(const std::vector<std::string>& args) {
+  const Config c = parse_train_args(args);
+  gg::gossip::check_this_machine(c);
+  gg::gossip::check_run_files(c);
+  return c;
+}
 std::string error_of(const std::vector<std::string>& args) {
   try {
-    parse_train_args(args);
+    train_args(args);
   } catch (const UsageError& e) {
     return e.what();
   }
@@ -83,7 +91,7 @@ TEST_CASE("unknown keys and wrong types inside the INI file are errors") {
 TEST_CASE("an existing metrics file is refused unless overwrite is set") {
   const auto path = write_ini("gg_cfg_metrics.jsonl", "{}\n");
   CHECK(error_of({"--log.metrics", path}).find("already exists") != std::string::npos);
-  CHECK(parse_train_args({"--log.metrics", path, "--log.overwrite", "true"}).log.overwrite);
+  CHECK(train_args({"--log.metrics", path, "--log.overwrite", "true"}).log.overwrite);
 }
 
 TEST_CASE("to_ini round-trips every setting") {
@@ -119,12 +127,11 @@ TEST_CASE("a checkpoint folder that already holds a checkpoint is refused unless
   const fs::path dir = fs::temp_directory_path() / "gg_cfg_ckpt";
   fs::remove_all(dir);
   fs::create_directories(dir);
-  CHECK(parse_train_args({"--checkpoint.dir", dir.string()}).checkpoint.dir == dir.string());
+  CHECK(train_args({"--checkpoint.dir", dir.string()}).checkpoint.dir == dir.string());
   std::ofstream(dir / "meta.json") << "{}";
   CHECK(error_of({"--checkpoint.dir", dir.string()}).find("already holds a checkpoint") !=
         std::string::npos);
-  CHECK(parse_train_args({"--checkpoint.dir", dir.string(), "--log.overwrite", "true"})
-            .log.overwrite);
+  CHECK(train_args({"--checkpoint.dir", dir.string(), "--log.overwrite", "true"}).log.overwrite);
   CHECK(error_of({"--checkpoint.every_epochs", "2"}).find("needs checkpoint.dir") !=
         std::string::npos);
   CHECK(error_of({"--checkpoint.dir", dir.string(), "--checkpoint.every_epochs", "-1"})
@@ -165,4 +172,19 @@ TEST_CASE("train.init_from must name an existing file") {
   CHECK(error_of({"--train.init_from", "/nonexistent/w.npz"}) ==
         "train.init_from = /nonexistent/w.npz is not a file");
   CHECK(parse_train_args({}).train.init_from.empty());
+}
+
+TEST_CASE("parse_train_args reads no file but the config: this machine is the preflight's") {
+  CHECK(parse_train_args({"--data.dir", "/nonexistent", "--train.init_from", "/nonexistent/w.npz",
+                          "--checkpoint.resume", "/nonexistent"})
+            .data.dir == "/nonexistent");
+  CHECK(error_of({"--data.dir", "/nonexistent"}).find("data.dir = /nonexistent is not a folder") ==
+        0);
+  CHECK(error_of({"--checkpoint.resume", "/nonexistent"}) ==
+        "checkpoint.resume = /nonexistent is not a folder");
+  // Rules that need no file stay with the config, whoever parses it.
+  CHECK_THROWS_WITH(parse_train_args({"--checkpoint.every_epochs", "2"}),
+                    "checkpoint.every_epochs = 2 needs checkpoint.dir");
+  CHECK_THROWS_WITH(parse_train_args({"--config", write_ini("gg_cfg_e.ini", "[log]\nmetrics =\n")}),
+                    "log.metrics must name a file");
 }
