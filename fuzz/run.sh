@@ -9,11 +9,11 @@ OUT=build-fuzz
 mkdir -p "$OUT"
 CXX=(clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I.)
 "${CXX[@]}" fuzz/fuzz_checkpoint.cpp gossip/resilience/full_checkpoint.cpp -lxxhash -o "$OUT/fuzz_checkpoint"
-# The config reader with what it validates against (model names, data source grammar, shuffle
-# modes); what concerns this machine (gossip/train/preflight) is not part of it.
-"${CXX[@]}" fuzz/fuzz_config.cpp gossip/config/config.cpp gossip/config/fault_spec.cpp \
+# The config reader with what it validates against (model names, data source grammar); what
+# concerns this machine (gossip/train/preflight) is not part of it.
+"${CXX[@]}" fuzz/fuzz_config.cpp gossip/config/config.cpp gossip/config/options.cpp gossip/config/fault_spec.cpp \
   kernels/models.cpp kernels/graph.cpp shuffle/source.cpp shuffle/tar.cpp shuffle/image.cpp shuffle/idx.cpp \
-  shuffle/distributed.cpp partners/*.cpp -lboost_program_options -larchive -lturbojpeg -lz -o "$OUT/fuzz_config"
+  -lboost_program_options -larchive -lturbojpeg -lz -o "$OUT/fuzz_config"
 "${CXX[@]}" fuzz/fuzz_tar.cpp shuffle/tar.cpp shuffle/source.cpp shuffle/image.cpp shuffle/idx.cpp \
   -larchive -lturbojpeg -lz -o "$OUT/fuzz_tar"
 rm -rf "$OUT/seeds-ckpt" "$OUT/seeds-tar" "$OUT/seeds-config"

@@ -1,5 +1,7 @@
 // The resolved settings of a training run. Every option has a dotted name that is also its INI
 // key (`--train.batch 32` == `[train] batch = 32`); the command line overrides the config file.
+// The initialisers below are the defaults; options.cpp declares each option once (its range and
+// help), and parsing, checks, --help and to_ini follow from there.
 #pragma once
 
 #include <cstdint>

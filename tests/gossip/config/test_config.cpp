@@ -1,9 +1,13 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <variant>
 
 #include "gossip/config/config.hpp"
+#include "gossip/config/options.hpp"
 #include "gossip/train/preflight.hpp"
+#include "kernels/models.hpp"
 
 using gg::gossip::Config;
 using gg::gossip::parse_train_args;
@@ -187,4 +191,37 @@ TEST_CASE("parse_train_args reads no file but the config: this machine is the pr
                     "checkpoint.every_epochs = 2 needs checkpoint.dir");
   CHECK_THROWS_WITH(parse_train_args({"--config", write_ini("gg_cfg_e.ini", "[log]\nmetrics =\n")}),
                     "log.metrics must name a file");
+  CHECK_THROWS_WITH(parse_train_args({"--config", write_ini("gg_cfg_f.ini", "[data]\ndir =\n")}),
+                    "data.source = fashion-mnist needs data.dir");
+}
+
+TEST_CASE("ranges that name another option are checked after every option's own range") {
+  // train.batch 4 would also break data.shuffle_per_step's [0, train.batch]: batch's own range
+  // wins when it is broken, the cross bound otherwise.
+  CHECK(error_of({"--train.batch", "0"}) ==
+        "train.batch = 0 is out of range: must be in [1, 65536]");
+  CHECK(error_of({"--train.batch", "4"}) ==
+        "data.shuffle_per_step = 8 is out of range: must be in [0, train.batch]");
+  CHECK(error_of({"--data.crop", "300"}) ==
+        "data.resize = 256 is out of range: must be in [data.crop, 4096]");
+  CHECK(error_of({"--train.epochs", "1", "--train.warmup_epochs", "2"}) ==
+        "train.warmup_epochs = 2 is out of range: must be in [0, train.epochs]");
+  CHECK(error_of({"--train.lr", "nan"}) == "train.lr = nan is out of range: must be in (0, 100]");
+}
+
+TEST_CASE("the registry: every option once, keys are section.name, help names every choice") {
+  std::set<std::string> keys;
+  for (const gg::gossip::Option& o : gg::gossip::options()) {
+    const std::string key(o.key);
+    INFO(key);
+    CHECK(keys.insert(key).second);
+    CHECK(key == std::string(o.section()) + "." + std::string(o.name()));
+    CHECK_FALSE(o.help.empty());
+    if (const auto* choices = std::get_if<gg::gossip::Choices>(&o.rule))
+      for (std::string_view v : choices->values) CHECK(o.help.find(v) != std::string_view::npos);
+  }
+  const std::string help = gg::gossip::train_help();
+  for (const std::string& model : gg::kernels::model_names())
+    CHECK(help.find(model) != std::string::npos);
+  for (const std::string& key : keys) CHECK(help.find("--" + key + " ") != std::string::npos);
 }
