@@ -57,10 +57,13 @@ void check_file_name(const std::string& key, const std::string& v) {
 void data_options(std::vector<Option>& o) {
   o.insert(o.end(), {
     {GG_OPTION(data.source), Grammar{check_source},
-     "fashion-mnist (the idx files in data.dir), idx:DIR, imagenet:DIR (train/<wnid>/*.JPEG, "
-     "val/), shards:DIR (shard-*.tar from gossipgrad pack; DIR/train and DIR/val if present), "
-     "synthetic:CxHxW[:classes[:count]]"},
-    {GG_OPTION(data.dir), {}, "folder with the idx files of Fashion-MNIST or MNIST (gz or plain)"},
+     "where the samples come from: fashion-mnist (the idx files in data.dir), idx:DIR, "
+     "imagenet:DIR (train/<wnid>/*.JPEG, val/), shards:DIR (shard-*.tar from gossipgrad pack; "
+     "DIR/train and DIR/val if present), synthetic:CxHxW[:classes[:count]] (generated on the "
+     "fly, no evaluation)"},
+    {GG_OPTION(data.dir), {},
+     "data.source = fashion-mnist: the folder with the idx files of Fashion-MNIST or MNIST (gz "
+     "or plain)"},
     {GG_OPTION(data.val_labels), {},
      "imagenet: labels of a flat val/ folder, lines '<file> <wnid or index>' "
      "(auto: DIR/val_labels.txt)"},
@@ -69,7 +72,8 @@ void data_options(std::vector<Option>& o) {
      "(scale 0.08-1, ratio 3/4-4/3) + flip"},
     {GG_OPTION(data.prefetch), in(1, 64), "ready batches queued by the loader threads"},
     {GG_OPTION(data.workers), in(0, 64),
-     "loader threads per rank (0: 1 for pixel data, cores per rank in [2, 8] for JPEG)"},
+     "loader threads per rank (0: 1 for pixel data; for JPEG this node's cores / its ranks, "
+     "kept within [2, 8])"},
     {GG_OPTION(data.crop), in(8, 1024), "JPEG sources: side of the square input"},
     {GG_OPTION(data.resize), Range{value_of("data.crop"), incl(4096)},
      "JPEG evaluation: shorter side before the centre crop"},
@@ -79,7 +83,7 @@ void data_options(std::vector<Option>& o) {
      "storage); bytes: the same with the encoded samples travelling over MPI (node-local "
      "storage)"},
     {GG_OPTION(data.shuffle_per_step), Range{incl(0), value_of("train.batch")},
-     "samples each rank gives away (and receives) per step with data.shuffle ids|bytes"},
+     "samples each rank gives away (and receives) per step with data.shuffle ids or bytes"},
   });
 }
 
@@ -88,8 +92,10 @@ void model_options(std::vector<Option>& o) {
     {GG_OPTION(model.name), Grammar{check_model},
      "network: resnet8 (small residual CNN) or cnn, for 28x28/32x32 inputs; or torchvision's "
      "resnet18, resnet34, resnet50, resnet101, resnet152 or googlenet"},
-    {GG_OPTION(model.width), in(1, 1024), "channels of the first stage of resnet8 and cnn"},
-    {GG_OPTION(model.batch_norm), {}, "use batch norm (false: convolutions get a bias instead)"},
+    {GG_OPTION(model.width), in(1, 1024), "resnet8 and cnn: channels of the first stage"},
+    {GG_OPTION(model.batch_norm), {},
+     "resnet8 and cnn: batch norm after each convolution (false: the convolutions get a bias "
+     "instead); the torchvision models always have it"},
   });
 }
 
@@ -99,22 +105,27 @@ void train_options(std::vector<Option>& o) {
      "kernels: onednn (fast CPU), reference (plain C++ oracle) or cuda (cuDNN + cuBLAS, one GPU "
      "per rank)"},
     {GG_OPTION(train.precision), Choices{{"fp32", "bf16"}},
-     "activations and conv arithmetic: fp32, or bf16 (cuda, or onednn on CPUs with AVX512_BF16; "
-     "weights, gradients and the exchange stay fp32)"},
+     "activations and conv arithmetic: fp32, or bf16 (cuda, or onednn on CPUs with AVX512_BF16 "
+     "or AMX; weights, gradients and the exchange stay fp32)"},
     {GG_OPTION(train.batch), in(1, 65536), "samples per rank per step"},
     {GG_OPTION(train.epochs), in(1, 100000), "passes over the training set"},
     {GG_OPTION(train.lr), Range{excl(0), incl(100)},
-     "learning rate for a global batch of train.base_batch (scaled linearly)"},
+     "peak learning rate for a global batch of train.base_batch, scaled linearly to the run's "
+     "global batch (ranks x train.batch)"},
     {GG_OPTION(train.base_batch), at_least(1), "global batch that train.lr is quoted for"},
     {GG_OPTION(train.momentum), Range{incl(0), excl(1)}, "SGD momentum"},
     {GG_OPTION(train.weight_decay), Range{incl(0), excl(1)}, "L2 weight decay"},
     {GG_OPTION(train.nesterov), {}, "Nesterov momentum"},
     {GG_OPTION(train.warmup_epochs), Range{incl(0), value_of("train.epochs")},
-     "linear learning-rate warm-up, then cosine decay to 0"},
-    {GG_OPTION(train.seed), {}, "seed of initialisation, data order and augmentation"},
+     "linear learning-rate warm-up over this many epochs, then cosine decay to 0 by the end of "
+     "training"},
+    {GG_OPTION(train.seed), {},
+     "seed of initialisation, data order, augmentation, partner rotation and random simulated "
+     "failures"},
     {GG_OPTION(train.threads), in(0, 1024),
      "compute threads per rank (0: this node's cores / its ranks)"},
-    {GG_OPTION(train.max_steps), at_least(0), "stop after this many steps (0: run every epoch)"},
+    {GG_OPTION(train.max_steps), at_least(0),
+     "stop after this many steps; the learning-rate schedule ends there (0: run every epoch)"},
     {GG_OPTION(train.eval_batch), in(1, 65536), "batch of the evaluation pass"},
     {GG_OPTION(train.init_from), {},
      "start from these weights (.npz with torchvision state_dict names, e.g. from gossipgrad "
@@ -128,33 +139,40 @@ void train_options(std::vector<Option>& o) {
 void gossip_options(std::vector<Option>& o) {
   o.insert(o.end(), {
     {GG_OPTION(gossip.mode), Choices{{"grad", "model", "both", "allreduce"}},
-     "grad: average gradients with this step's partner; model: average weights after the update; "
-     "both; allreduce: exact average over all ranks (the baseline)"},
+     "grad: average gradients with this step's partner; model: average weights with it after "
+     "the update; both: the two; allreduce: exact average of the gradients over all ranks (the "
+     "baseline)"},
     {GG_OPTION(gossip.schedule), Choices{{"dissemination", "hypercube", "ring", "random"}},
      "partners: dissemination, hypercube (power-of-two ranks), ring, random"},
     {GG_OPTION(gossip.rotate), {},
      "permute the virtual ranks every ceil(log2 p) steps (seeded, no communication)"},
     {GG_OPTION(gossip.transport), Choices{{"auto", "shm", "rma", "p2p"}},
-     "auto (shm on this node, p2p across nodes), shm, p2p, rma (experimental: MPICH 4.0.2 PSCW "
-     "hangs now and then when partners rotate)"},
+     "how buckets reach the partner: auto (shm between ranks on the same node, rma between "
+     "nodes), shm (stores into an MPI shared-memory window; every rank on one node), rma "
+     "(passive-target MPI one-sided: MPI_Put into the partner's window, then a per-bucket "
+     "flag), p2p (MPI_Isend/MPI_Irecv)"},
     {GG_OPTION(gossip.threading), Choices{{"funneled", "concurrent", "chained"}},
-     "funneled (one comm thread), concurrent (gossip.comm_threads), chained (bucket order)"},
+     "funneled (one communication thread), concurrent (gossip.comm_threads threads, "
+     "MPI_THREAD_MULTIPLE), chained (one thread, one bucket at a time in bucket order)"},
     {GG_OPTION(gossip.comm_threads), in(1, 64),
-     "communication threads with threading = concurrent"},
+     "communication threads with gossip.threading = concurrent"},
     {GG_OPTION(gossip.staleness), in(0, 1),
-     "0: wait for the partner; 1: never wait, mix the partner's latest bucket"},
+     "0: wait for the partner; 1: never wait, mix the partner's latest bucket (this step's or "
+     "the previous one's)"},
     {GG_OPTION(gossip.overlap_model), {},
      "model/both: exchange the weights behind the next step and apply the correction "
      "(w_partner - w_sent) / 2 before its update, instead of waiting after each update"},
     {GG_OPTION(gossip.global_every), at_least(0),
-     "exact global average of the weights every H steps (0: never)"},
+     "grad/model/both: exact global average of the weights (and batch-norm statistics) every H "
+     "steps (0: never)"},
     {GG_OPTION(gossip.consensus_every), at_least(0),
      "measure the consensus distance every N steps (0: only at evaluation)"},
     {GG_OPTION(gossip.bucket_kb), in(1, 4194304),
-     "gradient bucket size in KiB; a bucket is exchanged as soon as backward completes it"},
+     "bucket size in KiB (gradients and weights are exchanged bucket by bucket); a gradient "
+     "bucket is exchanged as soon as backward completes it"},
     {GG_OPTION(gossip.timeout_s), in(0, 1e6),
-     "a rank waiting on its partner longer than this many seconds reports the partner, step and "
-     "bucket and the job stops (0: wait forever)"},
+     "a rank waiting on its gossip partner longer than this many seconds reports the partner, "
+     "step and bucket and the job stops (0: wait forever; allreduce always waits)"},
   });
 }
 
@@ -219,8 +237,8 @@ void fault_options(std::vector<Option>& o) {
      "test hook RANK:STEP: that rank stops (SIGSTOP) at that step, a hung rank for "
      "gossip.timeout_s (same conditions as fault.kill)"},
     {GG_OPTION(fault.nan), at_least(-1),
-     "test hook: rank 0's weights become NaN at the start of this step (-1: never; not in a "
-     "resumed run)"},
+     "test hook: rank 0's weights become NaN at the start of this step (-1: never; same "
+     "conditions as fault.kill)"},
     {GG_OPTION(fault.inject), Grammar{check_inject},
      "simulated failures RANK:STEP[,RANK:STEP...]: that rank fails at the boundary before that "
      "step and is recovered by fault.strategy"},
@@ -254,11 +272,12 @@ void network_options(std::vector<Option>& o) {
 void simulate_options(std::vector<Option>& o) {
   o.insert(o.end(), {
     {GG_OPTION(simulate.forward_ms), Range{incl(0), excl(1e9)},
-     "simulate: forward time per step on one rank, ms (0: measure here)"},
+     "simulate: forward time per step on one rank, ms (forward_ms and backward_ms both 0: all "
+     "three times are measured here)"},
     {GG_OPTION(simulate.backward_ms), Range{incl(0), excl(1e9)},
-     "simulate: backward time per step, ms (0: measure here)"},
+     "simulate: backward time per step, ms"},
     {GG_OPTION(simulate.update_ms), Range{incl(0), excl(1e9)},
-     "simulate: optimizer step time, ms (0: measure here)"},
+     "simulate: optimizer step time, ms"},
     {GG_OPTION(simulate.steps), in(1, 100000),
      "simulate: gossip steps averaged per prediction"},
   });
@@ -266,21 +285,22 @@ void simulate_options(std::vector<Option>& o) {
 
 void log_options(std::vector<Option>& o) {
   o.insert(o.end(), {
-    {GG_OPTION(log.metrics), Grammar{check_file_name}, "JSON Lines metrics file (rank 0)"},
+    {GG_OPTION(log.metrics), Grammar{check_file_name},
+     "JSON Lines metrics file, written by rank 0 (a resumed run appends to it)"},
     {GG_OPTION(log.overwrite), {},
-     "replace an existing metrics file and checkpoint instead of refusing to start"},
+     "replace an existing metrics file, timeline and checkpoint instead of refusing to start"},
     {GG_OPTION(log.progress), {}, "print a live progress line"},
     {GG_OPTION(log.interval), Range{excl(0.1), incl(3600)}, "seconds between progress lines"},
     {GG_OPTION(log.timeline), {},
      "write a timeline of the run to this JSON file (Chrome trace events: open in Perfetto or "
      "chrome://tracing): forward/backward per layer, every bucket exchange, data, optimizer and "
-     "waits, every rank; empty: none"},
+     "waits, every rank; not in a run with simulated failures; empty: none"},
     {GG_OPTION(log.timeline_steps), at_least(1),
      "how many steps from the start the timeline records (each is one event per layer, bucket "
      "and phase on every rank)"},
     {GG_OPTION(log.samples), {},
-     "debug: each rank appends every step's sample ids to PATH.<rank> (\"step epoch id ...\"), to "
-     "check that failures conserve the samples (empty: none)"},
+     "debug: each rank writes every step's sample ids to PATH.<rank> (\"step epoch id ...\"), "
+     "to check that failures conserve the samples (empty: none)"},
   });
 }
 // clang-format on

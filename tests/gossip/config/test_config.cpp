@@ -225,3 +225,15 @@ TEST_CASE("the registry: every option once, keys are section.name, help names ev
     CHECK(help.find(model) != std::string::npos);
   for (const std::string& key : keys) CHECK(help.find("--" + key + " ") != std::string::npos);
 }
+
+TEST_CASE("train help says what transport auto and rma are") {
+  std::string help;  // the registry's text, before --help wraps it
+  for (const gg::gossip::Option& o : gg::gossip::options())
+    if (o.key == "gossip.transport") help = o.help;
+  CHECK(help.find("auto (shm between ranks on the same node, rma between nodes)") !=
+        std::string::npos);
+  CHECK(help.find("passive-target") != std::string::npos);
+  const std::string all = gg::gossip::train_help();
+  CHECK(all.find("experimental") == std::string::npos);
+  CHECK(all.find("PSCW") == std::string::npos);
+}
