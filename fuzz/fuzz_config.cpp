@@ -14,8 +14,8 @@
 namespace {
 
 gg::gossip::Config parse(const std::string& path) {
-  // check_paths = false: the fuzzer's configs name no data of this machine.
-  return gg::gossip::parse_train_args({"--config", path}, false);
+  // The config alone: whether this machine can run it (gossip/train/preflight) is not asked.
+  return gg::gossip::parse_train_args({"--config", path});
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "gossip/resilience/checkpoint.hpp"
 #include "gossip/resilience/supervise.hpp"
 #include "gossip/train/loop.hpp"
+#include "gossip/train/preflight.hpp"
 #include "gossip/train/stop_signals.hpp"
 #include "gossip/train/trainer.hpp"
 #include "kernels/apoptosis.hpp"
@@ -484,13 +485,15 @@ int cmd_infer(const std::vector<std::string>& args) {
   return 0;
 }
 
-// --dry-run: the config validated (everything but this machine's paths, which only warn) and
-// printed resolved, as INI; nothing runs, nothing is written.
+// --dry-run: the config validated (what concerns this machine only warns: another cluster's
+// config names its own paths and backend) and printed resolved, as INI; nothing runs, nothing is
+// written.
 int dry_run(std::vector<std::string> args) {
   args.erase(std::remove(args.begin(), args.end(), "--dry-run"), args.end());
-  const gg::gossip::Config c = gg::gossip::parse_train_args(args, /*check_paths=*/false);
+  const gg::gossip::Config c = gg::gossip::parse_train_args(args);
   try {
-    gg::gossip::parse_train_args(args, /*check_paths=*/true);
+    gg::gossip::check_this_machine(c);
+    gg::gossip::check_run_files(c);
   } catch (const UsageError& e) {
     std::fprintf(stderr, "gossipgrad: warning: not on this machine: %s\n", e.what());
   }
@@ -512,6 +515,8 @@ int cmd_train(const std::vector<std::string>& args, int argc, char** argv) {
   const int rank = world.rank();
   try {
     const gg::gossip::Config c = gg::gossip::parse_train_args(args);
+    gg::gossip::check_this_machine(c);
+    gg::gossip::check_run_files(c);
     world.barrier();  // every rank validated before rank 0 creates any file
     gg::gossip::run_training(c, world);
     world.barrier();

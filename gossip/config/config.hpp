@@ -1,12 +1,15 @@
 // The resolved settings of a training run. Every option has a dotted name that is also its INI
 // key (`--train.batch 32` == `[train] batch = 32`); the command line overrides the config file.
+// The initialisers below are the defaults; options.cpp declares each option once (its range and
+// help), and parsing, checks, --help and to_ini follow from there.
 #pragma once
 
 #include <cstdint>
 #include <stdexcept>
 #include <string>
-#include <utility>
 #include <vector>
+
+#include "gossip/config/fault_spec.hpp"  // the grammar of the fault.* values
 
 namespace gg::gossip {
 
@@ -130,14 +133,12 @@ struct Config {
   } log;
 };
 
-// Parses `gossipgrad train` arguments (without the subcommand). Throws UsageError with one line
-// naming the option and the problem for unknown keys, wrong types, out-of-range values and
-// missing files. check_paths = false skips what concerns files of this machine (data, init
-// weights, metrics, checkpoints): for `simulate` and dry runs of another cluster's config.
-Config parse_train_args(const std::vector<std::string>& args, bool check_paths = true);
-
-// fault.kill / fault.stall "RANK:STEP" -> {rank, step}; throws UsageError naming `key`.
-std::pair<int, int64_t> parse_fault_kill(const std::string& spec, const char* key = "fault.kill");
+// Parses `gossipgrad train` arguments (without the subcommand): the command line over the
+// --config INI file over Config's defaults. Throws UsageError with one line naming the option
+// and the problem for unknown keys, wrong types, out-of-range values and options that contradict
+// each other. It reads no file but the config file: whether this machine can run the result
+// (its data, weights, checkpoint folder, output files, backend) is gossip/train/preflight.hpp.
+Config parse_train_args(const std::vector<std::string>& args);
 
 // The help text of `gossipgrad train`: every option, its default and what it does.
 std::string train_help();

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <map>
 #include <set>
-#include <sstream>
 
 #include "gossip/config/config.hpp"
 
@@ -26,44 +25,6 @@ double uniform(uint64_t seed, uint64_t stream, uint64_t k) {
 }
 
 }  // namespace
-
-FaultStrategy parse_fault_strategy(const std::string& name) {
-  if (name == "restart") return FaultStrategy::Restart;
-  if (name == "rollback") return FaultStrategy::Rollback;
-  if (name == "forward") return FaultStrategy::Forward;
-  throw UsageError("fault.strategy = " + name + " is unknown: restart, rollback or forward");
-}
-
-const char* to_string(FaultStrategy s) {
-  switch (s) {
-    case FaultStrategy::Restart:
-      return "restart";
-    case FaultStrategy::Rollback:
-      return "rollback";
-    case FaultStrategy::Forward:
-      return "forward";
-  }
-  return "?";
-}
-
-std::vector<FaultEvent> parse_fault_inject(const std::string& spec) {
-  std::vector<FaultEvent> events;
-  std::stringstream in(spec);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    try {
-      const auto [rank, step] = parse_fault_kill(item, "fault.inject");
-      events.push_back({step, rank});
-    } catch (const UsageError&) {
-      throw UsageError("fault.inject = " + spec +
-                       " must be RANK:STEP[,RANK:STEP...] (integers >= 0)");
-    }
-  }
-  if (events.empty() || spec.back() == ',')
-    throw UsageError("fault.inject = " + spec +
-                     " must be RANK:STEP[,RANK:STEP...] (integers >= 0)");
-  return events;
-}
 
 std::vector<FaultEvent> random_fault_plan(int ranks, double mtbf_steps, int64_t horizon,
                                           uint64_t seed, bool shrinking) {

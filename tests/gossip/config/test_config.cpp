@@ -1,8 +1,13 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <variant>
 
 #include "gossip/config/config.hpp"
+#include "gossip/config/options.hpp"
+#include "gossip/train/preflight.hpp"
+#include "kernels/models.hpp"
 
 using gg::gossip::Config;
 using gg::gossip::parse_train_args;
@@ -15,9 +20,16 @@ std::string write_ini(const std::string& name, const std::string& text) {
   std::ofstream(p) << text;
   return p.string();
 }
+// What `gossipgrad train` checks before any rank starts: the config, then this machine.
+Config train_args(const std::vector<std::string>& args) {
+  const Config c = parse_train_args(args);
+  gg::gossip::check_this_machine(c);
+  gg::gossip::check_run_files(c);
+  return c;
+}
 std::string error_of(const std::vector<std::string>& args) {
   try {
-    parse_train_args(args);
+    train_args(args);
   } catch (const UsageError& e) {
     return e.what();
   }
@@ -83,7 +95,7 @@ TEST_CASE("unknown keys and wrong types inside the INI file are errors") {
 TEST_CASE("an existing metrics file is refused unless overwrite is set") {
   const auto path = write_ini("gg_cfg_metrics.jsonl", "{}\n");
   CHECK(error_of({"--log.metrics", path}).find("already exists") != std::string::npos);
-  CHECK(parse_train_args({"--log.metrics", path, "--log.overwrite", "true"}).log.overwrite);
+  CHECK(train_args({"--log.metrics", path, "--log.overwrite", "true"}).log.overwrite);
 }
 
 TEST_CASE("to_ini round-trips every setting") {
@@ -119,12 +131,11 @@ TEST_CASE("a checkpoint folder that already holds a checkpoint is refused unless
   const fs::path dir = fs::temp_directory_path() / "gg_cfg_ckpt";
   fs::remove_all(dir);
   fs::create_directories(dir);
-  CHECK(parse_train_args({"--checkpoint.dir", dir.string()}).checkpoint.dir == dir.string());
+  CHECK(train_args({"--checkpoint.dir", dir.string()}).checkpoint.dir == dir.string());
   std::ofstream(dir / "meta.json") << "{}";
   CHECK(error_of({"--checkpoint.dir", dir.string()}).find("already holds a checkpoint") !=
         std::string::npos);
-  CHECK(parse_train_args({"--checkpoint.dir", dir.string(), "--log.overwrite", "true"})
-            .log.overwrite);
+  CHECK(train_args({"--checkpoint.dir", dir.string(), "--log.overwrite", "true"}).log.overwrite);
   CHECK(error_of({"--checkpoint.every_epochs", "2"}).find("needs checkpoint.dir") !=
         std::string::npos);
   CHECK(error_of({"--checkpoint.dir", dir.string(), "--checkpoint.every_epochs", "-1"})
@@ -165,4 +176,64 @@ TEST_CASE("train.init_from must name an existing file") {
   CHECK(error_of({"--train.init_from", "/nonexistent/w.npz"}) ==
         "train.init_from = /nonexistent/w.npz is not a file");
   CHECK(parse_train_args({}).train.init_from.empty());
+}
+
+TEST_CASE("parse_train_args reads no file but the config: this machine is the preflight's") {
+  CHECK(parse_train_args({"--data.dir", "/nonexistent", "--train.init_from", "/nonexistent/w.npz",
+                          "--checkpoint.resume", "/nonexistent"})
+            .data.dir == "/nonexistent");
+  CHECK(error_of({"--data.dir", "/nonexistent"}).find("data.dir = /nonexistent is not a folder") ==
+        0);
+  CHECK(error_of({"--checkpoint.resume", "/nonexistent"}) ==
+        "checkpoint.resume = /nonexistent is not a folder");
+  // Rules that need no file stay with the config, whoever parses it.
+  CHECK_THROWS_WITH(parse_train_args({"--checkpoint.every_epochs", "2"}),
+                    "checkpoint.every_epochs = 2 needs checkpoint.dir");
+  CHECK_THROWS_WITH(parse_train_args({"--config", write_ini("gg_cfg_e.ini", "[log]\nmetrics =\n")}),
+                    "log.metrics must name a file");
+  CHECK_THROWS_WITH(parse_train_args({"--config", write_ini("gg_cfg_f.ini", "[data]\ndir =\n")}),
+                    "data.source = fashion-mnist needs data.dir");
+}
+
+TEST_CASE("ranges that name another option are checked after every option's own range") {
+  // train.batch 4 would also break data.shuffle_per_step's [0, train.batch]: batch's own range
+  // wins when it is broken, the cross bound otherwise.
+  CHECK(error_of({"--train.batch", "0"}) ==
+        "train.batch = 0 is out of range: must be in [1, 65536]");
+  CHECK(error_of({"--train.batch", "4"}) ==
+        "data.shuffle_per_step = 8 is out of range: must be in [0, train.batch]");
+  CHECK(error_of({"--data.crop", "300"}) ==
+        "data.resize = 256 is out of range: must be in [data.crop, 4096]");
+  CHECK(error_of({"--train.epochs", "1", "--train.warmup_epochs", "2"}) ==
+        "train.warmup_epochs = 2 is out of range: must be in [0, train.epochs]");
+  CHECK(error_of({"--train.lr", "nan"}) == "train.lr = nan is out of range: must be in (0, 100]");
+}
+
+TEST_CASE("the registry: every option once, keys are section.name, help names every choice") {
+  std::set<std::string> keys;
+  for (const gg::gossip::Option& o : gg::gossip::options()) {
+    const std::string key(o.key);
+    INFO(key);
+    CHECK(keys.insert(key).second);
+    CHECK(key == std::string(o.section()) + "." + std::string(o.name()));
+    CHECK_FALSE(o.help.empty());
+    if (const auto* choices = std::get_if<gg::gossip::Choices>(&o.rule))
+      for (std::string_view v : choices->values) CHECK(o.help.find(v) != std::string_view::npos);
+  }
+  const std::string help = gg::gossip::train_help();
+  for (const std::string& model : gg::kernels::model_names())
+    CHECK(help.find(model) != std::string::npos);
+  for (const std::string& key : keys) CHECK(help.find("--" + key + " ") != std::string::npos);
+}
+
+TEST_CASE("train help says what transport auto and rma are") {
+  std::string help;  // the registry's text, before --help wraps it
+  for (const gg::gossip::Option& o : gg::gossip::options())
+    if (o.key == "gossip.transport") help = o.help;
+  CHECK(help.find("auto (shm between ranks on the same node, rma between nodes)") !=
+        std::string::npos);
+  CHECK(help.find("passive-target") != std::string::npos);
+  const std::string all = gg::gossip::train_help();
+  CHECK(all.find("experimental") == std::string::npos);
+  CHECK(all.find("PSCW") == std::string::npos);
 }

@@ -211,7 +211,7 @@ TEST_CASE("resilience options are range-checked with one clear line", "[resilien
   const auto bad = [](std::vector<std::string> args, const std::string& what) {
     args.insert(args.begin(), {"--data.source", "synthetic:1x8x8", "--log.metrics",
                                "/nonexistent-dir-for-test/m.jsonl"});
-    CHECK_THROWS_WITH(parse_train_args(args, false), Catch::Contains(what));
+    CHECK_THROWS_WITH(parse_train_args(args), Catch::Contains(what));
   };
   bad({"--checkpoint.every", "10"}, "checkpoint.every = 10 needs checkpoint.dir");
   bad({"--checkpoint.keep", "0"}, "checkpoint.keep = 0 is out of range");

@@ -1,0 +1,62 @@
+#include "gossip/config/fault_spec.hpp"
+
+#include <sstream>
+#include <stdexcept>
+
+#include "gossip/config/config.hpp"
+
+namespace gg::gossip {
+
+FaultStrategy parse_fault_strategy(const std::string& name) {
+  if (name == "restart") return FaultStrategy::Restart;
+  if (name == "rollback") return FaultStrategy::Rollback;
+  if (name == "forward") return FaultStrategy::Forward;
+  throw UsageError("fault.strategy = " + name + " is unknown: restart, rollback or forward");
+}
+
+const char* to_string(FaultStrategy s) {
+  switch (s) {
+    case FaultStrategy::Restart:
+      return "restart";
+    case FaultStrategy::Rollback:
+      return "rollback";
+    case FaultStrategy::Forward:
+      return "forward";
+  }
+  return "?";
+}
+
+std::pair<int, int64_t> parse_fault_kill(const std::string& spec, const char* key) {
+  const size_t colon = spec.find(':');
+  try {
+    size_t a = 0, b = 0;
+    if (colon == std::string::npos) throw std::invalid_argument(spec);
+    const int rank = std::stoi(spec.substr(0, colon), &a);
+    const long long step = std::stoll(spec.substr(colon + 1), &b);
+    if (a != colon || b != spec.size() - colon - 1 || rank < 0 || step < 0)
+      throw std::invalid_argument(spec);
+    return {rank, step};
+  } catch (const std::exception&) {
+    throw UsageError(std::string(key) + " = " + spec + " must be RANK:STEP (two integers >= 0)");
+  }
+}
+
+std::vector<FaultEvent> parse_fault_inject(const std::string& spec) {
+  const std::string error =
+      "fault.inject = " + spec + " must be RANK:STEP[,RANK:STEP...] (integers >= 0)";
+  std::vector<FaultEvent> events;
+  std::stringstream in(spec);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    try {
+      const auto [rank, step] = parse_fault_kill(item, "fault.inject");
+      events.push_back({step, rank});
+    } catch (const UsageError&) {
+      throw UsageError(error);
+    }
+  }
+  if (events.empty() || spec.back() == ',') throw UsageError(error);
+  return events;
+}
+
+}  // namespace gg::gossip

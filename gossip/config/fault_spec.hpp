@@ -1,0 +1,35 @@
+// The grammar of the fault.* option values: "RANK:STEP" hooks, "RANK:STEP,..." injected failures
+// and the recovery strategy. Parsing only: the plan a run follows is gossip/resilience/faults.hpp.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace gg::gossip {
+
+enum class FaultStrategy {
+  Restart,   // every rank reloads the last full checkpoint (or the initial state) and redoes
+  Rollback,  // the failed rank takes a live rank's state; every rank redoes the interrupted step
+  Forward,   // the survivors carry on without the failed rank (lossy forward recovery)
+};
+FaultStrategy parse_fault_strategy(const std::string& name);  // throws UsageError
+const char* to_string(FaultStrategy s);
+
+// Rank `rank` (of the job's original ranks) fails at the boundary before step `step`, counted
+// in the steps of the job at its starting rank count: after a forward recovery, where an epoch
+// has more steps, a later failure comes at the same point of the same epoch.
+struct FaultEvent {
+  int64_t step = 0;
+  int rank = 0;
+  bool operator==(const FaultEvent&) const = default;
+};
+
+// fault.kill / fault.stall "RANK:STEP" -> {rank, step}; throws UsageError naming `key`.
+std::pair<int, int64_t> parse_fault_kill(const std::string& spec, const char* key = "fault.kill");
+
+// "RANK:STEP[,RANK:STEP...]" -> events in the order given; throws UsageError naming fault.inject.
+std::vector<FaultEvent> parse_fault_inject(const std::string& spec);
+
+}  // namespace gg::gossip

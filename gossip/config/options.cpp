@@ -1,0 +1,407 @@
+#include "gossip/config/options.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+#include <type_traits>
+#include <utility>
+
+#include "gossip/config/fault_spec.hpp"
+#include "kernels/models.hpp"
+#include "shuffle/source.hpp"
+
+namespace gg::gossip {
+namespace {
+
+constexpr double kNoEnd = std::numeric_limits<double>::infinity();
+
+constexpr Bound incl(double v) { return {v, nullptr, false}; }
+constexpr Bound excl(double v) { return {v, nullptr, true}; }
+constexpr Bound value_of(const char* key) { return {0, key, false}; }
+constexpr Range in(double lo, double hi) { return {incl(lo), incl(hi)}; }
+constexpr Range at_least(double lo) { return {incl(lo), incl(kNoEnd)}; }
+
+// The grammars of the string options that are not a fixed list.
+void check_source(const std::string& key, const std::string& v) {
+  try {
+    shuffle::parse_source(v, "data.dir");  // the folder itself: gossip/train/preflight
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(key + " = " + v + ": " + e.what());
+  }
+}
+void check_model(const std::string& key, const std::string& v) {
+  const auto names = kernels::model_names();
+  if (std::find(names.begin(), names.end(), v) != names.end()) return;
+  std::string list;
+  for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+  throw UsageError(key + " = " + v + " is unknown: use one of " + list);
+}
+void check_rank_step(const std::string& key, const std::string& v) {
+  if (!v.empty()) parse_fault_kill(v, key.c_str());
+}
+void check_inject(const std::string&, const std::string& v) {
+  if (!v.empty()) parse_fault_inject(v);
+}
+void check_strategy(const std::string&, const std::string& v) { parse_fault_strategy(v); }
+void check_file_name(const std::string& key, const std::string& v) {
+  if (v.empty()) throw UsageError(key + " must name a file");
+}
+
+// clang-format off
+// The key is the field's path in Config, written once: GG_OPTION(train.batch) gives the key
+// "train.batch" and the accessor of c.train.batch.
+#define GG_OPTION(path) #path, [](Config& c) -> auto& { return c.path; }
+
+void data_options(std::vector<Option>& o) {
+  o.insert(o.end(), {
+    {GG_OPTION(data.source), Grammar{check_source},
+     "where the samples come from: fashion-mnist (the idx files in data.dir), idx:DIR, "
+     "imagenet:DIR (train/<wnid>/*.JPEG, val/), shards:DIR (shard-*.tar from gossipgrad pack; "
+     "DIR/train and DIR/val if present), synthetic:CxHxW[:classes[:count]] (generated on the "
+     "fly, no evaluation)"},
+    {GG_OPTION(data.dir), {},
+     "data.source = fashion-mnist: the folder with the idx files of Fashion-MNIST or MNIST (gz "
+     "or plain)"},
+    {GG_OPTION(data.val_labels), {},
+     "imagenet: labels of a flat val/ folder, lines '<file> <wnid or index>' "
+     "(auto: DIR/val_labels.txt)"},
+    {GG_OPTION(data.augment), {},
+     "training augmentation: pixel data random crop (pad 2) + flip; JPEG RandomResizedCrop "
+     "(scale 0.08-1, ratio 3/4-4/3) + flip"},
+    {GG_OPTION(data.prefetch), in(1, 64), "ready batches queued by the loader threads"},
+    {GG_OPTION(data.workers), in(0, 64),
+     "loader threads per rank (0: 1 for pixel data; for JPEG this node's cores / its ranks, "
+     "kept within [2, 8])"},
+    {GG_OPTION(data.crop), in(8, 1024), "JPEG sources: side of the square input"},
+    {GG_OPTION(data.resize), Range{value_of("data.crop"), incl(4096)},
+     "JPEG evaluation: shorter side before the centre crop"},
+    {GG_OPTION(data.shuffle), Choices{{"off", "ids", "bytes"}},
+     "off: every epoch a fresh global permutation (every rank reads all data); ids: each rank "
+     "owns samples and gives data.shuffle_per_step of each batch to a rotating partner (shared "
+     "storage); bytes: the same with the encoded samples travelling over MPI (node-local "
+     "storage)"},
+    {GG_OPTION(data.shuffle_per_step), Range{incl(0), value_of("train.batch")},
+     "samples each rank gives away (and receives) per step with data.shuffle ids or bytes"},
+  });
+}
+
+void model_options(std::vector<Option>& o) {
+  o.insert(o.end(), {
+    {GG_OPTION(model.name), Grammar{check_model},
+     "network: resnet8 (small residual CNN) or cnn, for 28x28/32x32 inputs; or torchvision's "
+     "resnet18, resnet34, resnet50, resnet101, resnet152 or googlenet"},
+    {GG_OPTION(model.width), in(1, 1024), "resnet8 and cnn: channels of the first stage"},
+    {GG_OPTION(model.batch_norm), {},
+     "resnet8 and cnn: batch norm after each convolution (false: the convolutions get a bias "
+     "instead); the torchvision models always have it"},
+  });
+}
+
+void train_options(std::vector<Option>& o) {
+  o.insert(o.end(), {
+    {GG_OPTION(train.backend), Choices{{"onednn", "reference", "cuda"}},
+     "kernels: onednn (fast CPU), reference (plain C++ oracle) or cuda (cuDNN + cuBLAS, one GPU "
+     "per rank)"},
+    {GG_OPTION(train.precision), Choices{{"fp32", "bf16"}},
+     "activations and conv arithmetic: fp32, or bf16 (cuda, or onednn on CPUs with AVX512_BF16 "
+     "or AMX; weights, gradients and the exchange stay fp32)"},
+    {GG_OPTION(train.batch), in(1, 65536), "samples per rank per step"},
+    {GG_OPTION(train.epochs), in(1, 100000), "passes over the training set"},
+    {GG_OPTION(train.lr), Range{excl(0), incl(100)},
+     "peak learning rate for a global batch of train.base_batch, scaled linearly to the run's "
+     "global batch (ranks x train.batch)"},
+    {GG_OPTION(train.base_batch), at_least(1), "global batch that train.lr is quoted for"},
+    {GG_OPTION(train.momentum), Range{incl(0), excl(1)}, "SGD momentum"},
+    {GG_OPTION(train.weight_decay), Range{incl(0), excl(1)}, "L2 weight decay"},
+    {GG_OPTION(train.nesterov), {}, "Nesterov momentum"},
+    {GG_OPTION(train.warmup_epochs), Range{incl(0), value_of("train.epochs")},
+     "linear learning-rate warm-up over this many epochs, then cosine decay to 0 by the end of "
+     "training"},
+    {GG_OPTION(train.seed), {},
+     "seed of initialisation, data order, augmentation, partner rotation and random simulated "
+     "failures"},
+    {GG_OPTION(train.threads), in(0, 1024),
+     "compute threads per rank (0: this node's cores / its ranks)"},
+    {GG_OPTION(train.max_steps), at_least(0),
+     "stop after this many steps; the learning-rate schedule ends there (0: run every epoch)"},
+    {GG_OPTION(train.eval_batch), in(1, 65536), "batch of the evaluation pass"},
+    {GG_OPTION(train.init_from), {},
+     "start from these weights (.npz with torchvision state_dict names, e.g. from gossipgrad "
+     "export) instead of a random initialisation; empty: random"},
+    {GG_OPTION(train.stop_at), at_least(0),
+     "stop after this many steps with a full checkpoint, as if preempted; the learning-rate "
+     "schedule still spans the whole run (0: never)"},
+  });
+}
+
+void gossip_options(std::vector<Option>& o) {
+  o.insert(o.end(), {
+    {GG_OPTION(gossip.mode), Choices{{"grad", "model", "both", "allreduce"}},
+     "grad: average gradients with this step's partner; model: average weights with it after "
+     "the update; both: the two; allreduce: exact average of the gradients over all ranks (the "
+     "baseline)"},
+    {GG_OPTION(gossip.schedule), Choices{{"dissemination", "hypercube", "ring", "random"}},
+     "partners: dissemination, hypercube (power-of-two ranks), ring, random"},
+    {GG_OPTION(gossip.rotate), {},
+     "permute the virtual ranks every ceil(log2 p) steps (seeded, no communication)"},
+    {GG_OPTION(gossip.transport), Choices{{"auto", "shm", "rma", "p2p"}},
+     "how buckets reach the partner: auto (shm between ranks on the same node, rma between "
+     "nodes), shm (stores into an MPI shared-memory window; every rank on one node), rma "
+     "(passive-target MPI one-sided: MPI_Put into the partner's window, then a per-bucket "
+     "flag), p2p (MPI_Isend/MPI_Irecv)"},
+    {GG_OPTION(gossip.threading), Choices{{"funneled", "concurrent", "chained"}},
+     "funneled (one communication thread), concurrent (gossip.comm_threads threads, "
+     "MPI_THREAD_MULTIPLE), chained (one thread, one bucket at a time in bucket order)"},
+    {GG_OPTION(gossip.comm_threads), in(1, 64),
+     "communication threads with gossip.threading = concurrent"},
+    {GG_OPTION(gossip.staleness), in(0, 1),
+     "0: wait for the partner; 1: never wait, mix the partner's latest bucket (this step's or "
+     "the previous one's)"},
+    {GG_OPTION(gossip.overlap_model), {},
+     "model/both: exchange the weights behind the next step and apply the correction "
+     "(w_partner - w_sent) / 2 before its update, instead of waiting after each update"},
+    {GG_OPTION(gossip.global_every), at_least(0),
+     "grad/model/both: exact global average of the weights (and batch-norm statistics) every H "
+     "steps (0: never)"},
+    {GG_OPTION(gossip.consensus_every), at_least(0),
+     "measure the consensus distance every N steps (0: only at evaluation)"},
+    {GG_OPTION(gossip.bucket_kb), in(1, 4194304),
+     "bucket size in KiB (gradients and weights are exchanged bucket by bucket); a gradient "
+     "bucket is exchanged as soon as backward completes it"},
+    {GG_OPTION(gossip.timeout_s), in(0, 1e6),
+     "a rank waiting on its gossip partner longer than this many seconds reports the partner, "
+     "step and bucket and the job stops (0: wait forever; allreduce always waits)"},
+  });
+}
+
+void apoptosis_options(std::vector<Option>& o) {
+  o.insert(o.end(), {
+    {GG_OPTION(apoptosis.enable), {},
+     "neuron apoptosis: every apoptosis.interval steps the ranks agree on conv channels / fc "
+     "neurons whose outgoing weights faded and remove them from the network"},
+    {GG_OPTION(apoptosis.criterion), Choices{{"relative_norm", "norm"}},
+     "score of a unit, the L2 norm of its outgoing weights averaged over the ranks: "
+     "relative_norm (divided by the mean of its layer) or norm"},
+    {GG_OPTION(apoptosis.threshold), Range{incl(0), excl(1e6)},
+     "units scoring below this are removed"},
+    {GG_OPTION(apoptosis.interval), in(1, 1e9), "steps between decisions"},
+    {GG_OPTION(apoptosis.max_share), Range{excl(0), incl(1)},
+     "at most this share of a layer's units goes per decision (lowest scores first)"},
+    {GG_OPTION(apoptosis.layers), Choices{{"fc", "conv", "both"}},
+     "fc, conv or both; only layers whose units reach no residual add, concat or output"},
+    {GG_OPTION(apoptosis.min_keep), in(1, 1e9), "units every layer keeps at least"},
+    {GG_OPTION(apoptosis.until), Range{excl(0), incl(1)},
+     "decide only within this first share of the training steps; the rest trains the shrunk "
+     "model"},
+  });
+}
+
+void checkpoint_options(std::vector<Option>& o) {
+  o.insert(o.end(), {
+    {GG_OPTION(checkpoint.dir), {},
+     "folder for checkpoints: the ranks' average model (model.npz + meta.json, rank 0) and full "
+     "checkpoints (ckpt-<step>/: every rank's state, a manifest written last); empty: none. An "
+     "existing checkpoint there is refused unless log.overwrite or checkpoint.resume"},
+    {GG_OPTION(checkpoint.every_epochs), at_least(0),
+     "also write the average model after every N epochs (0: only at the end of training)"},
+    {GG_OPTION(checkpoint.every), at_least(0), "full checkpoint every N steps (0: never)"},
+    {GG_OPTION(checkpoint.every_minutes), at_least(0),
+     "full checkpoint every T minutes of training (0: never)"},
+    {GG_OPTION(checkpoint.keep), in(1, 1000), "full checkpoints kept, the newest"},
+    {GG_OPTION(checkpoint.resume), {},
+     "resume from a full checkpoint: auto (the newest valid one in checkpoint.dir; none: start "
+     "afresh), or a folder (a checkpoint.dir or one ckpt-<step>); corrupt ones are skipped"},
+  });
+}
+
+void guard_options(std::vector<Option>& o) {
+  o.insert(o.end(), {
+    {GG_OPTION(guard.nan_retries), in(0, 100),
+     "a NaN/Inf loss restores the last in-memory snapshot and lowers the learning rate, at most "
+     "this many times; then training stops (0: stop at once)"},
+    {GG_OPTION(guard.snapshot_every), in(1, 1000000),
+     "steps between in-memory snapshots for the NaN guard"},
+    {GG_OPTION(guard.lr_factor), Range{excl(0), incl(1)},
+     "learning-rate scale applied at each NaN restore"},
+  });
+}
+
+void fault_options(std::vector<Option>& o) {
+  o.insert(o.end(), {
+    {GG_OPTION(fault.kill), Grammar{check_rank_step},
+     "test hook RANK:STEP: that rank kills itself with SIGKILL at that step (not in a resumed "
+     "run, nor in a restart by gossipgrad supervise)"},
+    {GG_OPTION(fault.stall), Grammar{check_rank_step},
+     "test hook RANK:STEP: that rank stops (SIGSTOP) at that step, a hung rank for "
+     "gossip.timeout_s (same conditions as fault.kill)"},
+    {GG_OPTION(fault.nan), at_least(-1),
+     "test hook: rank 0's weights become NaN at the start of this step (-1: never; same "
+     "conditions as fault.kill)"},
+    {GG_OPTION(fault.inject), Grammar{check_inject},
+     "simulated failures RANK:STEP[,RANK:STEP...]: that rank fails at the boundary before that "
+     "step and is recovered by fault.strategy"},
+    {GG_OPTION(fault.mtbf_steps), at_least(0),
+     "random simulated failures: mean steps between failures (exponential gaps, victims uniform "
+     "among the live ranks, drawn from train.seed identically on every rank; 0: none)"},
+    {GG_OPTION(fault.strategy), Grammar{check_strategy},
+     "recovery from a simulated failure: restart (every rank reloads the last full checkpoint "
+     "or the initial state), rollback (the failed rank takes a live rank's state, the step is "
+     "redone), forward (the survivors carry on)"},
+  });
+}
+
+void network_options(std::vector<Option>& o) {
+  o.insert(o.end(), {
+    {GG_OPTION(network.inter_latency_us), Range{incl(0), excl(1e6)},
+     "simulate: latency between nodes, microseconds"},
+    {GG_OPTION(network.inter_bandwidth_gbs), Range{excl(0), excl(1e9)},
+     "simulate: bandwidth of a node's network link, GB/s, shared by its ranks"},
+    {GG_OPTION(network.intra_latency_us), Range{incl(0), excl(1e6)},
+     "simulate: latency within a node, microseconds"},
+    {GG_OPTION(network.intra_bandwidth_gbs), Range{excl(0), excl(1e9)},
+     "simulate: bandwidth between two ranks of a node, GB/s"},
+    {GG_OPTION(network.mix_bandwidth_gbs), Range{excl(0), excl(1e9)},
+     "simulate: GB/s of one operand through the local averaging or reduction"},
+    {GG_OPTION(network.ranks_per_node), in(1, 4096),
+     "simulate: ranks per node (consecutive ranks share a node)"},
+  });
+}
+
+void simulate_options(std::vector<Option>& o) {
+  o.insert(o.end(), {
+    {GG_OPTION(simulate.forward_ms), Range{incl(0), excl(1e9)},
+     "simulate: forward time per step on one rank, ms (forward_ms and backward_ms both 0: all "
+     "three times are measured here)"},
+    {GG_OPTION(simulate.backward_ms), Range{incl(0), excl(1e9)},
+     "simulate: backward time per step, ms"},
+    {GG_OPTION(simulate.update_ms), Range{incl(0), excl(1e9)},
+     "simulate: optimizer step time, ms"},
+    {GG_OPTION(simulate.steps), in(1, 100000),
+     "simulate: gossip steps averaged per prediction"},
+  });
+}
+
+void log_options(std::vector<Option>& o) {
+  o.insert(o.end(), {
+    {GG_OPTION(log.metrics), Grammar{check_file_name},
+     "JSON Lines metrics file, written by rank 0 (a resumed run appends to it)"},
+    {GG_OPTION(log.overwrite), {},
+     "replace an existing metrics file, timeline and checkpoint instead of refusing to start"},
+    {GG_OPTION(log.progress), {}, "print a live progress line"},
+    {GG_OPTION(log.interval), Range{excl(0.1), incl(3600)}, "seconds between progress lines"},
+    {GG_OPTION(log.timeline), {},
+     "write a timeline of the run to this JSON file (Chrome trace events: open in Perfetto or "
+     "chrome://tracing): forward/backward per layer, every bucket exchange, data, optimizer and "
+     "waits, every rank; not in a run with simulated failures; empty: none"},
+    {GG_OPTION(log.timeline_steps), at_least(1),
+     "how many steps from the start the timeline records (each is one event per layer, bucket "
+     "and phase on every rank)"},
+    {GG_OPTION(log.samples), {},
+     "debug: each rank writes every step's sample ids to PATH.<rank> (\"step epoch id ...\"), "
+     "to check that failures conserve the samples; a fresh run starts the file anew, a resumed "
+     "one (checkpoint.resume) appends to it (empty: none)"},
+  });
+}
+// clang-format on
+
+#undef GG_OPTION
+
+// Integers as they are, powers of ten from 1e7 as "1e9" (not "1e+09").
+std::string number_text(double v) {
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  if (v == std::trunc(v) && std::abs(v) < 1e15) {
+    const double exponent = std::floor(std::log10(std::abs(v)));
+    if (exponent >= 7 && v == std::pow(10.0, exponent))
+      return "1e" + std::to_string(static_cast<int>(exponent));
+    return std::to_string(static_cast<int64_t>(v));
+  }
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
+
+std::string bound_text(const Bound& b) { return b.key ? std::string(b.key) : number_text(b.value); }
+
+const Option& option(std::string_view key) {
+  for (const Option& o : options())
+    if (o.key == key) return o;
+  throw std::logic_error("no option " + std::string(key));
+}
+
+template <typename T>
+const T& value(Field<T> get, const Config& c) {
+  return get(const_cast<Config&>(c));  // read only: the accessors serve parsing too
+}
+
+double number(const Option& o, const Config& c) {
+  return std::visit(
+      [&](auto get) -> double {
+        const auto& v = value(get, c);
+        if constexpr (std::is_arithmetic_v<std::decay_t<decltype(v)>>)
+          return static_cast<double>(v);
+        else
+          throw std::logic_error(std::string(o.key) + " is no number");
+      },
+      o.field);
+}
+
+void check_range(const Option& o, const Range& r, const Config& c, bool cross) {
+  if (cross && !r.lo.key && !r.hi.key) return;
+  const double v = number(o, c);
+  const double lo = r.lo.key ? number(option(r.lo.key), c) : r.lo.value;
+  const double hi = r.hi.key ? number(option(r.hi.key), c) : r.hi.value;
+  const bool finite_needed = std::holds_alternative<Field<double>>(o.field);
+  bool ok = !finite_needed || std::isfinite(v);
+  if (!r.lo.key || cross) ok = ok && (r.lo.open ? v > lo : v >= lo);
+  if (!r.hi.key || cross) ok = ok && (std::isinf(hi) || (r.hi.open ? v < hi : v <= hi));
+  if (ok) return;
+  throw UsageError(std::string(o.key) + " = " + value_text(o, c) + " is out of range: must be " +
+                   range_text(r));
+}
+
+}  // namespace
+
+const std::vector<Option>& options() {
+  static const std::vector<Option> all = [] {
+    std::vector<Option> o;
+    for (auto section : {data_options, model_options, train_options, gossip_options,
+                         apoptosis_options, checkpoint_options, guard_options, fault_options,
+                         network_options, simulate_options, log_options})
+      section(o);
+    return o;
+  }();
+  return all;
+}
+
+std::string value_text(const Option& o, const Config& c) {
+  std::ostringstream s;
+  s << std::boolalpha;
+  std::visit([&](auto get) { s << value(get, c); }, o.field);
+  return s.str();
+}
+
+std::string range_text(const Range& r) {
+  if (std::isinf(r.hi.value) && !r.hi.key) return (r.lo.open ? "> " : ">= ") + bound_text(r.lo);
+  return std::string("in ") + (r.lo.open ? "(" : "[") + bound_text(r.lo) + ", " + bound_text(r.hi) +
+         (r.hi.open ? ")" : "]");
+}
+
+void check_option(const Option& o, const Config& c, bool cross) {
+  if (const auto* r = std::get_if<Range>(&o.rule)) return check_range(o, *r, c, cross);
+  if (cross) return;
+  if (const auto* g = std::get_if<Grammar>(&o.rule))
+    return g->check(std::string(o.key), value(std::get<Field<std::string>>(o.field), c));
+  if (const auto* choices = std::get_if<Choices>(&o.rule)) {
+    const std::string& v = value(std::get<Field<std::string>>(o.field), c);
+    std::string list;
+    for (std::string_view ok : choices->values) {
+      if (v == ok) return;
+      list += (list.empty() ? "" : ", ") + std::string(ok);
+    }
+    throw UsageError(std::string(o.key) + " = " + v + " is unknown: use " + list);
+  }
+}
+
+}  // namespace gg::gossip
