@@ -3,13 +3,17 @@
 #include "gossip/train/loop.hpp"
 
 #include <omp.h>
+#include <sys/statvfs.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <thread>
 
 #include "gossip/comm/wait_watch.hpp"
+#include "gossip/train/agree.hpp"
 #include "gossip/train/job.hpp"
+#include "gossip/train/run_lock.hpp"
 #include "gossip/train/simulated_failures.hpp"
 #include "gossip/train/step_hooks.hpp"
 #include "gossip/train/stop_signals.hpp"
@@ -67,6 +71,29 @@ void warn_if_oversubscribed(const Group& g) {
       "gossipgrad: warning: %d ranks x %d threads on a node of %d cores: oversubscribed, "
       "expect much slower steps (lower train.threads, or run fewer ranks per node)\n",
       ranks_here, g.threads, cores);
+}
+
+// checkpoint.dir must hold at least one checkpoint of this run (every rank's state and the
+// average model): found out now, not after the first epoch (rank 0 decides, every rank stops).
+void check_checkpoint_space(const Group& g) {
+  mpi::RankError error;
+  if (g.lead && !g.c.checkpoint.dir.empty()) {
+    const double p = static_cast<double>(g.trainer.graph().param_count());
+    const double b = static_cast<double>(g.trainer.graph().buffer_count());
+    const double need = (g.comm.size() * (3 * p + b) + p + b) * sizeof(float);
+    struct statvfs fs = {};
+    if (::statvfs(g.c.checkpoint.dir.c_str(), &fs) == 0) {
+      const double free = static_cast<double>(fs.f_bavail) * static_cast<double>(fs.f_frsize);
+      if (free < need)
+        error = {"checkpoint.dir = " + g.c.checkpoint.dir + " has " +
+                     std::to_string(static_cast<int64_t>(free / 1e6)) +
+                     " MB free; one checkpoint of this run needs about " +
+                     std::to_string(static_cast<int64_t>(need / 1e6) + 1) +
+                     " MB: free some space or choose another folder",
+                 true};
+    }
+  }
+  throw_agreed(g.comm, error);
 }
 
 // The metrics file (rank 0 of the job, or of the survivors once it failed) and the job's first
@@ -224,6 +251,7 @@ Ending nothing_to_do(Group& g, JobState& job) {
 Ending train_group(const Config& c, const mpi::Comm& comm, JobState& job, GroupObjects& o) {
   const mpi::Activity doing("start-up: data, model, checkpoint");
   Group g = open_group(c, comm, job, o);
+  check_checkpoint_space(g);
   announce_start(g, job);
   comm.barrier();  // the ranks' timelines start together
   // A timeline spans one group of ranks: with failures planned there may be several, so none.
@@ -271,6 +299,24 @@ RunSummary wait_as_failed(JobState& job) {
   return gone;
 }
 
+// Rank 0 locks checkpoint.dir for the run (issue: two runs in one folder); every rank learns
+// whether it could.
+std::unique_ptr<RunLock> lock_checkpoint_dir(const Config& c, const mpi::Comm& world) {
+  std::unique_ptr<RunLock> lock;
+  mpi::RankError error;
+  if (world.rank() == 0 && !c.checkpoint.dir.empty()) {
+    try {
+      lock = std::make_unique<RunLock>(c.checkpoint.dir);
+    } catch (const UsageError& e) {
+      error = {e.what(), true};
+    } catch (const std::exception& e) {
+      error = {e.what(), false};
+    }
+  }
+  throw_agreed(world, error);
+  return lock;
+}
+
 }  // namespace
 
 RunSummary run_training(const Config& c, const mpi::Comm& world) {
@@ -278,6 +324,7 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
   StopSignals stop_signals(std::max(60.0, 2 * c.gossip.timeout_s));
   // Every wait on other ranks is bounded by gossip.timeout_s (comm/wait_watch.hpp).
   const mpi::WaitWatchdog watchdog(c.gossip.timeout_s, "gossip.timeout_s");
+  const std::unique_ptr<RunLock> lock = lock_checkpoint_dir(c, world);
   JobState job(world);
   job.stop_signals = &stop_signals;
   job.t_start = Clock::now();

@@ -1,5 +1,10 @@
 #include "gossip/train/preflight.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <stdexcept>
 #include <string>
@@ -26,6 +31,32 @@ void check_data_folder(const Config& c) {
   if (!fs::is_directory(spec.path, ec))
     throw UsageError("data.source = " + c.data.source + ": " + spec.path +
                      (fs::exists(spec.path, ec) ? " is not a folder" : ": no such folder"));
+}
+
+// A folder the run writes late (checkpoints after the first epoch, the timeline at the end) must
+// be writable before training, not found unwritable once the model is trained. A file is
+// written and removed in it, or, while it does not exist yet, in the nearest folder above it
+// (where the run will create it): nothing is left behind, also by --dry-run.
+void check_writable(const std::string& key, const std::string& value, fs::path folder) {
+  std::error_code ec;
+  folder = fs::absolute(folder, ec);
+  while (!fs::exists(folder, ec) && folder.has_parent_path() && folder != folder.parent_path())
+    folder = folder.parent_path();
+  if (!fs::is_directory(folder, ec))
+    throw UsageError(key + " = " + value + ": " + folder.string() +
+                     " is not a folder (choose a folder this user can write)");
+  const fs::path probe = folder / (".gossipgrad-write-test-" + std::to_string(::getpid()));
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+  const int err = errno;
+  if (fd >= 0) {
+    const bool wrote = ::write(fd, "x", 1) == 1;
+    ::close(fd);
+    ::unlink(probe.c_str());
+    if (wrote) return;
+  }
+  throw UsageError(key + " = " + value + ": cannot write in " + folder.string() + ": " +
+                   std::strerror(fd >= 0 ? ENOSPC : err) +
+                   " (choose a folder this user can write)");
 }
 
 void check_not_clobbered(const std::string& key, const std::string& path) {
@@ -57,7 +88,10 @@ void check_run_files(const Config& c) {
       throw UsageError("checkpoint.dir = " + c.checkpoint.dir +
                        " already holds a checkpoint: choose a new folder, pass "
                        "--checkpoint.resume auto or --log.overwrite true");
+    check_writable("checkpoint.dir", c.checkpoint.dir, c.checkpoint.dir);
   }
+  if (!c.log.timeline.empty())
+    check_writable("log.timeline", c.log.timeline, fs::absolute(c.log.timeline).parent_path());
   if (!c.log.timeline.empty() && !c.log.overwrite)
     check_not_clobbered("log.timeline", c.log.timeline);
   // A resumed run appends to its metrics file.
