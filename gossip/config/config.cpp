@@ -82,7 +82,8 @@ std::vector<std::string> join_values(const std::vector<std::string>& args) {
     const std::string& a = args[i];
     const bool long_opt = a.rfind("--", 0) == 0 && a.size() > 2 && a.find('=') == std::string::npos;
     const bool has_value = i + 1 < args.size() && args[i + 1].rfind("--", 0) != 0;
-    if (long_opt && a != "--help" && has_value) {
+    // An empty value ("--log.timeline ''") stays a token of its own: "--key=" is an error.
+    if (long_opt && a != "--help" && has_value && !args[i + 1].empty()) {
       out.push_back(a + "=" + args[i + 1]);
       ++i;
     } else {
@@ -90,6 +91,27 @@ std::vector<std::string> join_values(const std::vector<std::string>& args) {
     }
   }
   return out;
+}
+
+// The config file's text. Only a regular file of at most 1 MiB: a FIFO, a device (/dev/zero) or
+// a huge file would hang or exhaust memory instead of failing.
+std::string read_config_file(const std::string& path) {
+  std::error_code ec;
+  const auto status = fs::status(path, ec);
+  if (ec || !fs::exists(status) || fs::is_directory(status))
+    throw UsageError("config file " + path + " cannot be read (missing or unreadable)");
+  if (!fs::is_regular_file(status))
+    throw UsageError("config file " + path +
+                     " is not a regular file (a pipe or a device): pass an INI file");
+  constexpr std::uintmax_t kMaxBytes = 1 << 20;
+  if (fs::file_size(path, ec) > kMaxBytes)
+    throw UsageError("config file " + path + " is larger than 1 MiB: pass an INI file");
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw UsageError("config file " + path + " cannot be read (missing or unreadable)");
+  std::string text(kMaxBytes + 1, '\0');
+  f.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(f.gcount()));
+  return text;
 }
 
 std::string one_line(std::string s) {
@@ -122,9 +144,7 @@ Config parse_train_args(const std::vector<std::string>& args) {
     // The command line is stored first, so it wins over the file for every key it sets.
     if (vm.count("config")) {
       const std::string path = vm["config"].as<std::string>();
-      std::ifstream f(path);
-      if (!f || fs::is_directory(path))
-        throw UsageError("config file " + path + " cannot be read (missing or unreadable)");
+      std::istringstream f(read_config_file(path));
       try {
         po::store(po::parse_config_file(f, opts, /*allow_unregistered=*/false), vm);
       } catch (const po::unknown_option& e) {

@@ -8,7 +8,7 @@ cd "$TMP"
 fail=0
 expect() {  # expect NAME PATTERN -- ARGS...
   local name="$1" pattern="$2"; shift 3
-  "$BIN" "$@" >"$TMP/out" 2>"$TMP/err"; local rc=$?
+  timeout 60 "$BIN" "$@" >"$TMP/out" 2>"$TMP/err"; local rc=$?  # a hang is a failure too
   local lines; lines=$(wc -l <"$TMP/err")
   if [ "$rc" -ne 2 ] || [ "$lines" -ne 1 ] || ! grep -q -- "$pattern" "$TMP/err"; then
     echo "FAIL: $name: exit $rc, $lines stderr lines:"; cat "$TMP/err"; fail=1
@@ -34,10 +34,15 @@ printf '[train]\nbatch = 8\nbogus_key = 1\n' >bad.ini
 expect "unknown key in the INI file" "bogus_key" -- train --config bad.ini
 printf '[train]\nbatch = eight\n' >badtype.ini
 expect "wrong type in the INI file" "batch" -- train --config badtype.ini
+# Config files that are no files: a FIFO and /dev/zero hung the reader, a huge file is refused.
+mkdir -p inputs && mkfifo inputs/fifo.ini && head -c 2000000 /dev/zero | tr '\0' '#' >inputs/big.ini
+expect "config file is a FIFO" "not a regular file" -- train --config inputs/fifo.ini
+expect "config file is a device" "not a regular file" -- train --config /dev/zero
+expect "config file of 2 MB" "larger than 1 MiB" -- train --config inputs/big.ini
 mkdir -p runs && echo keep >runs/m.jsonl
 expect "existing metrics file is not overwritten" "already exists" -- train --config "$CFG" --log.metrics runs/m.jsonl
 grep -q keep runs/m.jsonl || { echo "FAIL: metrics file was touched"; fail=1; }
-if [ -n "$(ls "$TMP" | grep -v -e out -e err -e bad.ini -e badtype.ini -e runs -e help.txt)" ]; then
+if [ -n "$(ls "$TMP" | grep -v -e out -e err -e bad.ini -e badtype.ini -e runs -e help.txt -e inputs)" ]; then
   echo "FAIL: usage errors left files behind: $(ls "$TMP")"; fail=1
 fi
 # --help answers and exits 0.
@@ -46,4 +51,7 @@ fi
 "$BIN" --help >help.txt && grep -q "gossipgrad train" help.txt || { echo "FAIL: --help"; fail=1; }
 "$BIN" train --help >help.txt && grep -q "train.batch" help.txt || { echo "FAIL: train --help"; fail=1; }
 "$BIN" info --model resnet8 >help.txt && grep -q "parameters" help.txt || { echo "FAIL: info"; fail=1; }
+# An empty value is a value ("--key ''" used to end in "should follow immediately after =").
+"$BIN" train --config "$CFG" --log.timeline "" --dry-run >help.txt 2>&1 &&
+  grep -q "^timeline = $" help.txt || { echo "FAIL: an empty value"; cat help.txt; fail=1; }
 exit $fail
