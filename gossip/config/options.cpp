@@ -171,8 +171,10 @@ void gossip_options(std::vector<Option>& o) {
      "bucket size in KiB (gradients and weights are exchanged bucket by bucket); a gradient "
      "bucket is exchanged as soon as backward completes it"},
     {GG_OPTION(gossip.timeout_s), in(0, 1e6),
-     "a rank waiting on its gossip partner longer than this many seconds reports the partner, "
-     "step and bucket and the job stops (0: wait forever; allreduce always waits)"},
+     "a rank waiting on another rank longer than this many seconds (its gossip partner, or any "
+     "collective: allreduce mode, evaluation, checkpoints, the shuffle) names the wait and the "
+     "step, and the job stops; a SIGTERM not taken up within max(60, 2x this) ends a rank "
+     "(0: wait forever)"},
   });
 }
 
