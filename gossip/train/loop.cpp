@@ -299,6 +299,16 @@ RunSummary wait_as_failed(JobState& job) {
   return gone;
 }
 
+[[noreturn]] void abort_job(const mpi::Comm& world, const char* what) {
+  std::fprintf(stderr, "gossipgrad: rank %d: error: %s\n", world.rank(), what);
+  std::fflush(stderr);
+  std::fflush(stdout);
+  // mpirun drops output still in flight when the abort tears the job down: give it a moment.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);  // MPI_Abort does not return
+}
+
 // Rank 0 locks checkpoint.dir for the run (issue: two runs in one folder); every rank learns
 // whether it could.
 std::unique_ptr<RunLock> lock_checkpoint_dir(const Config& c, const mpi::Comm& world) {
@@ -343,9 +353,17 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
     Ending end = Ending::Done;
     try {
       end = train_group(job.configs.back(), *comm, job, *objects);
-    } catch (...) {
+    } catch (const UsageError&) {  // every rank has it (agreed, or from the config alike)
       // Unwinding must not wait in MPI_Win_free for a rank that left: the job is ending anyway.
       if (!job.parked.empty()) mpi::mark_peer_lost();
+      throw;
+    } catch (const StopRequested&) {  // every rank stopped at the same step boundary
+      if (!job.parked.empty()) mpi::mark_peer_lost();
+      throw;
+    } catch (const std::exception& e) {
+      // Maybe this rank's alone (a full disk, a failed read): unwinding would wait in collective
+      // teardown for ranks that went on, so the job ends here, with this rank's line.
+      if (world.size() > 1) abort_job(world, e.what());
       throw;
     }
     if (end == Ending::Done) break;

@@ -5,7 +5,7 @@
 
 namespace gg::gossip {
 
-MetricsWriter::MetricsWriter(const std::string& path, bool overwrite, bool append) {
+MetricsWriter::MetricsWriter(const std::string& path, bool overwrite, bool append) : path_(path) {
   namespace fs = std::filesystem;
   const fs::path p(path);
   if (fs::exists(p) && !overwrite && !append)
@@ -19,6 +19,8 @@ void MetricsWriter::write(const nlohmann::json& event) {
   if (!out_.is_open()) return;
   out_ << event.dump() << '\n';
   out_.flush();
+  // A full disk must not lose the run's history silently.
+  if (!out_) throw std::runtime_error("cannot write the metrics file " + path_ + " (disk full?)");
 }
 
 }  // namespace gg::gossip

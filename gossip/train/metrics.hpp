@@ -13,10 +13,12 @@ class MetricsWriter {
   MetricsWriter() = default;  // disabled: write() does nothing (ranks other than 0)
   // `append`: add to an existing file (a resumed run) instead of refusing or replacing it.
   MetricsWriter(const std::string& path, bool overwrite, bool append = false);
+  // Throws std::runtime_error when the line cannot be written.
   void write(const nlohmann::json& event);
   bool enabled() const { return out_.is_open(); }
 
  private:
+  std::string path_;
   std::ofstream out_;
 };
 

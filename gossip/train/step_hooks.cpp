@@ -26,6 +26,7 @@ class SampleLog : public StepHook {
       for (int64_t id : r.batch->ids) out_ << ' ' << id;
       out_ << '\n';
     }
+    if (!out_) throw std::runtime_error("log.samples: cannot write the sample log (disk full?)");
   }
 
  private:

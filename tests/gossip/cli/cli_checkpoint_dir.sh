@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The checkpoint folder is checked before training, not at the first write after it (issue 15):
 # an unwritable folder, a read-only or full file system and an unwritable timeline folder exit 2
+# (and metrics that fill the disk end the run with one line)
 # with one line before any step; a second run in a folder that a run is using exits 2 and leaves
 # the first run's files alone; the lock goes with the run, so a resume in the folder works.
 set -euo pipefail
@@ -42,6 +43,13 @@ if mount -t tmpfs -o size=1m,ro tmpfs "$TMP/ro" 2>/dev/null; then
   refused readonly "cannot write in $TMP/ro: Read-only file system" --checkpoint.dir "$TMP/ro/ck"
   mount -t tmpfs -o size=1m tmpfs "$TMP/full" && MOUNTS+=("$TMP/full")
   refused full "MB free; one checkpoint of this run needs about" --checkpoint.dir "$TMP/full/ck"
+  # Metrics on a file system that fills up: the run fails with one line, not exit 0 without them.
+  mkdir tiny && mount -t tmpfs -o size=12k tmpfs "$TMP/tiny" && MOUNTS+=("$TMP/tiny")
+  rc=0
+  "$MPIEXEC" -n 2 "$BIN" "${RUN[@]}" --train.max_steps 400 --log.metrics "$TMP/tiny/m.jsonl" \
+    > tiny.log 2>&1 || rc=$?
+  [ "$rc" != 0 ] || fail "metrics on a full disk: exit 0"
+  grep -q "cannot write the metrics file $TMP/tiny/m.jsonl" tiny.log || fail "metrics: no line"
 else
   echo "readonly, full: skipped (cannot mount a tmpfs here)"
 fi
