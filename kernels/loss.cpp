@@ -27,9 +27,18 @@ LossResult softmax_cross_entropy(const float* logits, const int32_t* labels, int
     for (int64_t c = 0; c < classes; ++c) sum += std::exp(static_cast<double>(z[c] - zmax));
     const double log_sum = std::log(sum) + zmax;
     r.loss += (log_sum - z[y]) * inv;
-    // Classes ranked above the true one; ties go to the lower index, as argmax does.
+    // Classes ranked above the true one; ties go to the lower index, as argmax does, and a NaN
+    // ranks above every number, as in torch.argmax and topk (else NaN logits, which compare
+    // false with everything, would count as correct).
     int64_t rank = 0;
-    for (int64_t c = 0; c < classes; ++c) rank += z[c] > z[y] || (z[c] == z[y] && c < y);
+    const bool nan_y = std::isnan(z[y]);
+    for (int64_t c = 0; c < classes; ++c) {
+      const bool tie_wins = c < y;
+      if (std::isnan(z[c]))
+        rank += !nan_y || tie_wins;
+      else
+        rank += !nan_y && (z[c] > z[y] || (z[c] == z[y] && tie_wins));
+    }
     r.correct += rank == 0;
     r.top5 += rank < 5;
     if (dz) {

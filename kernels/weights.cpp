@@ -1,8 +1,10 @@
 #include "kernels/weights.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 #include <stdexcept>
+#include <utility>
 
 namespace gg::kernels {
 namespace {
@@ -83,6 +85,13 @@ void import_weights(const Graph& g, ParamStore& s, const NpzEntries& arrays,
 
 void save_weights(const std::string& path, const Graph& g, const std::vector<float>& params,
                   const std::vector<float>& buffers, int64_t batches_tracked) {
+  for (const auto& [specs, flat] : {std::pair{&g.params(), &params}, {&g.buffers(), &buffers}})
+    for (const TensorSpec& t : *specs) {
+      const auto first = flat->begin() + t.offset;
+      if (!std::all_of(first, first + t.size(), [](float v) { return std::isfinite(v); }))
+        throw std::runtime_error(path + ": not written: " + t.name +
+                                 " holds NaN or inf (the model diverged)");
+    }
   write_npz(path, export_weights(g, params, buffers, batches_tracked));
 }
 

@@ -28,7 +28,9 @@ NpzEntries export_weights(const Graph& g, const ParamStore& s, int64_t batches_t
 void import_weights(const Graph& g, ParamStore& s, const NpzEntries& arrays,
                     const std::string& source);
 
-// export_weights + write_npz, and read_npz + import_weights.
+// export_weights + write_npz, and read_npz + import_weights. save_weights refuses weights that
+// hold a NaN or inf (a model that diverged): std::runtime_error naming the path and the tensor,
+// nothing written.
 void save_weights(const std::string& path, const Graph& g, const std::vector<float>& params,
                   const std::vector<float>& buffers, int64_t batches_tracked);
 void load_weights(const std::string& path, const Graph& g, ParamStore& s);

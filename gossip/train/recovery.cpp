@@ -32,6 +32,10 @@ double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+bool all_finite(const std::vector<float>& v) {
+  return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+}
+
 }  // namespace
 
 Recovery::Recovery(const Config& c, const mpi::Comm& world, Trainer& trainer, TrainingData& data,
@@ -249,27 +253,52 @@ void Recovery::continue_at(int64_t step, const RankState& s) {
   last_written_ = step;
 }
 
+bool Recovery::weights_finite() {
+  return all_finite(trainer_.store().params) && all_finite(trainer_.store().buffers);
+}
+
 void Recovery::before_step(int64_t s) {
-  if (c_.guard.nan_retries > 0 && (!snapshot_ || s % c_.guard.snapshot_every == 0)) {
-    RankState snap;
-    trainer_.capture_state(snap);
-    snap.step = s;
-    // Weights that became non-finite without a NaN loss yet are no state to go back to.
-    bool finite = true;
-    for (float v : snap.params) finite &= std::isfinite(v);
-    double bad = finite ? 0 : 1;
+  if (c_.guard.nan_retries == 0 || (snapshot_ && s % c_.guard.snapshot_every != 0)) return;
+  // Weights that became non-finite are no state to go back to. after_step(s - 1) checked them
+  // (a collective) when this snapshot was due; the first snapshot checks them here, and a
+  // failure is after_step(s)'s to report.
+  if (weights_checked_for_ != s) {
+    double bad = weights_finite() ? 0 : 1;
     world_.allreduce_max(&bad, 1);
-    if (bad == 0) snapshot_ = std::move(snap);
+    if (bad != 0) {
+      weights_bad_ = true;
+      return;
+    }
   }
+  RankState snap;
+  trainer_.capture_state(snap);
+  snap.step = s;
+  snapshot_ = std::move(snap);
+}
+
+bool Recovery::weights_due(int64_t s) const {
+  // Before every snapshot, every evaluation and average-model checkpoint (an epoch's end), and
+  // every full checkpoint by step count: a non-finite weight can hide from the loss (a weight
+  // that no sample's forward reads, or a NaN that arrived from a partner after the forward).
+  const int64_t done = s + 1;
+  return done % c_.guard.snapshot_every == 0 || done % data_.steps_per_epoch() == 0 ||
+         (c_.checkpoint.every > 0 && done % c_.checkpoint.every == 0) || done == c_.train.stop_at;
 }
 
 bool Recovery::after_step(int64_t s, double loss, MetricsWriter& metrics) {
-  // Every rank decides alike (a partner's NaN reaches this rank only a step later).
-  double bad = std::isfinite(loss) ? 0 : 1;
-  world_.allreduce_max(&bad, 1);
-  if (bad == 0) return false;
+  // Every rank decides alike (a partner's NaN reaches this rank only a step later): the loss
+  // every step, the weights when due, in one collective.
+  const bool check = weights_due(s);
+  const bool weights_bad = weights_bad_ || (check && !weights_finite());
+  double bad[2] = {std::isfinite(loss) ? 0. : 1., weights_bad ? 1. : 0.};
+  world_.allreduce_max(bad, 2);
+  weights_bad_ = false;
+  if (check && bad[1] == 0) weights_checked_for_ = s + 1;
+  if (bad[0] == 0 && bad[1] == 0) return false;
+  const char* what = bad[0] != 0 ? "loss" : "weights";
   if (c_.guard.nan_retries == 0 || nan_restores_ >= c_.guard.nan_retries || !snapshot_) {
-    std::string msg = "the loss became non-finite at step " + std::to_string(s);
+    std::string msg =
+        std::string("the ") + what + " became non-finite at step " + std::to_string(s);
     if (c_.guard.nan_retries > 0)
       msg += " after " + std::to_string(nan_restores_) + " restores (guard.nan_retries)";
     throw std::runtime_error(msg + "; lower train.lr");
@@ -278,14 +307,16 @@ bool Recovery::after_step(int64_t s, double loss, MetricsWriter& metrics) {
   lr_scale_ *= c_.guard.lr_factor;
   trainer_.restore_model(*snapshot_);
   trainer_.set_lr_scale(lr_scale_);
+  weights_checked_for_ = -1;
   if (world_.rank() == 0) {
     std::printf(
-        "gossipgrad: non-finite loss at step %lld: restored the state of step %lld on every "
+        "gossipgrad: non-finite %s at step %lld: restored the state of step %lld on every "
         "rank, learning rate scaled by %g (restore %d of at most %d)\n",
-        static_cast<long long>(s), static_cast<long long>(snapshot_->step), lr_scale_,
+        what, static_cast<long long>(s), static_cast<long long>(snapshot_->step), lr_scale_,
         nan_restores_, c_.guard.nan_retries);
     std::fflush(stdout);
     metrics.write({{"event", "guard"},
+                   {"cause", what},
                    {"step", s},
                    {"restored_step", snapshot_->step},
                    {"lr_scale", lr_scale_},
@@ -335,6 +366,11 @@ void Recovery::write_checkpoint(int64_t steps, int64_t epoch) {
   const fs::path root(c_.checkpoint.dir);
   const fs::path folder = root / checkpoint_folder_name(steps);
   std::string error;
+  // A model that diverged is no state to resume from: nothing is written, nothing removed.
+  if (!weights_finite())
+    error = "checkpoint: not written after step " + std::to_string(steps) + ": rank " +
+            std::to_string(world_.rank()) + "'s weights hold NaN or inf; lower train.lr";
+  throw_agreed(world_, {error, false});
   if (world_.rank() == 0) {
     try {
       std::error_code ec;

@@ -56,15 +56,18 @@ class Recovery {
 
   // Before step s: the NaN guard's snapshot, when one is due (a collective).
   void before_step(int64_t s);
-  // After step s with this rank's loss (a collective, 8 bytes): a NaN/Inf loss on
-  // any rank restores every rank's last snapshot and lowers the learning rate; returns true
-  // then. Throws std::runtime_error once guard.nan_retries restores are spent.
+  // After step s with this rank's loss (a collective, 16 bytes): a NaN/Inf loss on any rank, or
+  // a NaN/Inf weight or running statistic on any rank (looked for before every snapshot, epoch
+  // end and full checkpoint by step count), restores every rank's last snapshot and lowers the
+  // learning rate; returns true then. Throws std::runtime_error naming the step once
+  // guard.nan_retries restores are spent (at once with guard.nan_retries 0).
   bool after_step(int64_t s, double loss, MetricsWriter& metrics);
   // After step s and its evaluation: a full checkpoint when one is due, and after the `last`
   // step of training (a collective). Returns true when training must stop here (train.stop_at).
   bool after_step_done(int64_t s, int64_t epoch, bool last, MetricsWriter& metrics);
 
-  // Writes the full checkpoint of the state after `steps` steps (a collective).
+  // Writes the full checkpoint of the state after `steps` steps (a collective). Throws
+  // std::runtime_error, writing and removing nothing, when a rank's weights hold NaN or inf.
   void write_checkpoint(int64_t steps, int64_t epoch);
   // The full checkpoint after `done` steps, written now unless it was already (a collective);
   // returns its folder, or "" without checkpoint.dir.
@@ -84,6 +87,10 @@ class Recovery {
   RankState read_own_state(const std::string& folder, const Manifest& m) const;
   RankState average_states(const std::string& folder, const Manifest& m) const;
   bool time_due();
+  // This rank's parameters and running statistics are all finite.
+  bool weights_finite();
+  // Whether after_step(s) looks at the weights.
+  bool weights_due(int64_t s) const;
 
   const Config& c_;
   const mpi::Comm& world_;
@@ -96,6 +103,8 @@ class Recovery {
   double last_write_time_ = 0;  // seconds since start_
   double start_ = 0;
   std::optional<RankState> snapshot_;
+  bool weights_bad_ = false;          // before_step found them non-finite; after_step reports it
+  int64_t weights_checked_for_ = -1;  // after_step found them finite for the snapshot of this step
   int nan_restores_ = 0;
   double lr_scale_ = 1;
 };

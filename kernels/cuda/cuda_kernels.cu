@@ -50,17 +50,19 @@ __global__ void cast_k(D* dst, const S* src, int64_t n) {
   GG_GRID_LOOP(i, n) st(dst, i, ld(src, i));
 }
 
+// NaN propagates as in PyTorch: relu(NaN) = NaN (fmaxf would drop it), and its gradient passes
+// wherever the input is not <= 0 (threshold_backward).
 template <typename T>
 __global__ void relu_fwd_k(T* y, const T* x, int64_t n) {
   GG_GRID_LOOP(i, n) {
     const float v = ld(x, i);
-    st(y, i, v > 0.f ? v : 0.f);
+    st(y, i, v <= 0.f ? 0.f : v);
   }
 }
 
 template <typename T>
 __global__ void relu_bwd_k(T* dx, const T* dy, const T* x, int64_t n, bool acc) {
-  GG_GRID_LOOP(i, n) put(dx, i, ld(x, i) > 0.f ? ld(dy, i) : 0.f, acc);
+  GG_GRID_LOOP(i, n) put(dx, i, ld(x, i) <= 0.f ? 0.f : ld(dy, i), acc);
 }
 
 template <typename T>
@@ -117,6 +119,7 @@ __global__ void bias_grad_k(float* db, const T* dy, int64_t batch, int64_t c, in
   if (threadIdx.x == 0) db[ch] = part[0];
 }
 
+// A NaN in the window wins (the last one, if several), as in PyTorch's kernels.
 template <typename T>
 __global__ void max_pool_fwd_k(T* y, int32_t* argmax, const T* x, PoolShape p) {
   GG_GRID_LOOP(o, p.planes * p.oh * p.ow) {
@@ -132,7 +135,7 @@ __global__ void max_pool_fwd_k(T* y, int32_t* argmax, const T* x, PoolShape p) {
         const int64_t iw = ow * p.stride - p.pad + kw;
         if (iw < 0 || iw >= p.iw) continue;
         const float v = ld(in, ih * p.iw + iw);
-        if (best_at < 0 || v > best) {
+        if (best_at < 0 || v > best || isnan(v)) {
           best = v;
           best_at = ih * p.iw + iw;
         }
@@ -337,7 +340,9 @@ __global__ void bn_stat_final_k(float* mean, float* inv_std, float* running_mean
   }
   const double count = static_cast<double>(b.batch * b.plane);
   const double shifted_mean = s1 / count;
-  const double var = fmax(0.0, s2 / count - shifted_mean * shifted_mean);  // biased
+  // Biased, clamped at 0 against rounding; a NaN stays NaN (fmax would make it 0).
+  const double raw = s2 / count - shifted_mean * shifted_mean;
+  const double var = raw < 0.0 ? 0.0 : raw;
   const double m = shifted_mean + ld(x, c * b.plane);
   mean[c] = static_cast<float>(m);
   inv_std[c] = static_cast<float>(1.0 / sqrt(var + static_cast<double>(b.eps)));

@@ -111,8 +111,9 @@ class ReferenceExecutor final : public Executor {
       case Op::BatchNorm:
         return batch_norm_forward(n, state_[id], train);
       case Op::Relu: {
+        // PyTorch's: relu(NaN) = NaN, so that a NaN reaches the loss.
         const std::vector<float>& in = in_y(n);
-        for (size_t i = 0; i < y.size(); ++i) y[i] = in[i] > 0.f ? in[i] : 0.f;
+        for (size_t i = 0; i < y.size(); ++i) y[i] = in[i] <= 0.f ? 0.f : in[i];
         return;
       }
       case Op::MaxPool:
@@ -170,8 +171,10 @@ class ReferenceExecutor final : public Executor {
         if (!wants_dx(n)) return;
         const std::vector<float>& in = in_y(n);
         std::vector<float>& dx = in_dy(n);
+        // PyTorch's threshold_backward: the gradient passes wherever the input is not <= 0, NaN
+        // included.
         for (size_t i = 0; i < dy.size(); ++i)
-          if (in[i] > 0.f) dx[i] += dy[i];
+          if (!(in[i] <= 0.f)) dx[i] += dy[i];
         return;
       }
       case Op::MaxPool: {
@@ -461,7 +464,8 @@ class ReferenceExecutor final : public Executor {
   }
 
   // Padded positions never win (they act as -inf), nor do positions past the input that ceil mode
-  // adds; ties go to the first in scan order, which is what PyTorch's CPU kernel does.
+  // adds; ties go to the first in scan order and a NaN always wins (the last NaN, if several),
+  // which is what PyTorch's CPU kernel does.
   void max_pool_forward(const Node& n, NodeState& st) const {
     const Chw in = chw(g_.node(n.inputs[0]).out);
     const Chw out = chw(n.out);
@@ -479,7 +483,7 @@ class ReferenceExecutor final : public Executor {
               const int64_t iw = ow * sd - p + kw;
               if (iw < 0 || iw >= in.w) continue;
               const float v = x[plane * in.h * in.w + ih * in.w + iw];
-              if (best_at < 0 || v > best) {
+              if (best_at < 0 || v > best || std::isnan(v)) {
                 best = v;
                 best_at = ih * in.w + iw;
               }

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -136,4 +137,33 @@ TEST_CASE("import names the first missing, mis-shaped, mistyped or unknown tenso
     if (n == "fc.bias") a.type = NpyType::Float64;
   CHECK(invalid_argument_of(g, target, extra).empty());
   CHECK(target.params == s.params);
+}
+
+TEST_CASE(
+    "save_weights refuses weights or running statistics that hold NaN or inf, writing nothing") {
+  const fs::path dir = scratch("nan");
+  const Graph g = build_model({.name = "resnet8", .width = 4});
+  struct Case {
+    const char* tensor;
+    float value;
+  };
+  for (const Case c : {Case{"conv1.weight", std::numeric_limits<float>::quiet_NaN()},
+                       Case{"fc.bias", -std::numeric_limits<float>::infinity()},
+                       Case{"layer2.0.bn1.running_var", std::numeric_limits<float>::quiet_NaN()}}) {
+    INFO(c.tensor);
+    ParamStore s(g);
+    fill_distinct(s, 3);
+    bool found = false;
+    for (const TensorSpec& t : g.params())
+      if (t.name == c.tensor) s.params[t.offset + t.size() - 1] = c.value, found = true;
+    for (const TensorSpec& t : g.buffers())
+      if (t.name == c.tensor) s.buffers[t.offset] = c.value, found = true;
+    REQUIRE(found);
+    const std::string path = (dir / "w.npz").string();
+    CHECK_THROWS_WITH(
+        save_weights(path, g, s.params, s.buffers, 1),
+        path + ": not written: " + c.tensor + " holds NaN or inf (the model diverged)");
+    CHECK_FALSE(fs::exists(path));
+  }
+  fs::remove_all(dir);
 }

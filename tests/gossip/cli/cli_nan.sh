@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# NaN end to end (issue 15, defect 9, "NaN hidden by ReLU"). Weights that hold a NaN make
+# `gossipgrad infer` answer NaN, as PyTorch does, on both CPU backends (one NaN weight, or a NaN
+# running variance, used to give finite logits: ReLU mapped NaN to 0); a NaN input pixel makes its
+# sample's logits NaN and no other's. `export` refuses weights that hold NaN. A run whose weights
+# go non-finite stops with one line naming the step (guard.nan_retries 0), also when the loss
+# stays finite (a NaN running variance, which training forwards never read), and writes no
+# checkpoint of them; so does a NaN loss (fault.nan).
+set -euo pipefail
+BIN="$1"; ROOT="$2"; MPIEXEC="$3"
+if ! /usr/bin/python3 -c 'import numpy' 2>/dev/null; then
+  echo "skipped: /usr/bin/python3 with numpy is not available"; exit 77
+fi
+TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
+cd "$TMP"
+export OMP_NUM_THREADS=1
+fail() { echo "FAIL: $*"; exit 1; }
+# one_line FILE TEXT: FILE holds exactly one line, and it contains TEXT.
+one_line() {
+  [ "$(wc -l < "$1")" = 1 ] && grep -qF -- "$2" "$1" || fail "want one line with '$2': $(cat "$1")"
+}
+COMMON=(--config "$ROOT/configs/laptop.ini" --model.width 8 --train.batch 32 --train.threads 1
+        --log.progress false --gossip.consensus_every 0 --train.eval_batch 1000)
+SYNTH=(--data.source synthetic:1x28x28:10:2000 --data.prefetch 2)
+
+# Weights to start from: a few steps on Fashion-MNIST, whose end writes the average model.
+"$BIN" train "${COMMON[@]}" --train.max_steps 5 --log.metrics a.jsonl --checkpoint.dir A > a.log
+"$BIN" export --checkpoint A --output w.npz > /dev/null
+
+/usr/bin/python3 - <<'PY'
+import numpy as np
+w = dict(np.load("w.npz"))
+def save(name, key, at):
+    d = {k: v.copy() for k, v in w.items()}
+    d[key].flat[at] = np.nan
+    np.savez(name, **d)
+save("w_one.npz", "conv1.weight", 4)  # a centre tap: every output of channel 0
+save("w_var.npz", "layer1.0.bn1.running_var", 0)
+np.savez("w_all.npz", **{k: np.full_like(v, np.nan) if v.dtype == np.float32 else v
+                         for k, v in w.items()})
+x = np.random.default_rng(0).standard_normal((6, 1, 28, 28)).astype(np.float32)
+np.save("x.npy", x)
+x[2, 0, 13, 17] = np.nan
+np.save("x_nan.npy", x)
+PY
+
+# nan_rows Y.npy: the samples whose logits are all NaN, e.g. "0 1 2"; fails on a row that is
+# partly NaN or holds an inf.
+nan_rows() {
+  /usr/bin/python3 - "$1" <<'PY'
+import sys
+import numpy as np
+y = np.load(sys.argv[1])
+nan = np.isnan(y)
+assert y.shape == (6, 10), y.shape
+assert ((nan.all(1)) | (~nan.any(1))).all(), f"rows partly NaN: {y}"
+assert np.isfinite(y[~nan]).all(), y
+print(" ".join(str(i) for i in np.flatnonzero(nan.all(1))))
+PY
+}
+for backend in onednn reference; do
+  for case in "w.npz x.npy:" "w_one.npz x.npy:0 1 2 3 4 5" "w_var.npz x.npy:0 1 2 3 4 5" \
+              "w_all.npz x.npy:0 1 2 3 4 5" "w.npz x_nan.npy:2"; do
+    read -r weights input <<< "${case%%:*}"
+    want="${case#*:}"
+    "$BIN" infer --model resnet8 --weights "$weights" --input "$input" --output y.npy \
+      --backend "$backend" --batch 4 --overwrite > /dev/null
+    got=$(nan_rows y.npy)
+    [ "$got" = "$want" ] || fail "$backend infer $weights on $input: NaN rows '$got', want '$want'"
+  done
+done
+echo "infer answers NaN where PyTorch does (onednn, reference): ok"
+
+# export refuses weights that hold NaN, in one line, and writes nothing.
+cp -r A B && cp w_one.npz B/model.npz
+set +e
+"$BIN" export --checkpoint B --output nan.npz > e.log 2> e.err
+rc=$?
+set -e
+[ $rc = 1 ] || fail "export of NaN weights exited $rc"
+one_line e.err "nan.npz: not written: conv1.weight holds NaN or inf"
+[ ! -e nan.npz ] || fail "export wrote nan.npz"
+echo "export refuses NaN weights: ok"
+
+# train_fails NAME WANT ARGS...: a one-rank run that must exit 1 with the one line WANT on stderr
+# and leave no checkpoint in NAME/.
+train_fails() {
+  local name=$1 want=$2; shift 2
+  set +e
+  "$BIN" train "${COMMON[@]}" --log.metrics "$name.jsonl" --checkpoint.dir "$name" "$@" \
+    > "$name.log" 2> "$name.err"
+  local rc=$?
+  set -e
+  [ $rc = 1 ] || fail "$name: exited $rc: $(cat "$name.err")"
+  one_line "$name.err" "$want"
+  [ -z "$(ls "$name" 2> /dev/null)" ] || fail "$name: a checkpoint was written: $(ls "$name")"
+}
+# The running variance is NaN from the start: the loss stays finite, the guard looks at the
+# weights before its first snapshot (step 10) and stops, or with retries finds no finite state
+# to go back to.
+train_fails V0 "error: the weights became non-finite at step 9; lower train.lr" "${SYNTH[@]}" \
+  --train.init_from w_var.npz --guard.nan_retries 0 --guard.snapshot_every 10 \
+  --train.max_steps 30 --checkpoint.every 20
+train_fails V3 "error: the weights became non-finite at step 0 after 0 restores" "${SYNTH[@]}" \
+  --train.init_from w_var.npz --train.max_steps 30
+# Between guard checks the full checkpoint at the end refuses them.
+train_fails VC "checkpoint: not written after step 7: rank 0's weights hold NaN or inf" \
+  "${SYNTH[@]}" --train.init_from w_var.npz --guard.nan_retries 0 --train.max_steps 7
+# A NaN loss (fault.nan: rank 0's weights all NaN before step 12), one rank and two.
+train_fails L1 "error: the loss became non-finite at step 12; lower train.lr" "${SYNTH[@]}" \
+  --guard.nan_retries 0 --fault.nan 12 --train.max_steps 30 --checkpoint.every 20
+set +e
+"$MPIEXEC" -n 2 "$BIN" train "${COMMON[@]}" "${SYNTH[@]}" --log.metrics l2.jsonl \
+  --checkpoint.dir L2 --guard.nan_retries 0 --fault.nan 12 --train.max_steps 30 \
+  --checkpoint.every 20 > l2.log 2> l2.err
+rc=$?
+set -e
+[ $rc = 1 ] || fail "two ranks, NaN loss: exited $rc"
+# Every rank stops with the same line (MPI may add its own abort lines).
+[ "$(grep -c 'error: the loss became non-finite at step 12; lower train.lr' l2.err)" = 2 ] ||
+  fail "two ranks, NaN loss: $(cat l2.err)"
+[ -z "$(ls L2 2> /dev/null)" ] || fail "L2: a checkpoint was written: $(ls L2)"
+echo "the guard stops a run whose weights or loss go non-finite, with one line: ok"
