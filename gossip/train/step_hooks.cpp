@@ -179,6 +179,14 @@ class Evaluation : public StepHook {
   }
   void save(const StepRecord& r, const EvalStats& e) {
     g_.trainer.average_model(params_, buffers_);  // a collective
+    // Every rank holds the same average: all refuse alike, and nothing is written.
+    const auto finite = [](const std::vector<float>& v) {
+      return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+    };
+    if (!finite(params_) || !finite(buffers_))
+      throw std::runtime_error("checkpoint: the ranks' average model holds NaN or inf after step " +
+                               std::to_string(r.step + 1) +
+                               ": model.npz not written; lower train.lr");
     meta_.epoch = r.epoch + 1;
     meta_.step = r.step + 1;
     meta_.top1 = e.top1;
