@@ -1,5 +1,5 @@
-#include "gossip/cli/pack.hpp"
-
+// `gossipgrad pack`: an image folder (class folders, or an ImageNet root) -> WebDataset tar
+// shards for data.source = shards:DIR, with a progress line on stderr.
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdio>
@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "gossip/cli/commands.hpp"
 #include "gossip/config/config.hpp"
 #include "shuffle/tar.hpp"
 

@@ -1,5 +1,5 @@
-#include "gossip/cli/simulate.hpp"
-
+// `gossipgrad simulate`: the step time and efficiency a config would reach at many rank counts,
+// from partners/cost_model with the config's network, model buckets and compute per step.
 #include <omp.h>
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "gossip/cli/commands.hpp"
 #include "gossip/config/config.hpp"
 #include "gossip/train/trainer.hpp"
 #include "kernels/loss.hpp"
@@ -102,7 +103,7 @@ nlohmann::json to_json(const partners::StepPrediction& s) {
 
 }  // namespace
 
-int run_simulate(const std::vector<std::string>& args) {
+int cmd_simulate(const std::vector<std::string>& args) {
   std::vector<std::string> rest;
   std::string ranks_arg;
   bool json = false;
