@@ -11,14 +11,11 @@ namespace fs = std::filesystem;
 namespace po = boost::program_options;
 
 bool parse_options(const std::vector<std::string>& args, const po::options_description& d,
-                   const std::string& usage, po::variables_map& vm) {
+                   const std::string& usage, po::variables_map& vm, Prefixes prefixes) {
+  int style = po::command_line_style::unix_style;
+  if (prefixes == Prefixes::kRefused) style &= ~po::command_line_style::allow_guessing;
   try {
-    po::store(
-        po::command_line_parser(args)
-            .options(d)
-            .style(po::command_line_style::unix_style & ~po::command_line_style::allow_guessing)
-            .run(),
-        vm);
+    po::store(po::command_line_parser(args).options(d).style(style).run(), vm);
     if (vm.count("help")) {
       std::cout << usage << "\n\n" << d;
       return false;

@@ -8,11 +8,16 @@
 
 namespace gg::gossip {
 
-// Parses a command's options into `vm` (abbreviations such as --ran for --ranks refused). Returns
-// false after printing `usage`, a blank line and the options for --help.
+// Whether an unambiguous prefix may stand for an option (`--ran 4` for `--ranks 4`): info,
+// partners and pack have always taken them, export and infer refuse them.
+enum class Prefixes { kTaken, kRefused };
+
+// Parses a command's options into `vm`. Returns false after printing `usage`, a blank line and
+// the options for --help.
 bool parse_options(const std::vector<std::string>& args,
                    const boost::program_options::options_description& d, const std::string& usage,
-                   boost::program_options::variables_map& vm);
+                   boost::program_options::variables_map& vm,
+                   Prefixes prefixes = Prefixes::kRefused);
 
 // `path` names an existing file, not a folder.
 void require_input_file(const std::string& path, const std::string& option);

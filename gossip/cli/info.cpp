@@ -4,10 +4,12 @@
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "gossip/cli/args.hpp"
 #include "gossip/cli/commands.hpp"
 #include "gossip/config/config.hpp"
 #include "kernels/models.hpp"
@@ -15,10 +17,14 @@
 namespace gg::gossip {
 namespace {
 
+namespace gk = gg::kernels;
 namespace po = boost::program_options;
 
-gg::kernels::Dims parse_dims(const std::string& s) {
-  gg::kernels::Dims d;
+constexpr const char* kFlopsNote =
+    "forward FLOPs per sample, inference; a multiply-add counts as 2 FLOPs";
+
+gk::Dims parse_dims(const std::string& s) {
+  gk::Dims d;
   std::stringstream in(s);
   std::string part;
   while (std::getline(in, part, ',')) {
@@ -35,10 +41,14 @@ gg::kernels::Dims parse_dims(const std::string& s) {
   return d;
 }
 
-}  // namespace
+// What the command line asks for: the model and whether to print JSON.
+struct InfoRequest {
+  gk::ModelSpec spec;
+  bool json = false;
+};
 
-int cmd_info(const std::vector<std::string>& args) {
-  namespace gk = gg::kernels;
+// The request the options name, or nothing after printing --help.
+std::optional<InfoRequest> parse_info_args(const std::vector<std::string>& args) {
   std::string name, input;
   int64_t classes = 0, width = 0;
   bool json = false;
@@ -53,79 +63,77 @@ int cmd_info(const std::vector<std::string>& args) {
       "width", po::value(&width), "first-stage channels of resnet8 and cnn (default 16)")(
       "json", po::bool_switch(&json), "print JSON");
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(args).options(d).run(), vm);
-    if (vm.count("help")) {
-      std::cout << "usage: gossipgrad info --model NAME [--input C,H,W] [--classes N] [--width W] "
-                   "[--json]\n\n"
-                << d;
-      return 0;
-    }
-    po::notify(vm);
-  } catch (const po::error& e) {
-    throw UsageError(e.what());
-  }
-  gk::ModelSpec spec = gk::default_spec(name);
-  if (vm.count("input")) spec.input = parse_dims(input);
-  if (vm.count("classes")) spec.classes = classes;
+  if (!parse_options(
+          args, d,
+          "usage: gossipgrad info --model NAME [--input C,H,W] [--classes N] [--width W] "
+          "[--json]",
+          vm, Prefixes::kTaken))
+    return std::nullopt;
+  InfoRequest r{gk::default_spec(name), json};
+  if (vm.count("input")) r.spec.input = parse_dims(input);
+  if (vm.count("classes")) r.spec.classes = classes;
   if (vm.count("width")) {
     if (name != "resnet8" && name != "cnn")
       throw UsageError("--width applies to resnet8 and cnn only, not " + name);
-    spec.width = width;
+    r.spec.width = width;
   }
-  const gk::Graph g = [&] {
-    try {
-      return gk::build_model(spec);
-    } catch (const std::invalid_argument& e) {
-      throw UsageError(e.what());
-    }
-  }();
-  const auto layer_params = [&](const gk::Node& n) {
-    int64_t params = 0;
-    for (int p : n.params) params += g.params()[p].size();
-    return params;
+  return r;
+}
+
+gk::Graph build_graph(const gk::ModelSpec& spec) {
+  try {
+    return gk::build_model(spec);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());  // an unknown model, or an input it cannot take
+  }
+}
+
+int64_t layer_params(const gk::Graph& g, const gk::Node& n) {
+  int64_t params = 0;
+  for (int p : n.params) params += g.params()[p].size();
+  return params;
+}
+
+void print_info_json(const gk::ModelSpec& spec, const gk::Graph& g) {
+  using Json = nlohmann::ordered_json;  // keys in the order written
+  Json layers = Json::array();
+  for (size_t id = 0; id < g.nodes().size(); ++id) {
+    const gk::Node& n = g.nodes()[id];
+    Json inputs = Json::array();
+    for (int in : n.inputs) inputs.push_back(g.node(in).name);
+    layers.push_back({{"name", n.name},
+                      {"op", gk::op_name(n.op)},
+                      {"inputs", inputs},
+                      {"output", n.out},
+                      {"params", layer_params(g, n)},
+                      {"flops", g.flops(static_cast<int>(id))}});
+  }
+  const auto tensors = [](const std::vector<gk::TensorSpec>& specs) {
+    Json list = Json::array();
+    for (const gk::TensorSpec& t : specs) list.push_back({{"name", t.name}, {"shape", t.dims}});
+    return list;
   };
-  constexpr const char* kFlopsNote =
-      "forward FLOPs per sample, inference; a multiply-add counts as 2 FLOPs";
-  if (json) {
-    using Json = nlohmann::ordered_json;  // keys in the order written
-    Json layers = Json::array();
-    for (size_t id = 0; id < g.nodes().size(); ++id) {
-      const gk::Node& n = g.nodes()[id];
-      Json inputs = Json::array();
-      for (int in : n.inputs) inputs.push_back(g.node(in).name);
-      layers.push_back({{"name", n.name},
-                        {"op", gk::op_name(n.op)},
-                        {"inputs", inputs},
-                        {"output", n.out},
-                        {"params", layer_params(n)},
-                        {"flops", g.flops(static_cast<int>(id))}});
-    }
-    const auto tensors = [](const std::vector<gk::TensorSpec>& specs) {
-      Json list = Json::array();
-      for (const gk::TensorSpec& t : specs) list.push_back({{"name", t.name}, {"shape", t.dims}});
-      return list;
-    };
-    std::cout << Json{{"model", spec.name},
-                      {"input", spec.input},
-                      {"classes", g.classes()},
-                      {"params", g.param_count()},
-                      {"buffers", g.buffer_count()},
-                      {"forward_flops", g.forward_flops()},
-                      {"forward_macs", g.forward_macs()},
-                      {"flops_note", kFlopsNote},
-                      {"layers", layers},
-                      {"param_tensors", tensors(g.params())},
-                      {"buffer_tensors", tensors(g.buffers())}}
-                     .dump(1)
-              << "\n";
-    return 0;
-  }
+  std::cout << Json{{"model", spec.name},
+                    {"input", spec.input},
+                    {"classes", g.classes()},
+                    {"params", g.param_count()},
+                    {"buffers", g.buffer_count()},
+                    {"forward_flops", g.forward_flops()},
+                    {"forward_macs", g.forward_macs()},
+                    {"flops_note", kFlopsNote},
+                    {"layers", layers},
+                    {"param_tensors", tensors(g.params())},
+                    {"buffer_tensors", tensors(g.buffers())}}
+                   .dump(1)
+            << "\n";
+}
+
+void print_info_table(const gk::ModelSpec& spec, const gk::Graph& g) {
   std::printf("%-32s %-16s %-16s %12s %15s\n", "layer", "op", "output", "params", "FLOPs");
   for (size_t id = 0; id < g.nodes().size(); ++id) {
     const gk::Node& n = g.nodes()[id];
     std::printf("%-32s %-16s %-16s %12lld %15lld\n", n.name.c_str(), gk::op_name(n.op),
-                gk::to_string(n.out).c_str(), static_cast<long long>(layer_params(n)),
+                gk::to_string(n.out).c_str(), static_cast<long long>(layer_params(g, n)),
                 static_cast<long long>(g.flops(static_cast<int>(id))));
   }
   std::printf("\n%s, input %s, %lld classes: %lld parameters, %.3f GFLOPs forward per sample\n",
@@ -134,6 +142,18 @@ int cmd_info(const std::vector<std::string>& args) {
               static_cast<double>(g.forward_flops()) / 1e9);
   std::printf("(%s; conv and fully connected layers alone: %.3f G multiply-adds)\n", kFlopsNote,
               static_cast<double>(g.forward_macs()) / 1e9);
+}
+
+}  // namespace
+
+int cmd_info(const std::vector<std::string>& args) {
+  const std::optional<InfoRequest> r = parse_info_args(args);
+  if (!r) return 0;
+  const gk::Graph g = build_graph(r->spec);
+  if (r->json)
+    print_info_json(r->spec, g);
+  else
+    print_info_table(r->spec, g);
   return 0;
 }
 
