@@ -5,9 +5,11 @@
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "gossip/cli/args.hpp"
 #include "gossip/cli/commands.hpp"
 #include "gossip/config/config.hpp"
 #include "partners/schedule.hpp"
@@ -16,22 +18,30 @@
 namespace gg::gossip {
 namespace {
 
+namespace gp = gg::partners;
 namespace po = boost::program_options;
 
-// The step budget for the diffusion search: enough for every schedule at small P (a ring needs
-// P - 1 steps), bounded by about 2^33 bitset word operations at large P so the command answers
-// in seconds; -1 is reported beyond it.
-int diffusion_search_limit(int p) {
-  const int64_t words_per_step = int64_t{p} * ((p + 63) / 64);
-  const int64_t by_work = (int64_t{1} << 33) / words_per_step;
-  return static_cast<int>(
-      std::min<int64_t>(100000, std::max<int64_t>(4 * gg::partners::round_length(p), by_work)));
+// What the command line asks for: the schedule, how many of its steps to print, and how.
+struct PartnersRequest {
+  gp::Schedule s;
+  int64_t steps = 0;
+  bool json = false;
+};
+
+uint64_t parse_seed(const std::string& text) {
+  try {
+    size_t used = 0;
+    if (text.empty() || text[0] == '-') throw std::invalid_argument(text);
+    const uint64_t seed = std::stoull(text, &used);
+    if (used != text.size()) throw std::invalid_argument(text);
+    return seed;
+  } catch (const std::exception&) {
+    throw UsageError("--seed '" + text + "' must be a non-negative integer");
+  }
 }
 
-}  // namespace
-
-int cmd_partners(const std::vector<std::string>& args) {
-  namespace gp = gg::partners;
+// The request the options name, checked, or nothing after printing --help.
+std::optional<PartnersRequest> parse_partners_args(const std::vector<std::string>& args) {
   int64_t ranks = 0;
   int64_t steps = 0;
   std::string kind = "dissemination";
@@ -49,84 +59,90 @@ int cmd_partners(const std::vector<std::string>& args) {
       "seed of the rotation and of the random schedule")("json", po::bool_switch(&json),
                                                          "print JSON");
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(args).options(d).run(), vm);
-    if (vm.count("help")) {
-      std::cout << "usage: gossipgrad partners --ranks P [--schedule S] [--rotate] [--steps T] "
-                   "[--seed N] [--json]\n\n"
-                << d;
-      return 0;
-    }
-    po::notify(vm);
-  } catch (const po::error& e) {
-    throw UsageError(e.what());
-  }
+  if (!parse_options(args, d,
+                     "usage: gossipgrad partners --ranks P [--schedule S] [--rotate] [--steps T] "
+                     "[--seed N] [--json]",
+                     vm, Prefixes::kTaken))
+    return std::nullopt;
   if (ranks < 1 || ranks > 65536)
     throw UsageError("--ranks " + std::to_string(ranks) + " must be in [1, 65536]");
-  uint64_t seed = 0;
+  PartnersRequest r;
+  r.s.p = static_cast<int>(ranks);
+  r.s.rotate = rotate;
+  r.s.seed = parse_seed(seed_text);
   try {
-    size_t used = 0;
-    if (seed_text.empty() || seed_text[0] == '-') throw std::invalid_argument(seed_text);
-    seed = std::stoull(seed_text, &used);
-    if (used != seed_text.size()) throw std::invalid_argument(seed_text);
-  } catch (const std::exception&) {
-    throw UsageError("--seed '" + seed_text + "' must be a non-negative integer");
-  }
-  gp::Schedule s;
-  s.p = static_cast<int>(ranks);
-  s.rotate = rotate;
-  s.seed = seed;
-  try {
-    s.kind = gp::parse_kind(kind);
-    gp::validate(s);
+    r.s.kind = gp::parse_kind(kind);
+    gp::validate(r.s);
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
   if (!vm.count("steps"))
-    steps = gp::round_length(s.p);
+    steps = gp::round_length(r.s.p);
   else if (steps < 1 || steps > 100000)
     throw UsageError("--steps " + std::to_string(steps) + " must be in [1, 100000]");
+  r.steps = steps;
+  r.json = json;
+  return r;
+}
 
-  const int limit = diffusion_search_limit(s.p);
-  const int diffusion = gp::diffusion_steps(s, limit);
-  if (json) {
-    // Streamed step by step: --ranks 65536 --steps 100000 must not build the document in memory.
-    // Keys in the documented order, no others.
-    std::cout << "{\"ranks\":" << s.p << ",\"schedule\":" << nlohmann::json(gp::kind_name(s.kind))
-              << ",\"steps\":[";
-    for (int64_t t = 0; t < steps; ++t) {
-      nlohmann::json send = nlohmann::json::array(), recv = nlohmann::json::array();
-      for (const gp::Partners& q : gp::step_partners(s, t)) {
-        send.push_back(q.send_to);
-        recv.push_back(q.recv_from);
-      }
-      std::cout << (t ? "," : "") << "{\"step\":" << t << ",\"send_to\":" << send.dump()
-                << ",\"recv_from\":" << recv.dump() << "}";
-    }
-    std::cout << "],\"diffusion_steps\":" << diffusion << "}\n";
-    return 0;
-  }
-  // Wide schedules keep the first 8 and the last 2 ranks so a row stays on one line.
-  const bool trimmed = s.p > 12;
-  std::printf("%s schedule, %d ranks, rotation %s, seed %llu\n", gp::kind_name(s.kind), s.p,
-              rotate ? "on" : "off", static_cast<unsigned long long>(seed));
-  if (trimmed) std::printf("(ranks 8..%d not shown)\n", s.p - 3);
-  std::printf("%6s  rank->send_to\n", "step");
+// The step budget for the diffusion search: enough for every schedule at small P (a ring needs
+// P - 1 steps), bounded by about 2^33 bitset word operations at large P so the command answers
+// in seconds; -1 is reported beyond it.
+int diffusion_search_limit(int p) {
+  const int64_t words_per_step = int64_t{p} * ((p + 63) / 64);
+  const int64_t by_work = (int64_t{1} << 33) / words_per_step;
+  return static_cast<int>(
+      std::min<int64_t>(100000, std::max<int64_t>(4 * gp::round_length(p), by_work)));
+}
+
+void print_partners_json(const gp::Schedule& s, int64_t steps, int diffusion) {
+  // Streamed step by step: --ranks 65536 --steps 100000 must not build the document in memory.
+  // Keys in the documented order, no others.
+  std::cout << "{\"ranks\":" << s.p << ",\"schedule\":" << nlohmann::json(gp::kind_name(s.kind))
+            << ",\"steps\":[";
   for (int64_t t = 0; t < steps; ++t) {
-    const std::vector<gp::Partners> who = gp::step_partners(s, t);
-    std::string row;
-    for (int v = 0; v < s.p; ++v) {
-      if (trimmed && v == 8) {
-        row += " ...";
-        v = s.p - 3;
-        continue;
-      }
-      char cell[32];
-      std::snprintf(cell, sizeof cell, " %d->%d", v, who[v].send_to);
-      row += cell;
+    nlohmann::json send = nlohmann::json::array(), recv = nlohmann::json::array();
+    for (const gp::Partners& q : gp::step_partners(s, t)) {
+      send.push_back(q.send_to);
+      recv.push_back(q.recv_from);
     }
-    std::printf("%6lld %s\n", static_cast<long long>(t), row.c_str());
+    std::cout << (t ? "," : "") << "{\"step\":" << t << ",\"send_to\":" << send.dump()
+              << ",\"recv_from\":" << recv.dump() << "}";
   }
+  std::cout << "],\"diffusion_steps\":" << diffusion << "}\n";
+}
+
+// Wide schedules keep the first 8 and the last 2 ranks so a row stays on one line.
+bool trimmed(const gp::Schedule& s) { return s.p > 12; }
+
+// " v->send_to" for every rank shown at step t.
+std::string table_row(const gp::Schedule& s, int64_t t) {
+  const std::vector<gp::Partners> who = gp::step_partners(s, t);
+  std::string row;
+  for (int v = 0; v < s.p; ++v) {
+    if (trimmed(s) && v == 8) {
+      row += " ...";
+      v = s.p - 3;
+      continue;
+    }
+    char cell[32];
+    std::snprintf(cell, sizeof cell, " %d->%d", v, who[v].send_to);
+    row += cell;
+  }
+  return row;
+}
+
+void print_partners_table(const gp::Schedule& s, int64_t steps) {
+  std::printf("%s schedule, %d ranks, rotation %s, seed %llu\n", gp::kind_name(s.kind), s.p,
+              s.rotate ? "on" : "off", static_cast<unsigned long long>(s.seed));
+  if (trimmed(s)) std::printf("(ranks 8..%d not shown)\n", s.p - 3);
+  std::printf("%6s  rank->send_to\n", "step");
+  for (int64_t t = 0; t < steps; ++t)
+    std::printf("%6lld %s\n", static_cast<long long>(t), table_row(s, t).c_str());
+}
+
+// How fast the schedule mixes: diffusion, deviation after one round, contraction per round.
+void print_mixing(const gp::Schedule& s, int diffusion, int limit) {
   const int round = gp::round_length(s.p);
   std::printf("\n");
   if (diffusion >= 0)
@@ -138,6 +154,21 @@ int cmd_partners(const std::vector<std::string>& args) {
   constexpr int kRounds = 4;
   std::printf("consensus distance shrinks by %.4g per round of %d steps (mean of %d rounds)\n",
               gp::contraction_per_round(s, kRounds), round, kRounds);
+}
+
+}  // namespace
+
+int cmd_partners(const std::vector<std::string>& args) {
+  const std::optional<PartnersRequest> r = parse_partners_args(args);
+  if (!r) return 0;
+  const int limit = diffusion_search_limit(r->s.p);
+  const int diffusion = gp::diffusion_steps(r->s, limit);
+  if (r->json) {
+    print_partners_json(r->s, r->steps, diffusion);
+  } else {
+    print_partners_table(r->s, r->steps);
+    print_mixing(r->s, diffusion, limit);
+  }
   return 0;
 }
 
