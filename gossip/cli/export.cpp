@@ -12,6 +12,7 @@
 #include "gossip/config/config.hpp"
 #include "gossip/resilience/checkpoint.hpp"
 #include "kernels/apoptosis.hpp"
+#include "kernels/executor.hpp"
 #include "kernels/models.hpp"
 #include "kernels/weights.hpp"
 
@@ -35,10 +36,10 @@ int cmd_export(const std::vector<std::string>& args) {
                      "usage: gossipgrad export --checkpoint DIR --output W.npz [--overwrite]", vm))
     return 0;
   require_output_file(output, overwrite, "--output");
-  const gg::gossip::CheckpointMeta meta = gg::gossip::read_checkpoint_meta(dir);
-  const std::string weights = (fs::path(dir) / gg::gossip::kCheckpointModel).string();
+  const CheckpointMeta meta = read_checkpoint_meta(dir);
+  const std::string weights = (fs::path(dir) / kCheckpointModel).string();
   require_input_file(weights, "--checkpoint " + dir + ":");
-  const std::string meta_path = (fs::path(dir) / gg::gossip::kCheckpointMeta).string();
+  const std::string meta_path = (fs::path(dir) / kCheckpointMeta).string();
   gg::kernels::Graph g = [&] {
     try {
       // A model shrunk by apoptosis: the base model at the widths meta.json records.

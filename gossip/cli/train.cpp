@@ -23,16 +23,16 @@ namespace {
 // written.
 int dry_run(std::vector<std::string> args) {
   args.erase(std::remove(args.begin(), args.end(), "--dry-run"), args.end());
-  const gg::gossip::Config c = gg::gossip::parse_train_args(args);
+  const Config c = parse_train_args(args);
   try {
-    gg::gossip::check_this_machine(c);
-    gg::gossip::check_run_files(c);
+    check_this_machine(c);
+    check_run_files(c);
   } catch (const UsageError& e) {
     std::fprintf(stderr, "gossipgrad: warning: not on this machine: %s\n", e.what());
   }
   std::cout << "# gossipgrad train, resolved settings"
             << (c.config_path.empty() ? "" : " of " + c.config_path) << "\n"
-            << gg::gossip::to_ini(c);
+            << to_ini(c);
   return 0;
 }
 
@@ -41,7 +41,7 @@ int dry_run(std::vector<std::string> args) {
 int cmd_train(const std::vector<std::string>& args, int argc, char** argv) {
   for (const auto& a : args)
     if (a == "--help" || a == "-h") {
-      std::cout << gg::gossip::train_help();
+      std::cout << train_help();
       return 0;
     }
   if (std::find(args.begin(), args.end(), "--dry-run") != args.end()) return dry_run(args);
@@ -49,14 +49,14 @@ int cmd_train(const std::vector<std::string>& args, int argc, char** argv) {
   const gg::mpi::Comm world = gg::mpi::Comm::world();
   const int rank = world.rank();
   try {
-    const gg::gossip::Config c = gg::gossip::parse_train_args(args);
-    gg::gossip::check_this_machine(c);
-    gg::gossip::check_run_files(c);
+    const Config c = parse_train_args(args);
+    check_this_machine(c);
+    check_run_files(c);
     world.barrier();  // every rank validated before rank 0 creates any file
-    gg::gossip::run_training(c, world);
+    run_training(c, world);
     world.barrier();
     return 0;
-  } catch (const gg::gossip::StopRequested& e) {
+  } catch (const StopRequested& e) {
     // Every rank stopped at the same step boundary: one line, and MPI ends normally.
     if (rank == 0) std::fprintf(stderr, "gossipgrad: %s\n", e.what());
     return 128 + e.signal;
