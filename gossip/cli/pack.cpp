@@ -1,18 +1,25 @@
-#include "gossip/cli/pack.hpp"
-
+// `gossipgrad pack`: an image folder (class folders, or an ImageNet root) -> WebDataset tar
+// shards for data.source = shards:DIR, with a progress line on stderr.
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdio>
-#include <iostream>
+#include <optional>
 #include <stdexcept>
+#include <string>
 #include <thread>
+#include <vector>
 
+#include "gossip/cli/args.hpp"
+#include "gossip/cli/commands.hpp"
 #include "gossip/config/config.hpp"
 #include "shuffle/tar.hpp"
 
 namespace gg::gossip {
+namespace {
 
-int cmd_pack(const std::vector<std::string>& args) {
+// The pack options the command line names, checked, or nothing after printing --help.
+std::optional<shuffle::PackOptions> parse_pack_args(const std::vector<std::string>& args) {
   namespace po = boost::program_options;
   shuffle::PackOptions o;
   double shard_mb = 256;
@@ -31,24 +38,21 @@ int cmd_pack(const std::vector<std::string>& args) {
      "seed of a random sample order across shards (0: sorted, the folder reader's ids)");
   // clang-format on
   po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(args).options(d).run(), vm);
-    if (vm.count("help")) {
-      std::cout << "usage: gossipgrad pack --input DIR --output DIR [--shard-size MB] "
-                   "[--threads N] [--shuffle SEED]\n\n"
-                << d;
-      return 0;
-    }
-    po::notify(vm);
-  } catch (const po::error& e) {
-    throw UsageError(e.what());
-  }
+  if (!parse_options(args, d,
+                     "usage: gossipgrad pack --input DIR --output DIR [--shard-size MB] "
+                     "[--threads N] [--shuffle SEED]",
+                     vm, Prefixes::kTaken))
+    return std::nullopt;
   if (!(shard_mb >= 0.001 && shard_mb <= 65536))
     throw UsageError("--shard-size " + std::to_string(shard_mb) + " must be in [0.001, 65536] MB");
   if (o.threads < 1 || o.threads > 256)
     throw UsageError("--threads " + std::to_string(o.threads) + " must be in [1, 256]");
   o.shard_bytes = static_cast<int64_t>(shard_mb * 1e6);
+  return o;
+}
 
+// shuffle::pack with a progress line on stderr, redrawn at most every 250 ms and once at the end.
+shuffle::PackResult pack_with_progress(const shuffle::PackOptions& o) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   auto last = t0;
@@ -74,8 +78,17 @@ int cmd_pack(const std::vector<std::string>& args) {
   }
   line(final_state);
   std::fprintf(stderr, "\n");
+  return r;
+}
+
+}  // namespace
+
+int cmd_pack(const std::vector<std::string>& args) {
+  const std::optional<shuffle::PackOptions> o = parse_pack_args(args);
+  if (!o) return 0;
+  const shuffle::PackResult r = pack_with_progress(*o);
   std::printf("pack: wrote %lld images (%.1f MB) into %d shards under %s\n",
-              static_cast<long long>(r.images), r.bytes / 1e6, r.shards, o.output.c_str());
+              static_cast<long long>(r.images), r.bytes / 1e6, r.shards, o->output.c_str());
   return 0;
 }
 

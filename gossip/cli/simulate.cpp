@@ -1,5 +1,5 @@
-#include "gossip/cli/simulate.hpp"
-
+// `gossipgrad simulate`: the step time and efficiency a config would reach at many rank counts,
+// from partners/cost_model with the config's network, model buckets and compute per step.
 #include <omp.h>
 
 #include <algorithm>
@@ -7,10 +7,12 @@
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
 
+#include "gossip/cli/commands.hpp"
 #include "gossip/config/config.hpp"
 #include "gossip/train/trainer.hpp"
 #include "kernels/loss.hpp"
@@ -100,57 +102,82 @@ nlohmann::json to_json(const partners::StepPrediction& s) {
           {"images_per_s", s.images_per_s}};
 }
 
-}  // namespace
-
-int run_simulate(const std::vector<std::string>& args) {
-  std::vector<std::string> rest;
-  std::string ranks_arg;
+// What the command line asks for: the rank counts, the config's own options, and how to print.
+struct SimulateRequest {
+  std::vector<int> ranks;
+  std::vector<std::string> config_args;  // --config FILE --section.key value ...
   bool json = false;
+};
+
+constexpr const char* kSimulateHelp =
+    "usage: gossipgrad simulate --config FILE --ranks 2,4,...,4096 [--json] "
+    "[--section.key value ...]\n\n"
+    "Predicts the step time and efficiency of gossip and of ring and Rabenseifner "
+    "allreduce at each rank count, from the config's [network] (alpha-beta-gamma "
+    "links), its model's gradient buckets, the exact partner schedule and the "
+    "trainer's overlap rules. Compute per step comes from [simulate] forward_ms, "
+    "backward_ms, update_ms, or is measured here when they are 0.\n"
+    "Efficiency = compute time / step time (weak scaling, per rank).\n";
+
+// The request, or nothing after printing --help. --ranks and --json are simulate's own; the rest
+// goes to the config parser.
+std::optional<SimulateRequest> parse_simulate_args(const std::vector<std::string>& args) {
+  SimulateRequest r;
+  std::string ranks_arg;
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--help" || args[i] == "-h") {
-      std::cout << "usage: gossipgrad simulate --config FILE --ranks 2,4,...,4096 [--json] "
-                   "[--section.key value ...]\n\n"
-                   "Predicts the step time and efficiency of gossip and of ring and Rabenseifner "
-                   "allreduce at each rank count, from the config's [network] (alpha-beta-gamma "
-                   "links), its model's gradient buckets, the exact partner schedule and the "
-                   "trainer's overlap rules. Compute per step comes from [simulate] forward_ms, "
-                   "backward_ms, update_ms, or is measured here when they are 0.\n"
-                   "Efficiency = compute time / step time (weak scaling, per rank).\n";
-      return 0;
+      std::cout << kSimulateHelp;
+      return std::nullopt;
     }
     if (args[i] == "--json") {
-      json = true;
+      r.json = true;
     } else if (args[i] == "--ranks") {
       if (i + 1 >= args.size()) throw UsageError("--ranks needs a list of rank counts, like 2,4,8");
       ranks_arg = args[++i];
     } else if (args[i].rfind("--ranks=", 0) == 0) {
       ranks_arg = args[i].substr(8);
     } else {
-      rest.push_back(args[i]);
+      r.config_args.push_back(args[i]);
     }
   }
   if (ranks_arg.empty()) throw UsageError("simulate needs --ranks, like --ranks 2,4,8,16");
-  const std::vector<int> ranks = parse_ranks(ranks_arg);
-  const Config c = parse_train_args(rest);  // another cluster's: no check of this machine
+  r.ranks = parse_ranks(ranks_arg);
+  return r;
+}
 
+// The config's model on the data it is usually trained on: 28x28 grey images in 10 classes for
+// the small nets, ImageNet's for the torchvision ones.
+kernels::ModelSpec simulated_model(const Config& c) {
   const bool small = c.model.name == "resnet8" || c.model.name == "cnn";
   const kernels::Dims input = small ? kernels::Dims{1, 28, 28} : kernels::Dims{3, 224, 224};
   const int64_t classes = small ? 10 : 1000;
-  const kernels::ModelSpec spec = model_spec(c, 0, input, classes);
-  const kernels::Graph g = kernels::build_model(spec);
+  return model_spec(c, 0, input, classes);
+}
+
+// Whether [simulate] gives the compute per step; it is measured here otherwise.
+bool compute_from_config(const Config& c) {
+  return c.simulate.forward_ms > 0 || c.simulate.backward_ms > 0;
+}
+
+// One rank's step: the model's gradient buckets and its compute times.
+partners::Workload make_workload(const Config& c, const kernels::ModelSpec& spec,
+                                 const kernels::Graph& g) {
   partners::Workload w;
   w.batch_per_rank = c.train.batch;
   for (const kernels::Bucket& b :
        kernels::make_buckets(g, std::max<int64_t>(1, c.gossip.bucket_kb * 256)))
     w.bucket_bytes.push_back(b.size() * static_cast<int64_t>(sizeof(float)));
-  const bool given = c.simulate.forward_ms > 0 || c.simulate.backward_ms > 0;
-  if (given) {
+  if (compute_from_config(c)) {
     w.forward_s = c.simulate.forward_ms * 1e-3;
     w.backward_s = c.simulate.backward_ms * 1e-3;
     w.update_s = c.simulate.update_ms * 1e-3;
   } else {
     measure(c, spec, w);
   }
+  return w;
+}
+
+partners::Network make_network(const Config& c) {
   partners::Network net;
   net.inter_latency_s = c.network.inter_latency_us * 1e-6;
   net.inter_bandwidth_Bps = c.network.inter_bandwidth_gbs * 1e9;
@@ -158,76 +185,105 @@ int run_simulate(const std::vector<std::string>& args) {
   net.intra_bandwidth_Bps = c.network.intra_bandwidth_gbs * 1e9;
   net.mix_bandwidth_Bps = c.network.mix_bandwidth_gbs * 1e9;
   net.ranks_per_node = c.network.ranks_per_node;
-  const partners::GossipMode mode{c.gossip.mode == "grad" || c.gossip.mode == "both",
-                                  c.gossip.mode == "model" || c.gossip.mode == "both"};
-  const partners::Kind kind = partners::parse_kind(c.gossip.schedule);
+  return net;
+}
 
-  nlohmann::json rows = nlohmann::json::array();
-  std::vector<std::string> lines;
-  for (int p : ranks) {
-    nlohmann::json row = {{"ranks", p}};
-    partners::StepPrediction gossip;
-    if (p >= 2 && c.gossip.mode != "allreduce") {
-      partners::Schedule s{kind, p, c.gossip.rotate, c.train.seed};
-      try {
-        partners::validate(s);
-      } catch (const std::invalid_argument& e) {
-        throw UsageError("--ranks " + std::to_string(p) + ": " + e.what());
-      }
-      gossip = partners::predict_gossip(s, mode, net, w, c.simulate.steps);
-      row["gossip"] = to_json(gossip);
+// What every rank count shares: the config, one rank's step, the network and the gossip.
+struct Scenario {
+  const Config& c;
+  const partners::Workload& w;
+  const partners::Network& net;
+  partners::Kind kind;
+  partners::GossipMode mode;
+};
+
+// The predictions at one rank count, as JSON and as a line of the table.
+struct Row {
+  nlohmann::json json;
+  std::string line;
+};
+
+// "step ms  efficiency" cells of gossip (dashes where it does not run), ring and Rabenseifner,
+// and the images per second of gossip, or of the ring where gossip does not run.
+std::string table_line(int p, const partners::StepPrediction* gossip,
+                       const partners::StepPrediction& ring, const partners::StepPrediction& rab) {
+  char cells[3][64];
+  if (gossip)
+    std::snprintf(cells[0], sizeof cells[0], "%10.2f %7.2f%%", gossip->step_s * 1e3,
+                  gossip->efficiency * 100);
+  else
+    std::snprintf(cells[0], sizeof cells[0], "%10s %8s", "-", "-");
+  std::snprintf(cells[1], sizeof cells[1], "%10.2f %7.2f%%", ring.step_s * 1e3,
+                ring.efficiency * 100);
+  std::snprintf(cells[2], sizeof cells[2], "%10.2f %7.2f%%", rab.step_s * 1e3,
+                rab.efficiency * 100);
+  char line[256];
+  std::snprintf(line, sizeof line, "%6d  %s  %s  %s  %12.0f", p, cells[0], cells[1], cells[2],
+                gossip ? gossip->images_per_s : ring.images_per_s);
+  return line;
+}
+
+// Gossip (from 2 ranks on, unless the config trains with allreduce), ring and Rabenseifner
+// allreduce at p ranks.
+Row predict_row(const Scenario& sc, int p) {
+  Row row{{{"ranks", p}}, ""};
+  partners::StepPrediction gossip;
+  const bool gossips = p >= 2 && sc.c.gossip.mode != "allreduce";
+  if (gossips) {
+    partners::Schedule s{sc.kind, p, sc.c.gossip.rotate, sc.c.train.seed};
+    try {
+      partners::validate(s);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError("--ranks " + std::to_string(p) + ": " + e.what());
     }
-    const auto ring = partners::predict_allreduce(partners::Method::RingAllreduce, p, net, w);
-    const auto rab =
-        partners::predict_allreduce(partners::Method::RabenseifnerAllreduce, p, net, w);
-    row["ring_allreduce"] = to_json(ring);
-    row["rabenseifner_allreduce"] = to_json(rab);
-    rows.push_back(row);
-    char cells[3][64];
-    if (row.contains("gossip"))
-      std::snprintf(cells[0], sizeof cells[0], "%10.2f %7.2f%%", gossip.step_s * 1e3,
-                    gossip.efficiency * 100);
-    else
-      std::snprintf(cells[0], sizeof cells[0], "%10s %8s", "-", "-");
-    std::snprintf(cells[1], sizeof cells[1], "%10.2f %7.2f%%", ring.step_s * 1e3,
-                  ring.efficiency * 100);
-    std::snprintf(cells[2], sizeof cells[2], "%10.2f %7.2f%%", rab.step_s * 1e3,
-                  rab.efficiency * 100);
-    char line[256];
-    std::snprintf(line, sizeof line, "%6d  %s  %s  %s  %12.0f", p, cells[0], cells[1], cells[2],
-                  row.contains("gossip") ? gossip.images_per_s : ring.images_per_s);
-    lines.push_back(line);
+    gossip = partners::predict_gossip(s, sc.mode, sc.net, sc.w, sc.c.simulate.steps);
+    row.json["gossip"] = to_json(gossip);
   }
-  if (json) {
-    nlohmann::json out = {{"model", spec.name},
-                          {"params", g.param_count()},
-                          {"batch_per_rank", c.train.batch},
-                          {"gradient_bytes", w.total_bytes()},
-                          {"buckets", w.bucket_bytes.size()},
-                          {"gossip_mode", c.gossip.mode},
-                          {"schedule", c.gossip.schedule},
-                          {"compute",
-                           {{"forward_s", w.forward_s},
-                            {"backward_s", w.backward_s},
-                            {"update_s", w.update_s},
-                            {"source", given ? "config" : "measured"}}},
-                          {"network",
-                           {{"inter_latency_s", net.inter_latency_s},
-                            {"inter_bandwidth_Bps", net.inter_bandwidth_Bps},
-                            {"intra_latency_s", net.intra_latency_s},
-                            {"intra_bandwidth_Bps", net.intra_bandwidth_Bps},
-                            {"mix_bandwidth_Bps", net.mix_bandwidth_Bps},
-                            {"ranks_per_node", net.ranks_per_node}}},
-                          {"rows", rows}};
-    std::cout << out.dump() << "\n";
-    return 0;
-  }
+  const auto ring = partners::predict_allreduce(partners::Method::RingAllreduce, p, sc.net, sc.w);
+  const auto rab =
+      partners::predict_allreduce(partners::Method::RabenseifnerAllreduce, p, sc.net, sc.w);
+  row.json["ring_allreduce"] = to_json(ring);
+  row.json["rabenseifner_allreduce"] = to_json(rab);
+  row.line = table_line(p, gossips ? &gossip : nullptr, ring, rab);
+  return row;
+}
+
+void print_simulate_json(const Scenario& sc, const kernels::ModelSpec& spec,
+                         const kernels::Graph& g, const std::vector<Row>& rows) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const Row& r : rows) list.push_back(r.json);
+  nlohmann::json out = {{"model", spec.name},
+                        {"params", g.param_count()},
+                        {"batch_per_rank", sc.c.train.batch},
+                        {"gradient_bytes", sc.w.total_bytes()},
+                        {"buckets", sc.w.bucket_bytes.size()},
+                        {"gossip_mode", sc.c.gossip.mode},
+                        {"schedule", sc.c.gossip.schedule},
+                        {"compute",
+                         {{"forward_s", sc.w.forward_s},
+                          {"backward_s", sc.w.backward_s},
+                          {"update_s", sc.w.update_s},
+                          {"source", compute_from_config(sc.c) ? "config" : "measured"}}},
+                        {"network",
+                         {{"inter_latency_s", sc.net.inter_latency_s},
+                          {"inter_bandwidth_Bps", sc.net.inter_bandwidth_Bps},
+                          {"intra_latency_s", sc.net.intra_latency_s},
+                          {"intra_bandwidth_Bps", sc.net.intra_bandwidth_Bps},
+                          {"mix_bandwidth_Bps", sc.net.mix_bandwidth_Bps},
+                          {"ranks_per_node", sc.net.ranks_per_node}}},
+                        {"rows", list}};
+  std::cout << out.dump() << "\n";
+}
+
+void print_simulate_table(const Scenario& sc, const kernels::ModelSpec& spec,
+                          const kernels::Graph& g, const std::vector<Row>& rows) {
+  const Config& c = sc.c;
   std::printf("%s: %lld parameters, %.1f MB of gradients in %zu buckets, batch %lld per rank\n",
-              spec.name.c_str(), static_cast<long long>(g.param_count()), w.total_bytes() / 1e6,
-              w.bucket_bytes.size(), static_cast<long long>(c.train.batch));
+              spec.name.c_str(), static_cast<long long>(g.param_count()), sc.w.total_bytes() / 1e6,
+              sc.w.bucket_bytes.size(), static_cast<long long>(c.train.batch));
   std::printf("compute per step (%s): forward %.2f ms, backward %.2f ms, update %.2f ms\n",
-              given ? "from the config" : "measured here", w.forward_s * 1e3, w.backward_s * 1e3,
-              w.update_s * 1e3);
+              compute_from_config(c) ? "from the config" : "measured here", sc.w.forward_s * 1e3,
+              sc.w.backward_s * 1e3, sc.w.update_s * 1e3);
   std::printf(
       "network: between nodes %.2f us, %.2f GB/s per node; within %.2f us, %.2f GB/s; mixing "
       "%.1f GB/s; %d ranks per node\n",
@@ -237,7 +293,28 @@ int run_simulate(const std::vector<std::string>& args) {
               c.gossip.schedule.c_str(), c.gossip.rotate ? " with rotation" : "", c.simulate.steps);
   std::printf("%6s  %10s %8s  %10s %8s  %10s %8s  %12s\n", "ranks", "gossip ms", "eff", "ring ms",
               "eff", "rabens. ms", "eff", "img/s");
-  for (const std::string& l : lines) std::printf("%s\n", l.c_str());
+  for (const Row& r : rows) std::printf("%s\n", r.line.c_str());
+}
+
+}  // namespace
+
+int cmd_simulate(const std::vector<std::string>& args) {
+  const std::optional<SimulateRequest> r = parse_simulate_args(args);
+  if (!r) return 0;
+  const Config c = parse_train_args(r->config_args);  // another cluster's: no check of this machine
+  const kernels::ModelSpec spec = simulated_model(c);
+  const kernels::Graph g = kernels::build_model(spec);
+  const partners::Workload w = make_workload(c, spec, g);
+  const partners::Network net = make_network(c);
+  const partners::GossipMode mode{c.gossip.mode == "grad" || c.gossip.mode == "both",
+                                  c.gossip.mode == "model" || c.gossip.mode == "both"};
+  const Scenario sc{c, w, net, partners::parse_kind(c.gossip.schedule), mode};
+  std::vector<Row> rows;
+  for (int p : r->ranks) rows.push_back(predict_row(sc, p));
+  if (r->json)
+    print_simulate_json(sc, spec, g, rows);
+  else
+    print_simulate_table(sc, spec, g, rows);
   return 0;
 }
 
