@@ -22,8 +22,8 @@ constexpr const char* kUsage =
     "  gossipgrad partners --ranks P [--schedule S] [--rotate] [--steps T] [--seed N] [--json]\n"
     "  gossipgrad simulate --config FILE --ranks 2,4,...,4096 [--json] [--section.key value ...]\n"
     "  gossipgrad pack --input DIR --output DIR [--shard-size MB] [--threads N] [--shuffle SEED]\n"
-    "  gossipgrad supervise [--max-restarts N] [--shrink-on-failure] -- mpirun -n P gossipgrad "
-    "train ...\n"
+    "  gossipgrad supervise [--max-restarts N] [--shrink-on-failure] [--min-ranks M]\n"
+    "                       [--stop-timeout S] -- mpirun -n P gossipgrad train ...\n"
     "  gossipgrad help | --help | COMMAND --help\n\n"
     "commands:\n"
     "  train   train a model on this rank's share of the data (run under mpirun)\n"
@@ -33,7 +33,8 @@ constexpr const char* kUsage =
     "  partners  print who talks to whom at each step, and how fast the schedule mixes\n"
     "  simulate  predict step time and efficiency of gossip vs allreduce at many rank counts\n"
     "  pack    image folder (ImageNet layout) -> tar shards for data.source = shards:DIR\n"
-    "  supervise  run a training job, restarting it from its latest checkpoint when it dies\n\n"
+    "  supervise  run a training job, restarting it from its latest checkpoint when it dies;\n"
+    "             SIGTERM or Ctrl-C stops it with a checkpoint instead\n\n"
     "example: mpirun -n 2 gossipgrad train --config configs/laptop.ini\n";
 
 }  // namespace

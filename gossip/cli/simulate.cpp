@@ -230,7 +230,7 @@ Row predict_row(const Scenario& sc, int p) {
   partners::StepPrediction gossip;
   const bool gossips = p >= 2 && sc.c.gossip.mode != "allreduce";
   if (gossips) {
-    partners::Schedule s{sc.kind, p, sc.c.gossip.rotate, sc.c.train.seed};
+    partners::Schedule s{sc.kind, p, sc.c.gossip.rotate, static_cast<uint64_t>(sc.c.train.seed)};
     try {
       partners::validate(s);
     } catch (const std::invalid_argument& e) {

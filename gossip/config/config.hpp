@@ -48,7 +48,7 @@ struct Config {
     double weight_decay = 5e-4;
     bool nesterov = false;
     double warmup_epochs = 0.5;
-    uint64_t seed = 1;
+    int64_t seed = 1;       // >= 0: a uint64 option would take -1 as 2^64 - 1
     int threads = 0;        // 0: cores of this node / ranks on this node
     int64_t max_steps = 0;  // 0: every step of every epoch
     int64_t eval_batch = 500;

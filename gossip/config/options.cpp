@@ -119,7 +119,7 @@ void train_options(std::vector<Option>& o) {
     {GG_OPTION(train.warmup_epochs), Range{incl(0), value_of("train.epochs")},
      "linear learning-rate warm-up over this many epochs, then cosine decay to 0 by the end of "
      "training"},
-    {GG_OPTION(train.seed), {},
+    {GG_OPTION(train.seed), at_least(0),
      "seed of initialisation, data order, augmentation, partner rotation and random simulated "
      "failures"},
     {GG_OPTION(train.threads), in(0, 1024),

@@ -81,7 +81,7 @@ void Trainer::make_exchanges() {
   GossipOptions o;
   try {
     o.schedule = {partners::parse_kind(c.gossip.schedule), world_.size(), c.gossip.rotate,
-                  c.train.seed};
+                  static_cast<uint64_t>(c.train.seed)};
     partners::validate(o.schedule);
   } catch (const std::invalid_argument& e) {
     throw UsageError(std::string("gossip.schedule: ") + e.what());

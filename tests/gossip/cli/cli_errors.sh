@@ -18,6 +18,7 @@ expect() {  # expect NAME PATTERN -- ARGS...
 }
 CFG="$ROOT/configs/laptop.ini"
 expect "negative batch" "train.batch = -3" -- train --config "$CFG" --train.batch -3
+expect "negative seed" "train.seed = -1" -- train --config "$CFG" --train.seed -1
 expect "zero epochs" "train.epochs = 0" -- train --config "$CFG" --train.epochs 0
 expect "momentum out of range" "train.momentum" -- train --config "$CFG" --train.momentum 1.5
 expect "wrong type" "train.batch" -- train --config "$CFG" --train.batch lots
