@@ -54,7 +54,9 @@ ls ck2/ckpt-*/MANIFEST.json > /dev/null 2>&1 || fail "SIGINT: no full checkpoint
 setsid "$BIN" supervise --stop-timeout 2 -- bash -c 'trap "" TERM; sleep 60' \
   > out3.log 2> err3.log &
 pid=$!
-sleep 1
+# Once the job runs, the supervisor's handlers are in place (a loaded machine may take seconds).
+for _ in $(seq 1200); do grep -q "attempt 0:" err3.log 2>/dev/null && break; sleep 0.1; done
+sleep 0.5
 t0=$(date +%s)
 kill -TERM "$pid"
 rc=0; wait "$pid" || rc=$?
