@@ -133,8 +133,11 @@ ShardSource::ShardSource(const std::string& dir) : dir_(dir) {
       char* end = nullptr;
       const long v = std::strtol(buf, &end, 10);
       while (end && (*end == '\n' || *end == '\r' || *end == ' ')) ++end;
-      if (end == buf || (end && *end != '\0') || v < 0 || v > (1 << 30))
+      if (end == buf || (end && *end != '\0') || v < 0)
         fail(".cls holds '" + std::string(buf) + "', not a class index");
+      if (v >= kMaxClasses)
+        fail(".cls holds class " + std::to_string(v) + ", beyond the " +
+             std::to_string(kMaxClasses) + " classes gossipgrad takes");
       samples_.push_back(
           {static_cast<int32_t>(s), static_cast<int32_t>(v), p.image->offset, p.image->size, key});
       max_label = std::max(max_label, static_cast<int32_t>(v));
@@ -146,15 +149,15 @@ ShardSource::ShardSource(const std::string& dir) : dir_(dir) {
   classes_ = max_label + 1;
   for (const fs::path& c :
        {fs::path(dir) / "classes.txt", fs::path(dir).parent_path() / "classes.txt"}) {
-    std::ifstream in(c);
-    if (!in) continue;
-    int n = 0;
-    std::string line;
-    while (std::getline(in, line)) n += !line.empty();
-    if (n < max_label + 1)
-      throw std::runtime_error(c.string() + " lists " + std::to_string(n) +
-                               " classes but the shards use class " + std::to_string(max_label));
-    classes_ = n;
+    std::error_code ec;
+    if (!fs::exists(c, ec)) continue;
+    class_list_ = c.string();
+    classes_ = read_class_list(class_list_);
+    for (const Sample& m : samples_)
+      if (m.label >= classes_)
+        throw std::runtime_error(shards_[static_cast<size_t>(m.shard)] + ": sample '" + m.key +
+                                 "' has class " + std::to_string(m.label) + " but " + class_list_ +
+                                 " lists " + std::to_string(classes_) + " classes");
     break;
   }
 }

@@ -28,7 +28,8 @@ std::vector<TarMember> list_tar(const std::string& path);
 // Samples of the shard files `dir/*.tar` (sorted by name): members grouped by key (the name up
 // to the first dot of its last path component), `<key>.jpg|.jpeg` the image and `<key>.cls`
 // the class index as decimal text; other members are ignored. classes: the lines of
-// classes.txt in dir or its parent, else the largest label + 1.
+// classes.txt in dir or its parent (every .cls must be below), else the largest label + 1 (below
+// kMaxClasses).
 class ShardSource : public SampleSource {
  public:
   // Throws std::runtime_error (one line naming the shard and key) for a missing or empty
@@ -41,6 +42,8 @@ class ShardSource : public SampleSource {
   void read(int64_t id, std::vector<uint8_t>& out) const override;
   std::string name(int64_t id) const override;
   std::string describe() const override;
+  // The classes.txt that declared the classes; empty when they came from the labels.
+  const std::string& class_list() const { return class_list_; }
 
  private:
   struct Sample {
@@ -53,6 +56,7 @@ class ShardSource : public SampleSource {
   std::vector<std::string> shards_;
   std::vector<Sample> samples_;
   int classes_ = 0;
+  std::string class_list_;
 };
 
 struct PackOptions {
