@@ -38,7 +38,7 @@ int read_class_list(const std::string& path);
 // both). classes = max label + 1. Throws std::runtime_error with a one-line message naming the
 // file and the problem: missing, unreadable, bad magic number, unsupported element type,
 // truncated, count mismatch between images and labels, label out of range (negative, or not
-// below kMaxClasses).
+// below kMaxClasses), a sample size beyond 2^31 bytes.
 Dataset read_idx(const std::string& images_path, const std::string& labels_path);
 
 // As above, but every label must lie in [0, classes) and the result has exactly `classes` classes,

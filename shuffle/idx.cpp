@@ -172,7 +172,8 @@ Dataset read_idx_impl(const std::string& images_path, const std::string& labels_
   const uint32_t c = has_channels ? ih.dims[1] : 1;
   const uint32_t h = ih.dims[has_channels ? 2 : 1];
   const uint32_t w = ih.dims[has_channels ? 3 : 2];
-  if (c == 0 || h == 0 || w == 0 || c > INT_MAX || h > INT_MAX || w > INT_MAX) {
+  // One sample must fit the int sizes of the model's input (and c*h*w must not wrap).
+  if (c == 0 || h == 0 || w == 0 || uint64_t{c} * h > INT_MAX || uint64_t{c} * h * w > INT_MAX) {
     images.fail("implausible image shape " + std::to_string(c) + "x" + std::to_string(h) + "x" +
                 std::to_string(w) + " in the header");
   }

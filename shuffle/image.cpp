@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <stdexcept>
 
 #include "shuffle/rng.hpp"
@@ -134,6 +135,17 @@ bool read_jpeg_frame(const uint8_t* data, size_t size, JpegFrame& frame, std::st
         const int64_t bh = (static_cast<int64_t>(frame.height) * c.v + 8 * vmax - 1) / (8 * vmax);
         frame.coefficient_bytes += (bw + c.h - 1) / c.h * c.h * ((bh + c.v - 1) / c.v * c.v) * 128;
       }
+      // Entropy-coded data never holds FF D9 (a data byte FF is written FF 00), so the image data
+      // ends with its EOI marker unless the file was cut short (trailing bytes after it are fine).
+      frame.complete = false;
+      for (const uint8_t* q = data + p; q + 1 < data + size; ++q) {
+        q = static_cast<const uint8_t*>(std::memchr(q, 0xFF, static_cast<size_t>(data + size - q)));
+        if (q == nullptr || q + 1 >= data + size) break;
+        if (q[1] == 0xD9) {
+          frame.complete = true;
+          break;
+        }
+      }
       return true;
     }
   }
@@ -184,6 +196,9 @@ bool JpegDecoder::read_header(const uint8_t* data, size_t size, int& width, int&
                     " megapixels), above the decoder's limit of " + megapixels(kMaxJpegPixels) +
                     " megapixels",
                 error);
+  if (!f.complete)
+    return fail("truncated: the image data has no end (EOI marker); premature end of the file",
+                error);
   if (f.buffered && f.coefficient_bytes > kMaxJpegCoefficientBytes)
     return fail("progressive or multi-scan " + dims + " image: decoding it would hold " +
                     mebibytes(f.coefficient_bytes) + " MiB of coefficients, above the limit of " +
@@ -229,12 +244,13 @@ double JpegDecoder::decode(const uint8_t* data, size_t size, int channels, int m
     out.pixels.resize(n * channels);
     dst = out.pixels.data();
   }
-  // Warnings (e.g. a few extraneous bytes, as in some ImageNet files) still give an image, as
-  // they do in PIL; only fatal errors make the file corrupt. Either way the handle starts afresh.
+  // Warnings (e.g. corrupt entropy data) still give an image, as they do in PIL; fatal errors and
+  // truncation make the file corrupt: libjpeg fills the rows a truncated file lacks with grey,
+  // which PIL refuses too ("image file is truncated"). Either way the handle starts afresh.
   if (tjDecompress2(h, data, static_cast<unsigned long>(size), dst, sw, 0, sh, format,
                     TJFLAG_FASTDCT) != 0) {
     const std::string why = tjGetErrorStr2(h);
-    const bool fatal = tjGetErrorCode(h) == TJERR_FATAL;
+    const bool fatal = tjGetErrorCode(h) == TJERR_FATAL || why == "Premature end of JPEG file";
     fail(why, fatal ? error : nullptr);
     if (fatal) {
       out.pixels.clear();

@@ -56,6 +56,7 @@ struct JpegFrame {
   int width = 0, height = 0, components = 0;
   bool buffered = false;          // progressive or multi-scan: every coefficient is held
   int64_t coefficient_bytes = 0;  // the size of that whole-image buffer
+  bool complete = false;          // an EOI marker follows the image data: the file is not cut
 };
 
 // Parses the markers up to the first scan (SOF and SOS). Returns false with *error set for data
@@ -73,14 +74,17 @@ class JpegDecoder {
   JpegDecoder& operator=(const JpegDecoder&) = delete;
 
   // Reads the header only. Returns false (with *error set) when the data is not a JPEG, declares an
-  // empty image, or is larger than kMaxJpegPixels / kMaxJpegCoefficientBytes allow.
+  // empty image, is truncated (no EOI marker after the image data: libjpeg would fill the missing
+  // rows with grey, and PIL refuses such files), or is larger than kMaxJpegPixels /
+  // kMaxJpegCoefficientBytes allow.
   bool header(const uint8_t* data, size_t size, int& width, int& height, std::string* error);
 
   // Decodes to `channels` = 3 (RGB; grey and CMYK converted) or 1 (grey). With DCT scaling
   // TurboJPEG decodes at the smallest of its M/8 scales at which the image still has at least
   // min_width x min_height pixels, so a 2000-pixel photo bound for a 224 crop is decoded at 1/4 or
   // 1/8 of the work. Returns the scale used (decoded width / original width) or 0 with *error set
-  // when header() refuses the data or it is corrupt; `out` is then empty (0 x 0, no pixels).
+  // when header() refuses the data or it is corrupt or truncated; `out` is then empty (0 x 0, no
+  // pixels).
   // Other channel counts throw std::invalid_argument.
   double decode(const uint8_t* data, size_t size, int channels, int min_width, int min_height,
                 Image& out, std::string* error);

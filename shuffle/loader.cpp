@@ -339,9 +339,15 @@ void PrefetchLoader::fill(Batch& b, const std::vector<int64_t>& order, int64_t e
     float* dst = b.x.data() + r * size;
     if (jpeg) {
       std::string error;
-      src_.read(id, scratch.bytes);
-      if (!decode_to_chw(*scratch.jpeg, scratch.bytes.data(), scratch.bytes.size(), opt_.jpeg,
-                         opt_.augment.enabled, may_flip, rng, scratch.image, dst, &error)) {
+      bool ok = false;
+      try {
+        src_.read(id, scratch.bytes);
+        ok = decode_to_chw(*scratch.jpeg, scratch.bytes.data(), scratch.bytes.size(), opt_.jpeg,
+                           opt_.augment.enabled, may_flip, rng, scratch.image, dst, &error);
+      } catch (const UnusableSample& e) {
+        error = e.what();
+      }
+      if (!ok) {
         skip(id, error);
         b.y[static_cast<size_t>(r)] = -1;
         std::fill(dst, dst + size, 0.f);
@@ -351,6 +357,11 @@ void PrefetchLoader::fill(Batch& b, const std::vector<int64_t>& order, int64_t e
     const uint8_t* src = src_.pixels(id);
     if (src == nullptr) {
       src_.read(id, scratch.bytes);
+      if (static_cast<int64_t>(scratch.bytes.size()) != size)
+        throw std::runtime_error("PrefetchLoader: sample " + src_.name(id) + " holds " +
+                                 std::to_string(scratch.bytes.size()) + " bytes, not " +
+                                 std::to_string(C) + "x" + std::to_string(H) + "x" +
+                                 std::to_string(W));
       src = scratch.bytes.data();
     }
     if (!opt_.augment.enabled) {

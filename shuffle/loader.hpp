@@ -87,9 +87,10 @@ int64_t batches_per_epoch(int64_t n, const LoaderOptions& o);
 // get the pad-crop/flip augmentation, JPEG samples are decoded (TurboJPEG, DCT-scaled) and
 // transformed as JpegOptions says. The augmentation RNG is seeded from (seed, rank, epoch, batch
 // index), so batches are reproducible and independent of thread count, timing and `prefetch`.
-// A sample that fails to decode (corrupt, or above the decoder's limits) is skipped (its row
-// becomes label -1 padding), counted, and logged to stderr once per sample. Batch buffers are
-// recycled: pass the same Batch to next() each step and the steady state allocates nothing.
+// A sample that fails to decode (corrupt, above the decoder's limits, or UnusableSample from the
+// source) is skipped (its row becomes label -1 padding), counted, and logged to stderr once per
+// sample. Batch buffers are recycled: pass the same Batch to next() each step and the steady
+// state allocates nothing.
 class PrefetchLoader {
  public:
   // Throws std::invalid_argument for inconsistent data (pixels/labels sizes) or options (batch,

@@ -27,6 +27,9 @@ void read_file(const std::string& path, std::vector<uint8_t>& out) {
   std::ifstream f(path, std::ios::binary | std::ios::ate);
   if (!f) throw std::runtime_error(path + ": cannot open (" + std::strerror(errno) + ")");
   const std::streamsize n = f.tellg();
+  if (n > kMaxEncodedBytes)
+    throw UnusableSample(path + ": " + std::to_string(n >> 20) + " MiB, larger than the " +
+                         std::to_string(kMaxEncodedBytes >> 20) + " MiB any image may have");
   f.seekg(0);
   out.resize(static_cast<size_t>(std::max<std::streamsize>(n, 0)));
   if (n > 0 && !f.read(reinterpret_cast<char*>(out.data()), n))

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,17 @@
 namespace gg::shuffle {
 
 enum class Encoding { Pixels, Jpeg };
+
+// Thrown by SampleSource::read for one stored sample that cannot be used (a file too large to be an
+// image): the loader skips and counts it like a file that fails to decode. Other read errors stop
+// training.
+struct UnusableSample : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// The largest encoded sample a source hands out: more than any JPEG within kMaxJpegPixels at an
+// ordinary quality, and a bound on what one read allocates.
+inline constexpr int64_t kMaxEncodedBytes = int64_t{256} << 20;
 
 // Sample ids are 0..size()-1. Every method is safe to call from several threads at once.
 class SampleSource {
@@ -25,7 +37,8 @@ class SampleSource {
   // Pixels: the stored C, H, W of every sample. Jpeg: {0, 0, 0} (sizes vary).
   virtual std::array<int, 3> shape() const { return {0, 0, 0}; }
   // Replaces `out` with the stored bytes of sample id: the encoded file, or C*H*W pixels.
-  // Throws std::runtime_error naming the file when the storage cannot be read.
+  // Throws std::runtime_error naming the file when the storage cannot be read, UnusableSample when
+  // it is larger than kMaxEncodedBytes.
   virtual void read(int64_t id, std::vector<uint8_t>& out) const = 0;
   // Pixels sources held in memory: the sample without a copy. Otherwise nullptr.
   virtual const uint8_t* pixels(int64_t /*id*/) const { return nullptr; }

@@ -33,7 +33,7 @@ std::vector<TarMember> list_tar(const std::string& path);
 class ShardSource : public SampleSource {
  public:
   // Throws std::runtime_error (one line naming the shard and key) for a missing or empty
-  // folder, a damaged shard, a key without image or .cls, or a bad .cls.
+  // folder, a damaged shard, a key without image or .cls or with two of either, or a bad .cls.
   explicit ShardSource(const std::string& dir);
   int64_t size() const override { return static_cast<int64_t>(samples_.size()); }
   int classes() const override { return classes_; }
@@ -83,8 +83,9 @@ struct PackResult {
 // output/classes.txt. Member names: `<wnid>/<file stem>.jpg` and `.cls`. Shards are written in
 // parallel as `.tmp` files and renamed when complete. Throws std::invalid_argument for a bad
 // option, a missing input or an output that already holds shards, and std::runtime_error for an
-// input without images or an I/O failure. `progress` (may be empty) is called from the writer
-// threads, serialised.
+// input without images, two files that would be stored under one member name (the reader would
+// keep only one), a file larger than kMaxEncodedBytes, or an I/O failure. `progress` (may be empty)
+// is called from the writer threads, serialised.
 PackResult pack(const PackOptions& o, const std::function<void(const PackProgress&)>& progress);
 
 }  // namespace gg::shuffle

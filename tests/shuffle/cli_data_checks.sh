@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 15 end to end: data an adversarial pass found to crash, hang or train to a silent wrong
-# answer. JPEGs cut inside their header, declaring 0x0 or 20000x20000 are skipped and counted
+# answer. JPEGs cut short, declaring 0x0 or 20000x20000 are skipped and counted
 # while training goes on (exit 0); test images of another size than the training images, labels
 # outside the classes and val_labels lines naming missing files stop `gossipgrad train` before
 # training with one line and exit 2.
@@ -14,14 +14,16 @@ export OMP_NUM_THREADS=1
 # A mistaken class count must fail with a message, not allocate a model of 50M classes.
 ulimit -v 8000000
 
-# JPEG patches: the file cut to N bytes, or its frame header (SOF0/SOF2) declaring W x H.
-patch() {  # patch FILE cut N | patch FILE size W H
+# JPEG patches: the file cut to N bytes (or a third), or its frame header declaring W x H.
+patch() {  # patch FILE cut N | patch FILE third | patch FILE size W H
   python3 - "$@" <<'PY'
 import struct, sys
 path, what = sys.argv[1], sys.argv[2]
 d = bytearray(open(path, "rb").read())
 if what == "cut":
     d = d[: int(sys.argv[3])]
+elif what == "third":
+    d = d[: len(d) // 3]
 else:
     i = next(i for i in range(2, len(d) - 9) if d[i] == 0xFF and d[i + 1] in (0xC0, 0xC2))
     d[i + 5 : i + 9] = struct.pack(">HH", int(sys.argv[4]), int(sys.argv[3]))
@@ -47,15 +49,16 @@ print([json.loads(l) for l in open(sys.argv[1])][-1].get("skipped", "none"))' "$
   fi
 }
 
-# 1. JPEGs cut inside their header (tables, frame) among good ones: folder and shards, 1 or 2
-# loader threads, augmentation on or off.
+# 1. JPEGs cut inside their header (tables, frame) or their image data among good ones: folder
+# and shards, 1 or 2 loader threads, augmentation on or off.
 "$MAKE_IMAGES" cut 2 8 1 || { echo "FAIL: make_images"; exit 1; }
 patch cut/train/n00000001/img_00_003.JPEG cut 100
 patch cut/train/n00000008/img_01_005.JPEG cut 300
+patch cut/train/n00000008/img_01_007.JPEG third
 "$BIN" pack --input cut --output cut-shards >/dev/null 2>&1 || { echo "FAIL: pack"; fail=1; }
-train_skips cut-folder 4 "$BIN" train --data.source imagenet:cut --data.workers 1 --data.augment false
-train_skips cut-folder-augment 4 "$BIN" train --data.source imagenet:cut --data.workers 2 --data.augment true
-train_skips cut-shards 4 "$MPIEXEC" -n 2 "$BIN" train --data.source shards:cut-shards --data.workers 2
+train_skips cut-folder 6 "$BIN" train --data.source imagenet:cut --data.workers 1 --data.augment false
+train_skips cut-folder-augment 6 "$BIN" train --data.source imagenet:cut --data.workers 2 --data.augment true
+train_skips cut-shards 6 "$MPIEXEC" -n 2 "$BIN" train --data.source shards:cut-shards --data.workers 2
 grep -q "skipping sample .*img_00_003" cut-folder.err ||
   { echo "FAIL: the cut file is not logged"; cat cut-folder.err; fail=1; }
 

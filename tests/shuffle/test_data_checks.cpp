@@ -4,13 +4,16 @@
 #include <archive.h>
 #include <archive_entry.h>
 
+#include <array>
 #include <catch2/catch.hpp>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "shuffle/loader.hpp"
 #include "shuffle/source.hpp"
 #include "shuffle/tar.hpp"
 #include "tests/shuffle/data_fixture.hpp"
@@ -238,4 +241,119 @@ TEST_CASE("val_labels lines must name files of val/ once, and a labels file need
   write_text(folders / "labels.txt", "x.JPEG 0\n");
   CHECK_THAT(error_of([&] { read_imagenet(folders.path.string(), false, folders / "labels.txt"); }),
              Contains("labels.txt") && Contains("class folders"));
+}
+
+TEST_CASE("a shard with two image or two .cls members under one key is refused naming both",
+          "[shuffle][tar]") {
+  TempDir s;
+  write_shard(s / "shard-000000.tar", {"0", "1"});
+  CHECK(ShardSource(s.path.string()).size() == 2);
+  // Append k0.jpeg: a second image for key k0 (one of them used to be dropped silently).
+  archive* a = archive_write_new();
+  archive_write_set_format_pax_restricted(a);
+  REQUIRE(archive_write_open_filename(a, (s / "shard-000001.tar").c_str()) == ARCHIVE_OK);
+  for (const char* name : {"k0.jpg", "k0.jpeg", "k0.cls"}) {
+    const std::string data = name[3] == 'c' ? "0" : "x";
+    archive_entry* e = archive_entry_new();
+    archive_entry_set_pathname(e, name);
+    archive_entry_set_size(e, static_cast<la_int64_t>(data.size()));
+    archive_entry_set_filetype(e, AE_IFREG);
+    archive_entry_set_perm(e, 0644);
+    REQUIRE(archive_write_header(a, e) == ARCHIVE_OK);
+    archive_write_data(a, data.data(), data.size());
+    archive_entry_free(e);
+  }
+  archive_write_close(a);
+  archive_write_free(a);
+  CHECK_THAT(error_of([&] { ShardSource src(s.path.string()); }),
+             Contains("shard-000001.tar") && Contains("'k0'") && Contains("k0.jpg") &&
+                 Contains("k0.jpeg"));
+}
+
+TEST_CASE("pack refuses two files that would be stored under one member name", "[shuffle][tar]") {
+  TempDir d;
+  gg::test::make_imagenet(d / "in", 2, 2);
+  const std::string a = d / "in/train/n00000001/photo.a.JPEG",
+                    b = d / "in/train/n00000001/photo_a.jpg";
+  gg::test::write_bytes(a, encode_jpeg(gg::test::fashion_rgb(1, 20, 20, 0)));
+  gg::test::write_bytes(b, encode_jpeg(gg::test::fashion_rgb(2, 20, 20, 0)));
+  PackOptions o;
+  o.input = d / "in";
+  o.output = d / "out";
+  CHECK_THAT(error_of([&] { pack(o, {}); }),
+             Contains(a) && Contains(b) && Contains("n00000001/photo_a.jpg"));
+  std::filesystem::remove(b);
+  CHECK(pack(o, {}).images == 5);
+}
+
+TEST_CASE("an idx header whose C x H x W wraps around 64 bits is refused, not read as 4 bytes",
+          "[shuffle][idx]") {
+  TempDir d;
+  std::vector<uint8_t> images = {0, 0, 0x08, 4};  // idx4: 1 x 2^22 x 2^22 x 2^22 = 2^66 bytes
+  for (uint32_t v : {1u, 1u << 22, 1u << 22, 1u << 22}) put_be32(images, v);
+  images.insert(images.end(), {1, 2, 3, 4});
+  std::vector<uint8_t> labels = {0, 0, 0x08, 1};
+  put_be32(labels, 1);
+  labels.push_back(0);
+  gg::test::write_bytes(d / "img", images);
+  gg::test::write_bytes(d / "lab", labels);
+  CHECK_THAT(error_of([&] { read_idx(d / "img", d / "lab"); }),
+             Contains(d / "img") && Contains("implausible image shape"));
+}
+
+namespace {
+
+// A pixel source whose storage holds fewer bytes than its shape says.
+class ShortSource : public SampleSource {
+ public:
+  int64_t size() const override { return 8; }
+  int classes() const override { return 2; }
+  int32_t label(int64_t id) const override { return static_cast<int32_t>(id % 2); }
+  Encoding encoding() const override { return Encoding::Pixels; }
+  std::array<int, 3> shape() const override { return {3, 64, 64}; }
+  void read(int64_t, std::vector<uint8_t>& out) const override { out.assign(5, 1); }
+  std::string name(int64_t id) const override { return "short#" + std::to_string(id); }
+  std::string describe() const override { return "short"; }
+};
+
+}  // namespace
+
+TEST_CASE("a pixel sample shorter than its shape is an error, not a read past its buffer",
+          "[shuffle][loader]") {
+  ShortSource src;
+  LoaderOptions o;
+  o.batch = 4;
+  PrefetchLoader loader(src, o, 0, 1);
+  Batch b;
+  CHECK_THAT(error_of([&] { loader.next(b); }), Contains("short#") && Contains("3x64x64"));
+}
+
+TEST_CASE("a tar member declaring nearly 2^63 bytes is refused without overflowing the size check",
+          "[shuffle][tar]") {
+  // One ustar header whose size field holds 2^63 - 100 in base-256 form, then the end blocks.
+  std::vector<uint8_t> tar(512 + 1024, 0);
+  const auto put = [&](size_t at, const std::string& s) {
+    std::copy(s.begin(), s.end(), &tar[at]);
+  };
+  put(0, "a.jpg");
+  put(100, "0000644");
+  put(108, "0000000");
+  put(116, "0000000");
+  put(136, "00000000000");
+  put(156, "0");
+  put(257, "ustar");
+  put(263, "00");
+  tar[124] = 0x80;
+  const uint64_t size = (uint64_t{1} << 63) - 100;
+  for (int i = 0; i < 8; ++i) tar[135 - i] = static_cast<uint8_t>(size >> (8 * i));
+  put(148, "        ");
+  unsigned sum = 0;
+  for (size_t i = 0; i < 512; ++i) sum += tar[i];
+  char field[8];
+  std::snprintf(field, sizeof field, "%06o", sum);
+  put(148, field);
+  TempDir d;
+  gg::test::write_bytes(d / "huge.tar", tar);
+  CHECK_THAT(error_of([&] { list_tar(d / "huge.tar"); }),
+             Contains("declares " + std::to_string(size) + " bytes"));
 }

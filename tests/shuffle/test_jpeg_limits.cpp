@@ -257,3 +257,56 @@ TEST_CASE("read_jpeg_frame refuses what is not a JPEG frame", "[shuffle][image]"
   REQUIRE(read_jpeg_frame(good.data(), good.size(), f, &err));
   CHECK((f.width == 48 && f.height == 40 && f.components == 3));
 }
+
+TEST_CASE("a JPEG truncated inside its image data is skipped as truncated and not decoded as grey",
+          "[shuffle][image][loader]") {
+  for (bool progressive : {false, true}) {
+    const std::vector<uint8_t> whole =
+        encode_jpeg(gg::test::fashion_rgb(3, 200, 160, 1), 90, progressive);
+    const std::vector<uint8_t> part = cut(whole, whole.size() * 2 / 3);
+    JpegDecoder dec;
+    Image img;
+    std::string err;
+    CHECK(dec.decode(part.data(), part.size(), 3, 200, 160, img, &err) == 0);
+    CHECK_THAT(err, Contains("truncated"));
+    CHECK(img.pixels.empty());
+    check_decodes(dec, 2);
+  }
+  TempDir d;
+  gg::test::make_imagenet(d.path.string(), 2, 4);
+  const std::string bad = d / "train/n00000008/img_01_001.JPEG";
+  const std::vector<uint8_t> whole = good_jpeg(9, 160, 120);
+  gg::test::write_bytes(bad, cut(whole, whole.size() / 3 + 700));  // past the ~600 header bytes
+  const auto src = read_imagenet(d.path.string(), true);
+  LoaderOptions o;
+  o.batch = 4;
+  o.jpeg.crop = 16;
+  o.jpeg.resize = 20;
+  PrefetchLoader loader(*src, o, 0, 1);
+  CHECK(check_rows(drain(loader), *src, {bad}, 3 * 16 * 16) == 1);
+  CHECK(loader.skipped() == 1);
+}
+
+TEST_CASE(
+    "an image file larger than any JPEG the loader takes is skipped unread and pack refuses it",
+    "[shuffle][loader][tar]") {
+  TempDir d;
+  gg::test::make_imagenet(d / "in", 2, 4);
+  const std::string big = d / "in/train/n00000001/img_00_001.JPEG";
+  std::filesystem::resize_file(big, kMaxEncodedBytes + 1);  // sparse: no disk, no reading
+  const auto src = read_imagenet(d / "in", true);
+  std::vector<uint8_t> bytes;
+  CHECK_THROWS_AS(src->read(1, bytes), UnusableSample);
+  CHECK(bytes.empty());
+  LoaderOptions o;
+  o.batch = 4;
+  o.jpeg.crop = 16;
+  o.jpeg.resize = 20;
+  PrefetchLoader loader(*src, o, 0, 1);
+  CHECK(check_rows(drain(loader), *src, {big}, 3 * 16 * 16) == 1);
+  CHECK(loader.skipped() == 1);
+  PackOptions po;
+  po.input = d / "in";
+  po.output = d / "out";
+  CHECK_THROWS_WITH(pack(po, {}), Contains(big) && Contains("MiB"));
+}
