@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (ASan + UBSan) and runs each for SECONDS (default 10):
-# the full-checkpoint readers, the tar shard index and the config reader. Seeds: a manifest, a tar
-# archive, and the cluster configs. Usage: fuzz/run.sh [SECONDS]. Exits non-zero on a crash.
+# the full-checkpoint readers, the tar shard index, the config reader, the loader's JPEG path and
+# the idx reader. Seeds: a manifest, a tar archive, the cluster configs, small JPEGs and idx pairs
+# (fuzz/make_seeds.cpp). Usage: fuzz/run.sh [SECONDS]. Exits non-zero on a crash.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH="${1:-10}"
@@ -18,8 +19,12 @@ CXX=(clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize
   -lboost_program_options -ldnnl -larchive -lturbojpeg -lz -o "$OUT/fuzz_config"
 "${CXX[@]}" fuzz/fuzz_tar.cpp shuffle/tar.cpp shuffle/source.cpp shuffle/image.cpp shuffle/idx.cpp \
   -larchive -lturbojpeg -lz -o "$OUT/fuzz_tar"
-rm -rf "$OUT/seeds-ckpt" "$OUT/seeds-tar" "$OUT/seeds-config"
-mkdir -p "$OUT/seeds-ckpt" "$OUT/seeds-tar" "$OUT/seeds-config"
+"${CXX[@]}" fuzz/fuzz_jpeg.cpp shuffle/image.cpp -lturbojpeg -o "$OUT/fuzz_jpeg"
+"${CXX[@]}" fuzz/fuzz_idx.cpp shuffle/idx.cpp -lz -o "$OUT/fuzz_idx"
+clang++ -std=c++20 -O1 -I. fuzz/make_seeds.cpp shuffle/image.cpp -lturbojpeg -lz -o "$OUT/make_seeds"
+rm -rf "$OUT/seeds-ckpt" "$OUT/seeds-tar" "$OUT/seeds-config" "$OUT/seeds-jpeg" "$OUT/seeds-idx"
+mkdir -p "$OUT/seeds-ckpt" "$OUT/seeds-tar" "$OUT/seeds-config" "$OUT/seeds-jpeg" "$OUT/seeds-idx"
+"$OUT/make_seeds" "$OUT/seeds-jpeg" "$OUT/seeds-idx"
 cp configs/*.ini "$OUT/seeds-config/"  # every cluster config
 # Seeds: a tar with one sample, and a manifest + a small rank state from the unit-test format.
 ( cd "$OUT" && printf 'img' > k.jpg && printf '3' > k.cls &&
@@ -30,7 +35,7 @@ printf '"steps_per_epoch":2,"model":{"name":"resnet8","input":[1,28,28],"classes
   >> "$OUT/seeds-ckpt/manifest.json"
 printf '"width":4,"batch_norm":true},"files":{"rank-00000.bin":{"size":3,"xxh3":"00ff"}}}' \
   >> "$OUT/seeds-ckpt/manifest.json"
-for t in checkpoint tar config; do
+for t in checkpoint tar config jpeg idx; do
   seeds="$OUT/seeds-$t"; [ $t = checkpoint ] && seeds="$OUT/seeds-ckpt"
   echo "fuzz: $t for ${SECONDS_EACH}s"
   rc=0
