@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <stdexcept>
 
 #include "shuffle/rng.hpp"
@@ -137,15 +136,10 @@ bool read_jpeg_frame(const uint8_t* data, size_t size, JpegFrame& frame, std::st
       }
       // Entropy-coded data never holds FF D9 (a data byte FF is written FF 00), so the image data
       // ends with its EOI marker unless the file was cut short (trailing bytes after it are fine).
+      // Searched from the end, where it nearly always is.
       frame.complete = false;
-      for (const uint8_t* q = data + p; q + 1 < data + size; ++q) {
-        q = static_cast<const uint8_t*>(std::memchr(q, 0xFF, static_cast<size_t>(data + size - q)));
-        if (q == nullptr || q + 1 >= data + size) break;
-        if (q[1] == 0xD9) {
-          frame.complete = true;
-          break;
-        }
-      }
+      for (size_t q = size - 1; q > p && !frame.complete; --q)
+        frame.complete = data[q - 1] == 0xFF && data[q] == 0xD9;
       return true;
     }
   }
