@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (ASan + UBSan) and runs each for SECONDS (default 10):
-# the full-checkpoint readers, the tar shard index, the config reader and the .npz/.npy readers.
-# Seeds: a manifest, a tar archive, the cluster configs, and .npz archives from Python's zipfile.
+# the full-checkpoint readers, the tar shard index, the config reader, the .npz/.npy readers, the
+# loader's JPEG path and the idx reader. Seeds: a manifest, a tar archive, the cluster configs,
+# .npz archives from Python's zipfile, small JPEGs and idx pairs (fuzz/make_seeds.cpp).
 # Usage: fuzz/run.sh [SECONDS]. Exits non-zero on a crash.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,8 +21,13 @@ CXX=(clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize
   -larchive -lturbojpeg -lz -o "$OUT/fuzz_tar"
 "${CXX[@]}" fuzz/fuzz_npz.cpp kernels/npz.cpp kernels/durable_file.cpp kernels/graph.cpp -larchive \
   -o "$OUT/fuzz_npz"
-rm -rf "$OUT/seeds-ckpt" "$OUT/seeds-tar" "$OUT/seeds-config" "$OUT/seeds-npz"
-mkdir -p "$OUT/seeds-ckpt" "$OUT/seeds-tar" "$OUT/seeds-config" "$OUT/seeds-npz"
+"${CXX[@]}" fuzz/fuzz_jpeg.cpp shuffle/image.cpp -lturbojpeg -o "$OUT/fuzz_jpeg"
+"${CXX[@]}" fuzz/fuzz_idx.cpp shuffle/idx.cpp -lz -o "$OUT/fuzz_idx"
+clang++ -std=c++20 -O1 -I. fuzz/make_seeds.cpp shuffle/image.cpp -lturbojpeg -lz -o "$OUT/make_seeds"
+rm -rf "$OUT"/seeds-*
+mkdir -p "$OUT/seeds-ckpt" "$OUT/seeds-tar" "$OUT/seeds-config" "$OUT/seeds-npz" "$OUT/seeds-jpeg" \
+  "$OUT/seeds-idx"
+"$OUT/make_seeds" "$OUT/seeds-jpeg" "$OUT/seeds-idx"
 cp configs/*.ini "$OUT/seeds-config/"  # every cluster config
 # Seeds: a tar with one sample, and a manifest + a small rank state from the unit-test format.
 ( cd "$OUT" && printf 'img' > k.jpg && printf '3' > k.cls &&
@@ -48,7 +54,7 @@ for name, method, zip64 in [("stored", zipfile.ZIP_STORED, False),
             with z.open(member, "w", force_zip64=zip64) as f:
                 f.write(npy)
 PY
-for t in checkpoint tar config npz; do
+for t in checkpoint tar config npz jpeg idx; do
   seeds="$OUT/seeds-$t"; [ $t = checkpoint ] && seeds="$OUT/seeds-ckpt"
   echo "fuzz: $t for ${SECONDS_EACH}s"
   rc=0

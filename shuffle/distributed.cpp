@@ -363,7 +363,11 @@ void DistributedShuffle::start(int64_t step, const std::vector<int64_t>& used) {
   for (int64_t id : given_) {
     put<int64_t>(payload, id);
     if (o_.mode == ShuffleMode::Bytes) {
-      overlay_->read(id, bytes);
+      try {
+        overlay_->read(id, bytes);
+      } catch (const UnusableSample&) {
+        bytes.clear();  // the receiver's loader skips and counts it, as this rank's did
+      }
       put<int32_t>(payload, overlay_->label(id));
       put<uint64_t>(payload, bytes.size());
       payload.insert(payload.end(), bytes.begin(), bytes.end());

@@ -172,7 +172,8 @@ Dataset read_idx_impl(const std::string& images_path, const std::string& labels_
   const uint32_t c = has_channels ? ih.dims[1] : 1;
   const uint32_t h = ih.dims[has_channels ? 2 : 1];
   const uint32_t w = ih.dims[has_channels ? 3 : 2];
-  if (c == 0 || h == 0 || w == 0 || c > INT_MAX || h > INT_MAX || w > INT_MAX) {
+  // One sample must fit the int sizes of the model's input (and c*h*w must not wrap).
+  if (c == 0 || h == 0 || w == 0 || uint64_t{c} * h > INT_MAX || uint64_t{c} * h * w > INT_MAX) {
     images.fail("implausible image shape " + std::to_string(c) + "x" + std::to_string(h) + "x" +
                 std::to_string(w) + " in the header");
   }
@@ -210,9 +211,11 @@ Dataset read_idx_impl(const std::string& images_path, const std::string& labels_
                                  (uint32_t{p[2]} << 8) | p[3]);
         break;
     }
-    if (v < 0 || (classes > 0 && v >= classes)) {
+    if (v < 0 || v >= (classes > 0 ? classes : kMaxClasses)) {
       const std::string range =
-          classes > 0 ? "[0, " + std::to_string(classes) + ")" : "[0, ...) (must not be negative)";
+          classes > 0
+              ? "[0, " + std::to_string(classes) + ") of the declared classes"
+              : "[0, " + std::to_string(kMaxClasses) + "), the most classes gossipgrad takes";
       labels.fail("label " + std::to_string(v) + " of sample " + std::to_string(i) +
                   " is out of range " + range);
     }
@@ -241,6 +244,12 @@ std::string install_hint() {
 }
 
 std::string find_idx_file(const fs::path& dir, const std::string& stem) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    throw std::runtime_error("load_idx_dir: " + dir.string() +
+                             (fs::exists(dir, ec) ? " is not a directory" : ": no such directory") +
+                             install_hint());
+  }
   for (const std::string& name : {stem + ".gz", stem}) {
     std::error_code ec;
     if (fs::is_regular_file(dir / name, ec)) return (dir / name).string();
@@ -263,18 +272,64 @@ Dataset read_idx(const std::string& images_path, const std::string& labels_path,
   return read_idx_impl(images_path, labels_path, classes);
 }
 
-Dataset load_idx_dir(const std::string& dir, bool train) {
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) {
-    throw std::runtime_error("load_idx_dir: " + dir +
-                             (fs::exists(dir, ec) ? " is not a directory" : ": no such directory") +
-                             install_hint());
-  }
+IdxFiles find_idx_files(const std::string& dir, bool train) {
   const std::string split = train ? "train" : "t10k";
-  // Two statements: argument evaluation order is unspecified, and images should be reported first.
-  const std::string images = find_idx_file(dir, split + "-images-idx3-ubyte");
-  const std::string labels = find_idx_file(dir, split + "-labels-idx1-ubyte");
-  return read_idx(images, labels);
+  IdxFiles f;
+  // Two statements: images should be reported first.
+  f.images = find_idx_file(dir, split + "-images-idx3-ubyte");
+  f.labels = find_idx_file(dir, split + "-labels-idx1-ubyte");
+  return f;
+}
+
+Dataset load_idx_dir(const std::string& dir, bool train) {
+  const IdxFiles f = find_idx_files(dir, train);
+  return read_idx(f.images, f.labels);
+}
+
+void check_discovered_classes(const std::vector<int32_t>& labels, int classes,
+                              const std::string& where, const std::string& declare) {
+  if (classes <= 0) return;
+  std::vector<uint8_t> seen(static_cast<size_t>(classes), 0);
+  int64_t present = 0, top = -1;
+  for (size_t i = 0; i < labels.size(); ++i) {
+    const int32_t v = labels[i];
+    if (v < 0 || v >= classes) continue;
+    if (v == classes - 1 && top < 0) top = static_cast<int64_t>(i);
+    present += seen[static_cast<size_t>(v)] == 0;
+    seen[static_cast<size_t>(v)] = 1;
+  }
+  if (2 * present >= classes) return;
+  throw std::runtime_error(where + ": the labels use only " + std::to_string(present) + " of the " +
+                           std::to_string(classes) + " classes 0.." + std::to_string(classes - 1) +
+                           " that their largest label implies (label " +
+                           std::to_string(classes - 1) +
+                           (top >= 0 ? " of sample " + std::to_string(top) : std::string()) +
+                           "); fix the stray labels, or " + declare);
+}
+
+int read_class_list(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr)
+    throw std::runtime_error(path + ": cannot open the class list (" + std::strerror(errno) + ")");
+  int64_t n = 0;
+  bool blank = true;
+  for (int ch = std::fgetc(f);; ch = std::fgetc(f)) {
+    if (ch == EOF || ch == '\n') {
+      n += !blank;
+      blank = true;
+      if (ch == EOF || n > kMaxClasses) break;
+    } else if (ch != ' ' && ch != '\t' && ch != '\r') {
+      blank = false;
+    }
+  }
+  const bool failed = std::ferror(f) != 0;
+  std::fclose(f);
+  if (failed) throw std::runtime_error(path + ": read error in the class list");
+  if (n == 0) throw std::runtime_error(path + ": the class list is empty (one name per line)");
+  if (n > kMaxClasses)
+    throw std::runtime_error(path + ": lists more than " + std::to_string(kMaxClasses) +
+                             " classes, the most gossipgrad takes");
+  return static_cast<int>(n);
 }
 
 }  // namespace gg::shuffle

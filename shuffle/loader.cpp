@@ -345,39 +345,30 @@ void PrefetchLoader::fill(Batch& b, const std::vector<int64_t>& order, int64_t e
     b.ids[static_cast<size_t>(r)] = id;
     float* dst = b.x.data() + r * size;
     if (jpeg) {
-      const JpegOptions& j = opt_.jpeg;
-      src_.read(id, scratch.bytes);
-      int w = 0, h = 0;
       std::string error;
-      if (!scratch.jpeg->header(scratch.bytes.data(), scratch.bytes.size(), w, h, &error)) {
+      bool ok = false;
+      try {
+        src_.read(id, scratch.bytes);
+        ok = decode_to_chw(*scratch.jpeg, scratch.bytes.data(), scratch.bytes.size(), opt_.jpeg,
+                           opt_.augment.enabled, may_flip, rng, scratch.image, dst, &error);
+      } catch (const UnusableSample& e) {
+        error = e.what();
+      }
+      if (!ok) {
         skip(id, error);
         b.y[static_cast<size_t>(r)] = -1;
         std::fill(dst, dst + size, 0.f);
-        continue;
       }
-      const CropBox box =
-          opt_.augment.enabled ? j.rrc.sample(w, h, rng) : center_crop_box(w, h, j.resize, j.crop);
-      const bool flip = may_flip && (rng() >> 63) != 0;
-      // Decode just large enough that the box still covers crop x crop pixels.
-      const int min_w = static_cast<int>(std::ceil(j.crop * static_cast<double>(w) / box.w));
-      const int min_h = static_cast<int>(std::ceil(j.crop * static_cast<double>(h) / box.h));
-      if (scratch.jpeg->decode(scratch.bytes.data(), scratch.bytes.size(), j.channels,
-                               std::min(min_w, w), std::min(min_h, h), scratch.image,
-                               &error) == 0) {
-        skip(id, error);
-        b.y[static_cast<size_t>(r)] = -1;
-        std::fill(dst, dst + size, 0.f);
-        continue;
-      }
-      const double sx = static_cast<double>(scratch.image.width) / w;
-      const double sy = static_cast<double>(scratch.image.height) / h;
-      resample_to_chw(scratch.image, {box.x * sx, box.y * sy, box.w * sx, box.h * sy}, j.crop,
-                      j.crop, flip, j.map, dst);
       continue;
     }
     const uint8_t* src = src_.pixels(id);
     if (src == nullptr) {
       src_.read(id, scratch.bytes);
+      if (static_cast<int64_t>(scratch.bytes.size()) != size)
+        throw std::runtime_error("PrefetchLoader: sample " + src_.name(id) + " holds " +
+                                 std::to_string(scratch.bytes.size()) + " bytes, not " +
+                                 std::to_string(C) + "x" + std::to_string(H) + "x" +
+                                 std::to_string(W));
       src = scratch.bytes.data();
     }
     if (!opt_.augment.enabled) {

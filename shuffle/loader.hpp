@@ -33,24 +33,13 @@ struct Augment {
   bool flip = true;
 };
 
-// Encoded (JPEG) samples: with augment.enabled, RandomResizedCrop to crop x crop + random
-// horizontal flip (augment.flip); otherwise the shorter side resized to `resize` and the centre
-// crop x crop. Then per-channel normalisation.
-struct JpegOptions {
-  int channels = 3;  // 3 (RGB) or 1 (grey)
-  int crop = 224;
-  int resize = 256;
-  RandomResizedCrop rrc;
-  PixelMap map;
-};
-
 struct LoaderOptions {
   int64_t batch = 32;  // per-rank batch
   int rank = 0, ranks = 1;
   uint64_t seed = 1;
   Normalize norm;  // pixel sources
   Augment augment;
-  JpegOptions jpeg;       // encoded sources
+  JpegOptions jpeg;       // encoded sources (image.hpp)
   int prefetch = 4;       // bounded queue depth (batches)
   int workers = 1;        // threads building batches
   bool shuffle = true;    // false: sequential order (evaluation)
@@ -98,9 +87,10 @@ int64_t batches_per_epoch(int64_t n, const LoaderOptions& o);
 // get the pad-crop/flip augmentation, JPEG samples are decoded (TurboJPEG, DCT-scaled) and
 // transformed as JpegOptions says. The augmentation RNG is seeded from (seed, rank, epoch, batch
 // index), so batches are reproducible and independent of thread count, timing and `prefetch`.
-// A sample that fails to decode is skipped (its row becomes label -1 padding), counted, and
-// logged to stderr once per sample. Batch buffers are recycled: pass the same Batch to next()
-// each step and the steady state allocates nothing.
+// A sample that fails to decode (corrupt, above the decoder's limits, or UnusableSample from the
+// source) is skipped (its row becomes label -1 padding), counted, and logged to stderr once per
+// sample. Batch buffers are recycled: pass the same Batch to next() each step and the steady
+// state allocates nothing.
 class PrefetchLoader {
  public:
   // Throws std::invalid_argument for inconsistent data (pixels/labels sizes) or options (batch,

@@ -27,6 +27,9 @@ void read_file(const std::string& path, std::vector<uint8_t>& out) {
   std::ifstream f(path, std::ios::binary | std::ios::ate);
   if (!f) throw std::runtime_error(path + ": cannot open (" + std::strerror(errno) + ")");
   const std::streamsize n = f.tellg();
+  if (n > kMaxEncodedBytes)
+    throw UnusableSample(path + ": " + std::to_string(n >> 20) + " MiB, larger than the " +
+                         std::to_string(kMaxEncodedBytes >> 20) + " MiB any image may have");
   f.seekg(0);
   out.resize(static_cast<size_t>(std::max<std::streamsize>(n, 0)));
   if (n > 0 && !f.read(reinterpret_cast<char*>(out.data()), n))
@@ -193,6 +196,10 @@ bool is_jpeg_name(const std::string& filename) {
 std::unique_ptr<FileListSource> read_image_folders(const std::string& dir) {
   require_dir(dir, "image folder");
   const std::vector<std::string> classes = sorted_entries(dir, is_dir);
+  if (classes.size() > static_cast<size_t>(kMaxClasses))
+    throw std::runtime_error("image folder " + dir + ": " + std::to_string(classes.size()) +
+                             " class folders, more than the " + std::to_string(kMaxClasses) +
+                             " classes gossipgrad takes");
   std::vector<FileListSource::File> files;
   for (size_t c = 0; c < classes.size(); ++c) {
     const fs::path sub = fs::path(dir) / classes[c];
@@ -219,6 +226,10 @@ std::unique_ptr<FileListSource> read_imagenet(const std::string& root, bool trai
   for (size_t i = 0; i < wnids.size(); ++i) index[wnids[i]] = static_cast<int32_t>(i);
   std::vector<FileListSource::File> files;
   const std::vector<std::string> sub = sorted_entries(val, is_dir);
+  if (!sub.empty() && !labels_file.empty())
+    throw std::runtime_error("ImageNet validation: " + val.string() +
+                             " holds class folders, so the labels file " + labels_file +
+                             " would be ignored: remove data.val_labels or flatten val/");
   if (!sub.empty()) {
     for (const std::string& w : sub) {
       const auto it = index.find(w);
@@ -237,6 +248,12 @@ std::unique_ptr<FileListSource> read_imagenet(const std::string& root, bool trai
       throw std::runtime_error("ImageNet validation: " + val.string() +
                                " has no class folders and the labels file " + lf +
                                " cannot be read (lines: <file name> <wnid or class index>)");
+    // One listing of val/ instead of a stat per line (50,000 lines for ImageNet).
+    const std::vector<std::string> present = sorted_entries(val, [](const fs::directory_entry& e) {
+      std::error_code ec;
+      return e.is_regular_file(ec);
+    });
+    std::map<std::string, int64_t> named;  // file -> the line naming it
     std::string line;
     int64_t n = 0;
     while (std::getline(in, line)) {
@@ -249,6 +266,15 @@ std::unique_ptr<FileListSource> read_imagenet(const std::string& root, bool trai
       if (c == std::string::npos)
         throw std::runtime_error(lf + ":" + std::to_string(n) + ": expected <file> <label>");
       const std::string file = line.substr(a, b - a), lab = line.substr(c, d - c);
+      const std::string at = lf + ":" + std::to_string(n) + ": ";
+      std::error_code ec;
+      if (file.find('/') == std::string::npos
+              ? !std::binary_search(present.begin(), present.end(), file)
+              : !fs::is_regular_file(val / file, ec))
+        throw std::runtime_error(at + "names " + file + ", which is not a file in " + val.string());
+      if (const auto [it, fresh] = named.emplace(file, n); !fresh)
+        throw std::runtime_error(at + file + " is already labelled on line " +
+                                 std::to_string(it->second));
       int32_t label = -1;
       if (const auto it = index.find(lab); it != index.end()) {
         label = it->second;
@@ -256,7 +282,7 @@ std::unique_ptr<FileListSource> read_imagenet(const std::string& root, bool trai
                  std::stol(lab) < static_cast<long>(wnids.size())) {
         label = static_cast<int32_t>(std::stol(lab));
       } else {
-        throw std::runtime_error(lf + ":" + std::to_string(n) + ": label '" + lab +
+        throw std::runtime_error(at + "label '" + lab +
                                  "' is neither a train wnid nor a class index below " +
                                  std::to_string(wnids.size()));
       }
@@ -276,6 +302,7 @@ SourceSpec parse_source(const std::string& text, const std::string& idx_dir) {
   if (text == "fashion-mnist") {
     s.kind = SourceSpec::Kind::Idx;
     s.path = idx_dir;
+    s.classes = kFashionMnistClasses;
   } else if (const char* p = after("idx:")) {
     s.kind = SourceSpec::Kind::Idx;
     s.path = p;
@@ -298,11 +325,46 @@ SourceSpec parse_source(const std::string& text, const std::string& idx_dir) {
   return s;
 }
 
+namespace {
+
+// One split of an idx folder, its labels checked against the declared classes (the spec's, or
+// DIR/classes.txt), else the training labels' own.
+Dataset open_idx(const SourceSpec& spec, bool train) {
+  const IdxFiles f = find_idx_files(spec.path, train);
+  const std::string list = (fs::path(spec.path) / "classes.txt").string();
+  std::error_code ec;
+  int declared = spec.classes;
+  std::string how = "data.source fashion-mnist has " + std::to_string(spec.classes) +
+                    " classes (other idx data: idx:DIR)";
+  if (declared == 0 && fs::exists(list, ec)) {
+    declared = read_class_list(list);
+    how = list + " lists " + std::to_string(declared) + " classes";
+  }
+  if (declared == 0) {
+    Dataset d = read_idx(f.images, f.labels);
+    if (train)
+      check_discovered_classes(d.labels, d.classes, f.labels,
+                               "declare the classes in " + list + " (one name per line)");
+    return d;
+  }
+  try {
+    return read_idx(f.images, f.labels, declared);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(std::string(e.what()) + "; " + how);
+  }
+}
+
+std::string shape_text(const std::array<int, 3>& s) {
+  return std::to_string(s[0]) + "x" + std::to_string(s[1]) + "x" + std::to_string(s[2]);
+}
+
+}  // namespace
+
 std::unique_ptr<SampleSource> open_source(const SourceSpec& spec, bool train,
                                           const std::string& val_labels) {
   switch (spec.kind) {
     case SourceSpec::Kind::Idx:
-      return std::make_unique<DatasetSource>(load_idx_dir(spec.path, train), spec.path);
+      return std::make_unique<DatasetSource>(open_idx(spec, train), spec.path);
     case SourceSpec::Kind::ImageNet: {
       std::error_code ec;
       if (!train && !fs::is_directory(fs::path(spec.path) / "val", ec)) return nullptr;
@@ -312,15 +374,62 @@ std::unique_ptr<SampleSource> open_source(const SourceSpec& spec, bool train,
       require_dir(spec.path, "shard folder");
       const fs::path sub = fs::path(spec.path) / (train ? "train" : "val");
       std::error_code ec;
-      if (fs::is_directory(sub, ec)) return std::make_unique<ShardSource>(sub.string());
-      if (!train) return nullptr;
-      return std::make_unique<ShardSource>(spec.path);
+      std::unique_ptr<ShardSource> s;
+      if (fs::is_directory(sub, ec)) {
+        s = std::make_unique<ShardSource>(sub.string());
+      } else {
+        if (!train) return nullptr;
+        s = std::make_unique<ShardSource>(spec.path);
+      }
+      if (train && s->class_list().empty()) {
+        std::vector<int32_t> labels(static_cast<size_t>(s->size()));
+        for (int64_t i = 0; i < s->size(); ++i) labels[static_cast<size_t>(i)] = s->label(i);
+        check_discovered_classes(labels, s->classes(), "shard folder " + spec.path,
+                                 "list the classes in " +
+                                     (fs::path(spec.path) / "classes.txt").string() +
+                                     " (one name per line; gossipgrad pack writes it)");
+      }
+      return s;
     }
     case SourceSpec::Kind::Synthetic:
       if (!train) return nullptr;
       return std::make_unique<SyntheticSource>(spec.synthetic);
   }
   return nullptr;
+}
+
+DataSplits open_splits(const SourceSpec& spec, const std::string& val_labels) {
+  DataSplits d;
+  d.train = open_source(spec, true, val_labels);
+  d.eval = open_source(spec, false, val_labels);
+  if (!d.eval) return d;
+  const SampleSource &train = *d.train, &eval = *d.eval;
+  // idx data: name the files; other sources name themselves.
+  const bool idx = spec.kind == SourceSpec::Kind::Idx;
+  const IdxFiles tf = idx ? find_idx_files(spec.path, true) : IdxFiles{};
+  const IdxFiles ef = idx ? find_idx_files(spec.path, false) : IdxFiles{};
+  if (train.encoding() != eval.encoding() ||
+      (train.encoding() == Encoding::Pixels && train.shape() != eval.shape())) {
+    const std::string ts =
+        train.encoding() == Encoding::Pixels ? shape_text(train.shape()) : "JPEG";
+    const std::string es = eval.encoding() == Encoding::Pixels ? shape_text(eval.shape()) : "JPEG";
+    throw std::runtime_error(
+        "the test images " + (idx ? ef.images : eval.describe()) + " are " + es +
+        " but the training images " + (idx ? tf.images : train.describe()) + " are " + ts +
+        ": the model takes one input shape, so give both splits the same image size");
+  }
+  const int classes = train.classes();
+  for (int64_t i = 0; i < eval.size(); ++i) {
+    const int32_t v = eval.label(i);
+    if (v >= 0 && v < classes) continue;
+    throw std::runtime_error(
+        (idx ? ef.labels + ": label " + std::to_string(v) + " of sample " + std::to_string(i)
+             : eval.name(i) + ": label " + std::to_string(v)) +
+        " is not one of the " + std::to_string(classes) + " training classes 0.." +
+        std::to_string(classes - 1) + " (" + (idx ? tf.labels : train.describe()) +
+        "): fix the label or the data");
+  }
+  return d;
 }
 
 }  // namespace gg::shuffle

@@ -73,9 +73,11 @@ std::vector<TarMember> list_tar(const std::string& path) {
     // The format reader has consumed every header block of this member: its position is the
     // first data byte (the archive is uncompressed, so that is a file offset).
     m.offset = archive_filter_bytes(r.a, 0);
-    if (m.offset + m.size > file_size)
-      throw std::runtime_error(path + ": truncated tar archive: member " + m.name + " needs " +
-                               std::to_string(m.offset + m.size) + " bytes, the file has " +
+    // Sizes come from the header (up to 2^63 in base-256 form): compare without overflowing.
+    if (m.size < 0 || m.offset < 0 || m.offset > file_size || m.size > file_size - m.offset)
+      throw std::runtime_error(path + ": truncated tar archive: member " + m.name + " declares " +
+                               std::to_string(m.size) + " bytes at offset " +
+                               std::to_string(m.offset) + ", the file has " +
                                std::to_string(file_size));
     out.push_back(std::move(m));
   }
@@ -113,7 +115,12 @@ ShardSource::ShardSource(const std::string& dir) : dir_(dir) {
       if (lext != "jpg" && lext != "jpeg" && lext != "cls") continue;
       auto [it, fresh] = parts.try_emplace(key);
       if (fresh) keys.push_back(key);
-      (lext == "cls" ? it->second.cls : it->second.image) = &m;
+      const TarMember*& slot = lext == "cls" ? it->second.cls : it->second.image;
+      if (slot != nullptr)
+        throw std::runtime_error(shards_[s] + ": sample '" + key + "' has two " +
+                                 (lext == "cls" ? ".cls" : "image") + " members (" + slot->name +
+                                 ", " + m.name + "); one would be silently dropped");
+      slot = &m;
     }
     const int fd = ::open(shards_[s].c_str(), O_RDONLY);
     if (fd < 0)
@@ -133,8 +140,11 @@ ShardSource::ShardSource(const std::string& dir) : dir_(dir) {
       char* end = nullptr;
       const long v = std::strtol(buf, &end, 10);
       while (end && (*end == '\n' || *end == '\r' || *end == ' ')) ++end;
-      if (end == buf || (end && *end != '\0') || v < 0 || v > (1 << 30))
+      if (end == buf || (end && *end != '\0') || v < 0)
         fail(".cls holds '" + std::string(buf) + "', not a class index");
+      if (v >= kMaxClasses)
+        fail(".cls holds class " + std::to_string(v) + ", beyond the " +
+             std::to_string(kMaxClasses) + " classes gossipgrad takes");
       samples_.push_back(
           {static_cast<int32_t>(s), static_cast<int32_t>(v), p.image->offset, p.image->size, key});
       max_label = std::max(max_label, static_cast<int32_t>(v));
@@ -146,15 +156,15 @@ ShardSource::ShardSource(const std::string& dir) : dir_(dir) {
   classes_ = max_label + 1;
   for (const fs::path& c :
        {fs::path(dir) / "classes.txt", fs::path(dir).parent_path() / "classes.txt"}) {
-    std::ifstream in(c);
-    if (!in) continue;
-    int n = 0;
-    std::string line;
-    while (std::getline(in, line)) n += !line.empty();
-    if (n < max_label + 1)
-      throw std::runtime_error(c.string() + " lists " + std::to_string(n) +
-                               " classes but the shards use class " + std::to_string(max_label));
-    classes_ = n;
+    std::error_code ec;
+    if (!fs::exists(c, ec)) continue;
+    class_list_ = c.string();
+    classes_ = read_class_list(class_list_);
+    for (const Sample& m : samples_)
+      if (m.label >= classes_)
+        throw std::runtime_error(shards_[static_cast<size_t>(m.shard)] + ": sample '" + m.key +
+                                 "' has class " + std::to_string(m.label) + " but " + class_list_ +
+                                 " lists " + std::to_string(classes_) + " classes");
     break;
   }
 }
@@ -162,6 +172,10 @@ ShardSource::ShardSource(const std::string& dir) : dir_(dir) {
 void ShardSource::read(int64_t id, std::vector<uint8_t>& out) const {
   const Sample& s = samples_[static_cast<size_t>(id)];
   const std::string& path = shards_[static_cast<size_t>(s.shard)];
+  if (s.size > kMaxEncodedBytes)
+    throw UnusableSample(path + ": member '" + s.key + "' holds " + std::to_string(s.size >> 20) +
+                         " MiB, more than the " + std::to_string(kMaxEncodedBytes >> 20) +
+                         " MiB any image may have");
   const int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) throw std::runtime_error(path + ": cannot open (" + std::strerror(errno) + ")");
   out.resize(static_cast<size_t>(s.size));
@@ -239,11 +253,21 @@ PackResult pack(const PackOptions& o, const std::function<void(const PackProgres
   std::vector<std::string> classes;
   const auto items_of = [](const FileListSource& src) {
     std::vector<PackItem> v;
+    std::unordered_map<std::string, std::string> owner;  // key -> the file that took it
     for (const FileListSource::File& f : src.files()) {
       std::string stem = fs::path(f.path).stem().string();
       std::replace(stem.begin(), stem.end(), '.', '_');
-      v.push_back({f.path, src.class_names()[static_cast<size_t>(f.label)] + "/" + stem, f.label,
-                   static_cast<int64_t>(fs::file_size(f.path))});
+      std::string key = src.class_names()[static_cast<size_t>(f.label)] + "/" + stem;
+      const auto bytes = static_cast<int64_t>(fs::file_size(f.path));
+      if (bytes > kMaxEncodedBytes)
+        throw std::runtime_error("pack: " + f.path + " holds " + std::to_string(bytes >> 20) +
+                                 " MiB, more than the " + std::to_string(kMaxEncodedBytes >> 20) +
+                                 " MiB the loader reads of one image: remove it");
+      if (const auto [it, fresh] = owner.emplace(key, f.path); !fresh)
+        throw std::runtime_error("pack: " + it->second + " and " + f.path +
+                                 " would both be stored as " + key +
+                                 ".jpg (names differ only in extension or '.' vs '_'): rename one");
+      v.push_back({f.path, std::move(key), f.label, bytes});
     }
     return v;
   };

@@ -28,11 +28,12 @@ std::vector<TarMember> list_tar(const std::string& path);
 // Samples of the shard files `dir/*.tar` (sorted by name): members grouped by key (the name up
 // to the first dot of its last path component), `<key>.jpg|.jpeg` the image and `<key>.cls`
 // the class index as decimal text; other members are ignored. classes: the lines of
-// classes.txt in dir or its parent, else the largest label + 1.
+// classes.txt in dir or its parent (every .cls must be below), else the largest label + 1 (below
+// kMaxClasses).
 class ShardSource : public SampleSource {
  public:
   // Throws std::runtime_error (one line naming the shard and key) for a missing or empty
-  // folder, a damaged shard, a key without image or .cls, or a bad .cls.
+  // folder, a damaged shard, a key without image or .cls or with two of either, or a bad .cls.
   explicit ShardSource(const std::string& dir);
   int64_t size() const override { return static_cast<int64_t>(samples_.size()); }
   int classes() const override { return classes_; }
@@ -41,6 +42,8 @@ class ShardSource : public SampleSource {
   void read(int64_t id, std::vector<uint8_t>& out) const override;
   std::string name(int64_t id) const override;
   std::string describe() const override;
+  // The classes.txt that declared the classes; empty when they came from the labels.
+  const std::string& class_list() const { return class_list_; }
 
  private:
   struct Sample {
@@ -53,6 +56,7 @@ class ShardSource : public SampleSource {
   std::vector<std::string> shards_;
   std::vector<Sample> samples_;
   int classes_ = 0;
+  std::string class_list_;
 };
 
 struct PackOptions {
@@ -79,8 +83,9 @@ struct PackResult {
 // output/classes.txt. Member names: `<wnid>/<file stem>.jpg` and `.cls`. Shards are written in
 // parallel as `.tmp` files and renamed when complete. Throws std::invalid_argument for a bad
 // option, a missing input or an output that already holds shards, and std::runtime_error for an
-// input without images or an I/O failure. `progress` (may be empty) is called from the writer
-// threads, serialised.
+// input without images, two files that would be stored under one member name (the reader would
+// keep only one), a file larger than kMaxEncodedBytes, or an I/O failure. `progress` (may be empty)
+// is called from the writer threads, serialised.
 PackResult pack(const PackOptions& o, const std::function<void(const PackProgress&)>& progress);
 
 }  // namespace gg::shuffle

@@ -36,8 +36,9 @@ TrainingData::TrainingData(const Config& c, const mpi::Comm& world) : c_(c), wor
   try {
     const shuffle::SourceSpec spec = shuffle::parse_source(c.data.source, c.data.dir);
     const std::string labels = c.data.val_labels == "auto" ? "" : c.data.val_labels;
-    train_ = shuffle::open_source(spec, true, labels);
-    eval_ = shuffle::open_source(spec, false, labels);
+    shuffle::DataSplits splits = shuffle::open_splits(spec, labels);
+    train_ = std::move(splits.train);
+    eval_ = std::move(splits.eval);
   } catch (const std::exception& e) {
     error = {"data.source = " + c.data.source + ": " + e.what(), true};
   }

@@ -18,8 +18,9 @@
 namespace gg::gossip {
 
 // Opens the configured training and evaluation data on every rank. A missing or unreadable data
-// path becomes a UsageError with one line on every rank (the first failing rank's message), so
-// all ranks stop before training.
+// path, or data whose splits disagree (image shapes, labels outside the classes), becomes a
+// UsageError with one line on every rank (the first failing rank's message), so all ranks stop
+// before training.
 class TrainingData {
  public:
   TrainingData(const Config& c, const mpi::Comm& world);

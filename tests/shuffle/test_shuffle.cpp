@@ -204,3 +204,38 @@ TEST_CASE("the ledger refuses to lose or duplicate a sample, and checks its opti
   CHECK(b.owned().front() == 20);
   CHECK(b.owned().back() == 39);
 }
+
+namespace {
+
+// Synthetic samples, every seventh one unusable (as a file larger than any image).
+class SometimesUnusable : public SyntheticSource {
+ public:
+  using SyntheticSource::SyntheticSource;
+  void read(int64_t id, std::vector<uint8_t>& out) const override {
+    if (id % 7 == 0) throw UnusableSample("sample " + std::to_string(id) + " is unusable");
+    SyntheticSource::read(id, out);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("bytes mode passes an unusable sample on empty, for the receiver to skip",
+          "[shuffle][distributed]") {
+  SometimesUnusable src(parse_synthetic("1x2x2:3:60"));
+  World w(src, ShuffleMode::Bytes, 3, 0);
+  for (int64_t t = 0; t < 30; ++t) w.step(t);  // threw UnusableSample out of start() before
+  std::vector<uint8_t> bytes;
+  int64_t empty = 0;
+  for (auto& s : w.ranks)
+    for (int64_t id : s->ledger().owned()) {
+      if (s->ledger().initially_local(id)) continue;
+      s->source().read(id, bytes);
+      if (id % 7 == 0) {
+        CHECK(bytes.empty());
+        ++empty;
+      } else {
+        CHECK(bytes.size() == 4u);
+      }
+    }
+  CHECK(empty > 0);
+}
