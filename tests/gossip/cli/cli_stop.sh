@@ -51,12 +51,12 @@ grep -q "attempt 1" err2.log && fail "SIGINT: the job was restarted"
 ls ck2/ckpt-*/MANIFEST.json > /dev/null 2>&1 || fail "SIGINT: no full checkpoint"
 
 # 3. A job that ignores SIGTERM is killed after --stop-timeout.
-setsid "$BIN" supervise --stop-timeout 2 -- bash -c 'trap "" TERM; sleep 60' \
+setsid "$BIN" supervise --stop-timeout 2 -- bash -c 'trap "" TERM; echo ignoring; sleep 60' \
   > out3.log 2> err3.log &
 pid=$!
-# Once the job runs, the supervisor's handlers are in place (a loaded machine may take seconds).
-for _ in $(seq 1200); do grep -q "attempt 0:" err3.log 2>/dev/null && break; sleep 0.1; done
-sleep 0.5
+# Signal only once the job ignores SIGTERM (on a loaded machine bash may take a while to start).
+for _ in $(seq 1200); do grep -q "ignoring" out3.log 2>/dev/null && break; sleep 0.1; done
+grep -q "ignoring" out3.log || fail "stop-timeout: the job did not start"
 t0=$(date +%s)
 kill -TERM "$pid"
 rc=0; wait "$pid" || rc=$?
