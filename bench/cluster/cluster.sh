@@ -39,7 +39,7 @@ commands:
         launcher that enters the node's namespace and a UTS namespace whose host name is
         the node's name (P-n<i>), so every node is its own host to MPI: ranks of a node
         talk over MPICH's shared memory, ranks of different nodes over UCX's tcp transport
-        on P-eth (UCX_TLS=tcp,self, UCX_NET_DEVICES=P-eth). The environment reaches the
+        on P-eth (UCX_TLS=tcp,self unless UCX_TLS is set, UCX_NET_DEVICES=P-eth). The environment reaches the
         ranks (hydra passes it on; -genv NAME VALUE sets one more). The cluster sets
         -launcher, -launcher-exec, -iface, -hosts and -ppn itself; do not pass them.
         The exit status is mpiexec's.
@@ -57,9 +57,10 @@ between two nodes and 2*D the round trip):
   --loss L      random loss: 0% (default), 0.1%, ...
   Rate limits use HTB. Delay, jitter and loss use netem where the kernel has it (sch_netem).
   Without netem, loss is emulated (a BPF random filter sends that share of packets to a
-  class that drops them; GSO is turned off on the node's interface while loss > 0, so the
-  loss applies per packet), a non-zero --delay or --jitter given explicitly is an error,
-  and the defaults give a warning and the link gets no added latency.
+  class that drops them), a non-zero --delay or --jitter given explicitly is an error, and
+  the defaults give a warning and the link gets no added latency. While loss > 0, GSO is
+  off on the node's interface, so that a loss is one packet, not a 64 KiB GSO packet.
+  With jitter, netem reorders packets whose delays cross.
 
 options:
   --prefix P    names of everything made (default: \$GG_CLUSTER_PREFIX, else ggc): lower
@@ -126,6 +127,9 @@ check_privileges() {
         ip netns del "$probe" 2>/dev/null || true
         skip "needs CAP_SYS_ADMIN: cannot enter a network namespace and a new UTS namespace (${err//$'\n'/ })"
     fi
+    # while here: does the kernel have netem?
+    HAVE_NETEM=no
+    tc -n "$probe" qdisc add dev lo root netem delay 0ms 2>/dev/null && HAVE_NETEM=yes
     ip netns del "$probe"
 }
 
@@ -163,17 +167,8 @@ rate_bits() {
         printf "%.0f\n", n * m[u] }'
 }
 
-HAVE_NETEM=
-have_netem() {
-    if [[ -z $HAVE_NETEM ]]; then
-        HAVE_NETEM=no
-        if tc -n "$(sw_ns)" qdisc add dev "$(BR)" root handle 1: netem delay 0ms 2>/dev/null; then
-            HAVE_NETEM=yes
-            tc -n "$(sw_ns)" qdisc del dev "$(BR)" root 2>/dev/null || true
-        fi
-    fi
-    [[ $HAVE_NETEM == yes ]]
-}
+HAVE_NETEM= # set by check_privileges
+have_netem() { [[ $HAVE_NETEM == yes ]]; }
 
 # What each link gets, decided once for up/shape; NETEM_ARGS empty: no netem.
 NETEM_ARGS=() EMULATED_LOSS=0 DELAY_APPLIED=
@@ -248,8 +243,9 @@ shape_node() {
     elif ((${#NETEM_ARGS[@]})); then
         tc -n "$ns" qdisc add dev "$dev" root handle 10: netem "${NETEM_ARGS[@]}"
     fi
-    # GSO off while loss is emulated here, so that a dropped packet is one MTU, not 64 KiB
-    if ((EMULATED_LOSS)); then
+    # GSO off while there is loss, so that a lost packet is one MTU, not a 64 KiB GSO packet
+    # (neither netem nor the emulation splits those)
+    if ! is_zero_loss "$LOSS"; then
         ip -n "$ns" link set dev "$dev" gso_max_segs 1
     else
         ip -n "$ns" link set dev "$dev" gso_max_segs 65535
@@ -260,9 +256,8 @@ shape_node() {
     fi
 }
 
-shape_all() {
+shape_all() { # after plan_shaping
     local n=$1 i
-    plan_shaping
     for ((i = 0; i < n; i++)); do shape_node "$i"; done
     # the settings live on the bridge itself (its alias), so status and shape can read them
     ip -n "$(sw_ns)" link set dev "$(BR)" alias \
@@ -367,6 +362,7 @@ cmd_up() {
     if [[ -n $existing ]]; then
         die "cluster '$PREFIX' is already up (namespaces: ${existing% }); 'shape' changes its links, 'down' removes it"
     fi
+    plan_shaping
 
     trap 'echo "$PROG: up failed at \"$BASH_COMMAND\"; removing what it made" >&2; remove_all || true; exit 1' EXIT
     local sw br i ns
@@ -404,6 +400,7 @@ cmd_shape() {
     require_up
     load_settings
     check_link_options
+    plan_shaping
     local n
     n=$(node_count)
     trap 'echo "$PROG: shape failed at \"$BASH_COMMAND\"" >&2; exit 1' EXIT

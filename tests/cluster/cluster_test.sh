@@ -25,18 +25,24 @@ fail() {
 }
 log() { echo "[$((SECONDS - START))s] $*"; }
 
+# (ip netns list can complain about a namespace that another run deletes meanwhile)
+ours() { { ip netns list 2>/dev/null || true; } | awk '{print $1}' | { grep "^$P-" || true; } | sort | tr '\n' ' '; }
+
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/cluster_test.XXXXXX")
 cleanup() {
     local rc=$?
     "$CLUSTER" down >/dev/null 2>&1 || true
     rm -rf "$TMP"
-    if ip netns list 2>/dev/null | grep -q "^$P-"; then
-        echo "FAIL: namespaces of $P left after cleanup: $(ip netns list | grep "^$P-" | tr '\n' ' ')" >&2
+    local left
+    left=$(ours)
+    if [[ -n $left ]]; then
+        echo "FAIL: namespaces of $P left after cleanup: $left" >&2
         rc=1
     fi
     exit "$rc"
 }
 trap cleanup EXIT
+trap "exit 143" TERM INT HUP
 
 # Skips: cluster.sh says why (exit 77) when it cannot make namespaces.
 rc=0
@@ -48,7 +54,6 @@ command -v mpicc >/dev/null || {
     exit 77
 }
 
-ours() { ip netns list | awk '{print $1}' | { grep "^$P-" || true; } | sort | tr '\n' ' '; }
 expect_namespaces() { # expected list, sorted, space separated
     local got
     got=$(ours)
