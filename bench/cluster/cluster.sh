@@ -28,10 +28,11 @@ commands:
   status
         Print the nodes, their addresses and the qdiscs of each link (exit 1: not up).
   down
-        Remove everything of the prefix: every namespace named P-sw or P-n<i> (with it go
-        the bridge, veths, addresses and qdiscs), after ending the processes still running
-        inside them (TERM, then KILL after 2 s). Works after a crash; nothing to remove is
-        not an error.
+        Remove everything of the prefix: every namespace named P-sw, P-n<i> or P-probe<pid>
+        (with them go the bridge, veths, addresses and qdiscs), after ending the processes
+        still running inside them (TERM, then KILL after 2 s), and the temporary folders
+        \${TMPDIR:-/tmp}/P-run.* that a killed run left. Works after a crash; nothing to
+        remove is not an error.
   run [-n NP] [-ppn K] [mpiexec options] -- CMD [ARGS...]
         Run CMD as NP ranks (default: K per node on every node), K per node (default 1)
         on nodes P-n0, P-n1, ... in order: ranks 0..K-1 on P-n0, K..2K-1 on P-n1, and so on.
@@ -39,8 +40,9 @@ commands:
         launcher that enters the node's namespace and a UTS namespace whose host name is
         the node's name (P-n<i>), so every node is its own host to MPI: ranks of a node
         talk over MPICH's shared memory, ranks of different nodes over UCX's tcp transport
-        on P-eth (UCX_TLS=tcp,self unless UCX_TLS is set, UCX_NET_DEVICES=P-eth). The environment reaches the
-        ranks (hydra passes it on; -genv NAME VALUE sets one more). The cluster sets
+        on P-eth (UCX_TLS=tcp,self unless UCX_TLS is set, UCX_NET_DEVICES=P-eth). The
+        environment reaches the ranks (hydra passes it on; -genv NAME VALUE sets one more).
+        The cluster sets
         -launcher, -launcher-exec, -iface, -hosts and -ppn itself; do not pass them.
         The exit status is mpiexec's.
         The ranks preload a small helper (ucx_exit_progress.c, built with cc into a
@@ -57,9 +59,10 @@ between two nodes and 2*D the round trip):
   --loss L      random loss: 0% (default), 0.1%, ...
   Rate limits use HTB. Delay, jitter and loss use netem where the kernel has it (sch_netem).
   Without netem, loss is emulated (a BPF random filter sends that share of packets to a
-  class that drops them), a non-zero --delay or --jitter given explicitly is an error, and
-  the defaults give a warning and the link gets no added latency. While loss > 0, GSO is
-  off on the node's interface, so that a loss is one packet, not a 64 KiB GSO packet.
+  class that drops them), a non-zero --delay or --jitter given explicitly is an error
+  (exit 1), and the defaults give a warning and the link gets no added latency. While
+  loss > 0, GSO is off on the node's interface, so that a loss is one packet, not a 64 KiB
+  GSO packet.
   With jitter, netem reorders packets whose delays cross.
 
 options:
@@ -68,8 +71,9 @@ options:
                 different prefixes do not collide
   -h, --help    this text
 
-Needs root or CAP_NET_ADMIN and CAP_SYS_ADMIN (network, mount and UTS namespaces): without
-them every command but --help exits 77 with one line saying why. Usage errors exit 2.
+Needs root (CAP_SYS_ADMIN for the network, mount and UTS namespaces, CAP_NET_ADMIN for the
+links): without, every command but --help exits 77 with one line saying why. Usage errors
+exit 2, other errors 1.
 
 examples:
   $PROG up --nodes 4 --rate 1gbit --delay 100us
@@ -117,7 +121,7 @@ check_privileges() {
     command -v tc >/dev/null || skip "needs iproute2 ('tc' not found)"
     local probe="$PREFIX-probe$$" err
     if ! err=$(ip netns add "$probe" 2>&1); then
-        skip "needs root or CAP_NET_ADMIN: cannot create a network namespace (${err//$'\n'/ })"
+        skip "needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN): cannot create a network namespace (${err//$'\n'/ })"
     fi
     if ! err=$(ip -n "$probe" link set lo up 2>&1); then
         ip netns del "$probe" 2>/dev/null || true
@@ -327,9 +331,12 @@ remove_all() {
             if [[ -n $pids ]]; then kill -KILL $pids 2>/dev/null || true; fi
         done
     fi
-    local removed=0 failed=0
+    local removed=0 failed=0 dir
     for ns in $(our_namespaces); do
         if ip netns del "$ns" 2>/dev/null; then removed=$((removed + 1)); else failed=$((failed + 1)); fi
+    done
+    for dir in "${TMPDIR:-/tmp}/$PREFIX"-run.*; do
+        if [[ -d $dir && -f $dir/launch ]]; then rm -rf "$dir"; fi
     done
     REMOVED=$removed
     ((failed == 0))
