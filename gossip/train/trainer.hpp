@@ -66,8 +66,9 @@ class Trainer {
   // collective: every rank must call it).
   void average_model(std::vector<float>& params, std::vector<float>& buffers);
 
-  // Neuron apoptosis (defined in gossip/train/apoptosis.cpp): the ranks agree on the units to
-  // remove (one small collective) and shrink() them. A collective; every rank gets the same report.
+  // Neuron apoptosis (the decision rule: gossip/train/apoptosis.hpp): the ranks agree on the
+  // units to remove (one small collective) and shrink() them. A collective; every rank gets the
+  // same report.
   ApoptosisReport apoptosis();
   // Replaces the network by the one without the units of `r` (the same on every rank: a
   // collective): parameters, running statistics and momentum keep the kept units' values; the
