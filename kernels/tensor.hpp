@@ -2,6 +2,8 @@
 // a layer's slice of the flat parameter buffer.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <vector>
@@ -47,5 +49,13 @@ class Tensor {
   std::vector<float> storage_;
   float* data_ = nullptr;
 };
+
+// Whether every one of the n values at p is a finite number (no NaN, no inf).
+inline bool all_finite(const float* p, int64_t n) {
+  return std::all_of(p, p + n, [](float v) { return std::isfinite(v); });
+}
+inline bool all_finite(const std::vector<float>& v) {
+  return all_finite(v.data(), static_cast<int64_t>(v.size()));
+}
 
 }  // namespace gg::kernels

@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "kernels/tensor.hpp"
+
 namespace gg::kernels {
 namespace {
 
@@ -87,8 +89,7 @@ void save_weights(const std::string& path, const Graph& g, const std::vector<flo
                   const std::vector<float>& buffers, int64_t batches_tracked) {
   for (const auto& [specs, flat] : {std::pair{&g.params(), &params}, {&g.buffers(), &buffers}})
     for (const TensorSpec& t : *specs) {
-      const auto first = flat->begin() + t.offset;
-      if (!std::all_of(first, first + t.size(), [](float v) { return std::isfinite(v); }))
+      if (!all_finite(flat->data() + t.offset, t.size()))
         throw std::runtime_error(path + ": not written: " + t.name +
                                  " holds NaN or inf (the model diverged)");
     }

@@ -19,6 +19,7 @@
 #include "gossip/train/data.hpp"
 #include "gossip/train/trainer.hpp"
 #include "kernels/apoptosis.hpp"
+#include "kernels/tensor.hpp"
 #include "shuffle/loader.hpp"
 
 namespace gg::gossip {
@@ -30,10 +31,6 @@ constexpr const char* kConfigFile = "config.ini";
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-bool all_finite(const std::vector<float>& v) {
-  return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
 }
 
 }  // namespace
@@ -254,7 +251,8 @@ void Recovery::continue_at(int64_t step, const RankState& s) {
 }
 
 bool Recovery::weights_finite() {
-  return all_finite(trainer_.store().params) && all_finite(trainer_.store().buffers);
+  return kernels::all_finite(trainer_.store().params) &&
+         kernels::all_finite(trainer_.store().buffers);
 }
 
 void Recovery::before_step(int64_t s) {

@@ -12,6 +12,7 @@
 #include "gossip/train/stop_signals.hpp"
 #include "gossip/train/test_hooks.hpp"
 #include "kernels/apoptosis.hpp"
+#include "kernels/tensor.hpp"
 
 namespace gg::gossip {
 namespace {
@@ -180,10 +181,7 @@ class Evaluation : public StepHook {
   void save(const StepRecord& r, const EvalStats& e) {
     g_.trainer.average_model(params_, buffers_);  // a collective
     // Every rank holds the same average: all refuse alike, and nothing is written.
-    const auto finite = [](const std::vector<float>& v) {
-      return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
-    };
-    if (!finite(params_) || !finite(buffers_))
+    if (!kernels::all_finite(params_) || !kernels::all_finite(buffers_))
       throw std::runtime_error("checkpoint: the ranks' average model holds NaN or inf after step " +
                                std::to_string(r.step + 1) +
                                ": model.npz not written; lower train.lr");
