@@ -12,25 +12,15 @@
 #include <vector>
 
 #include "kernels/durable_file.hpp"
+#include "tests/kernels/scratch.hpp"
 
 using gg::kernels::write_file_durably;
 namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh folder per test process (ctest runs test cases in parallel processes).
-fs::path scratch(const std::string& test) {
-  const fs::path p =
-      fs::temp_directory_path() / ("gg_durable_" + std::to_string(::getpid()) + "_" + test);
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(f)), {});
-}
+fs::path scratch(const std::string& test) { return gg::test::scratch("gg_durable", test); }
+using gg::test::slurp;
 
 std::vector<std::string> names_in(const fs::path& dir) {
   std::vector<std::string> names;

@@ -13,25 +13,15 @@
 #include <vector>
 
 #include "kernels/npz.hpp"
+#include "tests/kernels/scratch.hpp"
 
 using namespace gg::kernels;
 namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh folder per test process (ctest runs test cases in parallel processes).
-fs::path scratch(const std::string& test) {
-  const fs::path p =
-      fs::temp_directory_path() / ("gg_npz_" + std::to_string(::getpid()) + "_" + test);
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(f)), {});
-}
+fs::path scratch(const std::string& test) { return gg::test::scratch("gg_npz", test); }
+using gg::test::slurp;
 
 void spit(const fs::path& p, const std::string& bytes) {
   std::ofstream(p, std::ios::binary) << bytes;
