@@ -63,8 +63,9 @@ grep -q "^step " a.log || fail "run a did not start"
 refused second "checkpoint.dir = $TMP/ck is in use by another run (pid" \
   --checkpoint.dir "$TMP/ck" --log.overwrite true
 kill -TERM "$a"
-rc=0; wait "$a" || rc=$?
-[ "$rc" != 0 ] || fail "run a: exit 0 after SIGTERM"
+# The ranks exit 143; what mpirun reports after a forwarded signal is hydra's choice (sometimes 0),
+# so the stop is judged by the run's own line and by the resume below.
+wait "$a" || true
 grep -q "stopped by SIGTERM" a.log || fail "run a did not stop cleanly"
 [ "$(grep -c '"event":"start"' a.jsonl)" = 1 ] || fail "run a's metrics were touched"
 # The lock went with run a: a resume in the same folder runs.
