@@ -115,7 +115,9 @@ bool relu_keeping_nan(const memory& x, const memory& y, bool report) {
 #pragma omp parallel reduction(| : nan)
   {
     const int64_t parts = omp_get_num_threads(), per_line = 64 / size;
-    const int64_t chunk = (n / parts + per_line - 1) / per_line * per_line;
+    // ceil(n / parts), rounded up to whole cache lines: the chunks cover all n elements (a
+    // floor here left the last n % parts elements of y unwritten).
+    const int64_t chunk = ((n + parts - 1) / parts + per_line - 1) / per_line * per_line;
     const int64_t first = std::min(n, chunk * omp_get_thread_num());
     const int64_t count = std::min(n - first, chunk);
     if (count > 0 && !f32) {
