@@ -145,15 +145,6 @@ std::optional<SimulateRequest> parse_simulate_args(const std::vector<std::string
   return r;
 }
 
-// The config's model on the data it is usually trained on: 28x28 grey images in 10 classes for
-// the small nets, ImageNet's for the torchvision ones.
-kernels::ModelSpec simulated_model(const Config& c) {
-  const bool small = c.model.name == "resnet8" || c.model.name == "cnn";
-  const kernels::Dims input = small ? kernels::Dims{1, 28, 28} : kernels::Dims{3, 224, 224};
-  const int64_t classes = small ? 10 : 1000;
-  return model_spec(c, 0, input, classes);
-}
-
 // Whether [simulate] gives the compute per step; it is measured here otherwise.
 bool compute_from_config(const Config& c) {
   return c.simulate.forward_ms > 0 || c.simulate.backward_ms > 0;
@@ -302,7 +293,7 @@ int cmd_simulate(const std::vector<std::string>& args) {
   const std::optional<SimulateRequest> r = parse_simulate_args(args);
   if (!r) return 0;
   const Config c = parse_train_args(r->config_args);  // another cluster's: no check of this machine
-  const kernels::ModelSpec spec = simulated_model(c);
+  const kernels::ModelSpec spec = usual_model_spec(c, 0);
   const kernels::Graph g = kernels::build_model(spec);
   const partners::Workload w = make_workload(c, spec, g);
   const partners::Network net = make_network(c);

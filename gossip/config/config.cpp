@@ -51,6 +51,28 @@ po::options_description describe(Config& c) {
   return all;
 }
 
+// Emulated compute trains nothing: what needs a model that learns is refused with it.
+void check_emulated(const Config& c) {
+  if (!emulated(c)) {
+    if (c.emulate.update_ms > 0 || c.emulate.jitter_p99 > 1 || !c.emulate.slow.empty())
+      throw UsageError(
+          "emulate.update_ms, jitter_p99 and slow need emulate.forward_ms or backward_ms > 0");
+    return;
+  }
+  const std::pair<bool, const char*> refused[] = {
+      {!c.checkpoint.dir.empty(), "checkpoint.dir"},
+      {!c.train.init_from.empty(), "train.init_from"},
+      {c.apoptosis.enable, "apoptosis.enable"},
+      {!c.fault.inject.empty() || c.fault.mtbf_steps > 0, "fault.inject / fault.mtbf_steps"},
+      {c.fault.nan >= 0, "fault.nan"},
+      {c.train.backend == "cuda", "train.backend = cuda"}};
+  for (const auto& [set, what] : refused)
+    if (set)
+      throw UsageError(std::string(what) +
+                       " cannot be used with emulated compute (emulate.forward_ms or backward_ms "
+                       "> 0): an emulated run trains no model");
+}
+
 // Rules that involve several options; each option's own range or grammar is checked first.
 void check_combinations(const Config& c) {
   if (c.train.precision == "bf16" && c.train.backend == "reference")
@@ -66,6 +88,7 @@ void check_combinations(const Config& c) {
     throw UsageError("checkpoint.every_minutes needs checkpoint.dir");
   if (c.checkpoint.resume == "auto" && c.checkpoint.dir.empty())
     throw UsageError("checkpoint.resume = auto needs checkpoint.dir");
+  check_emulated(c);
 }
 
 void validate(const Config& c) {

@@ -115,6 +115,16 @@ struct Config {
     double mix_bandwidth_gbs = 50.0;    // GB/s of one operand through the local averaging
     int ranks_per_node = 1;
   } network;
+  // Emulated compute (gossip/train/emulate.hpp): forward_ms or backward_ms > 0 replaces the
+  // arithmetic of a training step by waiting, with the real model's buffers, buckets, exchange
+  // engine and MPI traffic. For testbeds where many ranks share a few cores.
+  struct {
+    double forward_ms = 0;
+    double backward_ms = 0;
+    double update_ms = 0;
+    double jitter_p99 = 1;  // lognormal factor per rank and step, median 1, this p99 (1: none)
+    std::string slow;       // "RANK:FACTOR,...": persistent stragglers
+  } emulate;
   // Compute per step for `gossipgrad simulate`; 0 = measure here with the configured model.
   struct {
     double forward_ms = 0;
@@ -132,6 +142,11 @@ struct Config {
     std::string samples;           // debug: PATH.<rank> gets every step's sample ids (empty: none)
   } log;
 };
+
+// Whether [emulate] replaces the training arithmetic by waiting.
+inline bool emulated(const Config& c) {
+  return c.emulate.forward_ms > 0 || c.emulate.backward_ms > 0;
+}
 
 // Parses `gossipgrad train` arguments (without the subcommand): the command line over the
 // --config INI file over Config's defaults. Throws UsageError with one line naming the option

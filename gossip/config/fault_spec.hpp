@@ -1,5 +1,6 @@
 // The grammar of the fault.* option values: "RANK:STEP" hooks, "RANK:STEP,..." injected failures
-// and the recovery strategy. Parsing only: the plan a run follows is gossip/resilience/faults.hpp.
+// and the recovery strategy; and of emulate.slow, "RANK:FACTOR,..." stragglers. Parsing only: the
+// plan a run follows is gossip/resilience/faults.hpp.
 #pragma once
 
 #include <cstdint>
@@ -31,5 +32,9 @@ std::pair<int, int64_t> parse_fault_kill(const std::string& spec, const char* ke
 
 // "RANK:STEP[,RANK:STEP...]" -> events in the order given; throws UsageError naming fault.inject.
 std::vector<FaultEvent> parse_fault_inject(const std::string& spec);
+
+// emulate.slow "RANK:FACTOR[,RANK:FACTOR...]" -> {rank, factor >= 1} in the order given (empty:
+// none); throws UsageError naming emulate.slow.
+std::vector<std::pair<int, double>> parse_emulate_slow(const std::string& spec);
 
 }  // namespace gg::gossip

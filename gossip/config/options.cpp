@@ -45,6 +45,7 @@ void check_inject(const std::string&, const std::string& v) {
   if (!v.empty()) parse_fault_inject(v);
 }
 void check_strategy(const std::string&, const std::string& v) { parse_fault_strategy(v); }
+void check_slow(const std::string&, const std::string& v) { parse_emulate_slow(v); }
 void check_file_name(const std::string& key, const std::string& v) {
   if (v.empty()) throw UsageError(key + " must name a file");
 }
@@ -271,6 +272,27 @@ void network_options(std::vector<Option>& o) {
   });
 }
 
+void emulate_options(std::vector<Option>& o) {
+  o.insert(o.end(), {
+    {GG_OPTION(emulate.forward_ms), Range{incl(0), excl(1e7)},
+     "emulated compute (testbeds where many ranks share few cores): forward_ms or backward_ms "
+     "> 0 replaces each step's arithmetic by waiting, with the real model's buffers, buckets, "
+     "exchanges and MPI traffic; the model gets its usual input (ImageNet for the torchvision "
+     "nets), the data is only counted, and no accuracy is reported. This: the forward wait, ms"},
+    {GG_OPTION(emulate.backward_ms), Range{incl(0), excl(1e7)},
+     "emulated backward, ms: bucket i is handed to the exchange when this share of it has "
+     "passed: (bytes of buckets 0..i) / (all bytes), the rule of gossipgrad simulate"},
+    {GG_OPTION(emulate.update_ms), Range{incl(0), excl(1e7)},
+     "emulated optimizer step, ms (the real one is skipped)"},
+    {GG_OPTION(emulate.jitter_p99), Range{incl(1), incl(100)},
+     "every rank's compute times of a step are multiplied by a lognormal factor with median 1 "
+     "and this 99th percentile, drawn per rank and step from train.seed (1: none)"},
+    {GG_OPTION(emulate.slow), Grammar{check_slow},
+     "persistent stragglers, RANK:FACTOR,... (e.g. 3:1.5): that rank's compute times are "
+     "multiplied by FACTOR every step (empty: none)"},
+  });
+}
+
 void simulate_options(std::vector<Option>& o) {
   o.insert(o.end(), {
     {GG_OPTION(simulate.forward_ms), Range{incl(0), excl(1e9)},
@@ -370,7 +392,7 @@ const std::vector<Option>& options() {
     std::vector<Option> o;
     for (auto section : {data_options, model_options, train_options, gossip_options,
                          apoptosis_options, checkpoint_options, guard_options, fault_options,
-                         network_options, simulate_options, log_options})
+                         network_options, emulate_options, simulate_options, log_options})
       section(o);
     return o;
   }();

@@ -106,6 +106,7 @@ void announce_start(Group& g, JobState& job) {
   } else if (g.lead && !job.metrics.enabled()) {
     job.metrics = MetricsWriter(c.log.metrics, false, true);  // appends to the same file
   }
+  if (emulated(c)) job.metrics.tag("emulated", true);
   report_recovery(g, job);
   if (!g.lead || job.started) return;
   const std::string mixing = c.gossip.mode == "allreduce"
@@ -118,6 +119,12 @@ void announce_start(Group& g, JobState& job) {
               g.threads, c.model.name.c_str(), static_cast<long long>(params),
               c.train.backend.c_str());
   std::printf("gossipgrad: data: %s\n", g.data.describe().c_str());
+  if (emulated(c))
+    std::printf(
+        "gossipgrad: EMULATED compute: forward %g ms, backward %g ms, update %g ms per step "
+        "(jitter p99 x%g%s%s); %s gets its usual input, the data is only counted, no accuracy\n",
+        c.emulate.forward_ms, c.emulate.backward_ms, c.emulate.update_ms, c.emulate.jitter_p99,
+        c.emulate.slow.empty() ? "" : ", slow ", c.emulate.slow.c_str(), c.model.name.c_str());
   std::printf(
       "gossipgrad: %lld train / %lld test samples, global batch %lld, %lld steps/epoch, "
       "%lld epochs, peak lr %.4g, mixing: %s\n",
@@ -192,7 +199,9 @@ void finish_group(Group& g, JobState& job, Timeline& timeline) {
   if (!g.lead) return;
   const double comm_share = job.train_seconds > 0 ? job.comm_seconds / job.train_seconds : 0;
   char final_eval[64] = "no evaluation data";
-  if (g.data.eval_source())
+  if (emulated(g.c))
+    std::snprintf(final_eval, sizeof final_eval, "emulated compute: no accuracy");
+  else if (g.data.eval_source())
     std::snprintf(final_eval, sizeof final_eval, "final test top-1 %.2f%%",
                   100 * summary.final_top1);
   std::printf(
@@ -200,20 +209,21 @@ void finish_group(Group& g, JobState& job, Timeline& timeline) {
       "(metrics: %s)\n",
       static_cast<long long>(summary.steps), format_duration(summary.wall_seconds).c_str(),
       summary.images_per_second, 100 * comm_share, final_eval, g.c.log.metrics.c_str());
-  job.metrics.write({{"event", "summary"},
-                     {"steps", summary.steps},
-                     {"top1", summary.final_top1},
-                     {"top5", summary.final_top5},
-                     {"wall_s", summary.wall_seconds},
-                     {"images_per_s", summary.images_per_second},
-                     {"comm_s", job.comm_seconds},
-                     {"exposed_comm_share", comm_share},
-                     {"data_wait_s", g.data.wait_seconds()},
-                     {"params", g.trainer.graph().param_count()},
-                     {"skipped", data_totals[0]},
-                     {"shuffled_samples", data_totals[1]},
-                     {"ranks", g.comm.size()},
-                     {"faults", job.failures.next}});
+  job.metrics.write(
+      {{"event", "summary"},
+       {"steps", summary.steps},
+       {"top1", emulated(g.c) ? nlohmann::json() : nlohmann::json(summary.final_top1)},
+       {"top5", emulated(g.c) ? nlohmann::json() : nlohmann::json(summary.final_top5)},
+       {"wall_s", summary.wall_seconds},
+       {"images_per_s", summary.images_per_second},
+       {"comm_s", job.comm_seconds},
+       {"exposed_comm_share", comm_share},
+       {"data_wait_s", g.data.wait_seconds()},
+       {"params", g.trainer.graph().param_count()},
+       {"skipped", data_totals[0]},
+       {"shuffled_samples", data_totals[1]},
+       {"ranks", g.comm.size()},
+       {"faults", job.failures.next}});
 }
 
 // A run resumed from the checkpoint of its last step: the restored model is evaluated, not

@@ -17,7 +17,13 @@ MetricsWriter::MetricsWriter(const std::string& path, bool overwrite, bool appen
 
 void MetricsWriter::write(const nlohmann::json& event) {
   if (!out_.is_open()) return;
-  out_ << event.dump() << '\n';
+  if (tags_.empty()) {
+    out_ << event.dump() << '\n';
+  } else {
+    nlohmann::json tagged = event;
+    tagged.update(tags_);
+    out_ << tagged.dump() << '\n';
+  }
   out_.flush();
   // A full disk must not lose the run's history silently.
   if (!out_) throw std::runtime_error("cannot write the metrics file " + path_ + " (disk full?)");

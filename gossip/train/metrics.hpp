@@ -15,11 +15,14 @@ class MetricsWriter {
   MetricsWriter(const std::string& path, bool overwrite, bool append = false);
   // Throws std::runtime_error when the line cannot be written.
   void write(const nlohmann::json& event);
+  // Adds key: value to every event written from now on (e.g. "emulated": true).
+  void tag(const std::string& key, nlohmann::json value) { tags_[key] = std::move(value); }
   bool enabled() const { return out_.is_open(); }
 
  private:
   std::string path_;
   std::ofstream out_;
+  nlohmann::json tags_ = nlohmann::json::object();
 };
 
 }  // namespace gg::gossip

@@ -102,7 +102,7 @@ class Progress : public StepHook {
     job_.metrics.write({{"event", "step"},
                         {"step", r.step},
                         {"epoch", r.epoch},
-                        {"loss", r.stats.loss},
+                        {"loss", emulated(g_.c) ? nlohmann::json() : nlohmann::json(r.stats.loss)},
                         {"lr", r.stats.lr},
                         {"images_per_s", g_.global_batch / r.seconds},
                         {"step_s", r.seconds},
@@ -122,9 +122,11 @@ class Progress : public StepHook {
     if (!g_.c.log.progress || (now - job_.last_print < g_.c.log.interval && !r.last)) return;
     job_.last_print = now;
     const double ips = job_.images / job_.train_seconds;
-    std::printf("step %6lld/%lld  epoch %lld/%lld  loss %.4f  lr %.4f  %.0f img/s  ETA %s\n",
+    char loss[32] = "emulated";
+    if (!emulated(g_.c)) std::snprintf(loss, sizeof loss, "loss %.4f", loss_avg_);
+    std::printf("step %6lld/%lld  epoch %lld/%lld  %s  lr %.4f  %.0f img/s  ETA %s\n",
                 static_cast<long long>(r.step + 1), static_cast<long long>(g_.total),
-                static_cast<long long>(r.epoch + 1), static_cast<long long>(g_.epochs), loss_avg_,
+                static_cast<long long>(r.epoch + 1), static_cast<long long>(g_.epochs), loss,
                 r.stats.lr, ips,
                 format_duration((g_.total - r.step - 1) * g_.global_batch / ips).c_str());
     std::fflush(stdout);

@@ -34,6 +34,20 @@ kernels::ModelSpec model_spec(const Config& c, int rank, kernels::Dims input, in
   return m;
 }
 
+kernels::ModelSpec usual_model_spec(const Config& c, int rank) {
+  const bool small = c.model.name == "resnet8" || c.model.name == "cnn";
+  const kernels::Dims input = small ? kernels::Dims{1, 28, 28} : kernels::Dims{3, 224, 224};
+  return model_spec(c, rank, input, small ? 10 : 1000);
+}
+
+namespace {
+// The model this rank trains: on the data's samples, or, with emulated compute, on the usual ones
+// (its gradient bytes are what an emulated step exchanges; no sample reaches it).
+kernels::ModelSpec trained_model(const Config& c, int rank, kernels::Dims input, int64_t classes) {
+  return emulated(c) ? usual_model_spec(c, rank) : model_spec(c, rank, std::move(input), classes);
+}
+}  // namespace
+
 int compute_threads(const Config& c, const mpi::Comm& world) {
   if (c.train.threads > 0) return c.train.threads;
   mpi::Comm node = world.split_shared();
@@ -45,7 +59,7 @@ Trainer::Trainer(const Config& c, const mpi::Comm& world, kernels::Dims input, i
                  int64_t total_steps, int64_t steps_per_epoch)
     : c_(c),
       world_(world),
-      net_(kernels::build_model(model_spec(c, world.rank(), std::move(input), classes)),
+      net_(kernels::build_model(trained_model(c, world.rank(), std::move(input), classes)),
            kernels::parse_backend(c.train.backend), std::max<int64_t>(1, c.gossip.bucket_kb * 256),
            kernels::parse_precision(c.train.precision)),
       sgd_(net_.graph().param_count(),
@@ -66,6 +80,10 @@ Trainer::Trainer(const Config& c, const mpi::Comm& world, kernels::Dims input, i
   // One rank per GPU (CUDA backend): the rank on this node picks the device.
   if (net_.backend() == kernels::Backend::Cuda)
     kernels::bind_device(net_.backend(), world_.split_shared().rank());
+  if (emulated(c)) {  // no executor: nothing is computed
+    emulate_ = std::make_unique<EmulatedCompute>(c, world_.rank(), net_.buckets());
+    return;
+  }
   // Compiled only now: the gradient buffer may have moved into the exchange's shared memory.
   train_exec_ = &net_.at_batch(c.train.batch);
   eval_exec_ = &net_.at_batch(c.train.eval_batch);
@@ -123,6 +141,7 @@ std::vector<BucketExchange*> Trainer::exchanges() const {
 void Trainer::set_timeline(Timeline* t) {
   timeline_ = t && t->enabled() ? t : nullptr;
   for (BucketExchange* e : exchanges()) e->set_timeline(timeline_);
+  if (!train_exec_) return;  // emulated compute: no layers
   if (!timeline_) return train_exec_->set_layer_trace({});
   timeline_->name_thread("compute");
   train_exec_->set_layer_trace([this](int node, bool backward, Timeline::Clock::time_point a,
@@ -134,26 +153,36 @@ void Trainer::set_timeline(Timeline* t) {
 StepStats Trainer::step(const float* x, const int32_t* y) {
   StepStats s;
   Timeline::Span whole(timeline_, "step " + std::to_string(step_), "step");
+  // With emulated compute: this rank's factor on every wait of the step (jitter, stragglers).
+  const double f = emulate_ ? emulate_->factor(step_) : 1;
   const float* logits = nullptr;
   {
     Timeline::Span span(timeline_, "forward", "compute");
-    logits = train_exec_->forward(x, true);
+    if (emulate_)
+      emulate_->forward(f);
+    else
+      logits = train_exec_->forward(x, true);
   }
-  const auto loss =
-      kernels::softmax_cross_entropy(logits, y, c_.train.batch, graph().classes(), dlogits_.data());
-  s.loss = loss.loss;
-  s.correct = loss.correct;
+  if (logits) {  // emulated compute has no loss and no accuracy
+    const auto loss = kernels::softmax_cross_entropy(logits, y, c_.train.batch, graph().classes(),
+                                                     dlogits_.data());
+    s.loss = loss.loss;
+    s.correct = loss.correct;
+  }
+  // Backward hands each bucket to the exchange as it completes it.
+  std::function<void(int)> ready;
+  if (exchange_) ready = [this](int b) { exchange_->on_bucket_ready(b); };
+  if (exchange_) exchange_->begin_step(step_);
+  {
+    Timeline::Span span(timeline_, "backward", "compute");
+    if (emulate_)
+      emulate_->backward(f, ready);
+    else
+      train_exec_->backward(dlogits_.data(), ready);
+  }
   if (exchange_) {
-    exchange_->begin_step(step_);
-    {
-      Timeline::Span span(timeline_, "backward", "compute");
-      train_exec_->backward(dlogits_.data(), [this](int b) { exchange_->on_bucket_ready(b); });
-    }
     Timeline::Span span(timeline_, "wait gradients", "wait");
     s.comm_seconds = exchange_->finish_step();
-  } else {
-    Timeline::Span span(timeline_, "backward", "compute");
-    train_exec_->backward(dlogits_.data(), {});
   }
   s.lr = schedule_.at(step_) * lr_scale_;
   {
@@ -162,7 +191,10 @@ StepStats Trainer::step(const float* x, const int32_t* y) {
   }
   {
     Timeline::Span span(timeline_, "optimizer", "optimizer");
-    sgd_.step(store().params.data(), store().grads.data(), static_cast<float>(s.lr));
+    if (emulate_)
+      emulate_->update(f);
+    else
+      sgd_.step(store().params.data(), store().grads.data(), static_cast<float>(s.lr));
   }
   if (model_exchange_) {
     Timeline::Span span(timeline_, "start weight exchange", "comm");
@@ -232,7 +264,7 @@ EvalStats Trainer::evaluate(const shuffle::SampleSource& data, shuffle::LoaderOp
 void Trainer::capture_state(RankState& s) {
   s.step = step_;
   s.lr_scale = lr_scale_;
-  s.dropout_step = train_exec_->dropout_step();
+  s.dropout_step = train_exec_ ? train_exec_->dropout_step() : 0;
   s.sgd_started = sgd_.started();
   s.params = store().params;
   s.buffers = store().buffers;
@@ -257,7 +289,7 @@ void Trainer::restore_model(const RankState& s) {
 
 void Trainer::resume_at(int64_t step, uint64_t dropout_step) {
   step_ = step;
-  train_exec_->set_dropout_step(dropout_step);
+  if (train_exec_) train_exec_->set_dropout_step(dropout_step);
   for (BucketExchange* e : exchanges()) e->set_first_step(step);
 }
 
@@ -266,7 +298,7 @@ void Trainer::rewind(const RankState& s) {
   const int64_t back = step_ - s.step;
   for (BucketExchange* e : exchanges()) e->repeat_steps(back);
   step_ = s.step;
-  train_exec_->set_dropout_step(s.dropout_step);
+  if (train_exec_) train_exec_->set_dropout_step(s.dropout_step);
 }
 
 void Trainer::load_initial_weights() {

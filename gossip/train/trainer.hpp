@@ -12,6 +12,7 @@
 #include "gossip/config/config.hpp"
 #include "gossip/resilience/rank_state.hpp"
 #include "gossip/train/apoptosis.hpp"
+#include "gossip/train/emulate.hpp"
 #include "gossip/train/metrics.hpp"
 #include "kernels/executor.hpp"
 #include "kernels/models.hpp"
@@ -110,8 +111,9 @@ class Trainer {
   const Config& c_;
   const mpi::Comm& world_;
   kernels::Net net_;
-  kernels::Executor* train_exec_;
-  kernels::Executor* eval_exec_;
+  kernels::Executor* train_exec_ = nullptr;  // none with emulated compute
+  kernels::Executor* eval_exec_ = nullptr;
+  std::unique_ptr<EmulatedCompute> emulate_;        // [emulate]: waits instead of arithmetic
   std::vector<BucketExchange*> exchanges() const;   // those of this run: gradients, weights
   std::unique_ptr<BucketExchange> exchange_;        // gradients (grad, both, allreduce)
   std::unique_ptr<GossipExchange> model_exchange_;  // weights after the update (model, both)
@@ -129,5 +131,10 @@ int compute_threads(const Config& c, const mpi::Comm& world);
 // The model a config describes, for an input of `input` and `classes` classes; `rank` seeds the
 // dropout masks.
 kernels::ModelSpec model_spec(const Config& c, int rank, kernels::Dims input, int64_t classes);
+
+// The same model on the data it is usually trained on: 28x28 grey images in 10 classes for the
+// small nets (resnet8, cnn), ImageNet's 3x224x224 in 1000 classes for the torchvision ones. What
+// `gossipgrad simulate` predicts for and what emulated compute exchanges.
+kernels::ModelSpec usual_model_spec(const Config& c, int rank);
 
 }  // namespace gg::gossip

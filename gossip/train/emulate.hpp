@@ -1,0 +1,45 @@
+// Emulated compute ([emulate] in the config): a training step that waits where forward, backward
+// and the optimizer would compute, and hands each gradient bucket to the exchange at the moment
+// backward would complete it. The buffers, buckets, exchange engine and MPI traffic are the real
+// ones; only the FLOPs are gone, so that 16-32 ranks fit on a few cores of a testbed whose links,
+// not its CPU, are the subject (bench/cluster).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "gossip/config/config.hpp"
+#include "kernels/graph.hpp"
+
+namespace gg::gossip {
+
+class EmulatedCompute {
+ public:
+  // `buckets` in the order backward completes them (kernels::make_buckets' order).
+  EmulatedCompute(const Config& c, int rank, const std::vector<kernels::Bucket>& buckets);
+
+  // This rank's factor at `step`: its straggler factor (emulate.slow) times a lognormal draw with
+  // median 1 and 99th percentile emulate.jitter_p99, a pure function of (train.seed, rank, step).
+  double factor(int64_t step) const;
+
+  void forward(double factor) const;
+  // Waits backward_ms * factor in all, calling ready(b) for bucket b once (bytes of buckets
+  // 0..b) / (all bytes) of it has passed.
+  void backward(double factor, const std::function<void(int)>& ready) const;
+  void update(double factor) const;
+
+  // The bucket boundaries as shares of backward, for tests: ready_share()[b] in (0, 1].
+  const std::vector<double>& ready_share() const { return ready_share_; }
+
+ private:
+  double forward_s_, backward_s_, update_s_;
+  double sigma_;  // of log(factor): ln(p99) / z_0.99
+  double slow_ = 1;
+  uint64_t seed_;
+  int rank_;
+  std::vector<double> ready_share_;
+};
+
+}  // namespace gg::gossip
