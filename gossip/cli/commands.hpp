@@ -13,6 +13,8 @@ namespace gg::gossip {
 // train.cpp: train under mpirun (argc/argv go to MPI_Init), or --dry-run: print the resolved
 // config.
 int cmd_train(const std::vector<std::string>& args, int argc, char** argv);
+// layout.cpp: under mpirun, the nodes and node-local ranks MPI reports, checked against a config.
+int cmd_layout(const std::vector<std::string>& args, int argc, char** argv);
 // info.cpp: a model's layers, parameter count and forward FLOPs, as a table or JSON.
 int cmd_info(const std::vector<std::string>& args);
 // export.cpp: a checkpoint's model -> .npz with torchvision state_dict names.

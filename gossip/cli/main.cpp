@@ -22,6 +22,7 @@ constexpr const char* kUsage =
     "  gossipgrad partners --ranks P [--schedule S] [--rotate] [--steps T] [--seed N] [--json]\n"
     "  gossipgrad simulate --config FILE --ranks 2,4,...,4096 [--json] [--section.key value ...]\n"
     "  gossipgrad pack --input DIR --output DIR [--shard-size MB] [--threads N] [--shuffle SEED]\n"
+    "  mpirun -n P gossipgrad layout [--config FILE] [--section.key value ...]\n"
     "  gossipgrad supervise [--max-restarts N] [--shrink-on-failure] [--min-ranks M]\n"
     "                       [--stop-timeout S] -- mpirun -n P gossipgrad train ...\n"
     "  gossipgrad help | --help | COMMAND --help\n\n"
@@ -33,6 +34,7 @@ constexpr const char* kUsage =
     "  partners  print who talks to whom at each step, and how fast the schedule mixes\n"
     "  simulate  predict step time and efficiency of gossip vs allreduce at many rank counts\n"
     "  pack    image folder (ImageNet layout) -> tar shards for data.source = shards:DIR\n"
+    "  layout  print the nodes and node-local ranks MPI reports, checked against a config\n"
     "  supervise  run a training job, restarting it from its latest checkpoint when it dies;\n"
     "             SIGTERM or Ctrl-C stops it with a checkpoint instead\n\n"
     "example: mpirun -n 2 gossipgrad train --config configs/laptop.ini\n";
@@ -59,6 +61,7 @@ int main(int argc, char** argv) {
     if (cmd == "infer") return gg::gossip::cmd_infer(rest);
     if (cmd == "simulate") return gg::gossip::cmd_simulate(rest);
     if (cmd == "pack") return gg::gossip::cmd_pack(rest);
+    if (cmd == "layout") return gg::gossip::cmd_layout(rest, argc, argv);
     if (cmd == "supervise") return gg::gossip::cmd_supervise(rest);
     throw UsageError("unknown command '" + cmd + "' (try gossipgrad --help)");
   } catch (const UsageError& e) {
