@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The job scripts next to the configs (configs/*.sbatch), run on the cluster in a box:
-#   1. Without a cluster: each script is bash -n (and shellcheck) clean, its body below the
-#      "same in every" line is the same in all four, its #SBATCH --ntasks-per-node is its config's
-#      network.ranks_per_node; a missing node list, a bad --ranks-per-node and a missing binary
-#      are one-line errors (exit 2, 2, 1).
+#   1. Without a cluster: each script and configs/launch.sh are bash -n (and shellcheck) clean,
+#      each script hands over to configs/launch.sh with its own path (its lines below the "same
+#      in every" line, the same in all four, find the checkout and source launch.sh; no launch
+#      logic of its own), its #SBATCH --ntasks-per-node is its config's network.ranks_per_node;
+#      a missing node list, a bad --ranks-per-node and a missing binary are one-line errors
+#      (exit 2, 2, 1).
 #   2. On 2 namespace nodes (bench/cluster/cluster.sh), each script with --dry-run, as plain
 #      bash with --nodes, launched through GG_LAUNCH: `gossipgrad layout` reports 2 nodes named
 #      as the cluster's, with the ranks per node the script intends, node-local ranks 0..K-1 on
@@ -49,20 +51,29 @@ export GG_BIN=$BIN
 intended() { sed -n 's/^#SBATCH --ntasks-per-node=\([0-9]*\)$/\1/p' "$ROOT/configs/$1.sbatch"; }
 
 # ---- 1. without a cluster ----
+L=$ROOT/configs/launch.sh
+[[ -f $L ]] || fail "$L is missing"
+bash -n "$L" || fail "$L: bash -n"
+if command -v shellcheck >/dev/null; then shellcheck "$L" || fail "$L: shellcheck"; fi
 body() { sed -n '/^# ---- the same in every configs\/\*.sbatch/,$p' "$ROOT/configs/$1.sbatch"; }
+# shellcheck disable=SC2016 # the line as written in the scripts
+handover='. "$ROOT/configs/launch.sh" "${BASH_SOURCE[0]}" "$@"'
 for s in "${SCRIPTS[@]}"; do
     f=$ROOT/configs/$s.sbatch
     [[ -x $f ]] || fail "$f is missing or not executable"
     bash -n "$f" || fail "$f: bash -n"
-    if command -v shellcheck >/dev/null; then shellcheck "$f" || fail "$f: shellcheck"; fi
+    if command -v shellcheck >/dev/null; then shellcheck -x "$f" || fail "$f: shellcheck"; fi
     [[ -n $(body "$s") ]] || fail "$f has no '# ---- the same in every configs/*.sbatch' line"
-    [[ $(body "$s") == "$(body p100-ib)" ]] || fail "$f: its body differs from p100-ib.sbatch's"
+    [[ $(body "$s") == "$(body p100-ib)" ]] || fail "$f: its lines below the 'same in every' line differ from p100-ib.sbatch's"
+    [[ $(tail -n 1 "$f") == "$handover" ]] || fail "$f does not end handing over to configs/launch.sh: $handover"
+    ! grep -v '^ *#' "$f" | grep -qE '(^|[^_])(exec|srun|mpirun|launch=|GG_LAUNCH|GG_BIN)' ||
+        fail "$f has launch logic of its own; it belongs in configs/launch.sh"
     grep -qx "CONFIG=configs/$s.ini" "$f" || fail "$f does not run configs/$s.ini"
     k=$(intended "$s")
     want=$(sed -n 's/^ranks_per_node *= *\([0-9]*\)$/\1/p' "$ROOT/configs/$s.ini")
     [[ -n $k && $k == "$want" ]] || fail "$f: #SBATCH --ntasks-per-node=$k, configs/$s.ini network.ranks_per_node = $want"
 done
-log "ok: 4 scripts clean, one body, ranks per node as their configs"
+log "ok: 4 scripts clean, each hands over to configs/launch.sh, ranks per node as their configs"
 
 expect_error() { # RC WORDS -- CMD...: exit RC with one line holding WORDS
     local rc=$1 words=$2 got=0

@@ -1,0 +1,88 @@
+# shellcheck shell=bash
+# The launch logic of every configs/*.sbatch, sourced by each once it has found the checkout:
+#
+#   . "$ROOT/configs/launch.sh" "${BASH_SOURCE[0]}" "$@"
+#
+# $1 is the job script itself (under sbatch the copy Slurm runs), read for its --help text (its
+# comment block from "# gossipgrad on") and its #SBATCH --ntasks-per-node line; the rest are the
+# job script's arguments. The job script sets CONFIG (configs/NAME.ini), SRUN_OPTS (srun options
+# of its machine), ROOT (the checkout, holding CONFIG), PROG (NAME.sbatch, the prefix of every
+# message) and die (print "PROG: message" on stderr, exit 1). Ends in exec of the launch line.
+set -euo pipefail
+SCRIPT=$1
+shift
+usage_error() { echo "$PROG: $* (see $PROG --help)" >&2 && exit 2; }
+
+BIN=${GG_BIN:-$ROOT/build/gossip/gossipgrad}
+[[ -x $BIN ]] || die "no gossipgrad binary at $BIN: build it (see README.md) or set GG_BIN"
+
+# The ranks per node this job intends: the #SBATCH --ntasks-per-node line of the job script.
+intended_ppn() {
+    sed -n 's/^#SBATCH  *--ntasks-per-node[= ]\([0-9][0-9]*\).*/\1/p' "$SCRIPT" | head -n 1
+}
+
+hosts='' ppn='' dry_run=0 pass=()
+while (($#)); do
+    case $1 in
+    -h | --help) sed -n '/^# gossipgrad on/,/^$/s/^# \{0,1\}//p' "$SCRIPT" && exit 0 ;;
+    --nodes | --ranks-per-node)
+        (($# >= 2)) || usage_error "$1 needs a value"
+        if [[ $1 == --nodes ]]; then hosts=$2; else ppn=$2; fi
+        shift 2
+        ;;
+    --nodes=*) hosts=${1#--nodes=} && shift ;;
+    --ranks-per-node=*) ppn=${1#--ranks-per-node=} && shift ;;
+    --dry-run) dry_run=1 && shift ;;
+    --) shift && pass+=("$@") && break ;;
+    *) pass+=("$1") && shift ;;
+    esac
+done
+[[ -z $hosts || $hosts =~ ^[A-Za-z0-9._-]+(,[A-Za-z0-9._-]+)*$ ]] ||
+    usage_error "--nodes '$hosts' is not a comma-separated list of host names"
+
+# Nodes: --nodes, else the Slurm allocation. Ranks per node: --ranks-per-node, else Slurm's,
+# else the #SBATCH line.
+if [[ -n $hosts ]]; then
+    mode=hosts
+    nnodes=$(tr ',' '\n' <<<"$hosts" | wc -l)
+elif [[ -n ${SLURM_JOB_NODELIST:-} ]]; then
+    mode=slurm
+    hosts=$SLURM_JOB_NODELIST
+    nnodes=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-}}
+    [[ $nnodes =~ ^[1-9][0-9]*$ ]] || die "SLURM_JOB_NODELIST is set but SLURM_JOB_NUM_NODES is not a node count"
+    [[ -n $ppn ]] || ppn=${SLURM_NTASKS_PER_NODE:-}
+else
+    usage_error "no node list: give --nodes host1,host2,... or submit with sbatch (SLURM_JOB_NODELIST is not set)"
+fi
+[[ -n $ppn ]] || ppn=$(intended_ppn)
+[[ $ppn =~ ^[1-9][0-9]*$ ]] || usage_error "--ranks-per-node '$ppn' must be a whole number of at least 1"
+np=$((nnodes * ppn))
+
+# The launcher: GG_LAUNCH, else srun in a Slurm allocation, else MPICH's mpirun -hosts.
+if [[ -n ${GG_LAUNCH:-} ]]; then
+    read -r -a words <<<"$GG_LAUNCH"
+    launch=()
+    for w in "${words[@]}"; do
+        w=${w//\{np\}/$np} && w=${w//\{ppn\}/$ppn} && w=${w//\{nodes\}/$nnodes}
+        launch+=("${w//\{hosts\}/$hosts}")
+    done
+elif [[ $mode == slurm ]]; then
+    launch=(srun --mpi=pmi2 --nodes="$nnodes" --ntasks="$np" --ntasks-per-node="$ppn")
+    # srun no longer takes --cpus-per-task from sbatch (Slurm 22.05 on): pass it on.
+    [[ -z ${SLURM_CPUS_PER_TASK:-} ]] || launch+=(--cpus-per-task="$SLURM_CPUS_PER_TASK")
+    launch+=("${SRUN_OPTS[@]}")
+else
+    launch=(mpirun -hosts "$hosts" -n "$np" -ppn "$ppn")
+fi
+command -v "${launch[0]}" >/dev/null || die "launcher '${launch[0]}' not found (set GG_LAUNCH to the launcher of this machine)"
+if [[ ${launch[0]} == mpirun ]] && ! mpirun --version 2>/dev/null | grep -qi hydra; then
+    die "this mpirun is not MPICH's hydra (no -hosts, -ppn): set GG_LAUNCH, e.g. 'mpirun --host {hosts} -N {ppn}'"
+fi
+
+if ((dry_run)); then
+    cmd=("${launch[@]}" "$BIN" layout --config "$ROOT/$CONFIG" "${pass[@]}")
+else
+    cmd=("${launch[@]}" "$BIN" train --config "$ROOT/$CONFIG" "${pass[@]}")
+fi
+echo "$PROG: $np ranks, $ppn per node on $nnodes node(s): ${cmd[*]}" >&2
+exec "${cmd[@]}"
