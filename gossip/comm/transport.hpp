@@ -33,6 +33,21 @@
 
 namespace gg::gossip {
 
+// What one transport moved to and from one peer since it was made. A bucket averaged in place
+// (shm pairs) counts as one bucket sent and one received, of the bucket's bytes, and in
+// buckets_in_place.
+struct PeerTraffic {
+  int64_t buckets_sent = 0, bytes_sent = 0;
+  int64_t buckets_received = 0, bytes_received = 0;
+  int64_t buckets_in_place = 0;
+};
+
+// One transport's counters: `peers[r]` is the traffic with rank r of the communicator.
+struct TransportTraffic {
+  std::string transport;  // "shm", "rma" or "p2p"
+  std::vector<PeerTraffic> peers;
+};
+
 // A wait on a partner that lasted longer than the transport's timeout: the partner died or hangs.
 // The exchange adds the step and turns it into a message naming both ranks.
 struct PartnerTimeout : std::runtime_error {
@@ -65,13 +80,27 @@ class Transport {
   // drive MPI progress, which the rma half may need from this rank (MPICH implements some
   // one-sided operations with messages the target must process).
   void set_progress(std::function<void()> f) { progress_ = std::move(f); }
+  // What this transport moved, per peer; auto reports each of its halves as its own entry.
+  virtual std::vector<TransportTraffic> traffic() const;
 
  protected:
   void progress() const {
     if (progress_) progress_();
   }
+  // Counters for `peers` ranks, set up by every transport that moves data itself. They are
+  // relaxed atomics: concurrent threading sends and receives on several threads at once.
+  void count_peers(int peers);
+  void count_sent(int peer, int64_t floats);
+  void count_received(int peer, int64_t floats);
+  void count_in_place(int peer, int64_t floats);
   double timeout_s_ = 0;
   std::function<void()> progress_;
+
+ private:
+  enum Counter { kBucketsSent, kBytesSent, kBucketsReceived, kBytesReceived, kInPlace, kCounters };
+  void add(int peer, Counter c, int64_t n);
+  int peers_ = 0;
+  std::unique_ptr<std::atomic<int64_t>[]> counters_;  // [peer][Counter]
 };
 
 // The layout every transport shares: bucket b covers elements [begin, end) of a flat buffer of
@@ -104,8 +133,8 @@ std::unique_ptr<Transport> make_auto_transport(const mpi::Comm& comm, const Buff
                                                bool home = false);
 
 // "p2p" | "rma" | "shm" | "auto"; throws std::invalid_argument otherwise. shm throws when the
-// communicator spans several nodes. `home`: place the flat buffer in shared memory where the
-// transport has it (shm, auto), for zero-copy pairs.
+// communicator spans several nodes (on every rank, with the same one-line message). `home`: place
+// the flat buffer in shared memory where the transport has it (shm, auto), for zero-copy pairs.
 std::unique_ptr<Transport> make_transport(const std::string& name, const mpi::Comm& comm,
                                           const BufferLayout& layout, bool home = false);
 
