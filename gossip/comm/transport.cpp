@@ -382,14 +382,14 @@ class AutoTransport final : public Transport {
     GG_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &any_shared, 1, MPI_INT, MPI_MAX, comm.get()));
     // A single rank (p = 1) pairs with itself through shm: the exchange is the identity.
     if (any_shared || !multi_node) shm_ = make_shm_transport(comm, node, layout, home);
-    if (multi_node) remote_ = make_rma_transport(comm, layout);
+    if (multi_node) remote_ = make_p2p_transport(comm, layout);
     if (shm_ && remote_)
       shm_->set_progress([c = probe_.get()] {
         int flag = 0;
         MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, c, &flag, MPI_STATUS_IGNORE);
       });
   }
-  const char* name() const override { return remote_ ? (shm_ ? "auto" : "rma") : "shm"; }
+  const char* name() const override { return remote_ ? (shm_ ? "auto" : "p2p") : "shm"; }
   void set_timeout(double seconds) override {
     for (Transport* t : {shm_.get(), remote_.get()})
       if (t) t->set_timeout(seconds);
@@ -399,9 +399,12 @@ class AutoTransport final : public Transport {
   const float* received(int from, int64_t t, int b) override {
     return pick(from).received(from, t, b);
   }
-  // Both halves count steps in their slot flags: a step whose bucket came through one of them
-  // (or was averaged in place) frees this rank's slot in the other too, or a sender through the
-  // other would wait for a release that never comes.
+  // The shm half counts steps in its slot flags: a step whose bucket came through p2p frees this
+  // rank's shm slot of that step too, or a sender on this node would wait two steps later for a
+  // release that never comes. (p2p needs no release: its receive buffer for bucket b is posted
+  // again only by this rank's next exchange of b, after this one is mixed, and messages from one
+  // sender with one tag match in order, so a later step's bucket can never land in an earlier
+  // step's receive.) Releasing every half keeps this right for any remote half with slots.
   void release(int from, int64_t t, int b) override {
     for (Transport* used : {shm_.get(), remote_.get()})
       if (used) used->release(from, t, b);
@@ -433,7 +436,7 @@ class AutoTransport final : public Transport {
   }
   std::vector<int> to_node_;
   mpi::Comm probe_;                          // no messages: MPI_Iprobe on it drives progress
-  std::unique_ptr<Transport> shm_, remote_;  // remote_: partners on other nodes (rma)
+  std::unique_ptr<Transport> shm_, remote_;  // remote_: partners on other nodes (p2p)
 };
 
 }  // namespace
@@ -467,7 +470,7 @@ std::unique_ptr<Transport> make_transport(const std::string& name, const mpi::Co
     GG_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &spans, 1, MPI_INT, MPI_MAX, comm.get()));
     if (spans)
       throw std::invalid_argument(
-          "the shm transport needs every rank on one node; use auto or rma across nodes");
+          "the shm transport needs every rank on one node; use auto, p2p or rma across nodes");
     return make_shm_transport(comm, node, layout, home);
   }
   throw std::invalid_argument("unknown transport '" + name + "' (expected auto, shm, rma or p2p)");

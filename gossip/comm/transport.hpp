@@ -1,6 +1,7 @@
 // How one bucket of a flat buffer travels from a rank to its partner of the step. Each transport
 // splits an exchange into a receive half and a send half, so the two halves of one step may go
-// through different transports (auto: shared memory to a partner on this node, RMA otherwise).
+// through different transports (auto: shared memory to a partner on this node, Isend/Irecv
+// otherwise).
 //
 // Protocol for bucket b at step t, on every rank (partners from the schedule):
 //   1. expect(from, t, b)        announce readiness to receive a bucket (Irecv, nothing)
@@ -77,8 +78,8 @@ class Transport {
   virtual void publish(int peer, int64_t step, int bucket);
   virtual void average_in_place(int peer, int64_t step, int bucket);
   // Called on every poll of a wait that needs no MPI call itself (shm flags): auto sets it to
-  // drive MPI progress, which the rma half may need from this rank (MPICH implements some
-  // one-sided operations with messages the target must process).
+  // drive MPI progress, which its p2p half needs from this rank while it waits on a partner of
+  // its node (a large send from another node completes only as the receiver's MPI progresses).
   void set_progress(std::function<void()> f) { progress_ = std::move(f); }
   // What this transport moved, per peer; auto reports each of its halves as its own entry.
   virtual std::vector<TransportTraffic> traffic() const;
@@ -128,7 +129,9 @@ std::unique_ptr<Transport> make_rma_transport(const mpi::Comm& comm, const Buffe
 std::unique_ptr<Transport> make_shm_transport(const mpi::Comm& comm, const mpi::Comm& node,
                                               const BufferLayout& layout, bool home = false);
 
-// shm for partners on this node, rma for the others (decided per peer; both sides agree).
+// shm for partners on this node, p2p for the others (decided per peer; both sides agree). On one
+// node it is shm alone, with one rank per node p2p alone. p2p rather than rma across nodes: over
+// UCX's tcp transport, Isend/Irecv moved buckets faster than MPI_Put under passive target.
 std::unique_ptr<Transport> make_auto_transport(const mpi::Comm& comm, const BufferLayout& layout,
                                                bool home = false);
 

@@ -1,7 +1,7 @@
 // Run under mpirun with P ranks: every transport and threading mode delivers exactly the
 // partner's bytes, the mixed values follow the simulator's prediction step by step, and random
 // delays on the ranks cause no deadlock. With GG_RANKS_PER_NODE=N (simulated nodes of N ranks)
-// the cases that need every rank on one node (shm) are left out and auto mixes shm and rma.
+// the cases that need every rank on one node (shm) are left out and auto mixes shm and p2p.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -189,7 +189,7 @@ void run_delayed(const mpi::Comm& world, const std::string& transport) {
 
 // The transport's own counters say who carried what: after a few steps every peer's buckets and
 // bytes, sent and received, equal what the schedule predicts, all of them on the transport that
-// should carry that peer (auto: shm within this rank's node, rma across) and none on another.
+// should carry that peer (auto: shm within this rank's node, p2p across) and none on another.
 void run_counters(const mpi::Comm& world, const std::string& transport, bool home) {
   if (transport == "shm" && !one_node(world)) return;
   const int rank = world.rank(), p = world.size();
@@ -204,7 +204,7 @@ void run_counters(const mpi::Comm& world, const std::string& transport, bool hom
   const std::string name = transport + "/counters" + (home ? "+home" : "");
   const auto carrier = [&](int peer) -> std::string {
     if (transport != "auto") return transport;
-    return local[peer] ? "shm" : "rma";
+    return local[peer] ? "shm" : "p2p";
   };
   std::vector<gossip::PeerTraffic> want(p);
   std::vector<gossip::TransportTraffic> got;
