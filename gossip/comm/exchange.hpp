@@ -135,6 +135,9 @@ class GossipExchange final : public BucketExchange {
   float* buffer() const { return buffer_; }
   // Whether a bucket exchanged in `step` is averaged in place (no copy).
   bool in_place(const partners::Partners& peers) const;
+  // What the transport moved to and from each rank since the exchange was made, one entry per
+  // transport (auto: one for each of its halves), so that a test can tell which carried what.
+  std::vector<TransportTraffic> transport_counters() const { return transport_->traffic(); }
 
  private:
   struct Job {

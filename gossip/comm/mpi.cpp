@@ -64,7 +64,7 @@ Comm Comm::dup() const {
 Comm Comm::split_shared() const {
   MPI_Comm c;
   // Test hook: GG_RANKS_PER_NODE=N pretends that every N consecutive ranks form a node, so that
-  // the paths across nodes (auto's rma half) run on one machine.
+  // the paths across nodes (auto's p2p half) run on one machine.
   const char* per_node = std::getenv("GG_RANKS_PER_NODE");
   if (per_node != nullptr && std::atoi(per_node) > 0) {
     GG_MPI_CHECK(MPI_Comm_split(c_, rank() / std::atoi(per_node), rank(), &c));

@@ -44,6 +44,46 @@ int64_t line_up(int64_t floats) { return (floats + 15) / 16 * 16; }
 
 }  // namespace
 
+void Transport::count_peers(int peers) {
+  peers_ = peers;
+  counters_ = std::make_unique<std::atomic<int64_t>[]>(static_cast<size_t>(peers) * kCounters);
+}
+
+void Transport::add(int peer, Counter c, int64_t n) {
+  if (peer < 0 || peer >= peers_) return;
+  counters_[static_cast<size_t>(peer) * kCounters + c].fetch_add(n, std::memory_order_relaxed);
+}
+
+void Transport::count_sent(int peer, int64_t floats) {
+  add(peer, kBucketsSent, 1);
+  add(peer, kBytesSent, floats * static_cast<int64_t>(sizeof(float)));
+}
+
+void Transport::count_received(int peer, int64_t floats) {
+  add(peer, kBucketsReceived, 1);
+  add(peer, kBytesReceived, floats * static_cast<int64_t>(sizeof(float)));
+}
+
+void Transport::count_in_place(int peer, int64_t floats) {
+  count_sent(peer, floats);
+  count_received(peer, floats);
+  add(peer, kInPlace, 1);
+}
+
+std::vector<TransportTraffic> Transport::traffic() const {
+  TransportTraffic t{name(), std::vector<PeerTraffic>(peers_)};
+  for (int r = 0; r < peers_; ++r) {
+    const std::atomic<int64_t>* c = &counters_[static_cast<size_t>(r) * kCounters];
+    PeerTraffic& out = t.peers[r];
+    out.buckets_sent = c[kBucketsSent].load(std::memory_order_relaxed);
+    out.bytes_sent = c[kBytesSent].load(std::memory_order_relaxed);
+    out.buckets_received = c[kBucketsReceived].load(std::memory_order_relaxed);
+    out.bytes_received = c[kBytesReceived].load(std::memory_order_relaxed);
+    out.buckets_in_place = c[kInPlace].load(std::memory_order_relaxed);
+  }
+  return {t};
+}
+
 void Transport::publish(int, int64_t, int) {
   throw std::logic_error(std::string(name()) + " transport cannot pair in place");
 }
@@ -60,7 +100,9 @@ class P2pTransport final : public Transport {
         layout_(layout),
         recv_(layout.count),
         recv_req_(layout.buckets.size()),
-        send_req_(layout.buckets.size()) {}
+        send_req_(layout.buckets.size()) {
+    count_peers(comm_.size());
+  }
   const char* name() const override { return "p2p"; }
 
   void expect(int from, int64_t, int b) override {
@@ -72,12 +114,14 @@ class P2pTransport final : public Transport {
     const kernels::Bucket& k = layout_.buckets[b];
     GG_MPI_CHECK(
         MPI_Isend(data, checked_count(k), MPI_FLOAT, to, b, comm_.get(), send_req_[b].out()));
+    count_sent(to, k.size());
   }
   const float* received(int from, int64_t, int b) override {
     if (timeout_s_ > 0)
       wait_until([&] { return recv_req_[b].test(); }, timeout_s_, from, b, "p2p receive");
     else
       recv_req_[b].wait();
+    count_received(from, layout_.buckets[b].size());
     return recv_.data() + layout_.buckets[b].begin;
   }
   void finish_send(int to, int64_t, int b) override {
@@ -121,6 +165,7 @@ class RmaTransport final : public Transport {
     std::fill(flags + nb_, flags + 2 * nb_, int64_t{1});  // ready: free for step 0
     GG_MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, window_->get()));
     GG_MPI_CHECK(MPI_Win_sync(window_->get()));
+    count_peers(comm_.size());
     comm_.barrier();  // every rank's flags are set before anyone reads them
   }
   ~RmaTransport() override {
@@ -139,12 +184,14 @@ class RmaTransport final : public Transport {
                          MPI_FLOAT, window_->get()));
     GG_MPI_CHECK(MPI_Win_flush(to, window_->get()));  // the data is there before the flag
     write_flag(to, kArrived, b, step + 1);
+    count_sent(to, k.size());
   }
   const float* received(int from, int64_t step, int b) override {
     const int self = comm_.rank();
     wait_until([&] { return read_flag(self, kArrived, b) > step; }, timeout_s_, from, b,
                "rma: the partner's bucket");
     GG_MPI_CHECK(MPI_Win_sync(window_->get()));
+    count_received(from, layout_.buckets[b].size());
     return reinterpret_cast<const float*>(static_cast<const char*>(window_->base()) +
                                           data_offset_) +
            layout_.buckets[b].begin;
@@ -207,6 +254,7 @@ class ShmTransport final : public Transport {
     for (int r = 0; r < node_.size(); ++r)
       segments_[r] = static_cast<char*>(window_->shared_base(r));
     self_ = node_.rank();
+    count_peers(comm.size());
     // A passive epoch for the window's lifetime: the unified memory model, where stores by one
     // process are seen by the others; ordering comes from the acquire/release flags below.
     GG_MPI_CHECK(MPI_Win_lock_all(MPI_MODE_NOCHECK, window_->get()));
@@ -244,6 +292,7 @@ class ShmTransport final : public Transport {
       c[i] = m;
     }
     std::atomic_ref<int64_t>(flag(mine, kAveraged, b)).store(step + 1, std::memory_order_release);
+    count_in_place(peer, k.size());
     // Nobody sent into this step's receive slot: it is free for the sender two steps on.
     release(peer, step, b);
     std::atomic_ref<int64_t> averaged(flag(theirs, kAveraged, b));
@@ -270,6 +319,7 @@ class ShmTransport final : public Transport {
     const kernels::Bucket& k = layout_.buckets[b];
     std::memcpy(payload(seg, slot) + k.begin, data, k.size() * sizeof(float));
     std::atomic_ref<int64_t>(flag(seg, slot, b)).store(step + 1, std::memory_order_release);
+    count_sent(to, k.size());
   }
   const float* received(int from, int64_t step, int b) override {
     char* seg = segments_[node_rank_self()];
@@ -281,6 +331,7 @@ class ShmTransport final : public Transport {
           return ready.load(std::memory_order_acquire) == step + 1;
         },
         timeout_s_, from, b, "shm receive");
+    count_received(from, layout_.buckets[b].size());
     return payload(seg, slot) + layout_.buckets[b].begin;
   }
   void release(int, int64_t step, int b) override {
@@ -331,14 +382,14 @@ class AutoTransport final : public Transport {
     GG_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &any_shared, 1, MPI_INT, MPI_MAX, comm.get()));
     // A single rank (p = 1) pairs with itself through shm: the exchange is the identity.
     if (any_shared || !multi_node) shm_ = make_shm_transport(comm, node, layout, home);
-    if (multi_node) remote_ = make_rma_transport(comm, layout);
+    if (multi_node) remote_ = make_p2p_transport(comm, layout);
     if (shm_ && remote_)
       shm_->set_progress([c = probe_.get()] {
         int flag = 0;
         MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, c, &flag, MPI_STATUS_IGNORE);
       });
   }
-  const char* name() const override { return remote_ ? (shm_ ? "auto" : "rma") : "shm"; }
+  const char* name() const override { return remote_ ? (shm_ ? "auto" : "p2p") : "shm"; }
   void set_timeout(double seconds) override {
     for (Transport* t : {shm_.get(), remote_.get()})
       if (t) t->set_timeout(seconds);
@@ -348,9 +399,12 @@ class AutoTransport final : public Transport {
   const float* received(int from, int64_t t, int b) override {
     return pick(from).received(from, t, b);
   }
-  // Both halves count steps in their slot flags: a step whose bucket came through one of them
-  // (or was averaged in place) frees this rank's slot in the other too, or a sender through the
-  // other would wait for a release that never comes.
+  // The shm half counts steps in its slot flags: a step whose bucket came through p2p frees this
+  // rank's shm slot of that step too, or a sender on this node would wait two steps later for a
+  // release that never comes. (p2p needs no release: its receive buffer for bucket b is posted
+  // again only by this rank's next exchange of b, after this one is mixed, and messages from one
+  // sender with one tag match in order, so a later step's bucket can never land in an earlier
+  // step's receive.) Releasing every half keeps this right for any remote half with slots.
   void release(int from, int64_t t, int b) override {
     for (Transport* used : {shm_.get(), remote_.get()})
       if (used) used->release(from, t, b);
@@ -365,6 +419,13 @@ class AutoTransport final : public Transport {
     shm_->average_in_place(peer, t, b);
     if (remote_) remote_->release(peer, t, b);
   }
+  std::vector<TransportTraffic> traffic() const override {
+    std::vector<TransportTraffic> out;
+    for (const Transport* t : {shm_.get(), remote_.get()})
+      if (t)
+        for (TransportTraffic& half : t->traffic()) out.push_back(std::move(half));
+    return out;
+  }
 
  private:
   Transport& pick(int peer) {
@@ -375,7 +436,7 @@ class AutoTransport final : public Transport {
   }
   std::vector<int> to_node_;
   mpi::Comm probe_;                          // no messages: MPI_Iprobe on it drives progress
-  std::unique_ptr<Transport> shm_, remote_;  // remote_: partners on other nodes (rma)
+  std::unique_ptr<Transport> shm_, remote_;  // remote_: partners on other nodes (p2p)
 };
 
 }  // namespace
@@ -409,7 +470,7 @@ std::unique_ptr<Transport> make_transport(const std::string& name, const mpi::Co
     GG_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &spans, 1, MPI_INT, MPI_MAX, comm.get()));
     if (spans)
       throw std::invalid_argument(
-          "the shm transport needs every rank on one node; use auto or rma across nodes");
+          "the shm transport needs every rank on one node; use auto, p2p or rma across nodes");
     return make_shm_transport(comm, node, layout, home);
   }
   throw std::invalid_argument("unknown transport '" + name + "' (expected auto, shm, rma or p2p)");

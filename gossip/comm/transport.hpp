@@ -1,6 +1,7 @@
 // How one bucket of a flat buffer travels from a rank to its partner of the step. Each transport
 // splits an exchange into a receive half and a send half, so the two halves of one step may go
-// through different transports (auto: shared memory to a partner on this node, RMA otherwise).
+// through different transports (auto: shared memory to a partner on this node, Isend/Irecv
+// otherwise).
 //
 // Protocol for bucket b at step t, on every rank (partners from the schedule):
 //   1. expect(from, t, b)        announce readiness to receive a bucket (Irecv, nothing)
@@ -33,6 +34,21 @@
 
 namespace gg::gossip {
 
+// What one transport moved to and from one peer since it was made. A bucket averaged in place
+// (shm pairs) counts as one bucket sent and one received, of the bucket's bytes, and in
+// buckets_in_place.
+struct PeerTraffic {
+  int64_t buckets_sent = 0, bytes_sent = 0;
+  int64_t buckets_received = 0, bytes_received = 0;
+  int64_t buckets_in_place = 0;
+};
+
+// One transport's counters: `peers[r]` is the traffic with rank r of the communicator.
+struct TransportTraffic {
+  std::string transport;  // "shm", "rma" or "p2p"
+  std::vector<PeerTraffic> peers;
+};
+
 // A wait on a partner that lasted longer than the transport's timeout: the partner died or hangs.
 // The exchange adds the step and turns it into a message naming both ranks.
 struct PartnerTimeout : std::runtime_error {
@@ -62,16 +78,30 @@ class Transport {
   virtual void publish(int peer, int64_t step, int bucket);
   virtual void average_in_place(int peer, int64_t step, int bucket);
   // Called on every poll of a wait that needs no MPI call itself (shm flags): auto sets it to
-  // drive MPI progress, which the rma half may need from this rank (MPICH implements some
-  // one-sided operations with messages the target must process).
+  // drive MPI progress, which its p2p half needs from this rank while it waits on a partner of
+  // its node (a large send from another node completes only as the receiver's MPI progresses).
   void set_progress(std::function<void()> f) { progress_ = std::move(f); }
+  // What this transport moved, per peer; auto reports each of its halves as its own entry.
+  virtual std::vector<TransportTraffic> traffic() const;
 
  protected:
   void progress() const {
     if (progress_) progress_();
   }
+  // Counters for `peers` ranks, set up by every transport that moves data itself. They are
+  // relaxed atomics: concurrent threading sends and receives on several threads at once.
+  void count_peers(int peers);
+  void count_sent(int peer, int64_t floats);
+  void count_received(int peer, int64_t floats);
+  void count_in_place(int peer, int64_t floats);
   double timeout_s_ = 0;
   std::function<void()> progress_;
+
+ private:
+  enum Counter { kBucketsSent, kBytesSent, kBucketsReceived, kBytesReceived, kInPlace, kCounters };
+  void add(int peer, Counter c, int64_t n);
+  int peers_ = 0;
+  std::unique_ptr<std::atomic<int64_t>[]> counters_;  // [peer][Counter]
 };
 
 // The layout every transport shares: bucket b covers elements [begin, end) of a flat buffer of
@@ -99,13 +129,15 @@ std::unique_ptr<Transport> make_rma_transport(const mpi::Comm& comm, const Buffe
 std::unique_ptr<Transport> make_shm_transport(const mpi::Comm& comm, const mpi::Comm& node,
                                               const BufferLayout& layout, bool home = false);
 
-// shm for partners on this node, rma for the others (decided per peer; both sides agree).
+// shm for partners on this node, p2p for the others (decided per peer; both sides agree). On one
+// node it is shm alone, with one rank per node p2p alone. p2p rather than rma across nodes: over
+// UCX's tcp transport, Isend/Irecv moved buckets faster than MPI_Put under passive target.
 std::unique_ptr<Transport> make_auto_transport(const mpi::Comm& comm, const BufferLayout& layout,
                                                bool home = false);
 
 // "p2p" | "rma" | "shm" | "auto"; throws std::invalid_argument otherwise. shm throws when the
-// communicator spans several nodes. `home`: place the flat buffer in shared memory where the
-// transport has it (shm, auto), for zero-copy pairs.
+// communicator spans several nodes (on every rank, with the same one-line message). `home`: place
+// the flat buffer in shared memory where the transport has it (shm, auto), for zero-copy pairs.
 std::unique_ptr<Transport> make_transport(const std::string& name, const mpi::Comm& comm,
                                           const BufferLayout& layout, bool home = false);
 

@@ -148,7 +148,7 @@ void gossip_options(std::vector<Option>& o) {
     {GG_OPTION(gossip.rotate), {},
      "permute the virtual ranks every ceil(log2 p) steps (seeded, no communication)"},
     {GG_OPTION(gossip.transport), Choices{{"auto", "shm", "rma", "p2p"}},
-     "how buckets reach the partner: auto (shm between ranks on the same node, rma between "
+     "how buckets reach the partner: auto (shm between ranks on the same node, p2p between "
      "nodes), shm (stores into an MPI shared-memory window; every rank on one node), rma "
      "(passive-target MPI one-sided: MPI_Put into the partner's window, then a per-bucket "
      "flag), p2p (MPI_Isend/MPI_Irecv)"},

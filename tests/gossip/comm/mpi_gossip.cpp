@@ -1,7 +1,7 @@
 // Run under mpirun with P ranks: every transport and threading mode delivers exactly the
 // partner's bytes, the mixed values follow the simulator's prediction step by step, and random
 // delays on the ranks cause no deadlock. With GG_RANKS_PER_NODE=N (simulated nodes of N ranks)
-// the cases that need every rank on one node (shm) are left out and auto mixes shm and rma.
+// the cases that need every rank on one node (shm) are left out and auto mixes shm and p2p.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -187,6 +187,120 @@ void run_delayed(const mpi::Comm& world, const std::string& transport) {
   check_against_simulator(world, x, o.schedule, steps, 13, transport + "/delayed");
 }
 
+// The transport's own counters say who carried what: after a few steps every peer's buckets and
+// bytes, sent and received, equal what the schedule predicts, all of them on the transport that
+// should carry that peer (auto: shm within this rank's node, p2p across) and none on another.
+void run_counters(const mpi::Comm& world, const std::string& transport, bool home) {
+  if (transport == "shm" && !one_node(world)) return;
+  const int rank = world.rank(), p = world.size();
+  const int64_t count = 700;
+  const auto buckets = make_layout(count);
+  const int64_t nb = static_cast<int64_t>(buckets.size());
+  const std::vector<bool> local = same_node(world);
+  std::vector<float> x = initial_values(rank, count);
+  gossip::GossipOptions o;
+  o.schedule = {partners::Kind::Dissemination, p, true, 11};
+  o.transport = transport;
+  const std::string name = transport + "/counters" + (home ? "+home" : "");
+  const auto carrier = [&](int peer) -> std::string {
+    if (transport != "auto") return transport;
+    return local[peer] ? "shm" : "p2p";
+  };
+  std::vector<gossip::PeerTraffic> want(p);
+  std::vector<gossip::TransportTraffic> got;
+  {
+    gossip::GossipExchange ex(world, home ? nullptr : x.data(), buckets, o);
+    if (home) std::copy(x.begin(), x.end(), ex.buffer());
+    for (int s = 0; s < 9; ++s) {
+      const partners::Partners peers = ex.partners_at(s);
+      want[peers.send_to].buckets_sent += nb;
+      want[peers.send_to].bytes_sent += count * 4;
+      want[peers.recv_from].buckets_received += nb;
+      want[peers.recv_from].bytes_received += count * 4;
+      if (ex.in_place(peers)) want[peers.send_to].buckets_in_place += nb;
+      ex.exchange_all(s);
+    }
+    got = ex.transport_counters();
+  }
+  bool ok = true;
+  std::string why;
+  const auto same = [](const gossip::PeerTraffic& a, const gossip::PeerTraffic& b) {
+    return a.buckets_sent == b.buckets_sent && a.bytes_sent == b.bytes_sent &&
+           a.buckets_received == b.buckets_received && a.bytes_received == b.bytes_received &&
+           a.buckets_in_place == b.buckets_in_place;
+  };
+  for (int r = 0; r < p; ++r) {
+    int carried = 0;
+    for (const gossip::TransportTraffic& t : got) {
+      if (static_cast<int>(t.peers.size()) != p) {
+        ok = false;
+        why = t.transport + " counts " + std::to_string(t.peers.size()) + " peers";
+        continue;
+      }
+      const gossip::PeerTraffic& c = t.peers[r];
+      if (t.transport == carrier(r)) {
+        ++carried;
+        if (!same(c, want[r])) {
+          ok = false;
+          why = t.transport + " to rank " + std::to_string(r) + ": sent " +
+                std::to_string(c.buckets_sent) + " buckets / " + std::to_string(c.bytes_sent) +
+                " B, received " + std::to_string(c.buckets_received) + " / " +
+                std::to_string(c.bytes_received) + " B, in place " +
+                std::to_string(c.buckets_in_place) + "; expected " +
+                std::to_string(want[r].buckets_sent) + " / " + std::to_string(want[r].bytes_sent) +
+                ", " + std::to_string(want[r].buckets_received) + " / " +
+                std::to_string(want[r].bytes_received) + ", " +
+                std::to_string(want[r].buckets_in_place);
+        }
+      } else if (!same(c, gossip::PeerTraffic{})) {
+        ok = false;
+        why = t.transport + " carried traffic with rank " + std::to_string(r) + ", which " +
+              carrier(r) + " should carry";
+      }
+    }
+    const bool any = want[r].buckets_sent + want[r].buckets_received > 0;
+    if (any && carried != 1) {
+      ok = false;
+      why = std::to_string(carried) + " counters named " + carrier(r) + " for rank " +
+            std::to_string(r);
+    }
+  }
+  check(ok, name + ": " + why, rank);
+  // Totals over the job, by transport name, for the log (and the cluster test's grep).
+  std::vector<double> sums(3, 0.0);  // shm, rma, p2p buckets sent
+  for (const gossip::TransportTraffic& t : got)
+    for (const gossip::PeerTraffic& c : t.peers)
+      sums[t.transport == "shm"   ? 0
+           : t.transport == "rma" ? 1
+                                  : 2] += static_cast<double>(c.buckets_sent);
+  world.allreduce_sum(sums.data(), 3);
+  if (rank == 0)
+    std::printf("%-48s buckets sent: shm %.0f, rma %.0f, p2p %.0f\n", name.c_str(), sums[0],
+                sums[1], sums[2]);
+}
+
+// Across nodes the shm transport is refused on every rank, with one line that names the way out.
+void run_shm_refused(const mpi::Comm& world) {
+  if (one_node(world)) return;
+  const int rank = world.rank();
+  const std::vector<kernels::Bucket> buckets = make_layout(100);
+  std::vector<float> x(100, 0.f);
+  gossip::GossipOptions o;
+  o.schedule = {partners::Kind::Dissemination, world.size(), true, 1};
+  o.transport = "shm";
+  std::string what;
+  try {
+    gossip::GossipExchange ex(world, x.data(), buckets, o);
+  } catch (const std::invalid_argument& e) {
+    what = e.what();
+  }
+  check(!what.empty(), "shm across nodes: not refused", rank);
+  check(what.find('\n') == std::string::npos && what.find("shm") != std::string::npos &&
+            what.find("one node") != std::string::npos,
+        "shm across nodes: refused with '" + what + "'", rank);
+  if (rank == 0) std::printf("%-48s refused: %s\n", "shm across nodes", what.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -220,12 +334,21 @@ int main(int argc, char** argv) {
     if (pow2) run_case(world, "auto", "funneled", partners::Kind::Hypercube, true, true);
     if (pow2) run_case(world, "shm", "funneled", partners::Kind::Hypercube, true, false, true);
     if (pow2) run_case(world, "rma", "chained", partners::Kind::Hypercube, true, true);
+    for (const char* transport : {"p2p", "rma", "shm", "auto"})
+      run_counters(world, transport, false);
+    run_counters(world, "auto", true);
+    run_counters(world, "shm", true);
+    run_shm_refused(world);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d: error: %s\n", world.rank(), e.what());
     ++failures;
   }
   int bad = failures;
   MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  if (world.rank() == 0) std::printf("gossip exchange on %d ranks: %s\n", p, bad ? "FAIL" : "PASS");
+  // Nodes as the transports see them: one node communicator leader per node.
+  int nodes = world.split_shared().rank() == 0;
+  MPI_Allreduce(MPI_IN_PLACE, &nodes, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (world.rank() == 0)
+    std::printf("gossip exchange on %d ranks, %d nodes: %s\n", p, nodes, bad ? "FAIL" : "PASS");
   return bad ? 1 : 0;
 }
