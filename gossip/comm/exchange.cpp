@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 
 #include "gossip/comm/wait_watch.hpp"
 
@@ -14,6 +15,27 @@ Threading parse_threading(const std::string& name) {
   if (name == "chained") return Threading::Chained;
   throw std::invalid_argument("unknown threading '" + name +
                               "' (expected funneled, concurrent or chained)");
+}
+
+Wire parse_wire(const std::string& name) {
+  if (name == "fp32") return Wire::Fp32;
+  if (name == "bf16") return Wire::Bf16;
+  throw std::invalid_argument("unknown wire precision '" + name + "' (expected fp32 or bf16)");
+}
+
+uint16_t to_bf16(float f) {
+  uint32_t u = 0;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+float from_bf16(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f = 0;
+  std::memcpy(&f, &u, 4);
+  return f;
 }
 
 AllreduceExchange::AllreduceExchange(const mpi::Comm& world, float* grads,
@@ -115,7 +137,26 @@ GossipExchange::GossipExchange(const mpi::Comm& world, float* buffer,
   BufferLayout layout;
   layout.count = buckets_.empty() ? 0 : buckets_.front().end;
   layout.buckets = buckets_;
-  transport_ = make_transport(o_.transport, comm_, layout, buffer_ == nullptr);
+  const bool bf16 = o_.wire == Wire::Bf16;
+  if (o_.error_feedback && !bf16) throw std::invalid_argument("error feedback needs the bf16 wire");
+  BufferLayout wire = layout;
+  if (bf16) {
+    // Bucket b travels as ceil(n / 2) floats' room, two bf16 values in each, laid out in the
+    // same order as the buckets (bucket 0 last).
+    wire_.resize(buckets_.size());
+    int64_t at = 0;
+    for (size_t b = buckets_.size(); b-- > 0;) {
+      wire_[b] = {at, at + (buckets_[b].size() + 1) / 2};
+      at = wire_[b].end;
+    }
+    wire.count = at;
+    wire.buckets = wire_;
+    packed_out_.assign(at, 0.f);
+    unpacked_.assign(layout.count, 0.f);
+    if (o_.error_feedback) residue_.assign(layout.count, 0.f);
+  }
+  // The bf16 wire never averages in place: the window holds packed buckets, not the buffer.
+  transport_ = make_transport(o_.transport, comm_, wire, buffer_ == nullptr && !bf16);
   transport_->set_timeout(o_.timeout_s);
   if (!buffer_) {
     buffer_ = transport_->shared_home();
@@ -170,6 +211,39 @@ const float* GossipExchange::source(int b) const {
   return (o_.staleness == 1 || o_.delayed ? send_stage_.data() : buffer_) + buckets_[b].begin;
 }
 
+const float* GossipExchange::outgoing(int b) {
+  const float* x = source(b);
+  if (o_.wire == Wire::Fp32) return x;
+  const kernels::Bucket& k = buckets_[b];
+  float* room = packed_out_.data() + wire_[b].begin;
+  auto* out = reinterpret_cast<uint16_t*>(room);
+  float* r = residue_.empty() ? nullptr : residue_.data() + k.begin;
+  const int64_t n = k.size();
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = r ? x[i] + r[i] : x[i];
+    out[i] = to_bf16(v);
+    if (r) r[i] = v - from_bf16(out[i]);
+  }
+  if (n % 2) out[n] = 0;  // the last float's unused half
+  return room;
+}
+
+const float* GossipExchange::incoming(int b, const float* in) {
+  if (o_.wire == Wire::Fp32) return in;
+  const kernels::Bucket& k = buckets_[b];
+  const auto* h = reinterpret_cast<const uint16_t*>(in);
+  float* x = unpacked_.data() + k.begin;
+  for (int64_t i = 0; i < k.size(); ++i) x[i] = from_bf16(h[i]);
+  return x;
+}
+
+int64_t GossipExchange::bytes_sent() const {
+  int64_t bytes = 0;
+  for (const TransportTraffic& t : transport_->traffic())
+    for (const PeerTraffic& p : t.peers) bytes += p.bytes_sent;
+  return bytes;
+}
+
 void GossipExchange::on_bucket_ready(int b) {
   std::unique_lock lock(mu_);
   if (o_.staleness == 1) {
@@ -190,14 +264,14 @@ void GossipExchange::start(Job& j) {
   const int64_t t = j.step - first_step_;
   if (in_place(j.peers)) return transport_->publish(j.peers.send_to, t, j.bucket);
   transport_->expect(j.peers.recv_from, t, j.bucket);
-  transport_->send(j.peers.send_to, t, j.bucket, source(j.bucket));
+  transport_->send(j.peers.send_to, t, j.bucket, outgoing(j.bucket));
 }
 
 void GossipExchange::complete(const Job& j) {
   const int64_t t = j.step - first_step_;
   if (in_place(j.peers)) return transport_->average_in_place(j.peers.send_to, t, j.bucket);
   const kernels::Bucket& k = buckets_[j.bucket];
-  const float* in = transport_->received(j.peers.recv_from, t, j.bucket);
+  const float* in = incoming(j.bucket, transport_->received(j.peers.recv_from, t, j.bucket));
   // The outgoing bucket may still be read by MPI (p2p rendezvous) until the send completes:
   // only then may it be overwritten by the mix.
   transport_->finish_send(j.peers.send_to, t, j.bucket);

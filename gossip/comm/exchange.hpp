@@ -40,6 +40,8 @@ class BucketExchange {
   virtual void repeat_steps(int64_t n) { (void)n; }
   // Each bucket's exchange becomes an event on its communication thread (nullptr: none).
   void set_timeline(Timeline* t) { timeline_ = t; }
+  // Bytes this rank has sent so far, every peer together (0 where MPI moves them: allreduce).
+  virtual int64_t bytes_sent() const { return 0; }
 
  protected:
   Timeline* timeline_ = nullptr;
@@ -78,6 +80,17 @@ enum class Threading { Funneled, Concurrent, Chained };
 // "funneled" | "concurrent" | "chained"; throws std::invalid_argument otherwise.
 Threading parse_threading(const std::string& name);
 
+// How bucket values travel: as they are (fp32), or rounded to bfloat16 (half the bytes; the
+// receiver mixes them in fp32). With error feedback, what rounding took off a value is added to
+// it before the next step's rounding, so no part of a value is lost for good.
+enum class Wire { Fp32, Bf16 };
+// "fp32" | "bf16"; throws std::invalid_argument otherwise.
+Wire parse_wire(const std::string& name);
+
+// fp32 -> bf16, rounding to nearest, ties to even (NaN stays NaN), and back (exact).
+uint16_t to_bf16(float f);
+float from_bf16(uint16_t h);
+
 struct GossipOptions {
   partners::Schedule schedule;     // p must equal the communicator's size
   std::string transport = "auto";  // auto | shm | rma | p2p (make_transport)
@@ -86,6 +99,8 @@ struct GossipOptions {
   int staleness = 0;     // 0: wait for the partner; 1: never wait, mix what has arrived
   bool delayed = false;  // start_delayed/finish_delayed: mix as a correction applied later
   double timeout_s = 0;  // a wait on a partner longer than this fails the step (0: never)
+  Wire wire = Wire::Fp32;
+  bool error_feedback = false;  // bf16 wire only
 };
 
 // Gossip: bucket b is averaged with the same bucket of this step's partner, x = (x + x_from) / 2,
@@ -138,6 +153,7 @@ class GossipExchange final : public BucketExchange {
   // What the transport moved to and from each rank since the exchange was made, one entry per
   // transport (auto: one for each of its halves), so that a test can tell which carried what.
   std::vector<TransportTraffic> transport_counters() const { return transport_->traffic(); }
+  int64_t bytes_sent() const override;
 
  private:
   struct Job {
@@ -153,6 +169,9 @@ class GossipExchange final : public BucketExchange {
   void complete(const Job& j);
   void mark_done(const Job& j);
   const float* source(int bucket) const;
+  const float* outgoing(int bucket);  // source(), or its bf16 image on the wire
+  // The partner's bucket b as fp32 values: `in` itself, or unpacked from bf16 into unpacked_.
+  const float* incoming(int bucket, const float* in);
 
   mpi::Comm comm_;
   float* buffer_;
@@ -160,15 +179,20 @@ class GossipExchange final : public BucketExchange {
   GossipOptions o_;
   int rank_;
   std::unique_ptr<Transport> transport_;
-  std::vector<float> own_;            // buffer() when asked for and not in shared memory
-  std::vector<float> send_stage_;     // staleness 1: the bucket as it was when ready
-  std::vector<float> latest_;         // staleness 1: the partner's latest completed bucket
-  std::vector<int64_t> latest_step_;  // step of latest_[b], -1 = none yet
-  std::vector<int64_t> completed_;    // step whose exchange of bucket b finished, -1 = none
-  std::vector<float> delta_;          // delayed: (partner - snapshot) / 2, per element
-  bool pending_ = false;              // delayed: an exchange was started and not yet applied
-  bool settled_ = false;              // delayed: ... and its delta_ is already computed
-  int64_t first_step_ = 0;            // transports see step - first_step_
+  std::vector<float> own_;  // buffer() when asked for and not in shared memory
+  // bf16 wire: bucket b travels as wire_[b].size floats' room holding 2 bf16 values each.
+  std::vector<kernels::Bucket> wire_;  // bucket b's place in the packed (transport) layout
+  std::vector<float> packed_out_;      // this rank's outgoing buckets, packed
+  std::vector<float> unpacked_;        // the partner's buckets, unpacked to fp32
+  std::vector<float> residue_;         // error feedback: what rounding took off last time
+  std::vector<float> send_stage_;      // staleness 1: the bucket as it was when ready
+  std::vector<float> latest_;          // staleness 1: the partner's latest completed bucket
+  std::vector<int64_t> latest_step_;   // step of latest_[b], -1 = none yet
+  std::vector<int64_t> completed_;     // step whose exchange of bucket b finished, -1 = none
+  std::vector<float> delta_;           // delayed: (partner - snapshot) / 2, per element
+  bool pending_ = false;               // delayed: an exchange was started and not yet applied
+  bool settled_ = false;               // delayed: ... and its delta_ is already computed
+  int64_t first_step_ = 0;             // transports see step - first_step_
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> queue_;

@@ -89,6 +89,12 @@ void check_combinations(const Config& c) {
   if (c.checkpoint.resume == "auto" && c.checkpoint.dir.empty())
     throw UsageError("checkpoint.resume = auto needs checkpoint.dir");
   check_emulated(c);
+  if (c.gossip.mode == "allreduce" && (c.gossip.wire != "fp32" || c.gossip.model_wire != "fp32"))
+    throw UsageError(
+        "gossip.wire and gossip.model_wire = bf16 need gossip.mode grad, model or both "
+        "(allreduce sums fp32)");
+  if (c.gossip.error_feedback && c.gossip.wire == "fp32" && c.gossip.model_wire == "fp32")
+    throw UsageError("gossip.error_feedback needs gossip.wire or gossip.model_wire = bf16");
 }
 
 void validate(const Config& c) {

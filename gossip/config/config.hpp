@@ -67,7 +67,10 @@ struct Config {
     int64_t global_every = 0;
     int64_t consensus_every = 50;
     int64_t bucket_kb = 512;
-    double timeout_s = 300;  // a wait on a partner longer than this is an error (0: never)
+    std::string wire = "fp32";        // gradients on the wire: fp32 | bf16
+    std::string model_wire = "fp32";  // weights on the wire (model, both): fp32 | bf16
+    bool error_feedback = false;      // bf16: carry the rounding residue into the next step
+    double timeout_s = 300;           // a wait on a partner longer than this is an error (0: never)
   } gossip;
   // Neuron apoptosis: remove output units whose outgoing weights fade (gossip/train/apoptosis.hpp).
   struct {

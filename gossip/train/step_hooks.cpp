@@ -107,6 +107,8 @@ class Progress : public StepHook {
                         {"images_per_s", g_.global_batch / r.seconds},
                         {"step_s", r.seconds},
                         {"comm_s", r.stats.comm_seconds},
+                        {"sent_bytes", r.stats.sent_bytes >= 0 ? nlohmann::json(r.stats.sent_bytes)
+                                                               : nlohmann::json()},
                         {"data_wait_s", r.data_wait},
                         {"shuffle_s", r.shuffle_wait},
                         {"skipped", g_.data.skipped()}});

@@ -91,6 +91,7 @@ Trainer::Trainer(const Config& c, const mpi::Comm& world, kernels::Dims input, i
 
 void Trainer::make_exchanges() {
   const Config& c = c_;
+  sent_bytes_ = 0;  // new exchanges count from 0
   kernels::ParamStore& store = net_.store();
   if (c.gossip.mode == "allreduce") {
     exchange_ = std::make_unique<AllreduceExchange>(world_, store.grads.data(), net_.buckets());
@@ -113,13 +114,18 @@ void Trainer::make_exchanges() {
     if (c.gossip.mode == "grad" || c.gossip.mode == "both") {
       // The exchange provides the gradient buffer: in shared memory, partners on this node that
       // pair up in a step average it in place, with no copy.
-      auto grads = std::make_unique<GossipExchange>(world_, nullptr, net_.buckets(), o);
+      GossipOptions g = o;
+      g.wire = parse_wire(c.gossip.wire);
+      g.error_feedback = g.wire == Wire::Bf16 && c.gossip.error_feedback;
+      auto grads = std::make_unique<GossipExchange>(world_, nullptr, net_.buckets(), g);
       net_.share_grads(grads->buffer());
       exchange_ = std::move(grads);
     }
     if (c.gossip.mode == "model" || c.gossip.mode == "both") {
       GossipOptions m = o;
       m.delayed = c.gossip.overlap_model;
+      m.wire = parse_wire(c.gossip.model_wire);
+      m.error_feedback = m.wire == Wire::Bf16 && c.gossip.error_feedback;
       model_exchange_ =
           std::make_unique<GossipExchange>(world_, store.params.data(), net_.buckets(), m);
     }
@@ -213,6 +219,12 @@ StepStats Trainer::step(const float* x, const int32_t* y) {
   }
   const int64_t n = c_.gossip.consensus_every;
   if (n > 0 && (step_ + 1) % n == 0) s.consensus = consensus_distance();
+  if (c_.gossip.mode != "allreduce") {
+    int64_t sent = 0;
+    for (BucketExchange* e : exchanges()) sent += e->bytes_sent();
+    s.sent_bytes = sent - sent_bytes_;
+    sent_bytes_ = sent;
+  }
   ++step_;
   return s;
 }

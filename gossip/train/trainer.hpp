@@ -30,6 +30,7 @@ struct StepStats {
   double lr = 0;
   double comm_seconds = 0;  // exposed: time the step waited for the exchange
   double consensus = -1;    // measured this step (every gossip.consensus_every steps), else -1
+  int64_t sent_bytes = -1;  // gossip: bytes this rank sent this step (allreduce: -1, unknown)
 };
 
 struct EvalStats {
@@ -121,7 +122,8 @@ class Trainer {
   kernels::LrSchedule schedule_;
   std::vector<float> dlogits_;
   int64_t step_ = 0;
-  double lr_scale_ = 1;  // the NaN guard lowers it
+  int64_t sent_bytes_ = 0;  // by the exchanges, until the last step
+  double lr_scale_ = 1;     // the NaN guard lowers it
 };
 
 // Compute threads for this rank: the configured count, or this node's cores shared evenly by
