@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# A real failure, from outside: one rank of a supervised 4-rank Fashion-MNIST run is SIGKILLed
+# mid-epoch with kill -9. The survivors hear of it (hydra's SIGUSR1 under -disable-auto-cleanup),
+# write their emergency states and exit 75; the supervisor relaunches them as 3 ranks from those
+# states (forward recovery). The run completes with at most one step redone, a top-1 near the
+# failure-free run's, and the metrics record the failure. Then a corrupted emergency state: the
+# supervisor says so in one line and restarts from the newest full checkpoint.
+set -euo pipefail
+BIN="$1"; ROOT="$2"; MPIEXEC="$3"
+TMP=$(mktemp -d); trap 'kill -9 $(pgrep -f "$TMP/") 2>/dev/null || true; rm -rf "$TMP"' EXIT
+cd "$TMP"
+export OMP_NUM_THREADS=1
+fail() { echo "FAIL: $*"; exit 1; }
+RUN=(train --config "$ROOT/configs/laptop.ini" --data.dir /usr/share/datasets/fashion-mnist
+     --model.width 4 --train.threads 1 --train.warmup_epochs 0 --train.epochs 1
+     --train.eval_batch 1000 --log.progress false --gossip.consensus_every 0
+     --gossip.timeout_s 60)
+py() { /usr/bin/python3 -c "$@"; }
+summary() { grep '"event":"summary"' "$1" | tail -1 | sed 's/.*"top1":\([0-9.]*\).*/\1/'; }
+last_step() { grep -o '"event":"step","step":[0-9]*' "$1" 2>/dev/null | tail -1 | sed 's/.*://'; }
+
+# The pid of rank $2 of the job whose command line names $1 (hydra gives each rank PMI_RANK).
+rank_pid() {
+  local p
+  for p in $(pgrep -f "gossipgrad train .*$1" || true); do
+    if tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "PMI_RANK=$2"; then
+      echo "$p"; return 0
+    fi
+  done
+  return 1
+}
+# Whether a rank of the job whose command line names $1 still runs.
+ranks_alive() {
+  local p
+  for p in $(pgrep -f "gossipgrad train .*$1" || true); do
+    tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -q "^PMI_RANK=" && return 0
+  done
+  return 1
+}
+# Waits (at most 60 s) until the metrics file $1 shows step $2 done.
+wait_step() {
+  for _ in $(seq 600); do
+    s=$(last_step "$1"); [ -n "$s" ] && [ "$s" -ge "$2" ] && return 0; sleep 0.1
+  done
+  fail "step $2 not reached in 60 s: $(tail -3 "$1" 2>/dev/null)"
+}
+
+# 1. The failure-free run.
+timeout 120 "$MPIEXEC" -n 4 "$BIN" "${RUN[@]}" --log.metrics base.jsonl > base.log 2>&1 ||
+  fail "failure-free run: $(tail -5 base.log)"
+base=$(summary base.jsonl)
+
+# 2. Rank 2 SIGKILLed at step 80 of 234.
+timeout 150 "$BIN" supervise --max-restarts 2 -- "$MPIEXEC" -n 4 "$BIN" "${RUN[@]}" \
+  --checkpoint.dir "$TMP/ck" --checkpoint.every 50 --log.metrics m.jsonl \
+  > out.log 2> err.log &
+sup=$!
+wait_step m.jsonl 80
+victim=$(rank_pid "$TMP/ck" 2) || fail "rank 2 not found"
+killed_at=$(date +%s.%N)
+kill -9 "$victim"
+wait $sup || fail "supervise exited $?: $(tail -8 err.log)"
+grep -q -- "-disable-auto-cleanup" err.log || fail "no failure notice asked of hydra"
+grep -q "rank(s) 2 lost; 3 survivors continue" err.log || fail "no forward relaunch: $(cat err.log)"
+grep -q "the job completed after 1 restart(s)" err.log || fail "did not complete"
+[ "$(grep -c 'exiting with 75' err.log)" = 3 ] || fail "not every survivor saved its state"
+fault=$(grep '"event":"fault"' m.jsonl) || fail "no fault event in the metrics"
+read -r redone since rank strategy < <(py "
+import json; e = json.loads('''$fault''')
+print(e['steps_redone'], e['t_unix'] - $killed_at, e['rank'], e['strategy'])")
+top1=$(summary m.jsonl)
+echo "real failure: rank $rank killed, strategy $strategy, $redone step(s) redone," \
+  "training again $(printf %.1f "$since") s after the kill; top-1 $top1 vs $base failure-free"
+[ "$rank" = 2 ] && [ "$strategy" = forward ] || fail "fault event: $fault"
+[ "$redone" -le 1 ] || fail "$redone steps redone"
+py "import sys; sys.exit(0 if $since < 30 else 1)" || fail "$since s from the kill to training"
+py "import sys; sys.exit(0 if abs($top1 - $base) <= 0.015 else 1)" ||
+  fail "top-1 $top1 is not within 1.5% of the failure-free $base"
+grep -q '"ranks": 3' ck/ckpt-*/MANIFEST.json || fail "no 3-rank checkpoint"
+[ ! -e ck/emergency ] || fail "emergency states left behind after the run completed"
+
+# 3. A corrupt emergency state. The supervisor is stopped while the job fails, so that the state
+# can be damaged before it looks (the job runs in a process group of its own and goes on).
+timeout 150 "$BIN" supervise --max-restarts 2 -- "$MPIEXEC" -n 4 "$BIN" "${RUN[@]}" \
+  --checkpoint.dir "$TMP/ck2" --checkpoint.every 50 --log.metrics m2.jsonl \
+  > out2.log 2> err2.log &
+sup=$!
+wait_step m2.jsonl 110
+victim=$(rank_pid "$TMP/ck2" 1) || fail "rank 1 not found"
+kill -STOP $sup
+kill -9 "$victim"
+for _ in $(seq 300); do
+  [ "$(ls ck2/emergency/attempt-0/rank-*.bin 2>/dev/null | wc -l)" = 3 ] &&
+    ! ranks_alive "$TMP/ck2" && break
+  sleep 0.1
+done
+[ "$(ls ck2/emergency/attempt-0/rank-*.bin | wc -l)" = 3 ] || fail "survivors wrote no states"
+py "
+f = open('ck2/emergency/attempt-0/rank-00003.bin', 'r+b'); f.seek(100); b = f.read(1)
+f.seek(100); f.write(bytes([b[0] ^ 0x40]))"
+kill -CONT $sup
+wait $sup || fail "corrupt state: supervise exited $?: $(tail -8 err2.log)"
+[ "$(grep -c 'rank-00003.bin: checksum mismatch (corrupt or truncated): restarting from the newest full checkpoint instead' err2.log)" = 1 ] ||
+  fail "no one-line fallback: $(cat err2.log)"
+grep -q "resumed from $TMP/ck2/ckpt-000000000100 at step 100" out2.log ||
+  fail "not resumed from the newest full checkpoint: $(grep resumed out2.log)"
+grep -q "the job completed after 1 restart(s)" err2.log || fail "corrupt state: did not complete"
+echo "real failure: ok"
