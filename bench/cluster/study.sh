@@ -68,15 +68,18 @@ points() {
         for m in grad allreduce; do echo "$quick_p 500 quiet $m"; done
         ;;
     session)
-        # p = 16 first (the question the study asks), then the smaller jobs and the checks.
+        # p = 16 first (the question the study asks), then the checks and the smaller jobs.
         for m in grad both model allreduce ddp grad+bf16 both+bf16; do echo "16 1000 quiet $m"; done
         for m in grad allreduce ddp grad+bf16; do echo "16 1000 straggler $m"; done
         for m in grad allreduce ddp grad+bf16; do echo "16 1000 jitter $m"; done
+        echo "16 1000 quiet grad@rma"
+        # The link sets the pace, not this CPU: at the same dilation, half the link rate must
+        # about double the communication time (a fifth field forces the dilation K).
+        echo "16 500 quiet grad 10"
         for m in grad both allreduce ddp grad@rma; do echo "4 1000 quiet $m"; done
         for m in grad allreduce; do echo "4 500 quiet $m"; done
+        echo "16 1000 quiet ddp+fp16"
         for m in grad both allreduce ddp; do echo "8 1000 quiet $m"; done
-        for m in grad@rma ddp+fp16; do echo "16 1000 quiet $m"; done
-        echo "16 500 quiet grad"
         ;;
     ten)
         # The 10 Gbit/s link at p = 4 (dilation 25: p = 16 would take hours here).
@@ -111,10 +114,10 @@ dilation() { echo $((($1 * $2 + BUDGET - 1) / BUDGET)); }
 
 times_k() { awk -v a="$1" -v k="$2" 'BEGIN { printf "%g", a * k }'; }
 
-run_point() { # p rate condition method
+run_point() { # p rate condition method [K]
     local p=$1 rate=$2 cond=$3 method=$4
-    local k
-    k=$(dilation "$p" "$rate")
+    local k=${5:-}
+    [[ -n $k ]] || k=$(dilation "$p" "$rate")
     local link=$((rate / k))
     local fwd bwd upd
     fwd=$(times_k "$FWD" "$k") bwd=$(times_k "$BWD" "$k") upd=$(times_k "$UPD" "$k")
@@ -168,13 +171,13 @@ mapfile -t PLANNED < <(points)
 echo "study.sh: ${#PLANNED[@]} points, plan $PLAN, profile $PROFILE, budget $BUDGET Mbit/s, out $OUT"
 nodes=0
 for point in "${PLANNED[@]}"; do
-    read -r p rate cond method <<<"$point"
+    read -r p rate cond method forced_k <<<"$point"
     done_already "$p" "$rate" "$cond" "$method" && continue
     if ((p != nodes)); then
         cleanup
         "$CLUSTER" --prefix "$PREFIX" up --nodes "$p" --rate none --delay 0 --jitter 0 >/dev/null
         nodes=$p
     fi
-    run_point "$p" "$rate" "$cond" "$method"
+    run_point "$p" "$rate" "$cond" "$method" "$forced_k"
 done
 echo "study.sh: done; summarize with: /usr/bin/python3 $HERE/summarize.py $OUT"

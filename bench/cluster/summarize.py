@@ -143,6 +143,16 @@ def main():
             f"| {o['images_per_s']:.0f} | {num(o['vs_allreduce'], '{:.2f}x')} "
             f"| {num(o['vs_ddp'], '{:.2f}x')} | {num(o['efficiency_loss'], '{:+.3f}')} "
             f"| {o['predicted_step_s']:.3f} | {o['error']:+.0%} |")
+    # The link, not this CPU, sets the pace: half the rate, about twice the exposed communication.
+    for o in out:
+        full = by.get((o["p"], 2 * o["rate_mbit"], o["condition"], o["method"]))
+        if full and full["exposed_s"] > 0:
+            lines.append("")
+            lines.append(
+                f"Link check, p = {o['p']} {o['method']}: exposed communication "
+                f"{full['exposed_s']:.3f} s at {full['rate_mbit'] / 1000:g} Gbit/s (K = "
+                f"{full['dilation']}), {o['exposed_s']:.3f} s at {o['rate_mbit'] / 1000:g} Gbit/s "
+                f"(K = {o['dilation']}): {o['exposed_s'] / full['exposed_s']:.2f}x")
     with open(os.path.join(a.dir, "summary.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))
