@@ -3,7 +3,7 @@
 # and PyTorch DDP over gloo, on the cluster in a box (cluster.sh: one network namespace per node,
 # links shaped with tc), with compute emulated from a measured GPU profile ([emulate]).
 #
-# usage: bench/cluster/study.sh [--plan quick|session|ten|full] [--out DIR] [--profile p100|h100]
+# usage: bench/cluster/study.sh [--plan quick|session|check|ten|full] [--out DIR] [--profile p100|h100]
 #
 # Every point runs p ranks on p nodes (one rank per node) at a link rate R with ResNet-50's real
 # gradient (102 MB, gossipgrad's buckets of gossip.bucket_kb) and the profile's forward/backward/
@@ -81,6 +81,11 @@ points() {
         echo "16 1000 quiet ddp+fp16"
         for m in grad both allreduce ddp; do echo "8 1000 quiet $m"; done
         ;;
+    check)
+        # Only the link check and DDP's fp16 compression at p = 16 (also part of session).
+        echo "16 500 quiet grad 10"
+        echo "16 1000 quiet ddp+fp16"
+        ;;
     ten)
         # The 10 Gbit/s link at p = 4 (dilation 25: p = 16 would take hours here).
         for m in grad both allreduce ddp; do echo "4 10000 quiet $m"; done
@@ -95,7 +100,7 @@ points() {
             for m in grad allreduce ddp; do echo "$p 500 quiet $m"; done
         done
         ;;
-    *) echo "study.sh: --plan $PLAN: use quick, session, ten or full" >&2 && exit 2 ;;
+    *) echo "study.sh: --plan $PLAN: use quick, session, check, ten or full" >&2 && exit 2 ;;
     esac
 }
 
