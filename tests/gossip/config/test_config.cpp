@@ -230,7 +230,7 @@ TEST_CASE("train help says what transport auto and rma are") {
   std::string help;  // the registry's text, before --help wraps it
   for (const gg::gossip::Option& o : gg::gossip::options())
     if (o.key == "gossip.transport") help = o.help;
-  CHECK(help.find("auto (shm between ranks on the same node, rma between nodes)") !=
+  CHECK(help.find("auto (shm between ranks on the same node, p2p between nodes)") !=
         std::string::npos);
   CHECK(help.find("passive-target") != std::string::npos);
   const std::string all = gg::gossip::train_help();
