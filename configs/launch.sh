@@ -75,7 +75,9 @@ else
     launch=(mpirun -hosts "$hosts" -n "$np" -ppn "$ppn")
 fi
 command -v "${launch[0]}" >/dev/null || die "launcher '${launch[0]}' not found (set GG_LAUNCH to the launcher of this machine)"
-if [[ ${launch[0]} == mpirun ]] && ! mpirun --version 2>/dev/null | grep -qi hydra; then
+# (the version text captured, not piped into grep -q: under pipefail grep's early exit can fail
+# the pipe with SIGPIPE)
+if [[ ${launch[0]} == mpirun && $(mpirun --version 2>/dev/null || true) != *[Hh][Yy][Dd][Rr][Aa]* ]]; then
     die "this mpirun is not MPICH's hydra (no -hosts, -ppn): set GG_LAUNCH, e.g. 'mpirun --host {hosts} -N {ppn}'"
 fi
 

@@ -381,6 +381,30 @@ class Utf8Names {
   locale_t old_ = LC_GLOBAL_LOCALE;
 };
 
+// Whether `s` is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
+// Member names are UTF-8 text: numpy writes them so, and libarchive cannot write back any other.
+bool is_utf8(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const size_t n = c < 0x80           ? 1
+                     : (c >> 5) == 0x6  ? 2
+                     : (c >> 4) == 0xe  ? 3
+                     : (c >> 3) == 0x1e ? 4
+                                        : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    uint32_t cp = n == 1 ? c : c & (0x7f >> n);
+    for (size_t k = 1; k < n; ++k) {
+      const auto t = static_cast<unsigned char>(s[i + k]);
+      if ((t >> 6) != 0x2) return false;
+      cp = (cp << 6) | (t & 0x3f);
+    }
+    static constexpr uint32_t kLeast[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kLeast[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += n;
+  }
+  return true;
+}
+
 // A zip reader on `path`: the seeking one takes every member's place and size from the central
 // directory; the streaming one walks the local headers. Null when libarchive does not recognise
 // the file as a zip archive (the caller has checked that the file can be read).
@@ -528,6 +552,10 @@ NpzEntries read_npz(const std::string& path) {
     if (rc != ARCHIVE_OK)
       throw NpyError((raw ? where : path) +
                      ": corrupt zip archive (libarchive: " + libarchive_error(a.get()) + ")");
+    if (!is_utf8(name))
+      throw NpyError(path +
+                     ": a member name is not UTF-8 text (corrupt archive, or not written "
+                     "by numpy)");
     if (name.size() <= 4 || !name.ends_with(".npy"))
       throw NpyError(where + " is not a .npy array (an .npz holds only NAME.npy members)");
     const std::string key = name.substr(0, name.size() - 4);
@@ -563,6 +591,7 @@ void write_npz(const std::string& path, const NpzEntries& arrays, bool force_zip
       throw std::invalid_argument(path + ": array names must have 1 to 60000 characters");
     if (name.find('\0') != std::string::npos)
       throw std::invalid_argument(path + ": array names cannot hold a NUL character");
+    if (!is_utf8(name)) throw std::invalid_argument(path + ": array names must be UTF-8 text");
     if (!names.insert(name).second)
       throw std::invalid_argument(path + ": the name '" + name + "' appears twice");
     check_array(a, path + ": '" + name + "'");

@@ -463,7 +463,8 @@ cmd_down() {
 find_mpiexec() {
     local c
     for c in ${GG_CLUSTER_MPIEXEC:-} mpiexec.hydra mpiexec.mpich mpiexec; do
-        if command -v "$c" >/dev/null && "$c" --version 2>/dev/null | grep -q -i hydra; then
+        # Not `--version | grep -q`: under pipefail grep's early exit fails the pipe (SIGPIPE).
+        if command -v "$c" >/dev/null && [[ $("$c" --version 2>/dev/null || true) == *[Hh][Yy][Dd][Rr][Aa]* ]]; then
             command -v "$c"
             return
         fi

@@ -77,6 +77,9 @@ def parse_args(argv):
     p.add_argument("--seed", type=int, default=1, help="jitter seed (default 1)")
     p.add_argument("--bucket-cap-mb", type=float, default=None,
                    help="DDP bucket_cap_mb (default: DDP's own, 25)")
+    p.add_argument("--compress", choices=("none", "fp16", "bf16"), default="none",
+                   help="DDP's communication hook: all-reduce the buckets in fp16 or bf16 "
+                        "(torch's fp16_compress_hook / bf16_compress_hook; default none)")
     p.add_argument("--no-broadcast-buffers", action="store_true",
                    help="DDP broadcast_buffers=False (default: DDP's True, the model's BN buffers)")
     p.add_argument("--master-addr", default=os.environ.get("MASTER_ADDR", "127.0.0.1"),
@@ -308,6 +311,13 @@ def run(args, rank, world):
     if args.bucket_cap_mb is not None:
         ddp_kwargs["bucket_cap_mb"] = args.bucket_cap_mb
     ddp = torch.nn.parallel.DistributedDataParallel(module, **ddp_kwargs)
+    if args.compress != "none":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        hook = {"fp16": default_hooks.fp16_compress_hook,
+                "bf16": getattr(default_hooks, "bf16_compress_hook", None)}[args.compress]
+        if hook is None:
+            raise UsageError(f"--compress bf16: torch {torch.__version__} has no bf16_compress_hook")
+        ddp.register_comm_hook(None, hook)
     bucket_cap_mb = args.bucket_cap_mb if args.bucket_cap_mb is not None else 25.0
 
     if rank == 0:
@@ -369,6 +379,7 @@ def run(args, rank, world):
         "ddp_gradient_as_bucket_view": True,
         "ddp_broadcast_buffers": not args.no_broadcast_buffers,
         "backend": "gloo",
+        "compress": args.compress,
         "world_size": world,
         "batch": args.batch,
         "forward_ms": args.forward_ms,

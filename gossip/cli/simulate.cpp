@@ -116,7 +116,8 @@ constexpr const char* kSimulateHelp =
     "allreduce at each rank count, from the config's [network] (alpha-beta-gamma "
     "links), its model's gradient buckets, the exact partner schedule and the "
     "trainer's overlap rules. Compute per step comes from [simulate] forward_ms, "
-    "backward_ms, update_ms, or is measured here when they are 0.\n"
+    "backward_ms, update_ms, or is measured here when they are 0. With gossip.wire = bf16 "
+    "(model: gossip.model_wire) every bucket travels in half the bytes.\n"
     "Efficiency = compute time / step time (weak scaling, per rank).\n";
 
 // The request, or nothing after printing --help. --ranks and --json are simulate's own; the rest
@@ -155,9 +156,12 @@ partners::Workload make_workload(const Config& c, const kernels::ModelSpec& spec
                                  const kernels::Graph& g) {
   partners::Workload w;
   w.batch_per_rank = c.train.batch;
+  // What travels: bf16 buckets take half the bytes (the wire of the mode's exchange; model: the
+  // weights', grad and both: the gradients').
+  const bool bf16 = (c.gossip.mode == "model" ? c.gossip.model_wire : c.gossip.wire) == "bf16";
   for (const kernels::Bucket& b :
        kernels::make_buckets(g, std::max<int64_t>(1, c.gossip.bucket_kb * 256)))
-    w.bucket_bytes.push_back(b.size() * static_cast<int64_t>(sizeof(float)));
+    w.bucket_bytes.push_back(bf16 ? (b.size() + 1) / 2 * 4 : b.size() * 4);
   if (compute_from_config(c)) {
     w.forward_s = c.simulate.forward_ms * 1e-3;
     w.backward_s = c.simulate.backward_ms * 1e-3;

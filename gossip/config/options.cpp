@@ -172,10 +172,10 @@ void gossip_options(std::vector<Option>& o) {
      "bucket size in KiB (gradients and weights are exchanged bucket by bucket); a gradient "
      "bucket is exchanged as soon as backward completes it"},
     {GG_OPTION(gossip.wire), Choices{{"fp32", "bf16"}},
-     "grad/both: gradient buckets travel as fp32, or rounded to bfloat16 (half the bytes; mixed "
-     "in fp32), on every transport"},
+     "grad/both: gradient buckets travel as fp32, or as bf16 (rounded to bfloat16: half the "
+     "bytes; mixed in fp32), on every transport"},
     {GG_OPTION(gossip.model_wire), Choices{{"fp32", "bf16"}},
-     "model/both: the same for the weight buckets"},
+     "model/both: the weight buckets travel as fp32, or as bf16 (half the bytes)"},
     {GG_OPTION(gossip.error_feedback), {},
      "with a bf16 wire: what rounding took off a value is added to it before the next step's "
      "rounding (error feedback), so nothing is lost for good"},

@@ -21,9 +21,10 @@ struct StepRecord {
   bool epoch_end = false;  // the last step of an epoch (or of the run)
   const shuffle::Batch* batch = nullptr;
   StepStats stats;
-  int runs = 1;             // 2 when a rollback ran the step again
-  double seconds = 0;       // data, step and sample exchange
-  double data_wait = 0;     // of which waiting for the loader
+  int runs = 1;          // 2 when a rollback ran the step again
+  double seconds = 0;    // since the previous step ended: its hooks (not evaluation, checkpoints),
+                         // this data, step and sample exchange
+  double data_wait = 0;  // of which waiting for the loader
   double shuffle_wait = 0;  // and completing the sample exchange
   bool restored = false;    // the NaN guard went back to an earlier state: the step did not count
 };

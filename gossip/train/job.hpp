@@ -85,6 +85,9 @@ struct JobState {
   RunSummary summary;
   Clock::time_point t_start;
   double train_seconds = 0, comm_seconds = 0, images = 0, last_print = 0;
+  // Seconds spent in evaluation and checkpoints between steps: not training time (run_step
+  // leaves them out of the step that follows).
+  double untimed_seconds = 0;
   bool started = false;
   bool wrote_checkpoint = false;  // a full checkpoint of this job exists (restart reloads it)
   // Forward: this rank's own state before `carry_step`, in a run of `carry_per_epoch`.

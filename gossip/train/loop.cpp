@@ -190,9 +190,17 @@ void announce_start(Group& g, JobState& job) {
 
 // One step: its batch, the hooks before it, forward/backward with the buckets exchanged as they
 // complete, the wait for the partner, the update, and the step's share of the sample exchange.
-// False when the data has no batch for step s.
-bool run_step(Group& g, StepHooks& hooks, int64_t s, shuffle::Batch& batch, StepRecord& r) {
-  const auto t0 = Clock::now();
+// False when the data has no batch for step s. r.seconds is the time since `since` (the end of
+// the previous step: its hooks, whose collectives may wait for slower ranks, count in this
+// step's time, so that the times add up to the time the loop trained), less the evaluation and
+// checkpoints in between (job.untimed_seconds); the clock moves to now.
+struct StepClock {
+  Clock::time_point since = Clock::now();  // the end of the previous step
+  double untimed = 0;                      // job.untimed_seconds then
+};
+
+bool run_step(Group& g, StepHooks& hooks, int64_t s, shuffle::Batch& batch, StepRecord& r,
+              StepClock& clock, const JobState& job) {
   const double waited_before = g.data.wait_seconds();
   {
     Timeline::Span span(g.trainer.timeline(), "data", "data");
@@ -213,7 +221,10 @@ bool run_step(Group& g, StepHooks& hooks, int64_t s, shuffle::Batch& batch, Step
   r.batch = &batch;
   r.last = s + 1 == g.total;
   r.epoch_end = (s + 1) % g.per_epoch == 0 || r.last;
-  r.seconds = seconds_since(t0);
+  const auto now = Clock::now();
+  r.seconds = std::chrono::duration<double>(now - clock.since).count() -
+              (job.untimed_seconds - clock.untimed);
+  clock = {now, job.untimed_seconds};
   return true;
 }
 
@@ -314,11 +325,12 @@ Ending train_group(const Config& c, const mpi::Comm& comm, JobState& job, GroupO
   job.summary.steps = g.first;
   shuffle::Batch batch;
   StepRecord r;
+  StepClock clock{Clock::now(), job.untimed_seconds};
   for (int64_t s = g.first; s < g.total; ++s) {
     const mpi::Activity doing("step " + std::to_string(s));  // named if a wait times out
     if (auto end = fail_at_boundary(g, job, s)) return *end;
     if (s == g.first + c.log.timeline_steps) g.trainer.set_timeline(nullptr);  // enough recorded
-    if (!run_step(g, hooks, s, batch, r)) break;
+    if (!run_step(g, hooks, s, batch, r, clock, job)) break;
     hooks.after_step(r);
     job.summary.steps = s + 1;
     if (hooks.stop()) break;

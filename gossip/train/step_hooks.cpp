@@ -18,6 +18,20 @@
 namespace gg::gossip {
 namespace {
 
+// Time that is not training (evaluation, checkpoints): added to job.untimed_seconds, which the
+// step that follows leaves out of its time.
+class Untimed {
+ public:
+  explicit Untimed(JobState& job) : job_(job), t0_(Clock::now()) {}
+  ~Untimed() { job_.untimed_seconds += seconds_since(t0_); }
+  Untimed(const Untimed&) = delete;
+  Untimed& operator=(const Untimed&) = delete;
+
+ private:
+  JobState& job_;
+  Clock::time_point t0_;
+};
+
 // log.samples: every step's sample ids, once per time the step ran ("step epoch id ...").
 class SampleLog : public StepHook {
  public:
@@ -154,6 +168,7 @@ class Evaluation : public StepHook {
   void after_step(StepRecord& r) override {
     if (!r.epoch_end || g_.data.eval_source() == nullptr) return;
     const mpi::Activity doing("evaluation after step " + std::to_string(r.step + 1));
+    const Untimed untimed(job_);
     EvalStats e;
     {
       Timeline::Span span(g_.trainer.timeline(), "evaluate", "eval");
@@ -210,16 +225,18 @@ class Evaluation : public StepHook {
 // Full checkpoints (checkpoint.every, every_minutes, at the end) and train.stop_at.
 class FullCheckpoints : public StepHook {
  public:
-  FullCheckpoints(Recovery& recovery, MetricsWriter& metrics)
-      : recovery_(recovery), metrics_(metrics) {}
+  FullCheckpoints(Recovery& recovery, JobState& job)
+      : recovery_(recovery), job_(job), metrics_(job.metrics) {}
   void after_step(StepRecord& r) override {
     const mpi::Activity doing("checkpoints after step " + std::to_string(r.step + 1));
+    const Untimed untimed(job_);
     stop_ = recovery_.after_step_done(r.step, r.epoch, r.last, metrics_);
   }
   bool stop() const override { return stop_; }
 
  private:
   Recovery& recovery_;
+  JobState& job_;
   MetricsWriter& metrics_;
   bool stop_ = false;
 };
@@ -276,7 +293,7 @@ StepHooks make_step_hooks(Group& g, JobState& job) {
   hooks.add(std::make_unique<Apoptosis>(g, job));
   hooks.add(std::make_unique<Progress>(g, job));
   hooks.add(std::make_unique<Evaluation>(g, job));
-  hooks.add(std::make_unique<FullCheckpoints>(g.recovery, job.metrics));
+  hooks.add(std::make_unique<FullCheckpoints>(g.recovery, job));
   hooks.add(std::make_unique<StopOnSignal>(g, job));
   // Last: the state a real failure saves is that of a step whose agreements all completed.
   if (job.emergency) hooks.add(make_emergency_hook(g, *job.emergency));

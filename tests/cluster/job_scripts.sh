@@ -66,7 +66,7 @@ for s in "${SCRIPTS[@]}"; do
     [[ -n $(body "$s") ]] || fail "$f has no '# ---- the same in every configs/*.sbatch' line"
     [[ $(body "$s") == "$(body p100-ib)" ]] || fail "$f: its lines below the 'same in every' line differ from p100-ib.sbatch's"
     [[ $(tail -n 1 "$f") == "$handover" ]] || fail "$f does not end handing over to configs/launch.sh: $handover"
-    ! grep -v '^ *#' "$f" | grep -qE '(^|[^_])(exec|srun|mpirun|launch=|GG_LAUNCH|GG_BIN)' ||
+    [[ $(grep -v '^ *#' "$f" | grep -cE '(^|[^_])(exec|srun|mpirun|launch=|GG_LAUNCH|GG_BIN)' || true) == 0 ]] ||
         fail "$f has launch logic of its own; it belongs in configs/launch.sh"
     grep -qx "CONFIG=configs/$s.ini" "$f" || fail "$f does not run configs/$s.ini"
     k=$(intended "$s")

@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# When does gossip win? Step time and efficiency of gossipgrad (grad, model, both), MPI_Allreduce
+# and PyTorch DDP over gloo, on the cluster in a box (cluster.sh: one network namespace per node,
+# links shaped with tc), with compute emulated from a measured GPU profile ([emulate]).
+#
+# usage: bench/cluster/study.sh [--plan quick|session|check|ten|full] [--out DIR] [--profile p100|h100]
+#
+# Every point runs p ranks on p nodes (one rank per node) at a link rate R with ResNet-50's real
+# gradient (102 MB, gossipgrad's buckets of gossip.bucket_kb) and the profile's forward/backward/
+# update times (configs/p100-ib.ini [simulate]). This VM cannot move p x R of TCP traffic for
+# R = 1 Gbit/s and p = 16, so every point runs in dilated time: links at R / K and compute x K,
+# with K chosen so that the cluster's total traffic, p x R / K, stays under GG_STUDY_BUDGET_MBIT
+# (default 1600). Every time reported is divided by K again: the figures are those of the real
+# R. That the link, not the CPU, is the bottleneck is checked by the rate-halving points (the
+# communication time must about double).
+#
+# Methods: grad, model, both (gossipgrad's modes over p2p across nodes, what auto picks;
+# MODE@rma over rma; MODE+bf16 with gossip.wire and model_wire = bf16), allreduce (gossipgrad's
+# MPI_Allreduce mode), ddp (ddp_emulate.py; ddp+fp16 with DDP's fp16_compress_hook).
+# Conditions: quiet; jitter (every rank's compute x a lognormal factor per step, median 1, p99
+# GG_STUDY_JITTER, default 2.5); straggler (rank 1 always 1.5x slower).
+# Output: DIR/points.csv (one line per point), DIR/*.jsonl|json (the runs), and
+# bench/cluster/summarize.py makes the table, the plot and the simulator's predictions.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+BIN=${GG_BIN:-$ROOT/build/gossip/gossipgrad}
+CLUSTER=$HERE/cluster.sh
+PREFIX=${GG_STUDY_PREFIX:-ggs$$}
+BUDGET=${GG_STUDY_BUDGET_MBIT:-1600}
+JITTER=${GG_STUDY_JITTER:-2.5}
+PLAN=session
+OUT=$ROOT/bench/results/cluster-study
+PROFILE=p100
+
+die() { echo "study.sh: $*" >&2 && exit 1; }
+while (($#)); do
+    case $1 in
+    --plan) PLAN=${2:?--plan needs quick, session or full} && shift 2 ;;
+    --out) OUT=${2:?--out needs a folder} && shift 2 ;;
+    --profile) PROFILE=${2:?--profile needs p100 or h100} && shift 2 ;;
+    -h | --help) sed -n '2,20s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" && exit 0 ;;
+    *) echo "study.sh: unknown argument '$1' (see --help)" >&2 && exit 2 ;;
+    esac
+done
+[[ -x $BIN ]] || die "no gossipgrad at $BIN: build it first (cmake --build build)"
+[[ -x /usr/bin/python3 ]] || die "needs /usr/bin/python3 with torch (Debian's python3-torch)"
+
+# The profile: ms per step of one GPU, batch per rank (configs/*.ini, [simulate]).
+case $PROFILE in
+p100) FWD=95 BWD=190 UPD=5 BATCH=64 ;;
+h100) FWD=35 BWD=68 UPD=1 BATCH=256 ;;
+*) echo "study.sh: --profile $PROFILE: use p100 or h100" >&2 && exit 2 ;;
+esac
+BUCKET_KB=4096 # configs/p100-ib.ini and h100.ini
+WARMUP=2 STEPS=5
+# Across nodes p2p (MPI_Isend/Irecv) is what auto picks; GG_STUDY_TRANSPORT=rma compares.
+TRANSPORT=${GG_STUDY_TRANSPORT:-p2p}
+
+# The points: "p rate_mbit condition method", run in this order (grouped by p and rate, so that
+# the cluster is made once per p).
+points() {
+    local quick_p=4
+    case $PLAN in
+    quick)
+        for m in grad allreduce ddp; do echo "$quick_p 1000 quiet $m"; done
+        for m in grad allreduce; do echo "$quick_p 500 quiet $m"; done
+        ;;
+    session)
+        # p = 16 first (the question the study asks), then the checks and the smaller jobs.
+        for m in grad both model allreduce ddp grad+bf16 both+bf16; do echo "16 1000 quiet $m"; done
+        for m in grad allreduce ddp grad+bf16; do echo "16 1000 straggler $m"; done
+        for m in grad allreduce ddp grad+bf16; do echo "16 1000 jitter $m"; done
+        echo "16 1000 quiet grad@rma"
+        # The link sets the pace, not this CPU: at the same dilation, half the link rate must
+        # about double the communication time (a fifth field forces the dilation K).
+        echo "16 500 quiet grad 10"
+        for m in grad both allreduce ddp grad@rma; do echo "4 1000 quiet $m"; done
+        for m in grad allreduce; do echo "4 500 quiet $m"; done
+        echo "16 1000 quiet ddp+fp16"
+        for m in grad both allreduce ddp; do echo "8 1000 quiet $m"; done
+        ;;
+    check)
+        # Only the link check and DDP's fp16 compression at p = 16 (also part of session).
+        echo "16 500 quiet grad 10"
+        echo "16 1000 quiet ddp+fp16"
+        ;;
+    ten)
+        # The 10 Gbit/s link at p = 4 (dilation 25: p = 16 would take hours here).
+        for m in grad both allreduce ddp; do echo "4 10000 quiet $m"; done
+        ;;
+    full)
+        for p in 4 8 16; do
+            for r in 10000 1000; do
+                for c in quiet jitter straggler; do
+                    for m in grad model both allreduce ddp; do echo "$p $r $c $m"; done
+                done
+            done
+            for m in grad allreduce ddp; do echo "$p 500 quiet $m"; done
+        done
+        ;;
+    *) echo "study.sh: --plan $PLAN: use quick, session, check, ten or full" >&2 && exit 2 ;;
+    esac
+}
+
+mkdir -p "$OUT"
+CSV=$OUT/points.csv
+[[ -f $CSV ]] || echo "p,rate_mbit,condition,method,dilation,link_mbit,warmup,steps,file" >"$CSV"
+# The base config, copied once: the points of one study share it even if the checkout changes.
+BASE=$OUT/base.ini
+[[ -f $BASE ]] || cp "$ROOT/configs/laptop.ini" "$BASE"
+cleanup() { "$CLUSTER" --prefix "$PREFIX" down >/dev/null 2>&1 || true; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Dilation: the smallest whole K with p x rate / K <= budget.
+dilation() { echo $((($1 * $2 + BUDGET - 1) / BUDGET)); }
+
+times_k() { awk -v a="$1" -v k="$2" 'BEGIN { printf "%g", a * k }'; }
+
+run_point() { # p rate condition method [K]
+    local p=$1 rate=$2 cond=$3 method=$4
+    local k=${5:-}
+    [[ -n $k ]] || k=$(dilation "$p" "$rate")
+    local link=$((rate / k))
+    local fwd bwd upd
+    fwd=$(times_k "$FWD" "$k") bwd=$(times_k "$BWD" "$k") upd=$(times_k "$UPD" "$k")
+    local name="p${p}-r${rate}-${cond}-${method}"
+    local jitter=1 slow=''
+    [[ $cond == jitter ]] && jitter=$JITTER
+    [[ $cond == straggler ]] && slow=1:1.5
+    "$CLUSTER" --prefix "$PREFIX" shape --rate "${link}mbit" >/dev/null
+    local t0=$SECONDS
+    if [[ $method == ddp* ]]; then
+        local file=$OUT/$name.json
+        local extra=()
+        [[ $method == ddp+fp16 ]] && extra+=(--compress fp16)
+        [[ -n $slow ]] && extra+=(--slow "$slow")
+        "$CLUSTER" --prefix "$PREFIX" run -n "$p" -ppn 1 -- /usr/bin/python3 "$HERE/ddp_emulate.py" \
+            --model resnet50 --batch "$BATCH" --forward-ms "$fwd" --backward-ms "$bwd" \
+            --update-ms "$upd" --jitter "$jitter" "${extra[@]}" --steps "$STEPS" \
+            --warmup "$WARMUP" --master-addr 10.213.0.1 --ifname "$PREFIX-eth" --timeout-s 600 \
+            --json-out "$file" >"$OUT/$name.log" 2>&1 || {
+            echo "study.sh: $name failed (see $OUT/$name.log)" >&2
+            return 0
+        }
+    else
+        # MODE[@TRANSPORT][+bf16]
+        local file=$OUT/$name.jsonl spec=${method%+bf16} wire=fp32
+        local mode=${spec%@*} transport=$TRANSPORT
+        [[ $spec == *@* ]] && transport=${spec#*@}
+        [[ $method == *+bf16 ]] && wire=bf16
+        "$CLUSTER" --prefix "$PREFIX" run -n "$p" -ppn 1 -- "$BIN" train \
+            --config "$BASE" --model.name resnet50 --train.batch "$BATCH" \
+            --train.threads 1 --data.augment false --train.max_steps $((WARMUP + STEPS)) \
+            --gossip.mode "$mode" --gossip.transport "$transport" \
+            --gossip.wire "$wire" --gossip.model_wire "$wire" --gossip.bucket_kb $BUCKET_KB \
+            --gossip.consensus_every 0 \
+            --gossip.timeout_s 1200 --emulate.forward_ms "$fwd" \
+            --emulate.backward_ms "$bwd" --emulate.update_ms "$upd" \
+            --emulate.jitter_p99 "$jitter" --emulate.slow "$slow" --log.progress false \
+            --log.metrics "$file" --log.overwrite true >"$OUT/$name.log" 2>&1 || {
+            echo "study.sh: $name failed (see $OUT/$name.log)" >&2
+            return 0
+        }
+    fi
+    echo "$p,$rate,$cond,$method,$k,$link,$WARMUP,$STEPS,$(basename "$file")" >>"$CSV"
+    printf 'study.sh: %-28s K=%-3s link %5s Mbit/s  %4ss\n' "$name" "$k" "$link" $((SECONDS - t0))
+}
+
+# A point already in points.csv (an interrupted study run again) is not run again.
+done_already() { grep -q "^$1,$2,$3,$4," "$CSV"; }
+
+mapfile -t PLANNED < <(points)
+echo "study.sh: ${#PLANNED[@]} points, plan $PLAN, profile $PROFILE, budget $BUDGET Mbit/s, out $OUT"
+nodes=0
+for point in "${PLANNED[@]}"; do
+    read -r p rate cond method forced_k <<<"$point"
+    done_already "$p" "$rate" "$cond" "$method" && continue
+    if ((p != nodes)); then
+        cleanup
+        "$CLUSTER" --prefix "$PREFIX" up --nodes "$p" --rate none --delay 0 --jitter 0 >/dev/null
+        nodes=$p
+    fi
+    run_point "$p" "$rate" "$cond" "$method" "$forced_k"
+done
+echo "study.sh: done; summarize with: /usr/bin/python3 $HERE/summarize.py $OUT"

@@ -1,0 +1,199 @@
+#!/usr/bin/python3
+"""The table, plot and simulator predictions of a bench/cluster/study.sh run.
+
+usage: bench/cluster/summarize.py DIR [--profile p100|h100] [--bin build/gossip/gossipgrad]
+
+Reads DIR/points.csv and the runs beside it; writes DIR/summary.csv, DIR/summary.md and, with
+matplotlib, DIR/study.png. Every time is in the real link's units: the measured (dilated) time
+divided by the point's dilation K. For each point: the median step time of the measured steps
+(after the warm-up; gossipgrad: rank 0's step events; DDP: rank 0's steps), the exposed
+communication (step minus compute), efficiency = the profile's compute per step / step time,
+images/s of the whole job, the ratios to MPI_Allreduce and to DDP at the same point, and
+`gossipgrad simulate`'s prediction with its error.
+
+The prediction: gossipgrad simulate at the point's p, one rank per node, the link's rate, 50 us
+latency, the profile's compute, the mode (gossip: grad/model/both; allreduce: Rabenseifner over
+4 MiB buckets, as MPICH does for large messages; DDP: ring over 25 MiB buckets, as gloo and
+DDP's default bucket cap do). The simulator has no jitter or stragglers; they enter as a compute
+factor: a straggler of 1.5x slows every rank of a synchronous job to 1.5x, and jitter makes a
+step last as long as the slowest draw among the ranks a rank waits for: all p for a collective,
+itself and its partner (2) for gossip, the expected maximum of that many lognormal draws.
+"""
+import argparse
+import csv
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+
+PROFILES = {"p100": (95, 190, 5, 64), "h100": (35, 68, 1, 256)}  # fwd, bwd, upd ms; batch
+JITTER_P99 = float(os.environ.get("GG_STUDY_JITTER", "2.5"))
+STRAGGLER = 1.5
+
+
+def measured(dir_, row):
+    path = os.path.join(dir_, row["file"])
+    warmup, k = int(row["warmup"]), float(row["dilation"])
+    if row["method"].startswith("ddp"):
+        d = json.load(open(path))
+        steps = d["step_s"]
+    else:
+        events = [json.loads(line) for line in open(path)]
+        steps = [e["step_s"] for e in events if e["event"] == "step"][warmup:]
+    if not steps:
+        raise SystemExit(f"summarize.py: {path} has no measured steps")
+    return statistics.median(steps) / k
+
+
+def expected_max_lognormal(n, p99, draws=20000):
+    if p99 <= 1:
+        return 1.0
+    sigma = math.log(p99) / 2.3263478740408408
+    rng = random.Random(1)
+    return statistics.fmean(
+        max(math.exp(rng.gauss(0, sigma)) for _ in range(n)) for _ in range(draws // n + 200))
+
+
+def predict(binary, p, rate_mbit, method, factor, profile, cache={}):
+    fwd, bwd, upd, batch = profile
+    key = (p, rate_mbit, method, factor)
+    if key in cache:
+        return cache[key]
+    # grad@rma: grad over rma (the model knows no transports); +bf16 / +fp16: 16-bit buckets
+    half = method.endswith("+bf16") or method.endswith("+fp16")
+    method = method.split("@")[0].split("+")[0]
+    mode = method if method in ("grad", "model", "both") else "grad"
+    bucket_kb = 25600 if method == "ddp" else 4096
+    args = [binary, "simulate", "--config", os.path.join(ROOT, "configs/laptop.ini"), "--ranks",
+            str(p), "--json", "--model.name", "resnet50", "--train.batch", str(batch),
+            "--gossip.mode", mode, "--gossip.bucket_kb", str(bucket_kb),
+            "--network.ranks_per_node", "1", "--network.inter_latency_us", "50",
+            "--network.inter_bandwidth_gbs", str(rate_mbit / 8000),
+            "--simulate.forward_ms", str(fwd * factor), "--simulate.backward_ms",
+            str(bwd * factor), "--simulate.update_ms", str(upd * factor),
+            "--gossip.wire", "bf16" if half else "fp32",
+            "--gossip.model_wire", "bf16" if half else "fp32"]
+    out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
+    row = json.loads(out)["rows"][0]
+    col = {"allreduce": "rabenseifner_allreduce", "ddp": "ring_allreduce"}.get(method, "gossip")
+    cache[key] = row[col]["step_s"]
+    return cache[key]
+
+
+def compute_factor(method, condition, p):
+    if condition == "straggler":
+        return STRAGGLER
+    if condition == "jitter":
+        collective = method.split("+")[0] in ("allreduce", "ddp")
+        return expected_max_lognormal(p if collective else 2, JITTER_P99)
+    return 1.0
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("dir")
+    ap.add_argument("--profile", default="p100", choices=sorted(PROFILES))
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build/gossip/gossipgrad"))
+    a = ap.parse_args()
+    profile = PROFILES[a.profile]
+    compute = (profile[0] + profile[1] + profile[2]) / 1000
+    rows = list(csv.DictReader(open(os.path.join(a.dir, "points.csv"))))
+    if not rows:
+        sys.exit(f"summarize.py: {a.dir}/points.csv lists no points")
+    out = []
+    for r in rows:
+        p, rate = int(r["p"]), int(r["rate_mbit"])
+        step = measured(a.dir, r)
+        factor = compute_factor(r["method"], r["condition"], p)
+        pred = predict(a.bin, p, rate, r["method"], factor, profile)
+        out.append({"p": p, "rate_mbit": rate, "condition": r["condition"],
+                    "method": r["method"], "dilation": int(r["dilation"]), "step_s": step,
+                    "exposed_s": max(0.0, step - compute), "efficiency": compute / step,
+                    "images_per_s": profile[3] * p / step, "predicted_step_s": pred,
+                    "error": step / pred - 1})
+    by = {(o["p"], o["rate_mbit"], o["condition"], o["method"]): o for o in out}
+    for o in out:
+        for base in ("allreduce", "ddp"):
+            b = by.get((o["p"], o["rate_mbit"], o["condition"], base))
+            o["vs_" + base] = o["images_per_s"] / b["images_per_s"] if b else None
+        q = by.get((o["p"], o["rate_mbit"], "quiet", o["method"]))
+        o["efficiency_loss"] = q["efficiency"] - o["efficiency"] if q else None
+    fields = list(out[0].keys())
+    with open(os.path.join(a.dir, "summary.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(out)
+
+    def num(v, fmt):
+        return "" if v is None else fmt.format(v)
+
+    lines = ["| p | link | condition | method | step (s) | exposed (s) | efficiency | images/s "
+             "| vs allreduce | vs DDP | eff. loss vs quiet | predicted step (s) | error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for o in out:
+        lines.append(
+            f"| {o['p']} | {o['rate_mbit'] / 1000:g} Gbit/s | {o['condition']} | {o['method']} "
+            f"| {o['step_s']:.3f} | {o['exposed_s']:.3f} | {o['efficiency']:.2f} "
+            f"| {o['images_per_s']:.0f} | {num(o['vs_allreduce'], '{:.2f}x')} "
+            f"| {num(o['vs_ddp'], '{:.2f}x')} | {num(o['efficiency_loss'], '{:+.3f}')} "
+            f"| {o['predicted_step_s']:.3f} | {o['error']:+.0%} |")
+    # The link, not this CPU, sets the pace: half the rate, about twice the exposed communication.
+    for o in out:
+        full = by.get((o["p"], 2 * o["rate_mbit"], o["condition"], o["method"]))
+        if full and full["exposed_s"] > 0:
+            lines.append("")
+            lines.append(
+                f"Link check, p = {o['p']} {o['method']}: exposed communication "
+                f"{full['exposed_s']:.3f} s at {full['rate_mbit'] / 1000:g} Gbit/s (K = "
+                f"{full['dilation']}), {o['exposed_s']:.3f} s at {o['rate_mbit'] / 1000:g} Gbit/s "
+                f"(K = {o['dilation']}): {o['exposed_s'] / full['exposed_s']:.2f}x")
+    with open(os.path.join(a.dir, "summary.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    plot(a.dir, out)
+
+
+def plot(dir_, out):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("summarize.py: no matplotlib (apt-get install python3-matplotlib): no plot")
+        return
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    quiet = [o for o in out if o["condition"] == "quiet" and o["rate_mbit"] == 1000]
+    for m in sorted({o["method"] for o in quiet}):
+        pts = sorted((o["p"], o["images_per_s"], o["predicted_step_s"]) for o in quiet
+                     if o["method"] == m)
+        line, = left.plot([x[0] for x in pts], [x[1] for x in pts], "o-", label=m)
+        left.plot([x[0] for x in pts], [PROFILES["p100"][3] * x[0] / x[2] for x in pts], "x:",
+                  color=line.get_color())
+    left.set_xlabel("ranks (one per node)")
+    left.set_ylabel("images/s")
+    left.set_title("1 Gbit/s, quiet (o measured, x predicted)")
+    left.set_xscale("log", base=2)
+    left.legend()
+    p16 = [o for o in out if o["p"] == max(x["p"] for x in out) and o["rate_mbit"] == 1000]
+    conds = ["quiet", "jitter", "straggler"]
+    methods = sorted({o["method"] for o in p16 if o["condition"] != "quiet"})
+    for i, m in enumerate(methods):
+        vals = [next((o["efficiency"] for o in p16 if o["method"] == m and o["condition"] == c),
+                     0) for c in conds]
+        right.bar([j + i * 0.25 for j in range(len(conds))], vals, 0.25, label=m)
+    right.set_xticks([j + 0.25 for j in range(len(conds))], conds)
+    right.set_ylabel("efficiency (compute / step)")
+    right.set_title(f"p = {max(x['p'] for x in out)}, 1 Gbit/s")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(dir_, "study.png"), dpi=100)
+
+
+if __name__ == "__main__":
+    main()
