@@ -6,6 +6,7 @@
 
 #include "gossip/cli/commands.hpp"
 #include "gossip/config/config.hpp"
+#include "gossip/resilience/emergency.hpp"
 
 using gg::gossip::UsageError;
 
@@ -63,6 +64,9 @@ int main(int argc, char** argv) {
     if (cmd == "pack") return gg::gossip::cmd_pack(rest);
     if (cmd == "layout") return gg::gossip::cmd_layout(rest, argc, argv);
     if (cmd == "supervise") return gg::gossip::cmd_supervise(rest);
+    // Internal: a training rank's saver under supervise (gossip/resilience/emergency.hpp).
+    if (cmd == "_emergency-saver" && rest.size() == 2)
+      return gg::gossip::run_emergency_saver(rest[0], std::stoi(rest[1]));
     throw UsageError("unknown command '" + cmd + "' (try gossipgrad --help)");
   } catch (const UsageError& e) {
     std::fprintf(stderr, "gossipgrad: error: %s\n", e.what());

@@ -55,11 +55,12 @@ constexpr const char* kHelp =
     "  --emergency-dir DIR   where survivors of a real failure write their states (default:\n"
     "                        the job's --checkpoint.dir/emergency; none: restarts only)\n"
     "Real failures: under MPICH's hydra (mpirun/mpiexec) the job runs with\n"
-    "-disable-auto-cleanup, so a rank's death reaches the others as SIGUSR1; each survivor\n"
-    "writes its state of its last completed step and exits with 75. The job is then run again\n"
-    "with the survivors only (one rank fewer per death), each from its own state, the samples\n"
-    "reassigned (forward recovery). A missing or corrupt state, or no survivor, falls back to\n"
-    "the newest full checkpoint (--checkpoint.resume auto) at the job's rank count.\n"
+    "-disable-auto-cleanup, so a rank's death reaches the others as SIGUSR1 (a rank whose\n"
+    "partner timed out has the supervisor send it to all); each survivor writes its state of\n"
+    "its last completed step, and once they are written the supervisor ends the job and runs\n"
+    "it again with the survivors only (one rank fewer per death), each from its own state, the\n"
+    "samples reassigned (forward recovery). A missing or corrupt state, or no survivor, falls\n"
+    "back to the newest full checkpoint (--checkpoint.resume auto) at the job's rank count.\n"
     "Restarts get GG_SUPERVISE_ATTEMPT=k in their environment; fault.* hooks fire only in\n"
     "attempt 0. SIGTERM or SIGINT (Ctrl-C) stops the job: it is sent SIGTERM once, writes a\n"
     "checkpoint where checkpoint.dir is set, and is not restarted; the exit code is then\n"
@@ -190,15 +191,85 @@ SuperviseOptions parse_supervise(const std::vector<std::string>& args) {
   return o;
 }
 
+// Survivors of a real failure write their states into `folder` and wait (emergency.hpp). Once
+// saves show and none is in flight, none began for kSettle and kNoticeWindow passed since the
+// first, the launcher gets SIGUSR1: hydra passes it to every rank, so the survivors of a partner
+// timeout on one rank, which no launcher told of a death, save theirs too. (Not sooner: where a
+// rank did die, hydra's proxy takes that signal, like any event, as its cue to kill the node's
+// ranks, and one that has not started its saver yet loses its state.) Once that round settled as
+// well, the job is ended. Saves still in flight after kSaveBound are given up (their ranks count
+// as lost); savers outlive their ranks, so after the job's end the saves in flight finish too.
+class EmergencyWatch {
+ public:
+  explicit EmergencyWatch(std::string folder) : folder_(std::move(folder)) {}
+  // Whether the job should be ended now.
+  bool poll(pid_t launcher) {
+    if (folder_.empty()) return false;
+    const EmergencyActivity a = emergency_activity(folder_);
+    if (!a.any()) return false;
+    const Clock::time_point now = Clock::now();
+    if (!seen_) {
+      seen_ = true;
+      first_ = changed_ = round_ = now;
+    }
+    if (a.states != last_.states || a.saving != last_.saving) changed_ = now;
+    last_ = a;
+    if (now - first_ > kSaveBound) return true;
+    const bool settled =
+        a.saving == 0 && now - round_ >= kNoticeWindow && now - changed_ >= kSettle;
+    if (!settled) return false;
+    if (signalled_) return true;
+    ::kill(launcher, SIGUSR1);
+    signalled_ = true;
+    round_ = changed_ = now;
+    return false;
+  }
+  bool seen() const { return seen_; }
+  int states() const { return last_.states; }
+  // After the job ended: the saves still in flight finish (the savers outlive their ranks).
+  void drain() {
+    if (folder_.empty()) return;
+    const Clock::time_point end = Clock::now();
+    Clock::time_point changed = end;
+    EmergencyActivity last = emergency_activity(folder_);
+    for (;;) {
+      const Clock::time_point now = Clock::now();
+      const EmergencyActivity a = emergency_activity(folder_);
+      if (a.states != last.states || a.saving != last.saving) changed = now;
+      last = a;
+      if (now - end > kSaveBound) return;
+      if (a.saving == 0 && now - end >= kDrainWindow && now - changed >= kSettle) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  static constexpr auto kNoticeWindow = std::chrono::milliseconds(1000);
+  static constexpr auto kSettle = std::chrono::milliseconds(300);
+  static constexpr auto kSaveBound = std::chrono::seconds(60);
+  static constexpr auto kDrainWindow = std::chrono::milliseconds(500);
+  std::string folder_;
+  bool seen_ = false, signalled_ = false;
+  Clock::time_point first_, changed_, round_;
+  EmergencyActivity last_;
+};
+
 // Waits for the job; once a stop is requested, for at most `stop_timeout` seconds, after which
-// its process group is killed. Returns its wait status.
-int wait_for_job(pid_t pid, int stop_timeout) {
+// its process group is killed; once the survivors of a real failure saved their states in
+// `folder`, it is killed at once. Returns its wait status.
+int wait_for_job(pid_t pid, int stop_timeout, const std::string& folder) {
   using Clock = std::chrono::steady_clock;
   Clock::time_point deadline = Clock::time_point::max();
+  EmergencyWatch emergency(folder);
+  bool ended = false;
   for (;;) {
     int status = 0;
     const pid_t r = ::waitpid(pid, &status, WNOHANG);
-    if (r == pid) return status;
+    if (r == pid) {
+      if (status != 0) emergency.drain();
+      return status;
+    }
     if (r < 0 && errno != EINTR)
       throw std::runtime_error(std::string("supervise: waitpid: ") + std::strerror(errno));
     if (g_stop.load() != 0 && deadline == Clock::time_point::max())
@@ -210,7 +281,16 @@ int wait_for_job(pid_t pid, int stop_timeout) {
       ::kill(-pid, SIGKILL);
       deadline = Clock::time_point::max() - std::chrono::hours(1);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (!ended && g_stop.load() == 0 && emergency.poll(pid)) {
+      std::fprintf(stderr,
+                   "gossipgrad supervise: a rank failed; %d survivor state(s) written: ending "
+                   "the job\n",
+                   emergency.states());
+      std::fflush(stderr);
+      ::kill(-pid, SIGKILL);
+      ended = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(emergency.seen() ? 20 : 50));
   }
 }
 
@@ -218,7 +298,8 @@ int wait_for_job(pid_t pid, int stop_timeout) {
 // its own (a Ctrl-C reaches the job through the supervisor only, once) and waits for it; returns
 // its wait status.
 int run_attempt(const std::vector<std::string>& cmd, int attempt, int stop_timeout,
-                const std::vector<std::pair<std::string, std::string>>& env) {
+                const std::vector<std::pair<std::string, std::string>>& env,
+                const std::string& folder) {
   std::string line;
   for (const std::string& a : cmd) line += (line.empty() ? "" : " ") + a;
   std::fprintf(stderr, "gossipgrad supervise: attempt %d: %s\n", attempt, line.c_str());
@@ -247,7 +328,7 @@ int run_attempt(const std::vector<std::string>& cmd, int attempt, int stop_timeo
   ::setpgid(pid, pid);  // also here: no signal may find the child still in our group
   g_child = pid;
   if (g_stop.load() != 0) ::kill(pid, SIGTERM);  // a stop that came during the fork
-  const int status = wait_for_job(pid, stop_timeout);
+  const int status = wait_for_job(pid, stop_timeout, folder);
   g_child = 0;
   return status;
 }
@@ -297,6 +378,7 @@ std::optional<RecoveryPlan> plan_forward(const std::string& folder, int ranks, i
   plan.step = scan.min_step;
   plan.steps_redone = scan.max_step - scan.min_step;
   plan.failed_unix = scan.first_written_unix;
+  plan.first_gone = scan.first_gone;
   try {
     write_recovery_plan(folder, plan);
   } catch (const std::exception& e) {
@@ -352,10 +434,13 @@ int cmd_supervise(const std::vector<std::string>& args) {
       if (!from.empty()) env.emplace_back(kEmergencyFromEnv, from);
     }
     const auto t0 = std::chrono::steady_clock::now();
-    const int status = run_attempt(cmd, attempt, o.stop_timeout, env);
+    const int status = run_attempt(cmd, attempt, o.stop_timeout, env, folder);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (!folder.empty())  // what the survivors of a real failure could not print themselves
+      for (const std::string& line : emergency_logs(folder, ranks))
+        std::fprintf(stderr, "%s\n", line.c_str());
     if (const int sig = g_stop.load()) {
       std::fprintf(stderr,
                    "gossipgrad supervise: stopped by %s: the job was told to stop and exited "
@@ -396,12 +481,17 @@ int cmd_supervise(const std::vector<std::string>& args) {
         if (!lost.empty()) lost += ',';
         lost += std::to_string(r);
       }
+      const std::string first =
+          plan->first_gone < 0
+              ? ""
+              : "; rank " + std::to_string(plan->first_gone) + "'s process ended first";
       std::fprintf(stderr,
-                   "gossipgrad supervise: attempt %d failed with %s after %.1f s: rank(s) %s "
-                   "lost; %zu survivors continue at step %lld from their emergency states "
-                   "(forward recovery, %lld step(s) redone)\n",
-                   attempt, how.c_str(), seconds, lost.empty() ? "none" : lost.c_str(),
-                   plan->survivors.size(), static_cast<long long>(plan->step),
+                   "gossipgrad supervise: attempt %d failed with %s after %.1f s%s: %zu of %d "
+                   "rank states saved (lost: %s); %zu ranks continue at step %lld from them "
+                   "(%s, %lld step(s) redone)\n",
+                   attempt, how.c_str(), seconds, first.c_str(), plan->survivors.size(), ranks,
+                   lost.empty() ? "none" : lost.c_str(), plan->survivors.size(),
+                   static_cast<long long>(plan->step), plan->strategy(),
                    static_cast<long long>(plan->steps_redone));
       from = folder;
       ranks = static_cast<int>(plan->survivors.size());

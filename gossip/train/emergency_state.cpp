@@ -1,15 +1,21 @@
 #include "gossip/train/emergency_state.hpp"
 
-#include <semaphore.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
-#include <cstdio>
 #include <cstdlib>
-#include <ctime>
+#include <cstring>
 #include <filesystem>
+#include <stdexcept>
+#include <thread>
+#include <vector>
 
 #include "gossip/resilience/emergency.hpp"
 #include "gossip/resilience/full_checkpoint.hpp"
@@ -19,19 +25,41 @@ namespace {
 
 namespace fs = std::filesystem;
 
-sem_t g_notice;                             // posted by the handler, awaited by the watcher
+// Set once in the constructor, read by the signal handler.
 volatile std::sig_atomic_t g_notified = 0;  // SIGUSR1 came
-std::atomic<bool> g_handling{false};        // one thread saves; every other one parks
+std::atomic<bool> g_handling{false};        // a save was asked for; every thread parks
+int g_devnull = -1;
+int g_saver_pipe = -1;  // the writing end of the saver's pipe
 bool g_installed = false;
 
+// Hydra's proxy, once it has reaped a dead rank, kills every other rank of the node at the next
+// output any of them writes (MPICH 4.0.2, -disable-auto-cleanup). So from the notice on, this
+// process's stdout and stderr go to /dev/null (their pipes stay open through the copies kept at
+// install: a closed pipe would be an event too). dup2 and write are async-signal-safe.
+void silence_output() {
+  if (g_devnull < 0) return;
+  ::dup2(g_devnull, STDOUT_FILENO);
+  ::dup2(g_devnull, STDERR_FILENO);
+}
+
+void tell_saver(char why) {
+  if (g_saver_pipe < 0) return;
+  while (::write(g_saver_pipe, &why, 1) < 0 && errno == EINTR) {
+  }
+}
+
 void on_notice(int) {
+  silence_output();
+  if (g_notified) return;
   g_notified = 1;
-  sem_post(&g_notice);  // async-signal-safe
+  tell_saver(kNoticeByte);
 }
 
 void install_handler() {
   if (g_installed) return;
-  sem_init(&g_notice, 0, 0);
+  g_devnull = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+  (void)::fcntl(STDOUT_FILENO, F_DUPFD_CLOEXEC, 10);  // kept open for the process's life
+  (void)::fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 10);
   struct sigaction sa = {};
   sa.sa_handler = on_notice;
   sigemptyset(&sa.sa_mask);
@@ -40,6 +68,10 @@ void install_handler() {
   // of a death after training (during MPI_Finalize), and nothing else of ours uses it.
   sigaction(SIGUSR1, &sa, nullptr);
   g_installed = true;
+}
+
+[[noreturn]] void fail(const std::string& what) {
+  throw std::runtime_error("emergency state: " + what + ": " + std::strerror(errno));
 }
 
 class KeepAtBoundary : public StepHook {
@@ -65,70 +97,101 @@ std::unique_ptr<EmergencyState> EmergencyState::from_environment(int rank, int r
 
 EmergencyState::EmergencyState(std::string folder, int rank, int ranks)
     : folder_(std::move(folder)), rank_(rank), ranks_(ranks) {
+  memfd_ = ::memfd_create("gossipgrad-emergency", MFD_CLOEXEC);
+  if (memfd_ < 0) fail("memfd_create");
+  reserve(0);
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) fail("pipe");
+  // The saver: this program again, in a session of its own, with no output (output reaches
+  // hydra's proxy, see silence_output) and only its pipe and the shared memory open.
+  posix_spawn_file_actions_t actions;
+  posix_spawnattr_t attr;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_adddup2(&actions, fds[0], kSaverPipeFd);
+  posix_spawn_file_actions_adddup2(&actions, memfd_, kSaverMemFd);
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSID);
+  const std::string rank_text = std::to_string(rank_);
+  std::vector<char*> argv = {const_cast<char*>("gossipgrad"), const_cast<char*>("_emergency-saver"),
+                             folder_.data(), const_cast<char*>(rank_text.c_str()), nullptr};
+  const int rc = ::posix_spawn(&saver_, "/proc/self/exe", &actions, &attr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  ::close(fds[0]);
+  if (rc != 0) {
+    ::close(fds[1]);
+    errno = rc;
+    fail("cannot start the saver");
+  }
+  g_saver_pipe = fds[1];
   install_handler();
-  watcher_ = std::thread([this] { watch(); });
 }
 
 EmergencyState::~EmergencyState() {
-  done_ = true;
-  sem_post(&g_notice);
-  watcher_.join();
+  const int pipe = g_saver_pipe;
+  g_saver_pipe = -1;
+  if (shared_ != nullptr) shared_->ended.store(1);
+  if (pipe >= 0) ::close(pipe);  // the saver ends without saving
+  if (saver_ > 0) ::waitpid(saver_, nullptr, 0);
+  if (shared_ != nullptr) ::munmap(shared_, mapped_);
+  if (memfd_ >= 0) ::close(memfd_);
 }
 
-bool EmergencyState::handling() { return g_handling.load(); }
+bool EmergencyState::handling() { return g_notified != 0 || g_handling.load(); }
 
 void EmergencyState::park() {
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
-void EmergencyState::watch() {
-  while (!done_) {
-    struct timespec until = {};
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_nsec += 200'000'000;
-    if (until.tv_nsec >= 1'000'000'000) {
-      until.tv_sec += 1;
-      until.tv_nsec -= 1'000'000'000;
-    }
-    sem_timedwait(&g_notice, &until);
-    if (g_notified && !done_) save_and_exit("a peer process died (SIGUSR1 from the launcher)");
+void EmergencyState::reserve(size_t bytes) {
+  if (shared_ != nullptr && shared_->capacity >= bytes) return;
+  const size_t capacity = bytes + bytes / 8;  // a little room: the state's size rarely changes
+  const size_t total = kEmergencySlotsAt + 2 * capacity;
+  if (::ftruncate(memfd_, static_cast<off_t>(total)) != 0) fail("cannot size the shared memory");
+  if (shared_ != nullptr) {
+    shared_->active.store(kNoState);  // the slots move: no state until the next one is complete
+    ::munmap(shared_, mapped_);
   }
+  void* p = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, memfd_, 0);
+  if (p == MAP_FAILED) fail("cannot map the shared memory");
+  shared_ = static_cast<EmergencyHeader*>(p);
+  mapped_ = total;
+  shared_->active.store(kNoState);
+  shared_->ended.store(0);
+  shared_->capacity = capacity;
 }
 
 void EmergencyState::keep(Group& g) {
   if (handling()) park();
-  g.trainer.capture_state(scratch_);  // may wait for a pending weight exchange: no lock held
+  g.trainer.capture_state(scratch_);  // may wait for a pending weight exchange
   scratch_.rank = rank_;
   scratch_.ranks = ranks_;
   scratch_.steps_per_epoch = g.per_epoch;
   scratch_.nan_restores = g.recovery.nan_restores();
   scratch_.shuffle.clear();  // a relaunch reassigns the samples (forward recovery)
-  std::lock_guard lock(mu_);
-  std::swap(kept_, scratch_);
-  have_kept_ = true;
+  reserve(encode_state_into(scratch_, nullptr));
+  const uint32_t active = shared_->active.load(std::memory_order_acquire);
+  const uint32_t next = active == 0 ? 1 : 0;
+  uint8_t* slot =
+      reinterpret_cast<uint8_t*>(shared_) + kEmergencySlotsAt + next * shared_->capacity;
+  shared_->size[next] = encode_state_into(scratch_, slot);
+  // The saver reads the slot `active` names: a notice from here on parks this rank before it
+  // writes that slot again.
+  shared_->active.store(next, std::memory_order_release);
 }
 
-void EmergencyState::save_and_exit(const std::string& why) {
+void EmergencyState::save_and_wait() {
   bool first = false;
-  if (!g_handling.compare_exchange_strong(first, true)) park();  // another thread is saving
-  std::unique_lock lock(mu_);  // a boundary state being swapped in completes first
-  std::string what;
-  if (!have_kept_) {
-    what = "no step boundary reached yet: nothing saved";
-  } else {
-    const std::string path = (fs::path(folder_) / rank_file_name(rank_)).string();
-    try {
-      const std::vector<uint8_t> bytes = encode_state(kept_);
-      write_file_durably(path, bytes.data(), bytes.size());
-      what = "emergency state after step " + std::to_string(kept_.step) + " written to " + path;
-    } catch (const std::exception& e) {
-      what = std::string("emergency state not written: ") + e.what();
-    }
+  if (g_handling.compare_exchange_strong(first, true)) {
+    silence_output();
+    if (!g_notified) tell_saver(kTimeoutByte);
   }
-  std::fprintf(stderr, "gossipgrad: rank %d: %s: %s; exiting with %d\n", rank_, why.c_str(),
-               what.c_str(), kEmergencyExit);
-  std::fflush(stderr);
-  std::fflush(stdout);
+  // Under hydra, the first survivor to exit gets the others killed: the supervisor ends the job
+  // once the saves are done. Without one, exit in the end.
+  std::this_thread::sleep_for(std::chrono::seconds(kEmergencyWaitSeconds));
   std::_Exit(kEmergencyExit);  // no MPI_Finalize: it would wait for the dead rank
 }
 

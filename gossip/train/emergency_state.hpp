@@ -1,18 +1,18 @@
-// Real failures under `gossipgrad supervise` (gossip/resilience/emergency.hpp): this rank keeps its
-// state of the last completed step boundary in memory, and when a peer dies it writes that state
-// and exits with kEmergencyExit, without another MPI call. A peer's death is learned from the
-// launcher's SIGUSR1 (hydra under -disable-auto-cleanup; the handler only sets a flag and posts a
-// semaphore, and a watcher thread does the rest, so a main thread blocked in MPI does not matter)
-// or from a partner timeout (gossip.timeout_s). Only active where GG_EMERGENCY_DIR is set.
+// Real failures under `gossipgrad supervise` (gossip/resilience/emergency.hpp): after every step
+// this rank encodes its state into memory it shares with its saver, a small process in a session
+// of its own started with the job. When a peer dies (the launcher's SIGUSR1: hydra under
+// -disable-auto-cleanup) the signal handler itself silences this process's output and tells the
+// saver, which writes the newest complete state to disk, while this rank makes no further MPI
+// call and waits for the supervisor to end it. Hydra's proxy kills a node's ranks, by process
+// group, soon after it reaped a dead one (at its next event): the saver is out of its reach, and
+// the handler needs no thread to be scheduled. A partner timeout (gossip.timeout_s) tells the
+// saver the same way. Only active where GG_EMERGENCY_DIR is set.
 #pragma once
 
-#include <semaphore.h>
+#include <sys/types.h>
 
-#include <atomic>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 
 #include "gossip/resilience/rank_state.hpp"
 #include "gossip/train/hooks.hpp"
@@ -20,10 +20,12 @@
 
 namespace gg::gossip {
 
+struct EmergencyHeader;
+
 class EmergencyState {
  public:
-  // nullptr unless GG_EMERGENCY_DIR is set; else the SIGUSR1 handler and watcher are installed
-  // for its lifetime. `rank`, `ranks`: this process in the job (the file's name and fields).
+  // nullptr unless GG_EMERGENCY_DIR is set; else the saver is started and the SIGUSR1 handler
+  // installed. `rank`, `ranks`: this process in the job (the file's name and fields).
   static std::unique_ptr<EmergencyState> from_environment(int rank, int ranks);
   EmergencyState(std::string folder, int rank, int ranks);
   ~EmergencyState();
@@ -31,25 +33,28 @@ class EmergencyState {
   EmergencyState& operator=(const EmergencyState&) = delete;
 
   // At a step boundary (every step done, hooks included): this state becomes the one to save.
-  // The capture may wait in MPI (a pending overlapped weight exchange settles), the swap does not.
+  // The capture may wait in MPI (a pending overlapped weight exchange settles).
   void keep(Group& g);
-  // Saves the kept state and ends the process with kEmergencyExit; `why` goes into its line.
-  [[noreturn]] void save_and_exit(const std::string& why);
+  // A partner timed out (no notice came): the saver writes the newest state, and this rank
+  // waits for the supervisor to end it, at most kEmergencyWaitSeconds, then exits with
+  // kEmergencyExit. Never calls MPI.
+  [[noreturn]] void save_and_wait();
   // A peer's death is being handled: nothing else may end the process (MPI_Abort would kill the
-  // survivors before their states are on disk), nor call MPI.
+  // survivors before their states are on disk), nor call MPI, nor write output.
   static bool handling();
-  // Parks the calling thread until save_and_exit ends the process.
+  // Parks the calling thread until the process ends.
   [[noreturn]] static void park();
 
  private:
-  void watch();
+  // Room for states of `bytes` in both slots of the shared memory.
+  void reserve(size_t bytes);
   std::string folder_;
   int rank_, ranks_;
-  std::mutex mu_;  // guards kept_ (the watcher writes it while the main thread goes on)
-  RankState kept_, scratch_;
-  bool have_kept_ = false;
-  std::atomic<bool> done_{false};
-  std::thread watcher_;
+  int memfd_ = -1;
+  EmergencyHeader* shared_ = nullptr;
+  size_t mapped_ = 0;
+  pid_t saver_ = -1;
+  RankState scratch_;
 };
 
 // The hook that keeps the state after every step (the last hook: after the step's agreements).

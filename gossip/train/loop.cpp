@@ -97,8 +97,9 @@ void check_checkpoint_space(const Group& g) {
   throw_agreed(g.comm, error);
 }
 
-// A relaunch of the survivors of a real failure (take_emergency_states): a line and a fault event
-// per lost rank, with the seconds from the first emergency state to now (training again).
+// A relaunch after a real failure (take_emergency_states): a line, and a fault event per lost
+// rank (or one naming the first rank process gone, when every state was saved), with the seconds
+// from the first saver's notice of the failure to now (training again).
 void report_real_failure(Group& g, JobState& job) {
   if (!job.real_failure) return;
   const RecoveryPlan& p = *job.real_failure;
@@ -107,20 +108,26 @@ void report_real_failure(Group& g, JobState& job) {
   if (g.lead) {
     std::string who;
     for (int r : p.lost) who += (who.empty() ? "" : ", ") + std::to_string(r);
+    const std::string what = p.lost.empty()
+                                 ? "every rank's state was saved (rank " +
+                                       std::to_string(p.first_gone) + "'s process ended first)"
+                                 : "rank(s) " + who + " lost";
     std::printf(
-        "gossipgrad: rank %s of %d died (a real failure) in step %lld: %d survivors carry on from "
-        "their emergency states at step %lld of %lld (samples reassigned, %lld step(s) redone, "
-        "%.1f s since the first emergency state)\n",
-        who.c_str(), p.ranks_before, static_cast<long long>(p.step), g.comm.size(),
-        static_cast<long long>(g.first), static_cast<long long>(g.total),
+        "gossipgrad: a real failure in step %lld of %d ranks: %s; %d ranks carry on from their "
+        "emergency states at step %lld of %lld (%s, %lld step(s) redone, %.1f s after the "
+        "failure)\n",
+        static_cast<long long>(p.step), p.ranks_before, what.c_str(), g.comm.size(),
+        static_cast<long long>(g.first), static_cast<long long>(g.total), p.strategy(),
         static_cast<long long>(p.steps_redone), now_unix - p.failed_unix);
     std::fflush(stdout);
-    for (int r : p.lost)
+    std::vector<int> ranks = p.lost;
+    if (ranks.empty()) ranks.push_back(p.first_gone);
+    for (int r : ranks)
       job.metrics.write({{"event", "fault"},
                          {"real", true},
                          {"step", p.step},
                          {"rank", r},
-                         {"strategy", "forward"},
+                         {"strategy", p.strategy()},
                          {"steps_redone", p.steps_redone},
                          {"ranks_before", p.ranks_before},
                          {"ranks_after", g.comm.size()},
@@ -429,7 +436,7 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
     } catch (const std::exception& e) {
       // A partner timed out under supervise: a peer died without a notice (a lost link). This
       // rank saves its state and leaves the relaunch to the supervisor.
-      if (job.emergency && mpi::peer_lost()) job.emergency->save_and_exit(e.what());
+      if (job.emergency && mpi::peer_lost()) job.emergency->save_and_wait();
       // Maybe this rank's alone (a full disk, a failed read): unwinding would wait in collective
       // teardown for ranks that went on, so the job ends here, with this rank's line.
       if (world.size() > 1) abort_job(world, e.what());
