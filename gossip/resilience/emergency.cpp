@@ -121,6 +121,12 @@ EmergencyActivity emergency_activity(const std::string& folder) {
     if (name.rfind("rank-", 0) != 0) continue;
     if (name.ends_with(".saving")) ++a.saving;
     if (name.ends_with(".bin")) ++a.states;
+    if (name.ends_with(".when")) {
+      std::ifstream f(it->path());
+      double t = 0;
+      char code = 0;
+      if (f >> t >> code && code == kTimeoutByte) ++a.timeouts;
+    }
   }
   return a;
 }

@@ -76,6 +76,7 @@ EmergencyScan scan_emergency_states(const std::string& folder, int ranks);
 // What the supervisor sees while the job runs: states written and saves in flight (marks).
 struct EmergencyActivity {
   int states = 0, saving = 0;
+  int timeouts = 0;  // saves for a partner timeout (no rank was told of a death)
   bool any() const { return states + saving > 0; }
 };
 EmergencyActivity emergency_activity(const std::string& folder);

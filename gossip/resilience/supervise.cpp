@@ -180,7 +180,9 @@ SuperviseOptions parse_supervise(const std::vector<std::string>& args) {
   o.job.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
   if (o.job.empty()) throw UsageError("supervise: no command after '--'");
   if (o.min_ranks < 1) throw UsageError("supervise: --min-ranks must be >= 1");
-  if (o.emergency_dir.empty())
+  if (o.emergency_dir == "none")
+    o.emergency_dir.clear();
+  else if (o.emergency_dir.empty())
     for (size_t k = 0; k < o.job.size(); ++k) {
       const std::string& a = o.job[k];
       if (a == "--checkpoint.dir" && k + 1 < o.job.size())
@@ -193,12 +195,11 @@ SuperviseOptions parse_supervise(const std::vector<std::string>& args) {
 
 // Survivors of a real failure write their states into `folder` and wait (emergency.hpp). Once
 // saves show and none is in flight, none began for kSettle and kNoticeWindow passed since the
-// first, the launcher gets SIGUSR1: hydra passes it to every rank, so the survivors of a partner
-// timeout on one rank, which no launcher told of a death, save theirs too. (Not sooner: where a
-// rank did die, hydra's proxy takes that signal, like any event, as its cue to kill the node's
-// ranks, and one that has not started its saver yet loses its state.) Once that round settled as
-// well, the job is ended. Saves still in flight after kSaveBound are given up (their ranks count
-// as lost); savers outlive their ranks, so after the job's end the saves in flight finish too.
+// first, the job is ended — unless every save so far was for a partner timeout: then first the
+// launcher gets SIGUSR1: hydra passes it to every rank, so the other ranks, which no launcher
+// told of a death, save theirs too; once that round settled as well, the job is ended. Saves still
+// in flight after kSaveBound are given up (their ranks count as lost); savers outlive their ranks,
+// so after the job's end the saves in flight finish too.
 class EmergencyWatch {
  public:
   explicit EmergencyWatch(std::string folder) : folder_(std::move(folder)) {}
@@ -218,7 +219,8 @@ class EmergencyWatch {
     const bool settled =
         a.saving == 0 && now - round_ >= kNoticeWindow && now - changed_ >= kSettle;
     if (!settled) return false;
-    if (signalled_) return true;
+    // A death reached the ranks as hydra's notice or took their savers' pipes: no round more.
+    if (signalled_ || a.timeouts < a.states + a.saving) return true;
     ::kill(launcher, SIGUSR1);
     signalled_ = true;
     round_ = changed_ = now;
@@ -245,10 +247,10 @@ class EmergencyWatch {
 
  private:
   using Clock = std::chrono::steady_clock;
-  static constexpr auto kNoticeWindow = std::chrono::milliseconds(1000);
-  static constexpr auto kSettle = std::chrono::milliseconds(300);
+  static constexpr auto kNoticeWindow = std::chrono::milliseconds(400);
+  static constexpr auto kSettle = std::chrono::milliseconds(200);
   static constexpr auto kSaveBound = std::chrono::seconds(60);
-  static constexpr auto kDrainWindow = std::chrono::milliseconds(500);
+  static constexpr auto kDrainWindow = std::chrono::milliseconds(400);
   std::string folder_;
   bool seen_ = false, signalled_ = false;
   Clock::time_point first_, changed_, round_;
@@ -417,7 +419,7 @@ int cmd_supervise(const std::vector<std::string>& args) {
     else
       cmd = restart_command(o.job, restarts_from_checkpoint, o.shrink, o.min_ranks);
     if (from.empty()) ranks = job_ranks(cmd);
-    cmd = with_failure_notice(cmd);
+    if (!o.emergency_dir.empty()) cmd = with_failure_notice(cmd);
     std::vector<std::pair<std::string, std::string>> env;
     std::string folder;
     if (!o.emergency_dir.empty() && notice) {
@@ -473,6 +475,15 @@ int cmd_supervise(const std::vector<std::string>& args) {
                    "restart(s)\n",
                    attempt, how.c_str(), attempt);
       return code;
+    }
+    if (!from.empty() && !folder.empty() && emergency_activity(folder).states == 0) {
+      // A relaunch that failed before any state of its own (a second death during the
+      // recovery): the states it started from are still the newest.
+      std::fprintf(stderr,
+                   "gossipgrad supervise: attempt %d failed with %s after %.1f s, before any "
+                   "state of its own: relaunching from the states in %s again\n",
+                   attempt, how.c_str(), seconds, from.c_str());
+      continue;
     }
     const std::optional<RecoveryPlan> plan = plan_forward(folder, ranks, o.min_ranks, notice);
     if (plan) {

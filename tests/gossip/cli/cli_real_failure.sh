@@ -78,7 +78,29 @@ py "import sys; sys.exit(0 if abs($top1 - $base) <= 0.005 else 1)" ||
 [ ! -e ck/emergency ] || fail "emergency states left behind after the run completed"
 ! pgrep -f "_emergency-saver $TMP/" > /dev/null || fail "a saver outlived the run"
 
-# 3. A corrupt emergency state. The supervisor is stopped while the job fails, so that the state
+# 3. A second death during the recovery: rank 1 SIGKILLed at step 60, then rank 0 of the relaunch
+# as soon as it runs (before or after its first step): the job still completes, from the states.
+timeout 150 "$BIN" supervise --max-restarts 3 -- "$MPIEXEC" -n 4 "$BIN" "${RUN[@]}" \
+  --checkpoint.dir "$TMP/ck3" --checkpoint.every 50 --log.metrics m3.jsonl \
+  > out3.log 2> err3.log &
+sup=$!
+wait_step m3.jsonl 60
+victim=$(rank_pid "$TMP/ck3" 1) || fail "rank 1 not found"
+kill -9 "$victim"
+for _ in $(seq 200); do grep -q "attempt 1: " err3.log && break; sleep 0.05; done
+second=""
+for _ in $(seq 200); do
+  second=$(rank_pid "$TMP/ck3 .*resume" 0 || true); [ -n "$second" ] && break; sleep 0.05
+done
+[ -n "$second" ] || fail "the relaunch's rank 0 not found: $(cat err3.log)"
+kill -9 "$second"
+wait $sup || fail "second death: supervise exited $?: $(tail -8 err3.log)"
+grep -q "the job completed after 2 restart(s)" err3.log || fail "second death: $(cat err3.log)"
+grep -q "relaunching from the states in .* again\|rank states saved" <(sed -n '/attempt 1 failed/p' err3.log) ||
+  fail "the second relaunch did not start from emergency states: $(cat err3.log)"
+echo "real failure: a second death during the recovery: $(grep 'attempt 1 failed' err3.log | cut -c1-160)"
+
+# 4. A corrupt emergency state. The supervisor is stopped while the job fails, so that the state
 # can be damaged before it looks (the job runs in a process group of its own, its survivors save
 # their states and wait for the supervisor).
 timeout 150 "$BIN" supervise --max-restarts 2 -- "$MPIEXEC" -n 4 "$BIN" "${RUN[@]}" \
