@@ -25,7 +25,8 @@ constexpr const char* kUsage =
     "  gossipgrad pack --input DIR --output DIR [--shard-size MB] [--threads N] [--shuffle SEED]\n"
     "  mpirun -n P gossipgrad layout [--config FILE] [--section.key value ...]\n"
     "  gossipgrad supervise [--max-restarts N] [--shrink-on-failure] [--min-ranks M]\n"
-    "                       [--stop-timeout S] -- mpirun -n P gossipgrad train ...\n"
+    "                       [--stop-timeout S] [--emergency-dir DIR|none]\n"
+    "                       -- mpirun -n P gossipgrad train ...\n"
     "  gossipgrad help | --help | COMMAND --help\n\n"
     "commands:\n"
     "  train   train a model on this rank's share of the data (run under mpirun)\n"
@@ -36,8 +37,9 @@ constexpr const char* kUsage =
     "  simulate  predict step time and efficiency of gossip vs allreduce at many rank counts\n"
     "  pack    image folder (ImageNet layout) -> tar shards for data.source = shards:DIR\n"
     "  layout  print the nodes and node-local ranks MPI reports, checked against a config\n"
-    "  supervise  run a training job, restarting it from its latest checkpoint when it dies;\n"
-    "             SIGTERM or Ctrl-C stops it with a checkpoint instead\n\n"
+    "  supervise  run a training job; when a rank dies, go on from every rank's state of the\n"
+    "             last completed step (or its latest checkpoint); SIGTERM or Ctrl-C stops it\n"
+    "             with a checkpoint instead\n\n"
     "example: mpirun -n 2 gossipgrad train --config configs/laptop.ini\n";
 
 }  // namespace
