@@ -6,6 +6,7 @@
 
 #include "gossip/cli/commands.hpp"
 #include "gossip/config/config.hpp"
+#include "gossip/resilience/emergency.hpp"
 
 using gg::gossip::UsageError;
 
@@ -24,7 +25,8 @@ constexpr const char* kUsage =
     "  gossipgrad pack --input DIR --output DIR [--shard-size MB] [--threads N] [--shuffle SEED]\n"
     "  mpirun -n P gossipgrad layout [--config FILE] [--section.key value ...]\n"
     "  gossipgrad supervise [--max-restarts N] [--shrink-on-failure] [--min-ranks M]\n"
-    "                       [--stop-timeout S] -- mpirun -n P gossipgrad train ...\n"
+    "                       [--stop-timeout S] [--emergency-dir DIR|none]\n"
+    "                       -- mpirun -n P gossipgrad train ...\n"
     "  gossipgrad help | --help | COMMAND --help\n\n"
     "commands:\n"
     "  train   train a model on this rank's share of the data (run under mpirun)\n"
@@ -35,8 +37,9 @@ constexpr const char* kUsage =
     "  simulate  predict step time and efficiency of gossip vs allreduce at many rank counts\n"
     "  pack    image folder (ImageNet layout) -> tar shards for data.source = shards:DIR\n"
     "  layout  print the nodes and node-local ranks MPI reports, checked against a config\n"
-    "  supervise  run a training job, restarting it from its latest checkpoint when it dies;\n"
-    "             SIGTERM or Ctrl-C stops it with a checkpoint instead\n\n"
+    "  supervise  run a training job; when a rank dies, go on from every rank's state of the\n"
+    "             last completed step (or its latest checkpoint); SIGTERM or Ctrl-C stops it\n"
+    "             with a checkpoint instead\n\n"
     "example: mpirun -n 2 gossipgrad train --config configs/laptop.ini\n";
 
 }  // namespace
@@ -63,6 +66,9 @@ int main(int argc, char** argv) {
     if (cmd == "pack") return gg::gossip::cmd_pack(rest);
     if (cmd == "layout") return gg::gossip::cmd_layout(rest, argc, argv);
     if (cmd == "supervise") return gg::gossip::cmd_supervise(rest);
+    // Internal: a training rank's saver under supervise (gossip/resilience/emergency.hpp).
+    if (cmd == "_emergency-saver" && rest.size() == 2)
+      return gg::gossip::run_emergency_saver(rest[0], std::stoi(rest[1]));
     throw UsageError("unknown command '" + cmd + "' (try gossipgrad --help)");
   } catch (const UsageError& e) {
     std::fprintf(stderr, "gossipgrad: error: %s\n", e.what());

@@ -22,22 +22,24 @@ namespace fs = std::filesystem;
 
 constexpr char kRankMagic[8] = {'G', 'G', 'R', 'A', 'N', 'K', '0', '1'};
 
-void put_bytes(std::vector<uint8_t>& out, const void* data, size_t n) {
-  const size_t at = out.size();
-  out.resize(at + n);
-  if (n > 0) std::memcpy(out.data() + at, data, n);
-}
-
-template <typename T>
-void put(std::vector<uint8_t>& out, const T& v) {
-  put_bytes(out, &v, sizeof v);
-}
-
-template <typename T>
-void put_array(std::vector<uint8_t>& out, const std::vector<T>& v) {
-  put<uint64_t>(out, v.size());
-  put_bytes(out, v.data(), v.size() * sizeof(T));
-}
+// Writes bytes at dst (or only counts them where dst is null).
+struct Out {
+  uint8_t* dst;
+  size_t n = 0;
+  void bytes(const void* data, size_t k) {
+    if (dst != nullptr && k > 0) std::memcpy(dst + n, data, k);
+    n += k;
+  }
+  template <typename T>
+  void put(const T& v) {
+    bytes(&v, sizeof v);
+  }
+  template <typename T>
+  void array(const std::vector<T>& v) {
+    put<uint64_t>(v.size());
+    bytes(v.data(), v.size() * sizeof(T));
+  }
+};
 
 // Bounds-checked reading of an encoded RankState.
 struct Cursor {
@@ -83,26 +85,30 @@ std::vector<uint8_t> read_file(const std::string& path) {
   return out;
 }
 
+size_t encode_state_into(const RankState& s, uint8_t* dst) {
+  Out out{dst};
+  out.bytes(kRankMagic, sizeof kRankMagic);
+  out.put<int64_t>(s.step);
+  out.put<int64_t>(s.steps_per_epoch);
+  out.put<int64_t>(s.rank);
+  out.put<int64_t>(s.ranks);
+  out.put<double>(s.lr_scale);
+  out.put<int64_t>(s.nan_restores);
+  out.put<uint64_t>(s.dropout_step);
+  out.put<uint64_t>(s.sgd_started ? 1 : 0);
+  out.array(s.params);
+  out.array(s.buffers);
+  out.array(s.velocity);
+  out.array(s.delayed_delta);
+  out.array(s.shuffle);
+  // The file checks itself too.
+  out.put<uint64_t>(dst != nullptr ? checksum(dst, out.n) : 0);
+  return out.n;
+}
+
 std::vector<uint8_t> encode_state(const RankState& s) {
-  std::vector<uint8_t> out;
-  out.reserve(
-      128 + 4 * (s.params.size() + s.buffers.size() + s.velocity.size() + s.delayed_delta.size()) +
-      s.shuffle.size());
-  put_bytes(out, kRankMagic, sizeof kRankMagic);
-  put<int64_t>(out, s.step);
-  put<int64_t>(out, s.steps_per_epoch);
-  put<int64_t>(out, s.rank);
-  put<int64_t>(out, s.ranks);
-  put<double>(out, s.lr_scale);
-  put<int64_t>(out, s.nan_restores);
-  put<uint64_t>(out, s.dropout_step);
-  put<uint64_t>(out, s.sgd_started ? 1 : 0);
-  put_array(out, s.params);
-  put_array(out, s.buffers);
-  put_array(out, s.velocity);
-  put_array(out, s.delayed_delta);
-  put_array(out, s.shuffle);
-  put<uint64_t>(out, checksum(out.data(), out.size()));  // the file checks itself too
+  std::vector<uint8_t> out(encode_state_into(s, nullptr));
+  encode_state_into(s, out.data());
   return out;
 }
 

@@ -25,6 +25,8 @@ struct RankState {
 // The state as bytes (little-endian, the host's float format) and back. decode_state throws
 // std::runtime_error naming `what` for anything malformed or truncated.
 std::vector<uint8_t> encode_state(const RankState& s);
+// The same bytes written at dst (which has room for them); with dst null, only their count.
+size_t encode_state_into(const RankState& s, uint8_t* dst);
 RankState decode_state(const uint8_t* data, size_t size, const std::string& what);
 
 }  // namespace gg::gossip

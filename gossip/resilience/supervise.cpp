@@ -11,10 +11,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "gossip/config/config.hpp"
+#include "gossip/resilience/emergency.hpp"
 
 namespace gg::gossip {
 namespace {
@@ -40,15 +43,26 @@ bool is_count(const std::string& s) {
 }
 
 constexpr const char* kHelp =
-    "usage: gossipgrad supervise [--max-restarts N] [--shrink-on-failure] [--min-ranks M] --\n"
+    "usage: gossipgrad supervise [--max-restarts N] [--shrink-on-failure] [--min-ranks M]\n"
+    "                            [--stop-timeout S] [--emergency-dir DIR|none] --\n"
     "                            mpirun -n P gossipgrad train ... --checkpoint.dir DIR ...\n\n"
     "Runs the job; when it fails (not a usage error, exit 2), runs it again with\n"
-    "--checkpoint.resume auto, so it continues from the newest valid checkpoint in DIR.\n"
+    "--checkpoint.resume auto: from the ranks' emergency states (below) where there are\n"
+    "some, else from the newest valid checkpoint in DIR.\n"
     "  --max-restarts N      give up after N restarts (default 3)\n"
     "  --shrink-on-failure   each restart runs one rank fewer (mpirun's -n/-np), down to\n"
     "                        --min-ranks (default 1); the checkpoint's ranks are averaged\n"
     "  --stop-timeout S      after SIGTERM or SIGINT, seconds the job has to write its\n"
     "                        checkpoint and exit before it is killed (default 120)\n"
+    "  --emergency-dir DIR   where the ranks' savers write their states (default: the job's\n"
+    "                        --checkpoint.dir/emergency; none: restarts from checkpoints only)\n"
+    "Real failures: under MPICH's hydra (mpirun/mpiexec) the job runs with\n"
+    "-disable-auto-cleanup. Every rank keeps its state of its last completed step in memory it\n"
+    "shares with a saver process of its own; when a rank dies, each saver writes its rank's\n"
+    "state (the dead rank's too, unless its machine is gone), the supervisor ends the job and\n"
+    "runs it again from those states: at its size when all were saved (restore), else with the\n"
+    "ranks that have one, the samples reassigned (forward). At most one step is redone. A\n"
+    "corrupt state, or none, falls back to the newest full checkpoint, saying so in one line.\n"
     "Restarts get GG_SUPERVISE_ATTEMPT=k in their environment; fault.* hooks fire only in\n"
     "attempt 0. SIGTERM or SIGINT (Ctrl-C) stops the job: it is sent SIGTERM once, writes a\n"
     "checkpoint where checkpoint.dir is set, and is not restarted; the exit code is then\n"
@@ -78,11 +92,61 @@ std::vector<std::string> restart_command(const std::vector<std::string>& job, in
   return out;
 }
 
+std::vector<std::string> with_failure_notice(const std::vector<std::string>& job) {
+  if (job.empty() || !is_hydra_launcher(job[0])) return job;
+  for (const std::string& a : job)
+    if (a == "-disable-auto-cleanup" || a == "--disable-auto-cleanup") return job;
+  std::vector<std::string> out = job;
+  out.insert(out.begin() + 1, "-disable-auto-cleanup");
+  return out;
+}
+
+std::vector<std::string> with_ranks(const std::vector<std::string>& job, int ranks) {
+  std::vector<std::string> out = job;
+  for (size_t i = 0; i + 1 < out.size(); ++i)
+    if ((out[i] == "-n" || out[i] == "-np") && is_count(out[i + 1])) {
+      out[i + 1] = std::to_string(ranks);
+      break;
+    }
+  return out;
+}
+
+int job_ranks(const std::vector<std::string>& job) {
+  for (size_t i = 0; i + 1 < job.size(); ++i)
+    if ((job[i] == "-n" || job[i] == "-np") && is_count(job[i + 1])) return std::stoi(job[i + 1]);
+  return 1;
+}
+
+bool is_hydra_launcher(const std::string& launcher) {
+  const std::string base = std::filesystem::path(launcher).filename().string();
+  if (base.rfind("mpirun", 0) != 0 && base.rfind("mpiexec", 0) != 0) return false;
+  // Debian's mpirun/mpiexec are alternatives: hydra is the one whose real name says so.
+  std::string path = launcher;
+  if (launcher.find('/') == std::string::npos) {
+    const char* env = std::getenv("PATH");
+    std::string dirs = env ? env : "";
+    for (size_t at = 0; at <= dirs.size();) {
+      const size_t end = std::min(dirs.find(':', at), dirs.size());
+      const std::filesystem::path p = std::filesystem::path(dirs.substr(at, end - at)) / launcher;
+      if (::access(p.c_str(), X_OK) == 0) {
+        path = p.string();
+        break;
+      }
+      at = end + 1;
+    }
+  }
+  std::error_code ec;
+  const std::string real = std::filesystem::canonical(path, ec).filename().string();
+  const std::string name = ec ? base : real;
+  return name.find("hydra") != std::string::npos || name.find("mpich") != std::string::npos;
+}
+
 namespace {
 
 struct SuperviseOptions {
   int max_restarts = 3, min_ranks = 1, stop_timeout = 120;
   bool shrink = false;
+  std::string emergency_dir;  // empty: the job's checkpoint.dir/emergency, or none
   bool help = false;
   std::vector<std::string> job;  // the command after "--"
 };
@@ -102,6 +166,8 @@ SuperviseOptions parse_supervise(const std::vector<std::string>& args) {
     }
     if (a == "--shrink-on-failure") {
       o.shrink = true;
+    } else if (a == "--emergency-dir" && i + 1 < args.size()) {
+      o.emergency_dir = args[++i];
     } else if ((a == "--max-restarts" || a == "--min-ranks" || a == "--stop-timeout") &&
                i + 1 < args.size() && is_count(args[i + 1])) {
       const int v = std::stoi(args[++i]);
@@ -116,18 +182,98 @@ SuperviseOptions parse_supervise(const std::vector<std::string>& args) {
   o.job.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
   if (o.job.empty()) throw UsageError("supervise: no command after '--'");
   if (o.min_ranks < 1) throw UsageError("supervise: --min-ranks must be >= 1");
+  if (o.emergency_dir == "none")
+    o.emergency_dir.clear();
+  else if (o.emergency_dir.empty())
+    for (size_t k = 0; k < o.job.size(); ++k) {
+      const std::string& a = o.job[k];
+      if (a == "--checkpoint.dir" && k + 1 < o.job.size())
+        o.emergency_dir = o.job[k + 1] + "/emergency";
+      else if (a.rfind("--checkpoint.dir=", 0) == 0)
+        o.emergency_dir = a.substr(17) + "/emergency";
+    }
   return o;
 }
 
+// Survivors of a real failure write their states into `folder` and wait (emergency.hpp). Once
+// saves show and none is in flight, none began for kSettle and kNoticeWindow passed since the
+// first, the job is ended — unless every save so far was for a partner timeout: then first the
+// launcher gets SIGUSR1: hydra passes it to every rank, so the other ranks, which no launcher
+// told of a death, save theirs too; once that round settled as well, the job is ended. Saves still
+// in flight after kSaveBound are given up (their ranks count as lost); savers outlive their ranks,
+// so after the job's end the saves in flight finish too.
+class EmergencyWatch {
+ public:
+  explicit EmergencyWatch(std::string folder) : folder_(std::move(folder)) {}
+  // Whether the job should be ended now.
+  bool poll(pid_t launcher) {
+    if (folder_.empty()) return false;
+    const EmergencyActivity a = emergency_activity(folder_);
+    if (!a.any()) return false;
+    const Clock::time_point now = Clock::now();
+    if (!seen_) {
+      seen_ = true;
+      first_ = changed_ = round_ = now;
+    }
+    if (a.states != last_.states || a.saving != last_.saving) changed_ = now;
+    last_ = a;
+    if (now - first_ > kSaveBound) return true;
+    const bool settled =
+        a.saving == 0 && now - round_ >= kNoticeWindow && now - changed_ >= kSettle;
+    if (!settled) return false;
+    // A death reached the ranks as hydra's notice or took their savers' pipes: no round more.
+    if (signalled_ || a.timeouts < a.states + a.saving) return true;
+    ::kill(launcher, SIGUSR1);
+    signalled_ = true;
+    round_ = changed_ = now;
+    return false;
+  }
+  bool seen() const { return seen_; }
+  int states() const { return last_.states; }
+  // After the job ended: the saves still in flight finish (the savers outlive their ranks).
+  void drain() {
+    if (folder_.empty()) return;
+    const Clock::time_point end = Clock::now();
+    Clock::time_point changed = end;
+    EmergencyActivity last = emergency_activity(folder_);
+    for (;;) {
+      const Clock::time_point now = Clock::now();
+      const EmergencyActivity a = emergency_activity(folder_);
+      if (a.states != last.states || a.saving != last.saving) changed = now;
+      last = a;
+      if (now - end > kSaveBound) return;
+      if (a.saving == 0 && now - end >= kDrainWindow && now - changed >= kSettle) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  static constexpr auto kNoticeWindow = std::chrono::milliseconds(400);
+  static constexpr auto kSettle = std::chrono::milliseconds(200);
+  static constexpr auto kSaveBound = std::chrono::seconds(60);
+  static constexpr auto kDrainWindow = std::chrono::milliseconds(400);
+  std::string folder_;
+  bool seen_ = false, signalled_ = false;
+  Clock::time_point first_, changed_, round_;
+  EmergencyActivity last_;
+};
+
 // Waits for the job; once a stop is requested, for at most `stop_timeout` seconds, after which
-// its process group is killed. Returns its wait status.
-int wait_for_job(pid_t pid, int stop_timeout) {
+// its process group is killed; once the survivors of a real failure saved their states in
+// `folder`, it is killed at once. Returns its wait status.
+int wait_for_job(pid_t pid, int stop_timeout, const std::string& folder) {
   using Clock = std::chrono::steady_clock;
   Clock::time_point deadline = Clock::time_point::max();
+  EmergencyWatch emergency(folder);
+  bool ended = false;
   for (;;) {
     int status = 0;
     const pid_t r = ::waitpid(pid, &status, WNOHANG);
-    if (r == pid) return status;
+    if (r == pid) {
+      if (status != 0) emergency.drain();
+      return status;
+    }
     if (r < 0 && errno != EINTR)
       throw std::runtime_error(std::string("supervise: waitpid: ") + std::strerror(errno));
     if (g_stop.load() != 0 && deadline == Clock::time_point::max())
@@ -139,14 +285,25 @@ int wait_for_job(pid_t pid, int stop_timeout) {
       ::kill(-pid, SIGKILL);
       deadline = Clock::time_point::max() - std::chrono::hours(1);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (!ended && g_stop.load() == 0 && emergency.poll(pid)) {
+      std::fprintf(stderr,
+                   "gossipgrad supervise: a rank failed; %d survivor state(s) written: ending "
+                   "the job\n",
+                   emergency.states());
+      std::fflush(stderr);
+      ::kill(-pid, SIGKILL);
+      ended = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(emergency.seen() ? 20 : 50));
   }
 }
 
 // Runs `cmd` as attempt `attempt` (GG_SUPERVISE_ATTEMPT in its environment) in a process group of
 // its own (a Ctrl-C reaches the job through the supervisor only, once) and waits for it; returns
 // its wait status.
-int run_attempt(const std::vector<std::string>& cmd, int attempt, int stop_timeout) {
+int run_attempt(const std::vector<std::string>& cmd, int attempt, int stop_timeout,
+                const std::vector<std::pair<std::string, std::string>>& env,
+                const std::string& folder) {
   std::string line;
   for (const std::string& a : cmd) line += (line.empty() ? "" : " ") + a;
   std::fprintf(stderr, "gossipgrad supervise: attempt %d: %s\n", attempt, line.c_str());
@@ -161,6 +318,9 @@ int run_attempt(const std::vector<std::string>& cmd, int attempt, int stop_timeo
     if (null >= 0) ::dup2(null, STDIN_FILENO);
     const std::string value = std::to_string(attempt);
     ::setenv("GG_SUPERVISE_ATTEMPT", value.c_str(), 1);
+    ::unsetenv(kEmergencyDirEnv);
+    ::unsetenv(kEmergencyFromEnv);
+    for (const auto& [name, v] : env) ::setenv(name.c_str(), v.c_str(), 1);
     std::vector<char*> argv;
     for (const std::string& a : cmd) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
@@ -172,9 +332,64 @@ int run_attempt(const std::vector<std::string>& cmd, int attempt, int stop_timeo
   ::setpgid(pid, pid);  // also here: no signal may find the child still in our group
   g_child = pid;
   if (g_stop.load() != 0) ::kill(pid, SIGTERM);  // a stop that came during the fork
-  const int status = wait_for_job(pid, stop_timeout);
+  const int status = wait_for_job(pid, stop_timeout, folder);
   g_child = 0;
   return status;
+}
+
+}  // namespace
+
+namespace {
+
+// After attempt `attempt` of `ranks` ranks failed: the survivors' states in `folder`, checked.
+// Returns the recovery plan to relaunch with, or nullopt (with the one line saying why) to fall
+// back to the newest full checkpoint.
+std::optional<RecoveryPlan> plan_forward(const std::string& folder, int ranks, int min_ranks,
+                                         bool notice) {
+  std::error_code ec;
+  if (folder.empty() || !notice) return std::nullopt;
+  const EmergencyScan scan = scan_emergency_states(folder, ranks);
+  const char* fallback = "restarting from the newest full checkpoint instead";
+  if (!scan.corrupt.empty()) {
+    std::fprintf(stderr, "gossipgrad supervise: emergency state %s: %s\n", scan.corrupt.c_str(),
+                 fallback);
+    return std::nullopt;
+  }
+  if (scan.survivors.empty()) {
+    std::fprintf(stderr, "gossipgrad supervise: no emergency state in %s: %s\n", folder.c_str(),
+                 fallback);
+    return std::nullopt;
+  }
+  if (static_cast<int>(scan.survivors.size()) < min_ranks) {
+    std::fprintf(stderr,
+                 "gossipgrad supervise: %zu survivor state(s) in %s, fewer than --min-ranks %d: "
+                 "%s\n",
+                 scan.survivors.size(), folder.c_str(), min_ranks, fallback);
+    return std::nullopt;
+  }
+  if (scan.max_step - scan.min_step > 1) {
+    std::fprintf(stderr,
+                 "gossipgrad supervise: the emergency states in %s span steps %lld to %lld (more "
+                 "than the step in flight): %s\n",
+                 folder.c_str(), static_cast<long long>(scan.min_step),
+                 static_cast<long long>(scan.max_step), fallback);
+    return std::nullopt;
+  }
+  RecoveryPlan plan;
+  plan.survivors = scan.survivors;
+  plan.lost = scan.lost;
+  plan.ranks_before = ranks;
+  plan.step = scan.min_step;
+  plan.steps_redone = scan.max_step - scan.min_step;
+  plan.failed_unix = scan.first_written_unix;
+  plan.first_gone = scan.first_gone;
+  try {
+    write_recovery_plan(folder, plan);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gossipgrad supervise: %s: %s\n", e.what(), fallback);
+    return std::nullopt;
+  }
+  return plan;
 }
 
 }  // namespace
@@ -187,14 +402,49 @@ int cmd_supervise(const std::vector<std::string>& args) {
   }
   std::signal(SIGINT, stop_job);
   std::signal(SIGTERM, stop_job);
+  namespace fs = std::filesystem;
+  const bool notice = !o.job.empty() && is_hydra_launcher(o.job[0]);
+  if (!o.emergency_dir.empty() && !notice)
+    std::fprintf(stderr,
+                 "gossipgrad supervise: %s is not MPICH's hydra: no failure notice, so a dead "
+                 "rank ends the job and it restarts from its newest full checkpoint\n",
+                 o.job[0].c_str());
+  std::string from;  // the previous attempt's folder whose survivors this attempt continues
+  int ranks = job_ranks(o.job);
+  int restarts_from_checkpoint = 0;
   for (int attempt = 0;; ++attempt) {
-    const std::vector<std::string> cmd =
-        attempt == 0 ? o.job : restart_command(o.job, attempt, o.shrink, o.min_ranks);
+    std::vector<std::string> cmd;
+    if (attempt == 0)
+      cmd = o.job;
+    else if (!from.empty())
+      cmd = with_ranks(restart_command(o.job, attempt, false, o.min_ranks), ranks);
+    else
+      cmd = restart_command(o.job, restarts_from_checkpoint, o.shrink, o.min_ranks);
+    if (from.empty()) ranks = job_ranks(cmd);
+    if (!o.emergency_dir.empty()) cmd = with_failure_notice(cmd);
+    std::vector<std::pair<std::string, std::string>> env;
+    std::string folder;
+    if (!o.emergency_dir.empty() && notice) {
+      folder = (fs::path(o.emergency_dir) / ("attempt-" + std::to_string(attempt))).string();
+      std::error_code ec;
+      fs::remove_all(folder, ec);  // a state left by an earlier supervise session is not ours
+      fs::create_directories(folder, ec);
+      if (ec) {
+        std::fprintf(stderr, "gossipgrad supervise: cannot create %s: %s\n", folder.c_str(),
+                     ec.message().c_str());
+        return 1;
+      }
+      env.emplace_back(kEmergencyDirEnv, folder);
+      if (!from.empty()) env.emplace_back(kEmergencyFromEnv, from);
+    }
     const auto t0 = std::chrono::steady_clock::now();
-    const int status = run_attempt(cmd, attempt, o.stop_timeout);
+    const int status = run_attempt(cmd, attempt, o.stop_timeout, env, folder);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (!folder.empty())  // what the survivors of a real failure could not print themselves
+      for (const std::string& line : emergency_logs(folder, ranks))
+        std::fprintf(stderr, "%s\n", line.c_str());
     if (const int sig = g_stop.load()) {
       std::fprintf(stderr,
                    "gossipgrad supervise: stopped by %s: the job was told to stop and exited "
@@ -206,6 +456,10 @@ int cmd_supervise(const std::vector<std::string>& args) {
     if (code == 0) {
       std::fprintf(stderr, "gossipgrad supervise: the job completed after %d restart(s)\n",
                    attempt);
+      if (!o.emergency_dir.empty() && notice) {
+        std::error_code ec;  // the final checkpoint supersedes every emergency state
+        fs::remove_all(o.emergency_dir, ec);
+      }
       return 0;
     }
     std::string how = WIFEXITED(status) ? "exit code " + std::to_string(code)
@@ -224,6 +478,40 @@ int cmd_supervise(const std::vector<std::string>& args) {
                    attempt, how.c_str(), attempt);
       return code;
     }
+    if (!from.empty() && !folder.empty() && emergency_activity(folder).states == 0) {
+      // A relaunch that failed before any state of its own (a second death during the
+      // recovery): the states it started from are still the newest.
+      std::fprintf(stderr,
+                   "gossipgrad supervise: attempt %d failed with %s after %.1f s, before any "
+                   "state of its own: relaunching from the states in %s again\n",
+                   attempt, how.c_str(), seconds, from.c_str());
+      continue;
+    }
+    const std::optional<RecoveryPlan> plan = plan_forward(folder, ranks, o.min_ranks, notice);
+    if (plan) {
+      std::string lost;
+      for (int r : plan->lost) {
+        if (!lost.empty()) lost += ',';
+        lost += std::to_string(r);
+      }
+      const std::string first =
+          plan->first_gone < 0
+              ? ""
+              : "; rank " + std::to_string(plan->first_gone) + "'s process ended first";
+      std::fprintf(stderr,
+                   "gossipgrad supervise: attempt %d failed with %s after %.1f s%s: %zu of %d "
+                   "rank states saved (lost: %s); %zu ranks continue at step %lld from them "
+                   "(%s, %lld step(s) redone)\n",
+                   attempt, how.c_str(), seconds, first.c_str(), plan->survivors.size(), ranks,
+                   lost.empty() ? "none" : lost.c_str(), plan->survivors.size(),
+                   static_cast<long long>(plan->step), plan->strategy(),
+                   static_cast<long long>(plan->steps_redone));
+      from = folder;
+      ranks = static_cast<int>(plan->survivors.size());
+      continue;
+    }
+    from.clear();
+    ++restarts_from_checkpoint;
     std::fprintf(stderr,
                  "gossipgrad supervise: attempt %d failed with %s after %.1f s; restarting from "
                  "the latest valid checkpoint\n",

@@ -1,6 +1,7 @@
 // `gossipgrad supervise [options] -- mpirun -n P gossipgrad train ...`: runs a training job and,
-// when it dies, starts it again from its latest valid checkpoint (`--checkpoint.resume auto`),
-// with the same or (--shrink-on-failure) one rank fewer, until it completes.
+// when it dies, starts it again: with the survivors of a real failure from their emergency states
+// (gossip/resilience/emergency.hpp), else from its latest valid checkpoint
+// (`--checkpoint.resume auto`) with the same or (--shrink-on-failure) one rank fewer.
 #pragma once
 
 #include <string>
@@ -13,6 +14,15 @@ namespace gg::gossip {
 // lowered by one per restart, never below `min_ranks`.
 std::vector<std::string> restart_command(const std::vector<std::string>& job, int attempt,
                                          bool shrink, int min_ranks);
+
+// Whether `launcher` (argv[0] of the job) is MPICH's hydra mpirun/mpiexec, found on PATH.
+bool is_hydra_launcher(const std::string& launcher);
+// The job with hydra's failure notice on (-disable-auto-cleanup after the launcher: a dead rank
+// no longer takes the others down, they get SIGUSR1); unchanged for other launchers.
+std::vector<std::string> with_failure_notice(const std::vector<std::string>& job);
+// The rank count after -n/-np (1 when none), and the job with another one.
+int job_ranks(const std::vector<std::string>& job);
+std::vector<std::string> with_ranks(const std::vector<std::string>& job, int ranks);
 
 // The whole subcommand; returns the exit code.
 int cmd_supervise(const std::vector<std::string>& args);

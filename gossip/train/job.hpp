@@ -14,6 +14,7 @@
 
 #include "gossip/comm/mpi.hpp"
 #include "gossip/config/config.hpp"
+#include "gossip/resilience/emergency.hpp"
 #include "gossip/resilience/faults.hpp"
 #include "gossip/resilience/rank_state.hpp"
 #include "gossip/train/data.hpp"
@@ -24,6 +25,8 @@
 #include "gossip/train/trainer.hpp"
 
 namespace gg::gossip {
+
+class EmergencyState;
 
 using Clock = std::chrono::steady_clock;
 inline double seconds_since(Clock::time_point t0) {
@@ -94,6 +97,8 @@ struct JobState {
   std::vector<std::unique_ptr<GroupObjects>> parked;
   std::vector<std::unique_ptr<mpi::Comm>> comms;  // the survivors' communicators
   StopSignals* stop_signals = nullptr;
+  EmergencyState* emergency = nullptr;       // under supervise: the state a real failure saves
+  std::optional<RecoveryPlan> real_failure;  // this job continues the survivors of one
   // This rank's index in the live group, or -1 once it left.
   int group_rank_of(int original) const;
 };

@@ -12,6 +12,7 @@
 
 #include "gossip/comm/wait_watch.hpp"
 #include "gossip/train/agree.hpp"
+#include "gossip/train/emergency_state.hpp"
 #include "gossip/train/job.hpp"
 #include "gossip/train/run_lock.hpp"
 #include "gossip/train/simulated_failures.hpp"
@@ -96,6 +97,47 @@ void check_checkpoint_space(const Group& g) {
   throw_agreed(g.comm, error);
 }
 
+// A relaunch after a real failure (take_emergency_states): a line, and a fault event per lost
+// rank (or one naming the first rank process gone, when every state was saved), with the seconds
+// from the first saver's notice of the failure to now (training again).
+void report_real_failure(Group& g, JobState& job) {
+  if (!job.real_failure) return;
+  const RecoveryPlan& p = *job.real_failure;
+  const double now_unix =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  if (g.lead) {
+    std::string who;
+    for (int r : p.lost) who += (who.empty() ? "" : ", ") + std::to_string(r);
+    const std::string what = p.lost.empty()
+                                 ? "every rank's state was saved (rank " +
+                                       std::to_string(p.first_gone) + "'s process ended first)"
+                                 : "rank(s) " + who + " lost";
+    std::printf(
+        "gossipgrad: a real failure in step %lld of %d ranks: %s; %d ranks carry on from their "
+        "emergency states at step %lld of %lld (%s, %lld step(s) redone, %.1f s after the "
+        "failure)\n",
+        static_cast<long long>(p.step), p.ranks_before, what.c_str(), g.comm.size(),
+        static_cast<long long>(g.first), static_cast<long long>(g.total), p.strategy(),
+        static_cast<long long>(p.steps_redone), now_unix - p.failed_unix);
+    std::fflush(stdout);
+    std::vector<int> ranks = p.lost;
+    if (ranks.empty()) ranks.push_back(p.first_gone);
+    for (int r : ranks)
+      job.metrics.write({{"event", "fault"},
+                         {"real", true},
+                         {"step", p.step},
+                         {"rank", r},
+                         {"strategy", p.strategy()},
+                         {"steps_redone", p.steps_redone},
+                         {"ranks_before", p.ranks_before},
+                         {"ranks_after", g.comm.size()},
+                         {"first_step", g.first},
+                         {"recovery_s", now_unix - p.failed_unix},
+                         {"t_unix", now_unix}});
+  }
+  job.real_failure.reset();
+}
+
 // The metrics file (rank 0 of the job, or of the survivors once it failed) and the job's first
 // lines: ranks, model, data, schedule.
 void announce_start(Group& g, JobState& job) {
@@ -108,6 +150,7 @@ void announce_start(Group& g, JobState& job) {
   }
   if (emulated(c)) job.metrics.tag("emulated", true);
   report_recovery(g, job);
+  report_real_failure(g, job);
   if (!g.lead || job.started) return;
   const std::string mixing = c.gossip.mode == "allreduce"
                                  ? std::string("allreduce")
@@ -285,6 +328,7 @@ Ending train_group(const Config& c, const mpi::Comm& comm, JobState& job, GroupO
   if (g.first >= g.total) return nothing_to_do(g, job);
   StepHooks hooks = make_step_hooks(g, job);
   g.data.start(g.epochs, g.first);
+  if (job.emergency) job.emergency->keep(g);  // the state before the group's first step
   job.summary.steps = g.first;
   shuffle::Batch batch;
   StepRecord r;
@@ -322,6 +366,8 @@ RunSummary wait_as_failed(JobState& job) {
 }
 
 [[noreturn]] void abort_job(const mpi::Comm& world, const char* what) {
+  // A peer died and this rank's state is being saved: MPI_Abort would kill every survivor.
+  if (EmergencyState::handling()) EmergencyState::park();
   std::fprintf(stderr, "gossipgrad: rank %d: error: %s\n", world.rank(), what);
   std::fflush(stderr);
   std::fflush(stdout);
@@ -359,6 +405,10 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
   const std::unique_ptr<RunLock> lock = lock_checkpoint_dir(c, world);
   JobState job(world);
   job.stop_signals = &stop_signals;
+  // Under gossipgrad supervise: a real failure's notice saves this rank's state (emergency_state).
+  const std::unique_ptr<EmergencyState> emergency =
+      EmergencyState::from_environment(world.rank(), world.size());
+  job.emergency = emergency.get();
   job.t_start = Clock::now();
   for (int r = 0; r < world.size(); ++r) job.members.push_back(r);
   if (!c.log.samples.empty()) {
@@ -370,6 +420,7 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
   }
   const mpi::Comm* comm = &world;
   job.configs.push_back(c);
+  take_emergency_states(c, world, job);  // a relaunch of the survivors of a real failure
   for (;;) {
     auto objects = std::make_unique<GroupObjects>();
     Ending end = Ending::Done;
@@ -383,6 +434,9 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
       if (!job.parked.empty()) mpi::mark_peer_lost();
       throw;
     } catch (const std::exception& e) {
+      // A partner timed out under supervise: a peer died without a notice (a lost link). This
+      // rank saves its state and leaves the relaunch to the supervisor.
+      if (job.emergency && mpi::peer_lost()) job.emergency->save_and_wait();
       // Maybe this rank's alone (a full disk, a failed read): unwinding would wait in collective
       // teardown for ranks that went on, so the job ends here, with this rank's line.
       if (world.size() > 1) abort_job(world, e.what());

@@ -53,6 +53,8 @@ class Recovery {
   int64_t same_point(int64_t step, int64_t old_per_epoch) const;
   // The network changed shape (apoptosis): the NaN guard's snapshot is taken afresh.
   void model_changed() { snapshot_.reset(); }
+  // The NaN guard's restores so far (part of a rank's state).
+  int nan_restores() const { return nan_restores_; }
 
   // Before step s: the NaN guard's snapshot, when one is due (a collective).
   void before_step(int64_t s);

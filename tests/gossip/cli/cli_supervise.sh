@@ -13,8 +13,9 @@ RUN=(train --config "$ROOT/configs/laptop.ini" --data.dir /usr/share/datasets/fa
      --model.width 4 --train.threads 1 --train.warmup_epochs 0
      --train.eval_batch 1000 --log.progress false --gossip.consensus_every 0)
 
-# Rank 1 dies at step 150 of 300; checkpoints every 40 steps.
-"$BIN" supervise --max-restarts 2 -- "$MPIEXEC" -n 2 "$BIN" "${RUN[@]}" --train.epochs 1 \
+# Rank 1 dies at step 150 of 300; checkpoints every 40 steps; no emergency states (the restart
+# from the newest checkpoint; cli_real_failure.sh tests the states).
+"$BIN" supervise --max-restarts 2 --emergency-dir none -- "$MPIEXEC" -n 2 "$BIN" "${RUN[@]}" --train.epochs 1 \
   --train.max_steps 300 \
   --checkpoint.dir ck --checkpoint.every 40 --fault.kill 1:150 --log.metrics m.jsonl \
   > out.log 2> err.log || fail "supervise exited $?: $(tail -5 err.log)"
@@ -30,7 +31,7 @@ grep -q '"ranks": 2' ck/ckpt-000000000300/MANIFEST.json || fail "no final checkp
 
 # 3 ranks, rank 2 killed; the restart runs 2 ranks from the 3-rank checkpoint.
 SYN=(--data.source synthetic:1x28x28:10:2000 --data.prefetch 2 --train.batch 32 --train.epochs 3)
-"$BIN" supervise --shrink-on-failure -- "$MPIEXEC" -n 3 "$BIN" "${RUN[@]}" "${SYN[@]}" \
+"$BIN" supervise --shrink-on-failure --emergency-dir none -- "$MPIEXEC" -n 3 "$BIN" "${RUN[@]}" "${SYN[@]}" \
   --train.max_steps 50 --checkpoint.dir ck3 --checkpoint.every 20 --fault.kill 2:30 \
   --log.metrics m3.jsonl > out3.log 2> err3.log || fail "shrink: $(tail -5 err3.log)"
 grep -q "attempt 1: .* -n 2 " err3.log || fail "no 2-rank restart"

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gossip/config/config.hpp"
+#include "gossip/resilience/emergency.hpp"
 #include "gossip/resilience/rank_state.hpp"
 #include "gossip/resilience/supervise.hpp"
 #include "gossip/train/recovery.hpp"
@@ -205,6 +206,73 @@ TEST_CASE("supervise restarts add resume auto and shrink mpirun's rank count", "
   const std::vector<std::string> named = {"mpirun", "-np", "2", "g", "--checkpoint.resume=DIR"};
   r = restart_command(named, 1, true, 1);
   CHECK(r == std::vector<std::string>{"mpirun", "-np", "1", "g", "--checkpoint.resume=DIR"});
+}
+
+TEST_CASE("supervise turns hydra's failure notice on and sets the survivors' rank count",
+          "[resilience]") {
+  const std::vector<std::string> job = {"mpiexec.hydra", "-n", "4", "gossipgrad", "train"};
+  CHECK(is_hydra_launcher("mpiexec.hydra"));
+  CHECK_FALSE(is_hydra_launcher("gossipgrad"));
+  CHECK_FALSE(is_hydra_launcher("/nonexistent/srun"));
+  const auto on = with_failure_notice(job);
+  CHECK(on == std::vector<std::string>{"mpiexec.hydra", "-disable-auto-cleanup", "-n", "4",
+                                       "gossipgrad", "train"});
+  CHECK(with_failure_notice(on) == on);  // never twice
+  CHECK(with_failure_notice({"gossipgrad", "train"}) ==
+        std::vector<std::string>{"gossipgrad", "train"});
+  CHECK(job_ranks(job) == 4);
+  CHECK(with_ranks(job, 3)[2] == "3");
+}
+
+TEST_CASE("emergency states: survivors, lost ranks, a corrupt file and the recovery plan",
+          "[resilience]") {
+  TempDir tmp;
+  const auto put = [&](int rank, int64_t step) {
+    RankState s = sample_state();
+    s.rank = rank;
+    s.ranks = 4;
+    s.step = step;
+    const std::vector<uint8_t> bytes = encode_state(s);
+    write_file_durably((tmp.path / rank_file_name(rank)).string(), bytes.data(), bytes.size());
+  };
+  put(0, 120);
+  put(2, 121);
+  put(3, 121);
+  EmergencyScan scan = scan_emergency_states(tmp.path.string(), 4);
+  CHECK(scan.survivors == std::vector<int>{0, 2, 3});
+  CHECK(scan.lost == std::vector<int>{1});
+  CHECK(scan.corrupt.empty());
+  CHECK(scan.min_step == 120);
+  CHECK(scan.max_step == 121);
+  CHECK(scan.first_written_unix > 0);
+
+  RecoveryPlan plan;
+  plan.survivors = scan.survivors;
+  plan.lost = scan.lost;
+  plan.ranks_before = 4;
+  plan.step = 120;
+  plan.steps_redone = 1;
+  plan.failed_unix = scan.first_written_unix;
+  write_recovery_plan(tmp.path.string(), plan);
+  const RecoveryPlan back = read_recovery_plan(tmp.path.string());
+  CHECK(back.survivors == plan.survivors);
+  CHECK(back.lost == plan.lost);
+  CHECK(back.step == 120);
+  CHECK(back.steps_redone == 1);
+
+  // One flipped byte: named, and not a survivor.
+  const fs::path f = tmp.path / rank_file_name(2);
+  std::vector<uint8_t> bytes = read_file(f.string());
+  bytes[bytes.size() / 2] ^= 0x10;
+  std::ofstream(f, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()),
+             static_cast<std::streamsize>(bytes.size()));
+  scan = scan_emergency_states(tmp.path.string(), 4);
+  CHECK_THAT(scan.corrupt, Catch::Contains("rank-00002.bin") && Catch::Contains("checksum"));
+  CHECK(scan.survivors == std::vector<int>{0, 3});
+  // A state of another rank count does not pass for this one.
+  CHECK_FALSE(scan_emergency_states(tmp.path.string(), 5).corrupt.empty());
+  CHECK_THROWS_WITH(read_recovery_plan((tmp.path / "none").string()), Catch::Contains("missing"));
 }
 
 TEST_CASE("resilience options are range-checked with one clear line", "[resilience]") {

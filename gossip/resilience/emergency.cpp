@@ -1,0 +1,210 @@
+#include "gossip/resilience/emergency.hpp"
+
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "gossip/resilience/full_checkpoint.hpp"
+#include "kernels/durable_file.hpp"
+
+namespace gg::gossip {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr char kGoneCode = 'g';
+
+double wall_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+std::string saving_mark_name(int rank) {
+  char name[32];
+  std::snprintf(name, sizeof name, "rank-%05d.saving", rank);
+  return name;
+}
+
+int run_emergency_saver(const std::string& folder, int rank) {
+  // Nothing the rank had open but the pipe and the shared memory (hydra's sockets among them).
+  std::vector<int> open_fds;
+  for (const auto& entry : fs::directory_iterator("/proc/self/fd"))
+    open_fds.push_back(std::atoi(entry.path().filename().c_str()));
+  for (int fd : open_fds)
+    if (fd > kSaverMemFd) ::close(fd);
+  char why = 0;
+  ssize_t got;
+  do {
+    got = ::read(kSaverPipeFd, &why, 1);
+  } while (got < 0 && errno == EINTR);
+  struct stat st = {};
+  void* p = MAP_FAILED;
+  if (::fstat(kSaverMemFd, &st) == 0 && static_cast<uint64_t>(st.st_size) >= kEmergencySlotsAt)
+    p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, kSaverMemFd, 0);
+  const auto* header = p == MAP_FAILED ? nullptr : static_cast<const EmergencyHeader*>(p);
+  if (got != 1 && header != nullptr && header->ended.load()) return 0;  // a clean end: no save
+  {  // when and how this rank's end was seen: the supervisor names the first rank process gone
+    char when[64];
+    std::snprintf(when, sizeof when, "%.6f %c\n", wall_seconds(), got != 1 ? kGoneCode : why);
+    std::ofstream(fs::path(folder) / emergency_when_name(rank)) << when;
+  }
+  const fs::path mark = fs::path(folder) / saving_mark_name(rank);
+  std::ofstream(mark).put('\n');
+  std::string what;
+  try {
+    if (header == nullptr) throw std::runtime_error("cannot map the shared memory");
+    const size_t total = static_cast<size_t>(st.st_size);
+    const uint32_t active = header->active.load(std::memory_order_acquire);
+    if (active == kNoState) {
+      what = "no step boundary reached yet: nothing saved";
+    } else {
+      const uint64_t size = header->size[active];
+      const uint64_t at = kEmergencySlotsAt + active * header->capacity;
+      if (active > 1 || size > header->capacity || at + size > total)
+        throw std::runtime_error("the shared memory is inconsistent");
+      const auto* bytes = static_cast<const uint8_t*>(p) + at;
+      const std::string path = (fs::path(folder) / rank_file_name(rank)).string();
+      const RankState s = decode_state(bytes, size, path);  // checks it before it goes to disk
+      write_file_durably(path, bytes, size);
+      what = "emergency state after step " + std::to_string(s.step) + " written to " + path;
+    }
+  } catch (const std::exception& e) {
+    what = std::string("emergency state not written: ") + e.what();
+  }
+  const char* reason = got != 1             ? "the rank's process is gone (killed or crashed)"
+                       : why == kNoticeByte ? "a peer process died (SIGUSR1 from the launcher)"
+                                            : "a partner timed out (no notice came: a lost link?)";
+  std::ofstream(fs::path(folder) / emergency_log_name(rank))
+      << "gossipgrad: rank " << rank << ": " << reason << ": " << what << "\n";
+  std::error_code ec;
+  fs::remove(mark, ec);
+  return 0;
+}
+
+std::string emergency_when_name(int rank) {
+  char name[32];
+  std::snprintf(name, sizeof name, "rank-%05d.when", rank);
+  return name;
+}
+
+std::string emergency_log_name(int rank) {
+  char name[32];
+  std::snprintf(name, sizeof name, "rank-%05d.log", rank);
+  return name;
+}
+
+std::vector<std::string> emergency_logs(const std::string& folder, int ranks) {
+  std::vector<std::string> out;
+  for (int r = 0; r < ranks; ++r) {
+    std::ifstream f(fs::path(folder) / emergency_log_name(r));
+    for (std::string line; std::getline(f, line);) out.push_back(line);
+  }
+  return out;
+}
+
+EmergencyActivity emergency_activity(const std::string& folder) {
+  EmergencyActivity a;
+  std::error_code ec;
+  for (fs::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind("rank-", 0) != 0) continue;
+    if (name.ends_with(".saving")) ++a.saving;
+    if (name.ends_with(".bin")) ++a.states;
+    if (name.ends_with(".when")) {
+      std::ifstream f(it->path());
+      double t = 0;
+      char code = 0;
+      if (f >> t >> code && code == kTimeoutByte) ++a.timeouts;
+    }
+  }
+  return a;
+}
+
+EmergencyScan scan_emergency_states(const std::string& folder, int ranks) {
+  EmergencyScan scan;
+  bool first = true;
+  for (int r = 0; r < ranks; ++r) {
+    const std::string path = (fs::path(folder) / rank_file_name(r)).string();
+    struct stat st = {};
+    if (::stat(path.c_str(), &st) != 0) {
+      scan.lost.push_back(r);
+      continue;
+    }
+    try {
+      const std::vector<uint8_t> bytes = read_file(path);
+      const RankState s = decode_state(bytes.data(), bytes.size(), path);
+      if (s.rank != r || s.ranks != ranks)
+        throw std::runtime_error(path + ": written by rank " + std::to_string(s.rank) + " of " +
+                                 std::to_string(s.ranks) + ", expected rank " + std::to_string(r) +
+                                 " of " + std::to_string(ranks));
+      scan.min_step = first ? s.step : std::min(scan.min_step, s.step);
+      scan.max_step = first ? s.step : std::max(scan.max_step, s.step);
+      double t = static_cast<double>(st.st_mtim.tv_sec) + 1e-9 * st.st_mtim.tv_nsec;
+      std::ifstream when(fs::path(folder) / emergency_when_name(r));
+      double seen = 0;
+      char code = 0;
+      if (when >> seen >> code) {
+        t = seen;
+        if (code == kGoneCode && (scan.first_gone < 0 || seen < scan.first_gone_unix)) {
+          scan.first_gone = r;
+          scan.first_gone_unix = seen;
+        }
+      }
+      scan.first_written_unix = first ? t : std::min(scan.first_written_unix, t);
+      first = false;
+      scan.survivors.push_back(r);
+    } catch (const std::exception& e) {
+      if (scan.corrupt.empty()) scan.corrupt = e.what();
+    }
+  }
+  return scan;
+}
+
+void write_recovery_plan(const std::string& folder, const RecoveryPlan& p) {
+  const nlohmann::json j = {
+      {"format", "gossipgrad-recovery-plan"}, {"survivors", p.survivors},       {"lost", p.lost},
+      {"first_gone", p.first_gone},           {"ranks_before", p.ranks_before}, {"step", p.step},
+      {"steps_redone", p.steps_redone},       {"failed_unix", p.failed_unix}};
+  kernels::write_file_durably((fs::path(folder) / kRecoveryPlanFile).string(), j.dump() + "\n");
+}
+
+RecoveryPlan read_recovery_plan(const std::string& folder) {
+  const std::string path = (fs::path(folder) / kRecoveryPlanFile).string();
+  std::ifstream f(path);
+  if (!f) throw std::runtime_error(path + " is missing");
+  RecoveryPlan p;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(f);
+    if (j.value("format", "") != "gossipgrad-recovery-plan")
+      throw std::runtime_error("not a recovery plan");
+    p.survivors = j.at("survivors").get<std::vector<int>>();
+    p.lost = j.at("lost").get<std::vector<int>>();
+    p.first_gone = j.at("first_gone").get<int>();
+    p.ranks_before = j.at("ranks_before").get<int>();
+    p.step = j.at("step").get<int64_t>();
+    p.steps_redone = j.at("steps_redone").get<int64_t>();
+    p.failed_unix = j.at("failed_unix").get<double>();
+    if (p.survivors.empty() || p.step < 0 || p.ranks_before < 1)
+      throw std::runtime_error("survivors, step or ranks_before out of range");
+    for (int r : p.survivors)
+      if (r < 0 || r >= p.ranks_before) throw std::runtime_error("a survivor out of range");
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(path + ": malformed (" + std::string(e.what()) + ")");
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(path + ": " + e.what());
+  }
+  return p;
+}
+
+}  // namespace gg::gossip

@@ -1,0 +1,101 @@
+// Emergency states: what the survivors of a real rank death leave for `gossipgrad supervise`. On
+// the launcher's notice (MPICH hydra's SIGUSR1 under -disable-auto-cleanup) or a partner timeout,
+// each surviving rank starts a saver (a child in a session of its own, out of reach of hydra's
+// proxy, which kills a node's ranks at its next event once it reaped a dead one) that marks
+// `<attempt folder>/rank-NNNNN.saving`, writes the rank's state of the last completed step
+// boundary, in the format of a full checkpoint's rank file (encode_state: self-checking with
+// XXH3-64, written durably), to `rank-NNNNN.bin`, its line to `rank-NNNNN.log` and removes the
+// mark. The rank itself writes no output (that is such an event) and does not exit (under hydra
+// the first survivor that exits gets every other one killed): it waits. The
+// supervisor watches the folder: at the first mark or state it sends the launcher SIGUSR1 (hydra
+// passes it to every rank, so a partner timeout on one rank reaches all), and once no save is in
+// flight it ends the job, scans the states and relaunches the survivors (forward recovery), or
+// falls back to the newest full checkpoint. No MPI here: the supervisor and the tests use it alone.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gg::gossip {
+
+// A rank's exit code after it wrote its emergency state and no supervisor ended it within
+// kEmergencyWaitSeconds (BSD's EX_TEMPFAIL: try again).
+constexpr int kEmergencyExit = 75;
+constexpr int kEmergencyWaitSeconds = 120;
+// The mark a rank leaves while it writes its state: "rank-00000.saving"; and the line it has to
+// say, which the supervisor prints (a survivor's own output would end the job): "rank-00000.log".
+std::string saving_mark_name(int rank);
+std::string emergency_log_name(int rank);
+// When the saver saw its rank's end and how ("<unix seconds> <g|n|t>": gone, notice, timeout).
+std::string emergency_when_name(int rank);
+// The lines the ranks of a job of `ranks` left in `folder`, in rank order.
+std::vector<std::string> emergency_logs(const std::string& folder, int ranks);
+// Environment of a supervised job: the folder where this attempt's ranks write their emergency
+// states, and the folder of the previous attempt whose states this one continues from.
+constexpr const char* kEmergencyDirEnv = "GG_EMERGENCY_DIR";
+constexpr const char* kEmergencyFromEnv = "GG_EMERGENCY_FROM";
+constexpr const char* kRecoveryPlanFile = "RECOVERY.json";
+
+// The memory a rank shares with its saver (a memfd): this header, then from kEmergencySlotsAt two
+// slots of `capacity` bytes, each an encoded RankState (encode_state_into); `active` names the
+// newest complete one, or kNoState. The rank writes the other slot, then flips `active`.
+struct EmergencyHeader {
+  std::atomic<uint32_t> active;
+  std::atomic<uint32_t> ended;  // the rank ended cleanly: its pipe's end asks for no save
+  uint64_t capacity;
+  uint64_t size[2];
+};
+constexpr uint64_t kEmergencySlotsAt = 4096;
+constexpr uint32_t kNoState = 2;
+// What a rank tells its saver, one byte through a pipe: a peer died (the launcher's notice), or a
+// partner timed out. The pipe's end without a byte and without `ended`: the rank process is gone
+// (killed, by the launcher after a peer's death or on its own, or crashed): the saver saves too.
+constexpr char kNoticeByte = 'n';
+constexpr char kTimeoutByte = 't';
+// `gossipgrad _emergency-saver FOLDER RANK`, started by a rank with the pipe's reading end on
+// kSaverPipeFd and the memfd on kSaverMemFd: waits, and on a byte writes the active slot as
+// FOLDER/rank-NNNNN.bin (its mark around it) and the rank's line as rank-NNNNN.log.
+constexpr int kSaverPipeFd = 3;
+constexpr int kSaverMemFd = 4;
+int run_emergency_saver(const std::string& folder, int rank);
+
+// What the supervisor found in an attempt's folder after the job of `ranks` ranks ended.
+struct EmergencyScan {
+  std::vector<int> survivors;  // ranks with a valid state, ascending
+  std::vector<int> lost;       // ranks without one (dead, or killed before their state was durable)
+  std::string corrupt;         // the first invalid state file and why; empty when none
+  int64_t min_step = 0, max_step = 0;  // over the survivors' states
+  double first_written_unix = 0;       // when the first saver saw its rank's end
+  int first_gone = -1;  // the rank whose process ended first, when one ended without a notice
+  double first_gone_unix = 0;
+};
+EmergencyScan scan_emergency_states(const std::string& folder, int ranks);
+
+// What the supervisor sees while the job runs: states written and saves in flight (marks).
+struct EmergencyActivity {
+  int states = 0, saving = 0;
+  int timeouts = 0;  // saves for a partner timeout (no rank was told of a death)
+  bool any() const { return states + saving > 0; }
+};
+EmergencyActivity emergency_activity(const std::string& folder);
+
+// What a relaunch continues from: written by the supervisor into the failed attempt's folder.
+// Ranks are the failed attempt's; new rank i takes the state of survivors[i]; every survivor
+// continues at `step` (the oldest of their states: the step in flight, redone by those that had
+// finished it).
+struct RecoveryPlan {
+  std::vector<int> survivors, lost;
+  int first_gone = -1;  // EmergencyScan::first_gone
+  // Every rank's state saved: the job goes on at its size ("restore"); else with the survivors.
+  const char* strategy() const { return lost.empty() ? "restore" : "forward"; }
+  int ranks_before = 0;
+  int64_t step = 0, steps_redone = 0;
+  double failed_unix = 0;  // when the first emergency state was written
+};
+void write_recovery_plan(const std::string& folder, const RecoveryPlan& plan);
+// Throws std::runtime_error naming the file when it is missing or malformed.
+RecoveryPlan read_recovery_plan(const std::string& folder);
+
+}  // namespace gg::gossip
