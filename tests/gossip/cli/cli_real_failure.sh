@@ -113,7 +113,7 @@ kill -STOP $sup
 kill -9 "$victim"
 for _ in $(seq 300); do
   [ "$(ls ck2/emergency/attempt-0/rank-*.bin 2>/dev/null | wc -l)" = 4 ] &&
-    [ -z "$(ls ck2/emergency/attempt-0/ | grep saving)" ] && break
+    ! compgen -G "ck2/emergency/attempt-0/*.saving" > /dev/null && break
   sleep 0.1
 done
 [ "$(ls ck2/emergency/attempt-0/rank-*.bin | wc -l)" = 4 ] || fail "the savers wrote no states"
