@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -23,8 +24,11 @@ std::map<long, Wait> g_waits;  // the waits in progress, by id
 long g_next_id = 0;
 std::atomic<bool> g_watching{false};
 thread_local std::string t_activity;
+std::atomic<WaitTimeoutHandler> g_timeout_handler{nullptr};
 
 }  // namespace
+
+void set_wait_timeout_handler(WaitTimeoutHandler handler) { g_timeout_handler = handler; }
 
 WaitWatchdog::WaitWatchdog(double limit_s, std::string what_to_raise)
     : limit_s_(limit_s), setting_(std::move(what_to_raise)) {
@@ -59,6 +63,7 @@ void WaitWatchdog::watch() {
       std::fflush(stderr);
       std::fflush(stdout);
       lock.unlock();
+      if (const WaitTimeoutHandler handler = g_timeout_handler.load()) handler();
       std::this_thread::sleep_for(std::chrono::milliseconds(300));  // let mpirun pass it on
       MPI_Abort(MPI_COMM_WORLD, 1);
       return;

@@ -43,6 +43,7 @@ int run_emergency_saver(const std::string& folder, int rank) {
     open_fds.push_back(std::atoi(entry.path().filename().c_str()));
   for (int fd : open_fds)
     if (fd > kSaverMemFd) ::close(fd);
+  std::ofstream(fs::path(folder) / emergency_started_name(rank)).put('\n');
   char why = 0;
   ssize_t got;
   do {
@@ -89,12 +90,35 @@ int run_emergency_saver(const std::string& folder, int rank) {
       << "gossipgrad: rank " << rank << ": " << reason << ": " << what << "\n";
   std::error_code ec;
   fs::remove(mark, ec);
+  // Saved for a timeout: whether the launcher's notice still reaches this rank (the supervisor
+  // sends one to all ranks) tells the supervisor whether its node can be reached at all.
+  if (got == 1 && why == kTimeoutByte) {
+    char byte = 0;
+    ssize_t more;
+    do {
+      more = ::read(kSaverPipeFd, &byte, 1);
+    } while (more < 0 && errno == EINTR);
+    if (more == 1 && byte == kNoticeByte)
+      std::ofstream(fs::path(folder) / emergency_reached_name(rank)).put('\n');
+  }
   return 0;
 }
 
 std::string emergency_when_name(int rank) {
   char name[32];
   std::snprintf(name, sizeof name, "rank-%05d.when", rank);
+  return name;
+}
+
+std::string emergency_started_name(int rank) {
+  char name[32];
+  std::snprintf(name, sizeof name, "rank-%05d.started", rank);
+  return name;
+}
+
+std::string emergency_reached_name(int rank) {
+  char name[32];
+  std::snprintf(name, sizeof name, "rank-%05d.reached", rank);
   return name;
 }
 
@@ -121,6 +145,7 @@ EmergencyActivity emergency_activity(const std::string& folder) {
     if (name.rfind("rank-", 0) != 0) continue;
     if (name.ends_with(".saving")) ++a.saving;
     if (name.ends_with(".bin")) ++a.states;
+    if (name.ends_with(".started")) ++a.started;
     if (name.ends_with(".when")) {
       std::ifstream f(it->path());
       double t = 0;
@@ -131,14 +156,37 @@ EmergencyActivity emergency_activity(const std::string& folder) {
   return a;
 }
 
-EmergencyScan scan_emergency_states(const std::string& folder, int ranks) {
+EmergencyScan scan_emergency_states(const std::string& folder, int ranks, double ended_unix) {
   EmergencyScan scan;
+  // When every save was for a partner timeout (no process died: a link did), the ranks that the
+  // supervisor's notice reached afterwards are the connected ones; the others' nodes are cut off.
+  std::vector<char> code(static_cast<size_t>(ranks), 0);
+  std::vector<bool> reached(static_cast<size_t>(ranks), false);
+  for (int r = 0; r < ranks; ++r) {
+    std::ifstream when(fs::path(folder) / emergency_when_name(r));
+    double t = 0;
+    char c = 0;
+    if (!(when >> t >> c)) continue;
+    if (ended_unix > 0 && t >= ended_unix) continue;  // ended by the supervisor: says nothing
+    code[static_cast<size_t>(r)] = c;
+    reached[static_cast<size_t>(r)] =
+        c == kNoticeByte || fs::exists(fs::path(folder) / emergency_reached_name(r));
+  }
+  const bool timeouts_only =
+      std::all_of(code.begin(), code.end(), [](char c) { return c == 0 || c == kTimeoutByte; }) &&
+      std::any_of(code.begin(), code.end(), [](char c) { return c == kTimeoutByte; });
+  const bool any_reached = std::any_of(reached.begin(), reached.end(), [](bool b) { return b; });
   bool first = true;
   for (int r = 0; r < ranks; ++r) {
     const std::string path = (fs::path(folder) / rank_file_name(r)).string();
     struct stat st = {};
     if (::stat(path.c_str(), &st) != 0) {
       scan.lost.push_back(r);
+      continue;
+    }
+    if (timeouts_only && any_reached && !reached[static_cast<size_t>(r)]) {
+      scan.lost.push_back(r);
+      scan.unreachable.push_back(r);
       continue;
     }
     try {

@@ -30,6 +30,10 @@ std::string saving_mark_name(int rank);
 std::string emergency_log_name(int rank);
 // When the saver saw its rank's end and how ("<unix seconds> <g|n|t>": gone, notice, timeout).
 std::string emergency_when_name(int rank);
+// Left by a saver that saved for a timeout when the launcher's notice reached its rank later.
+std::string emergency_reached_name(int rank);
+// Left by a saver when it starts: its rank has MPI up ("rank-00000.started").
+std::string emergency_started_name(int rank);
 // The lines the ranks of a job of `ranks` left in `folder`, in rank order.
 std::vector<std::string> emergency_logs(const std::string& folder, int ranks);
 // Environment of a supervised job: the folder where this attempt's ranks write their emergency
@@ -65,18 +69,24 @@ int run_emergency_saver(const std::string& folder, int rank);
 struct EmergencyScan {
   std::vector<int> survivors;  // ranks with a valid state, ascending
   std::vector<int> lost;       // ranks without one (dead, or killed before their state was durable)
-  std::string corrupt;         // the first invalid state file and why; empty when none
+  // Ranks with a state whose node the launcher's notice no longer reached after a partner
+  // timeout (a cut link): counted as lost too.
+  std::vector<int> unreachable;
+  std::string corrupt;                 // the first invalid state file and why; empty when none
   int64_t min_step = 0, max_step = 0;  // over the survivors' states
   double first_written_unix = 0;       // when the first saver saw its rank's end
   int first_gone = -1;  // the rank whose process ended first, when one ended without a notice
   double first_gone_unix = 0;
 };
-EmergencyScan scan_emergency_states(const std::string& folder, int ranks);
+// `ended_unix`: when the supervisor ended the job itself (0: it did not); how the savers that
+// saw their ranks end after that ended says nothing about the failure.
+EmergencyScan scan_emergency_states(const std::string& folder, int ranks, double ended_unix = 0);
 
 // What the supervisor sees while the job runs: states written and saves in flight (marks).
 struct EmergencyActivity {
   int states = 0, saving = 0;
   int timeouts = 0;  // saves for a partner timeout (no rank was told of a death)
+  int started = 0;   // savers started (their ranks have MPI up)
   bool any() const { return states + saving > 0; }
 };
 EmergencyActivity emergency_activity(const std::string& folder);

@@ -12,7 +12,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -44,7 +46,8 @@ bool is_count(const std::string& s) {
 
 constexpr const char* kHelp =
     "usage: gossipgrad supervise [--max-restarts N] [--shrink-on-failure] [--min-ranks M]\n"
-    "                            [--stop-timeout S] [--emergency-dir DIR|none] --\n"
+    "                            [--stop-timeout S] [--start-timeout S]\n"
+    "                            [--emergency-dir DIR|none] --\n"
     "                            mpirun -n P gossipgrad train ... --checkpoint.dir DIR ...\n\n"
     "Runs the job; when it fails (not a usage error, exit 2), runs it again with\n"
     "--checkpoint.resume auto: from the ranks' emergency states (below) where there are\n"
@@ -54,6 +57,9 @@ constexpr const char* kHelp =
     "                        --min-ranks (default 1); the checkpoint's ranks are averaged\n"
     "  --stop-timeout S      after SIGTERM or SIGINT, seconds the job has to write its\n"
     "                        checkpoint and exit before it is killed (default 120)\n"
+    "  --start-timeout S     with emergency states: end a job whose ranks have not all started\n"
+    "                        (MPI up) S seconds after launch, e.g. a node the launcher cannot\n"
+    "                        reach (default 120; 0: wait)\n"
     "  --emergency-dir DIR   where the ranks' savers write their states (default: the job's\n"
     "                        --checkpoint.dir/emergency; none: restarts from checkpoints only)\n"
     "Real failures: under MPICH's hydra (mpirun/mpiexec) the job runs with\n"
@@ -61,8 +67,10 @@ constexpr const char* kHelp =
     "shares with a saver process of its own; when a rank dies, each saver writes its rank's\n"
     "state (the dead rank's too, unless its machine is gone), the supervisor ends the job and\n"
     "runs it again from those states: at its size when all were saved (restore), else with the\n"
-    "ranks that have one, the samples reassigned (forward). At most one step is redone. A\n"
-    "corrupt state, or none, falls back to the newest full checkpoint, saying so in one line.\n"
+    "ranks that have one, the samples reassigned (forward). A rank whose partner times out\n"
+    "saves too; when only timeouts happened, the ranks that hydra can no longer pass a notice\n"
+    "to (a cut link) count as lost. At most one step is redone. A corrupt state, or none,\n"
+    "falls back to the newest full checkpoint, saying so in one line.\n"
     "Restarts get GG_SUPERVISE_ATTEMPT=k in their environment; fault.* hooks fire only in\n"
     "attempt 0. SIGTERM or SIGINT (Ctrl-C) stops the job: it is sent SIGTERM once, writes a\n"
     "checkpoint where checkpoint.dir is set, and is not restarted; the exit code is then\n"
@@ -144,7 +152,7 @@ bool is_hydra_launcher(const std::string& launcher) {
 namespace {
 
 struct SuperviseOptions {
-  int max_restarts = 3, min_ranks = 1, stop_timeout = 120;
+  int max_restarts = 3, min_ranks = 1, stop_timeout = 120, start_timeout = 120;
   bool shrink = false;
   std::string emergency_dir;  // empty: the job's checkpoint.dir/emergency, or none
   bool help = false;
@@ -168,12 +176,14 @@ SuperviseOptions parse_supervise(const std::vector<std::string>& args) {
       o.shrink = true;
     } else if (a == "--emergency-dir" && i + 1 < args.size()) {
       o.emergency_dir = args[++i];
-    } else if ((a == "--max-restarts" || a == "--min-ranks" || a == "--stop-timeout") &&
+    } else if ((a == "--max-restarts" || a == "--min-ranks" || a == "--stop-timeout" ||
+                a == "--start-timeout") &&
                i + 1 < args.size() && is_count(args[i + 1])) {
       const int v = std::stoi(args[++i]);
-      (a == "--max-restarts" ? o.max_restarts
-       : a == "--min-ranks"  ? o.min_ranks
-                             : o.stop_timeout) = v;
+      (a == "--max-restarts"   ? o.max_restarts
+       : a == "--min-ranks"    ? o.min_ranks
+       : a == "--stop-timeout" ? o.stop_timeout
+                               : o.start_timeout) = v;
     } else {
       throw UsageError("supervise: unknown or incomplete option '" + a +
                        "' (usage: gossipgrad supervise [options] -- COMMAND ...)");
@@ -202,14 +212,58 @@ SuperviseOptions parse_supervise(const std::vector<std::string>& args) {
 // told of a death, save theirs too; once that round settled as well, the job is ended. Saves still
 // in flight after kSaveBound are given up (their ranks count as lost); savers outlive their ranks,
 // so after the job's end the saves in flight finish too.
+double g_job_ended_unix = 0;  // when the supervisor ended the current attempt itself (0: not)
+
+// Sends `sig` to hydra's mpiexec in the job's process group `job` (the job's command may be a
+// wrapper that runs it: a signal of its own would kill the wrapper); to `job` itself when none.
+void signal_hydra(pid_t job, int sig) {
+  bool sent = false;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it("/proc", ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.empty() ||
+        !std::all_of(name.begin(), name.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      continue;
+    std::ifstream stat(it->path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    // pid (comm) state ppid pgrp ...: comm may hold spaces, so read after the last ')'.
+    const size_t open = line.find('('), close = line.rfind(')');
+    if (open == std::string::npos || close == std::string::npos) continue;
+    const std::string comm = line.substr(open + 1, close - open - 1);
+    std::istringstream rest(line.substr(close + 1));
+    std::string state;
+    long ppid = 0, pgrp = 0;
+    if (!(rest >> state >> ppid >> pgrp) || pgrp != job) continue;
+    if (comm.rfind("mpiexec", 0) != 0) continue;
+    ::kill(static_cast<pid_t>(std::stol(name)), sig);
+    sent = true;
+  }
+  if (!sent) ::kill(job, sig);
+}
+
 class EmergencyWatch {
  public:
-  explicit EmergencyWatch(std::string folder) : folder_(std::move(folder)) {}
+  EmergencyWatch(std::string folder, int ranks, int start_timeout)
+      : folder_(std::move(folder)), ranks_(ranks), start_timeout_(start_timeout) {}
   // Whether the job should be ended now.
   bool poll(pid_t launcher) {
     if (folder_.empty()) return false;
     const EmergencyActivity a = emergency_activity(folder_);
-    if (!a.any()) return false;
+    if (!a.any()) {
+      // Every rank starts a saver once MPI is up: a job whose ranks do not all get there (a
+      // launcher waiting for an unreachable node) is ended after --start-timeout.
+      if (a.started >= ranks_ || start_timeout_ <= 0 ||
+          Clock::now() - begun_ < std::chrono::seconds(start_timeout_))
+        return false;
+      std::fprintf(stderr,
+                   "gossipgrad supervise: %d of %d ranks started within %d s (--start-timeout): "
+                   "ending the job\n",
+                   a.started, ranks_, start_timeout_);
+      start_timeout_ = 0;
+      return true;
+    }
     const Clock::time_point now = Clock::now();
     if (!seen_) {
       seen_ = true;
@@ -223,7 +277,7 @@ class EmergencyWatch {
     if (!settled) return false;
     // A death reached the ranks as hydra's notice or took their savers' pipes: no round more.
     if (signalled_ || a.timeouts < a.states + a.saving) return true;
-    ::kill(launcher, SIGUSR1);
+    signal_hydra(launcher, SIGUSR1);
     signalled_ = true;
     round_ = changed_ = now;
     return false;
@@ -254,6 +308,8 @@ class EmergencyWatch {
   static constexpr auto kSaveBound = std::chrono::seconds(60);
   static constexpr auto kDrainWindow = std::chrono::milliseconds(400);
   std::string folder_;
+  int ranks_, start_timeout_;
+  Clock::time_point begun_ = Clock::now();
   bool seen_ = false, signalled_ = false;
   Clock::time_point first_, changed_, round_;
   EmergencyActivity last_;
@@ -262,10 +318,11 @@ class EmergencyWatch {
 // Waits for the job; once a stop is requested, for at most `stop_timeout` seconds, after which
 // its process group is killed; once the survivors of a real failure saved their states in
 // `folder`, it is killed at once. Returns its wait status.
-int wait_for_job(pid_t pid, int stop_timeout, const std::string& folder) {
+int wait_for_job(pid_t pid, int stop_timeout, const std::string& folder, int ranks,
+                 int start_timeout) {
   using Clock = std::chrono::steady_clock;
   Clock::time_point deadline = Clock::time_point::max();
-  EmergencyWatch emergency(folder);
+  EmergencyWatch emergency(folder, ranks, start_timeout);
   bool ended = false;
   for (;;) {
     int status = 0;
@@ -286,11 +343,15 @@ int wait_for_job(pid_t pid, int stop_timeout, const std::string& folder) {
       deadline = Clock::time_point::max() - std::chrono::hours(1);
     }
     if (!ended && g_stop.load() == 0 && emergency.poll(pid)) {
-      std::fprintf(stderr,
-                   "gossipgrad supervise: a rank failed; %d survivor state(s) written: ending "
-                   "the job\n",
-                   emergency.states());
+      if (emergency.seen())
+        std::fprintf(stderr,
+                     "gossipgrad supervise: a rank failed; %d survivor state(s) written: ending "
+                     "the job\n",
+                     emergency.states());
       std::fflush(stderr);
+      g_job_ended_unix =
+          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+              .count();
       ::kill(-pid, SIGKILL);
       ended = true;
     }
@@ -303,7 +364,7 @@ int wait_for_job(pid_t pid, int stop_timeout, const std::string& folder) {
 // its wait status.
 int run_attempt(const std::vector<std::string>& cmd, int attempt, int stop_timeout,
                 const std::vector<std::pair<std::string, std::string>>& env,
-                const std::string& folder) {
+                const std::string& folder, int ranks, int start_timeout) {
   std::string line;
   for (const std::string& a : cmd) line += (line.empty() ? "" : " ") + a;
   std::fprintf(stderr, "gossipgrad supervise: attempt %d: %s\n", attempt, line.c_str());
@@ -332,7 +393,7 @@ int run_attempt(const std::vector<std::string>& cmd, int attempt, int stop_timeo
   ::setpgid(pid, pid);  // also here: no signal may find the child still in our group
   g_child = pid;
   if (g_stop.load() != 0) ::kill(pid, SIGTERM);  // a stop that came during the fork
-  const int status = wait_for_job(pid, stop_timeout, folder);
+  const int status = wait_for_job(pid, stop_timeout, folder, ranks, start_timeout);
   g_child = 0;
   return status;
 }
@@ -348,7 +409,18 @@ std::optional<RecoveryPlan> plan_forward(const std::string& folder, int ranks, i
                                          bool notice) {
   std::error_code ec;
   if (folder.empty() || !notice) return std::nullopt;
-  const EmergencyScan scan = scan_emergency_states(folder, ranks);
+  const EmergencyScan scan = scan_emergency_states(folder, ranks, g_job_ended_unix);
+  if (!scan.unreachable.empty()) {
+    std::string who;
+    for (int r : scan.unreachable) {
+      if (!who.empty()) who += ',';
+      who += std::to_string(r);
+    }
+    std::fprintf(stderr,
+                 "gossipgrad supervise: rank(s) %s timed out like the others, but the launcher's "
+                 "notice no longer reaches them (a cut link?): counted as lost\n",
+                 who.c_str());
+  }
   const char* fallback = "restarting from the newest full checkpoint instead";
   if (!scan.corrupt.empty()) {
     std::fprintf(stderr, "gossipgrad supervise: emergency state %s: %s\n", scan.corrupt.c_str(),
@@ -438,7 +510,9 @@ int cmd_supervise(const std::vector<std::string>& args) {
       if (!from.empty()) env.emplace_back(kEmergencyFromEnv, from);
     }
     const auto t0 = std::chrono::steady_clock::now();
-    const int status = run_attempt(cmd, attempt, o.stop_timeout, env, folder);
+    g_job_ended_unix = 0;
+    const int status =
+        run_attempt(cmd, attempt, o.stop_timeout, env, folder, ranks, o.start_timeout);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);

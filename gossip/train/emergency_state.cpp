@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "gossip/comm/wait_watch.hpp"
 #include "gossip/resilience/emergency.hpp"
 #include "gossip/resilience/full_checkpoint.hpp"
 
@@ -31,6 +32,7 @@ std::atomic<bool> g_handling{false};        // a save was asked for; every threa
 int g_devnull = -1;
 int g_saver_pipe = -1;  // the writing end of the saver's pipe
 bool g_installed = false;
+EmergencyState* g_instance = nullptr;  // the watchdog's timeout handler saves through it
 
 // Hydra's proxy, once it has reaped a dead rank, kills every other rank of the node at the next
 // output any of them writes (MPICH 4.0.2, -disable-auto-cleanup). So from the notice on, this
@@ -128,9 +130,15 @@ EmergencyState::EmergencyState(std::string folder, int rank, int ranks)
   }
   g_saver_pipe = fds[1];
   install_handler();
+  // A blocking collective that outlasts gossip.timeout_s (a partner timeout outside the gossip
+  // exchange) saves too, instead of MPI_Abort.
+  g_instance = this;
+  mpi::set_wait_timeout_handler([] { g_instance->save_and_wait(); });
 }
 
 EmergencyState::~EmergencyState() {
+  mpi::set_wait_timeout_handler(nullptr);
+  g_instance = nullptr;
   const int pipe = g_saver_pipe;
   g_saver_pipe = -1;
   if (shared_ != nullptr) shared_->ended.store(1);

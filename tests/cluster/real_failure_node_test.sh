@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Node loss on the cluster in a box: a supervised Fashion-MNIST run on 3 namespace nodes x 1 rank
-# loses node 2 mid-epoch: every process in its namespace (hydra's proxy, the rank, the rank's
-# saver) is SIGKILLed at once, as a crashed machine would lose them. The other ranks' savers
-# write their states; the supervisor relaunches the job on the 2 remaining nodes from them
+# loses node 2 mid-epoch. HOW = kill: every process in its namespace (hydra's proxy, the rank, the
+# rank's saver) is SIGKILLed at once, as a crashed machine would lose them; the other ranks'
+# savers write their states. HOW = cut: its link goes down (ip link set ... down), every process
+# alive; every rank's partner times out (gossip.timeout_s 10) and saves, and the launcher's
+# notice, which the supervisor then sends, reaches nodes 0 and 1 only: node 2 counts as lost.
+# Either way the supervisor relaunches the job on the 2 remaining nodes from their states
 # (forward recovery: the lost rank's samples re-sharded), with at most one step redone, and the
 # run completes. Everything is torn down also when the test fails. Exit 77 (skip) without
 # root/CAP_NET_ADMIN or without the data set.
 #
-# usage: real_failure_node_test.sh CLUSTER_SH GOSSIPGRAD ROOT
+# usage: real_failure_node_test.sh CLUSTER_SH GOSSIPGRAD ROOT [kill|cut]
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -16,6 +19,10 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cluster_setup "$1" f
 BIN=$2
 ROOT=$3
+HOW=${4:-kill}
+[[ $HOW == kill || $HOW == cut ]] || fail "HOW must be kill or cut, not '$HOW'"
+TIMEOUT=30
+[[ $HOW == cut ]] && TIMEOUT=10
 export OMP_NUM_THREADS=1
 [[ -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]] || {
     echo "skip: Fashion-MNIST not in /usr/share/datasets/fashion-mnist"
@@ -46,7 +53,7 @@ last_step() {
 TRAIN=(train --config "$ROOT/configs/laptop.ini" --data.dir /usr/share/datasets/fashion-mnist
     --model.width 4 --train.threads 1 --train.warmup_epochs 0 --train.epochs 1
     --train.eval_batch 1000 --log.progress false --gossip.consensus_every 0
-    --gossip.timeout_s 30)
+    --gossip.timeout_s "$TIMEOUT")
 # The failure-free run, for its top-1.
 cluster_run 240 "$TMP/base.out" -- -n 3 -ppn 1 -- "$BIN" "${TRAIN[@]}" \
     --log.metrics "$TMP/base.jsonl"
@@ -63,17 +70,26 @@ for _ in $(seq 900); do
 done
 [[ -n $s && $s -ge 60 ]] || fail "step 60 not reached in 90 s"
 node=$P-n2
-pids=$(ip netns pids "$node")
-[[ -n $pids ]] || fail "no process in $node"
-log "node loss: killing every process of $node at step $s: $(echo $pids | wc -w) processes"
 killed_at=$(date +%s.%N)
-# shellcheck disable=SC2086 # one pid per word
-kill -9 $pids
+if [[ $HOW == kill ]]; then
+    pids=$(ip netns pids "$node")
+    [[ -n $pids ]] || fail "no process in $node"
+    log "node loss: killing every process of $node at step $s: $(echo $pids | wc -w) processes"
+    # shellcheck disable=SC2086 # one pid per word
+    kill -9 $pids
+else
+    log "node loss: cutting the link of $node at step $s"
+    ip -n "$node" link set "$P-eth" down
+fi
 wait $sup || fail "supervise exited $?: $(tail -8 "$TMP/err.log")"
 grep -q "2 of 3 rank states saved (lost: 2); 2 ranks continue" "$TMP/err.log" ||
     fail "no forward relaunch on the remaining nodes: $(cat "$TMP/err.log")"
 grep -q "the job completed after 1 restart(s)" "$TMP/err.log" || fail "did not complete"
-python3 - "$TMP/m.jsonl" "$TMP/base.jsonl" "$killed_at" <<'PY'
+if [[ $HOW == cut ]]; then
+    grep -q "rank(s) 2 timed out like the others, but the launcher's notice no longer reaches" \
+        "$TMP/err.log" || fail "the cut-off node was not found: $(cat "$TMP/err.log")"
+fi
+python3 - "$TMP/m.jsonl" "$TMP/base.jsonl" "$killed_at" "$HOW" <<'PY'
 import json, sys
 ev = [json.loads(l) for l in open(sys.argv[1])]
 base = [json.loads(l) for l in open(sys.argv[2])]
@@ -85,7 +101,7 @@ assert f["real"] and f["rank"] == 2 and f["strategy"] == "forward", f
 assert f["ranks_before"] == 3 and f["ranks_after"] == 2 and f["steps_redone"] <= 1, f
 s = [e for e in ev if e["event"] == "summary"][-1]
 assert s["ranks"] == 2 and s["top1"] > 0.70, s
-print(f"node loss: rank 2's node lost at step {f['step']}, {f['steps_redone']} step(s) redone, "
+print(f"node loss ({sys.argv[4]}): rank 2's node lost at step {f['step']}, {f['steps_redone']} step(s) redone, "
       f"training again on 2 nodes {f['t_unix'] - float(sys.argv[3]):.1f} s after the kill; "
       f"top-1 {s['top1']:.4f} vs {base:.4f} failure-free (3 nodes)")
 PY

@@ -275,6 +275,47 @@ TEST_CASE("emergency states: survivors, lost ranks, a corrupt file and the recov
   CHECK_THROWS_WITH(read_recovery_plan((tmp.path / "none").string()), Catch::Contains("missing"));
 }
 
+TEST_CASE("emergency states: after timeouts only, a rank the notice did not reach is lost",
+          "[resilience]") {
+  TempDir tmp;
+  const auto put = [&](int rank, const char* when) {
+    RankState s = sample_state();
+    s.rank = rank;
+    s.ranks = 3;
+    s.step = 60;
+    const std::vector<uint8_t> bytes = encode_state(s);
+    write_file_durably((tmp.path / rank_file_name(rank)).string(), bytes.data(), bytes.size());
+    std::ofstream(tmp.path / emergency_when_name(rank)) << when << "\n";
+  };
+  const auto reached = [&](int rank) {
+    std::ofstream(tmp.path / emergency_reached_name(rank)).put('\n');
+  };
+  // Every rank timed out; the notice reached ranks 0 and 1 afterwards, not rank 2.
+  put(0, "100.0 t");
+  put(1, "100.5 t");
+  put(2, "101.0 t");
+  reached(0);
+  reached(1);
+  EmergencyScan scan = scan_emergency_states(tmp.path.string(), 3);
+  CHECK(scan.survivors == std::vector<int>{0, 1});
+  CHECK(scan.lost == std::vector<int>{2});
+  CHECK(scan.unreachable == std::vector<int>{2});
+  // Rank 2's saver saw its end only when the supervisor ended the job: no different.
+  put(2, "105.0 g");
+  CHECK(scan_emergency_states(tmp.path.string(), 3, 104.0).unreachable == std::vector<int>{2});
+  // A rank that died (its saver saw it go before the supervisor acted): not a cut link, so every
+  // state counts (restore).
+  put(2, "101.0 g");
+  scan = scan_emergency_states(tmp.path.string(), 3, 104.0);
+  CHECK(scan.unreachable.empty());
+  CHECK(scan.survivors == std::vector<int>{0, 1, 2});
+  // Timeouts only, and the notice reached nobody: no rank is singled out.
+  fs::remove(tmp.path / emergency_reached_name(0));
+  fs::remove(tmp.path / emergency_reached_name(1));
+  put(2, "101.0 t");
+  CHECK(scan_emergency_states(tmp.path.string(), 3).survivors == std::vector<int>{0, 1, 2});
+}
+
 TEST_CASE("resilience options are range-checked with one clear line", "[resilience]") {
   const auto bad = [](std::vector<std::string> args, const std::string& what) {
     args.insert(args.begin(), {"--data.source", "synthetic:1x8x8", "--log.metrics",
