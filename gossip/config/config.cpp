@@ -1,8 +1,10 @@
 #include "gossip/config/config.hpp"
 
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string_view>
 #include <variant>
@@ -149,6 +151,27 @@ std::string one_line(std::string s) {
   return s;
 }
 
+// Boost's error messages fill placeholders such as %value% with the offending text, and loop
+// forever when that text holds the placeholder itself (a value "%value%"). So the message comes
+// from the same parse of the text with every '%' replaced (the error is the same: its structure
+// is), and the '%'s are put back in the message. `parse` throws a po::error for its input.
+constexpr char kPercentStandIn = '\x01';
+std::string without_percent(std::string s) {
+  std::replace(s.begin(), s.end(), '%', kPercentStandIn);
+  return s;
+}
+std::string po_message(const std::function<void()>& parse_without_percent) {
+  try {
+    parse_without_percent();
+  } catch (const po::error& e) {
+    std::string m = one_line(e.what());
+    std::replace(m.begin(), m.end(), kPercentStandIn, '%');
+    return m;
+  } catch (...) {
+  }
+  return "an option or its value is not valid (see gossipgrad train --help)";
+}
+
 }  // namespace
 
 Config parse_train_args(const std::vector<std::string>& args) {
@@ -158,12 +181,14 @@ Config parse_train_args(const std::vector<std::string>& args) {
   top.add_options()("config", po::value(&c.config_path), "INI file with the run's settings");
   top.add(opts);
   po::variables_map vm;
+  const auto parse_command_line = [&](const std::vector<std::string>& a) {
+    return po::command_line_parser(join_values(a))
+        .options(top)
+        .style(po::command_line_style::unix_style & ~po::command_line_style::allow_guessing)
+        .run();
+  };
   try {
-    const auto parsed =
-        po::command_line_parser(join_values(args))
-            .options(top)
-            .style(po::command_line_style::unix_style & ~po::command_line_style::allow_guessing)
-            .run();
+    const auto parsed = parse_command_line(args);
     for (const auto& o : parsed.options)
       if (o.unregistered || o.string_key.empty())
         throw UsageError("unknown argument '" +
@@ -173,14 +198,19 @@ Config parse_train_args(const std::vector<std::string>& args) {
     // The command line is stored first, so it wins over the file for every key it sets.
     if (vm.count("config")) {
       const std::string path = vm["config"].as<std::string>();
-      std::istringstream f(read_config_file(path));
+      const std::string text = read_config_file(path);
+      std::istringstream f(text);
       try {
         po::store(po::parse_config_file(f, opts, /*allow_unregistered=*/false), vm);
       } catch (const po::unknown_option& e) {
         throw UsageError("config file " + path + ": unknown key '" + e.get_option_name() +
                          "' (see gossipgrad train --help for the valid keys)");
-      } catch (const po::error& e) {
-        throw UsageError("config file " + path + ": " + one_line(e.what()));
+      } catch (const po::error&) {
+        throw UsageError("config file " + path + ": " + po_message([&] {
+                           std::istringstream g(without_percent(text));
+                           po::variables_map v;
+                           po::store(po::parse_config_file(g, opts, false), v);
+                         }));
       }
     }
     po::notify(vm);
@@ -188,8 +218,14 @@ Config parse_train_args(const std::vector<std::string>& args) {
     const std::string name = e.get_option_name();
     throw UsageError("unknown option '" + name.substr(0, name.find('=')) +
                      "' (see gossipgrad train --help for the valid keys)");
-  } catch (const po::error& e) {
-    throw UsageError(one_line(e.what()));
+  } catch (const po::error&) {
+    throw UsageError(po_message([&] {
+      std::vector<std::string> a;
+      for (const std::string& x : args) a.push_back(without_percent(x));
+      po::variables_map v;
+      po::store(parse_command_line(a), v);
+      po::notify(v);
+    }));
   }
   validate(c);
   return c;

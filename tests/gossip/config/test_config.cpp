@@ -92,6 +92,18 @@ TEST_CASE("unknown keys and wrong types inside the INI file are errors") {
         std::string::npos);
 }
 
+TEST_CASE("a bad value or line holding boost's own placeholders is one line, not a hang") {
+  // Boost's messages replace %value% / %invalid_line% with the text, in a loop that never ended
+  // when the text held the placeholder (found by fuzz_config).
+  CHECK(error_of({"--config", write_ini("gg_cfg_p1.ini", "[train]\nmax_steps = %value%x\n")}) ==
+        "config file " + (std::filesystem::temp_directory_path() / "gg_cfg_p1.ini").string() +
+            ": the argument ('%value%x') for option 'train.max_steps' is invalid");
+  CHECK(error_of({"--train.max_steps", "%value%"}) ==
+        "the argument ('%value%') for option '--train.max_steps' is invalid");
+  CHECK(error_of({"--config", write_ini("gg_cfg_p2.ini", "[train]\nmax_steps %invalid_line%\n")})
+            .find("invalid line 'max_steps %invalid_line%'") != std::string::npos);
+}
+
 TEST_CASE("an existing metrics file is refused unless overwrite is set") {
   const auto path = write_ini("gg_cfg_metrics.jsonl", "{}\n");
   CHECK(error_of({"--log.metrics", path}).find("already exists") != std::string::npos);
