@@ -24,17 +24,20 @@ namespace {
 
 constexpr char kGoneCode = 'g';
 
+// "rank-00000.EXT": the files a rank's saver leaves beside its state.
+std::string rank_file(int rank, const char* ext) {
+  char name[48];
+  std::snprintf(name, sizeof name, "rank-%05d.%s", rank, ext);
+  return name;
+}
+
 double wall_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace
 
-std::string saving_mark_name(int rank) {
-  char name[32];
-  std::snprintf(name, sizeof name, "rank-%05d.saving", rank);
-  return name;
-}
+std::string saving_mark_name(int rank) { return rank_file(rank, "saving"); }
 
 int run_emergency_saver(const std::string& folder, int rank) {
   // Nothing the rank had open but the pipe and the shared memory (hydra's sockets among them).
@@ -104,29 +107,13 @@ int run_emergency_saver(const std::string& folder, int rank) {
   return 0;
 }
 
-std::string emergency_when_name(int rank) {
-  char name[32];
-  std::snprintf(name, sizeof name, "rank-%05d.when", rank);
-  return name;
-}
+std::string emergency_when_name(int rank) { return rank_file(rank, "when"); }
 
-std::string emergency_started_name(int rank) {
-  char name[32];
-  std::snprintf(name, sizeof name, "rank-%05d.started", rank);
-  return name;
-}
+std::string emergency_started_name(int rank) { return rank_file(rank, "started"); }
 
-std::string emergency_reached_name(int rank) {
-  char name[32];
-  std::snprintf(name, sizeof name, "rank-%05d.reached", rank);
-  return name;
-}
+std::string emergency_reached_name(int rank) { return rank_file(rank, "reached"); }
 
-std::string emergency_log_name(int rank) {
-  char name[32];
-  std::snprintf(name, sizeof name, "rank-%05d.log", rank);
-  return name;
-}
+std::string emergency_log_name(int rank) { return rank_file(rank, "log"); }
 
 std::vector<std::string> emergency_logs(const std::string& folder, int ranks) {
   std::vector<std::string> out;
