@@ -1,6 +1,7 @@
 // bench/comm: time of one gossip exchange (each transport) against MPI_Allreduce and against a
 // local memcpy of the same bytes (on every rank at once, as the exchange runs), for a range of
-// sizes, at the rank count it is launched with.
+// sizes, at the rank count it is launched with. --methods A,B,... runs a subset (across
+// namespace nodes: p2p,allreduce; shm needs one node).
 // Prints the machine and inputs, then CSV rows: ranks,method,bytes,median_s,min_s,runs.
 #include <mpi.h>
 
@@ -54,6 +55,13 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::string(argv[i]) == "--max-bytes") max_bytes = std::stoll(argv[i + 1]);
     if (std::string(argv[i]) == "--runs") runs = std::stoi(argv[i + 1]);
+    if (std::string(argv[i]) == "--methods") {  // a comma-separated subset, in this order
+      std::vector<std::string> keep;
+      const std::string list = "," + std::string(argv[i + 1]) + ",";
+      for (const std::string& m : methods)
+        if (list.find("," + m + ",") != std::string::npos) keep.push_back(m);
+      methods = keep;
+    }
   }
   const int64_t bucket_floats = int64_t{1} << 20;  // 4 MiB buckets, as the trainer would send
   if (rank == 0) {

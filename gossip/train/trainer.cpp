@@ -162,6 +162,7 @@ StepStats Trainer::step(const float* x, const int32_t* y) {
   // With emulated compute: this rank's factor on every wait of the step (jitter, stragglers).
   const double f = emulate_ ? emulate_->factor(step_) : 1;
   const float* logits = nullptr;
+  start_model_exchange();  // the last update's weights, behind this step's compute
   {
     Timeline::Span span(timeline_, "forward", "compute");
     if (emulate_)
@@ -203,9 +204,11 @@ StepStats Trainer::step(const float* x, const int32_t* y) {
       sgd_.step(store().params.data(), store().grads.data(), static_cast<float>(s.lr));
   }
   if (model_exchange_) {
-    Timeline::Span span(timeline_, "start weight exchange", "comm");
+    // Overlapped: the exchange starts with the next step (start_model_exchange), after the
+    // collectives between steps, which would otherwise queue behind the weights' bytes on the
+    // partners' connections (over TCP, a whole exchange's worth).
     if (c_.gossip.overlap_model)
-      model_exchange_->start_delayed(step_);
+      model_due_ = step_;
     else
       s.comm_seconds += model_exchange_->exchange_all(step_);
   }
@@ -282,6 +285,7 @@ void Trainer::capture_state(RankState& s) {
   s.buffers = store().buffers;
   s.velocity = sgd_.velocity();
   s.delayed_delta.clear();
+  start_model_exchange();  // the state holds the correction of the last update's exchange
   if (model_exchange_ && c_.gossip.overlap_model)
     s.delayed_delta = model_exchange_->delayed_delta();
 }
@@ -290,7 +294,8 @@ void Trainer::restore_model(const RankState& s) {
   if (s.params.size() != store().params.size() || s.buffers.size() != store().buffers.size() ||
       s.velocity.size() != sgd_.velocity().size())
     throw std::invalid_argument("the saved state does not fit this model");
-  // A weight exchange still in flight completes (its partner waits for it) and is then replaced.
+  // A weight exchange due or in flight completes (its partner waits for it) and is then replaced.
+  start_model_exchange();
   if (model_exchange_ && c_.gossip.overlap_model)
     model_exchange_->set_delayed_delta(s.delayed_delta);
   std::copy(s.params.begin(), s.params.end(), store().params.begin());
@@ -346,7 +351,15 @@ EvalStats Trainer::evaluate(const shuffle::Dataset& data, float mean, float stdd
   return evaluate(view, o);
 }
 
+void Trainer::start_model_exchange() {
+  if (model_due_ < 0) return;
+  Timeline::Span span(timeline_, "start weight exchange", "comm");
+  model_exchange_->start_delayed(model_due_);
+  model_due_ = -1;
+}
+
 double Trainer::flush_model() {
+  start_model_exchange();
   return model_exchange_ && c_.gossip.overlap_model ? model_exchange_->finish_delayed() : 0.0;
 }
 
@@ -408,6 +421,7 @@ void Trainer::rebuild(kernels::Graph g, std::vector<float> params, std::vector<f
   // The exchanges go first, on every rank alike (freeing their windows is collective): the
   // gradient exchange owns the memory the gradients live in, the model exchange points at the
   // parameters about to be replaced.
+  flush_model();  // a weight exchange still due goes out over the old layout first
   exchange_.reset();
   model_exchange_.reset();
   train_exec_ = eval_exec_ = nullptr;

@@ -106,6 +106,7 @@ class Trainer {
   void average_over_ranks(std::vector<float>& v);
   // Mean over ranks of ||w - avg||^2, where avg is the ranks' average of w (a collective).
   double distance_to_average(const std::vector<float>& w, const std::vector<float>& avg);
+  void start_model_exchange();  // the overlapped weight exchange of the last update, if due
   double flush_model();         // applies a pending overlapped weight exchange
   void load_initial_weights();  // train.init_from, read by rank 0
 
@@ -122,6 +123,7 @@ class Trainer {
   kernels::LrSchedule schedule_;
   std::vector<float> dlogits_;
   int64_t step_ = 0;
+  int64_t model_due_ = -1;  // overlap_model: the step whose weights wait to be exchanged
   int64_t sent_bytes_ = 0;  // by the exchanges, until the last step
   double lr_scale_ = 1;     // the NaN guard lowers it
 };
