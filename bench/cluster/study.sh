@@ -19,13 +19,14 @@
 # MPI_Allreduce mode), ddp (ddp_emulate.py; ddp+fp16 with DDP's fp16_compress_hook).
 # Conditions: quiet; jitter (every rank's compute x a lognormal factor per step, median 1, p99
 # GG_STUDY_JITTER, default 2.5); straggler (rank 1 always 1.5x slower).
-# Output: DIR/points.csv (one line per point), DIR/*.jsonl|json (the runs), and
+# Output: DIR/points.csv (one line per point), DIR/*.jsonl|json (the runs), DIR/latency.csv, and
 # bench/cluster/summarize.py makes the table, the plot and the simulator's predictions.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 BIN=${GG_BIN:-$ROOT/build/gossip/gossipgrad}
+COMM_BIN=${GG_COMM_BIN:-$(dirname "$(dirname "$BIN")")/bench/gg_bench_comm}
 CLUSTER=$HERE/cluster.sh
 PREFIX=${GG_STUDY_PREFIX:-ggs$$}
 BUDGET=${GG_STUDY_BUDGET_MBIT:-1600}
@@ -45,6 +46,7 @@ while (($#)); do
     esac
 done
 [[ -x $BIN ]] || die "no gossipgrad at $BIN: build it first (cmake --build build)"
+[[ -x $COMM_BIN ]] || die "no gg_bench_comm at $COMM_BIN: build it first (cmake --build build)"
 [[ -x /usr/bin/python3 ]] || die "needs /usr/bin/python3 with torch (Debian's python3-torch)"
 
 # The profile: ms per step of one GPU, batch per rank (configs/*.ini, [simulate]).
@@ -79,7 +81,10 @@ points() {
         for m in grad both allreduce ddp grad@rma; do echo "4 1000 quiet $m"; done
         for m in grad allreduce; do echo "4 500 quiet $m"; done
         echo "16 1000 quiet ddp+fp16"
-        for m in grad both allreduce ddp; do echo "8 1000 quiet $m"; done
+        for m in grad both model allreduce ddp; do echo "8 1000 quiet $m"; done
+        echo "4 1000 quiet model"
+        # Does MPI_Allreduce at p = 16 follow the link, or this VM's CPU?
+        echo "16 500 quiet allreduce 10"
         ;;
     check)
         # Only the link check and DDP's fp16 compression at p = 16 (also part of session).
@@ -87,8 +92,11 @@ points() {
         echo "16 1000 quiet ddp+fp16"
         ;;
     ten)
-        # The 10 Gbit/s link at p = 4 (dilation 25: p = 16 would take hours here).
+        # The 10 Gbit/s link (dilation 25 at p = 4, 100 at p = 16: a point takes 3-5 minutes).
         for m in grad both allreduce ddp; do echo "4 10000 quiet $m"; done
+        for m in grad allreduce ddp; do echo "16 10000 quiet $m"; done
+        # Where compute, not the link, sets the pace: does jitter cost gossip less?
+        for m in grad allreduce; do echo "16 10000 jitter $m"; done
         ;;
     full)
         for p in 4 8 16; do
@@ -169,6 +177,24 @@ run_point() { # p rate condition method [K]
     printf 'study.sh: %-28s K=%-3s link %5s Mbit/s  %4ss\n' "$name" "$k" "$link" $((SECONDS - t0))
 }
 
+# The testbed's own latency at p nodes and link R / K: the median time of a 4 KiB exchange with
+# one partner (bench/comm p2p, slowest of the p ranks), measured once per p and K into
+# DIR/latency.csv. At p >= 4 it is set by this VM's scheduler (p ranks share 2 cores), not by the
+# link: summarize.py gives it to the simulator as the latency of every message.
+LAT=$OUT/latency.csv
+[[ -f $LAT ]] || echo "p,dilation,link_mbit,exchange_4k_s" >"$LAT"
+measure_latency() { # p K link_mbit
+    grep -q "^$1,$2," "$LAT" && return 0
+    local row
+    row=$("$CLUSTER" --prefix "$PREFIX" run -n "$1" -ppn 1 -- "$COMM_BIN" --max-bytes 4096 \
+        --runs 9 --methods p2p 2>/dev/null | grep "^$1,p2p,4096," || true)
+    [[ -n $row ]] || {
+        echo "study.sh: the latency at p = $1 could not be measured" >&2
+        return 0
+    }
+    echo "$1,$2,$3,$(cut -d, -f4 <<<"$row")" >>"$LAT"
+}
+
 # A point already in points.csv (an interrupted study run again) is not run again.
 done_already() { grep -q "^$1,$2,$3,$4," "$CSV"; }
 
@@ -183,6 +209,10 @@ for point in "${PLANNED[@]}"; do
         "$CLUSTER" --prefix "$PREFIX" up --nodes "$p" --rate none --delay 0 --jitter 0 >/dev/null
         nodes=$p
     fi
-    run_point "$p" "$rate" "$cond" "$method" "$forced_k"
+    k=$forced_k
+    [[ -n $k ]] || k=$(dilation "$p" "$rate")
+    "$CLUSTER" --prefix "$PREFIX" shape --rate "$((rate / k))mbit" >/dev/null
+    measure_latency "$p" "$k" "$((rate / k))"
+    run_point "$p" "$rate" "$cond" "$method" "$k"
 done
 echo "study.sh: done; summarize with: /usr/bin/python3 $HERE/summarize.py $OUT"

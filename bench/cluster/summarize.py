@@ -11,8 +11,10 @@ communication (step minus compute), efficiency = the profile's compute per step 
 images/s of the whole job, the ratios to MPI_Allreduce and to DDP at the same point, and
 `gossipgrad simulate`'s prediction with its error.
 
-The prediction: gossipgrad simulate at the point's p, one rank per node, the link's rate, 50 us
-latency, the profile's compute, the mode (gossip: grad/model/both; allreduce: Rabenseifner over
+The predictions: gossipgrad simulate at the point's p, one rank per node, the link's rate, a
+latency of 50 us (a switched 1-10 Gbit/s network) and, beside it, the testbed's own latency
+(DIR/latency.csv, measured by study.sh: at p >= 4 this VM's scheduler sets it, milliseconds, as
+p ranks share 2 cores), the profile's compute, the mode (gossip: grad/model/both; allreduce: Rabenseifner over
 4 MiB buckets, as MPICH does for large messages; DDP: ring over 25 MiB buckets, as gloo and
 DDP's default bucket cap do). The simulator has no jitter or stragglers; they enter as a compute
 factor: a straggler of 1.5x slows every rank of a synchronous job to 1.5x, and jitter makes a
@@ -57,9 +59,9 @@ def expected_max_lognormal(n, p99, draws=20000):
         max(math.exp(rng.gauss(0, sigma)) for _ in range(n)) for _ in range(draws // n + 200))
 
 
-def predict(binary, p, rate_mbit, method, factor, profile, cache={}):
+def predict(binary, p, rate_mbit, method, factor, profile, latency_s, cache={}):
     fwd, bwd, upd, batch = profile
-    key = (p, rate_mbit, method, factor)
+    key = (p, rate_mbit, method, factor, latency_s)
     if key in cache:
         return cache[key]
     # grad@rma: grad over rma (the model knows no transports); +bf16 / +fp16: 16-bit buckets
@@ -70,7 +72,7 @@ def predict(binary, p, rate_mbit, method, factor, profile, cache={}):
     args = [binary, "simulate", "--config", os.path.join(ROOT, "configs/laptop.ini"), "--ranks",
             str(p), "--json", "--model.name", "resnet50", "--train.batch", str(batch),
             "--gossip.mode", mode, "--gossip.bucket_kb", str(bucket_kb),
-            "--network.ranks_per_node", "1", "--network.inter_latency_us", "50",
+            "--network.ranks_per_node", "1", "--network.inter_latency_us", f"{latency_s * 1e6:g}",
             "--network.inter_bandwidth_gbs", str(rate_mbit / 8000),
             "--simulate.forward_ms", str(fwd * factor), "--simulate.backward_ms",
             str(bwd * factor), "--simulate.update_ms", str(upd * factor),
@@ -93,6 +95,16 @@ def compute_factor(method, condition, p):
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+NOMINAL_LATENCY_S = 50e-6
+
+
+def testbed_latencies(dir_):
+    """{(p, K): seconds} from DIR/latency.csv: a 4 KiB exchange's time, in the real link's units."""
+    path = os.path.join(dir_, "latency.csv")
+    if not os.path.exists(path):
+        return {}
+    return {(int(r["p"]), int(r["dilation"])): float(r["exchange_4k_s"]) / int(r["dilation"])
+            for r in csv.DictReader(open(path))}
 
 
 def main():
@@ -106,17 +118,22 @@ def main():
     rows = list(csv.DictReader(open(os.path.join(a.dir, "points.csv"))))
     if not rows:
         sys.exit(f"summarize.py: {a.dir}/points.csv lists no points")
+    latency = testbed_latencies(a.dir)
     out = []
     for r in rows:
         p, rate = int(r["p"]), int(r["rate_mbit"])
         step = measured(a.dir, r)
         factor = compute_factor(r["method"], r["condition"], p)
-        pred = predict(a.bin, p, rate, r["method"], factor, profile)
+        nominal = predict(a.bin, p, rate, r["method"], factor, profile, NOMINAL_LATENCY_S)
+        lat = latency.get((p, int(r["dilation"])))
+        pred = predict(a.bin, p, rate, r["method"], factor, profile, lat) if lat else None
         out.append({"p": p, "rate_mbit": rate, "condition": r["condition"],
                     "method": r["method"], "dilation": int(r["dilation"]), "step_s": step,
                     "exposed_s": max(0.0, step - compute), "efficiency": compute / step,
-                    "images_per_s": profile[3] * p / step, "predicted_step_s": pred,
-                    "error": step / pred - 1})
+                    "images_per_s": profile[3] * p / step,
+                    "predicted_nominal_s": nominal, "error_nominal": step / nominal - 1,
+                    "testbed_latency_s": lat, "predicted_step_s": pred,
+                    "error": step / pred - 1 if pred else None})
     by = {(o["p"], o["rate_mbit"], o["condition"], o["method"]): o for o in out}
     for o in out:
         for base in ("allreduce", "ddp"):
@@ -134,15 +151,18 @@ def main():
         return "" if v is None else fmt.format(v)
 
     lines = ["| p | link | condition | method | step (s) | exposed (s) | efficiency | images/s "
-             "| vs allreduce | vs DDP | eff. loss vs quiet | predicted step (s) | error |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| vs allreduce | vs DDP | eff. loss vs quiet | predicted, 50 us (s) | error "
+             "| testbed latency (ms) | predicted, testbed latency (s) | error |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for o in out:
         lines.append(
             f"| {o['p']} | {o['rate_mbit'] / 1000:g} Gbit/s | {o['condition']} | {o['method']} "
             f"| {o['step_s']:.3f} | {o['exposed_s']:.3f} | {o['efficiency']:.2f} "
             f"| {o['images_per_s']:.0f} | {num(o['vs_allreduce'], '{:.2f}x')} "
             f"| {num(o['vs_ddp'], '{:.2f}x')} | {num(o['efficiency_loss'], '{:+.3f}')} "
-            f"| {o['predicted_step_s']:.3f} | {o['error']:+.0%} |")
+            f"| {o['predicted_nominal_s']:.3f} | {o['error_nominal']:+.0%} "
+            f"| {num(o['testbed_latency_s'] and o['testbed_latency_s'] * 1e3, '{:.2f}')} "
+            f"| {num(o['predicted_step_s'], '{:.3f}')} | {num(o['error'], '{:+.0%}')} |")
     # The link, not this CPU, sets the pace: half the rate, about twice the exposed communication.
     for o in out:
         full = by.get((o["p"], 2 * o["rate_mbit"], o["condition"], o["method"]))
@@ -170,8 +190,8 @@ def plot(dir_, out):
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     quiet = [o for o in out if o["condition"] == "quiet" and o["rate_mbit"] == 1000]
     for m in sorted({o["method"] for o in quiet}):
-        pts = sorted((o["p"], o["images_per_s"], o["predicted_step_s"]) for o in quiet
-                     if o["method"] == m)
+        pts = sorted((o["p"], o["images_per_s"], o["predicted_step_s"] or o["predicted_nominal_s"])
+                     for o in quiet if o["method"] == m)
         line, = left.plot([x[0] for x in pts], [x[1] for x in pts], "o-", label=m)
         left.plot([x[0] for x in pts], [PROFILES["p100"][3] * x[0] / x[2] for x in pts], "x:",
                   color=line.get_color())
