@@ -127,10 +127,9 @@ dilation() { echo $((($1 * $2 + BUDGET - 1) / BUDGET)); }
 
 times_k() { awk -v a="$1" -v k="$2" 'BEGIN { printf "%g", a * k }'; }
 
-run_point() { # p rate condition method [K]
+run_point() { # p rate condition method K
     local p=$1 rate=$2 cond=$3 method=$4
-    local k=${5:-}
-    [[ -n $k ]] || k=$(dilation "$p" "$rate")
+    local k=$5 # the dilation; the caller has shaped the links to rate / k
     local link=$((rate / k))
     local fwd bwd upd
     fwd=$(times_k "$FWD" "$k") bwd=$(times_k "$BWD" "$k") upd=$(times_k "$UPD" "$k")
@@ -138,7 +137,6 @@ run_point() { # p rate condition method [K]
     local jitter=1 slow=''
     [[ $cond == jitter ]] && jitter=$JITTER
     [[ $cond == straggler ]] && slow=1:1.5
-    "$CLUSTER" --prefix "$PREFIX" shape --rate "${link}mbit" >/dev/null
     local t0=$SECONDS
     if [[ $method == ddp* ]]; then
         local file=$OUT/$name.json
