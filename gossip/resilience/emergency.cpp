@@ -31,6 +31,18 @@ std::string rank_file(int rank, const char* ext) {
   return name;
 }
 
+// A saver's "<unix seconds> <code>" file (emergency_when_name); code 0: none, or unreadable.
+struct SaverEnd {
+  double unix = 0;
+  char code = 0;
+};
+SaverEnd read_saver_end(const fs::path& path) {
+  std::ifstream f(path);
+  SaverEnd e;
+  if (!(f >> e.unix >> e.code)) return {};
+  return e;
+}
+
 double wall_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -133,12 +145,7 @@ EmergencyActivity emergency_activity(const std::string& folder) {
     if (name.ends_with(".saving")) ++a.saving;
     if (name.ends_with(".bin")) ++a.states;
     if (name.ends_with(".started")) ++a.started;
-    if (name.ends_with(".when")) {
-      std::ifstream f(it->path());
-      double t = 0;
-      char code = 0;
-      if (f >> t >> code && code == kTimeoutByte) ++a.timeouts;
-    }
+    if (name.ends_with(".when") && read_saver_end(it->path()).code == kTimeoutByte) ++a.timeouts;
   }
   return a;
 }
@@ -147,15 +154,15 @@ EmergencyScan scan_emergency_states(const std::string& folder, int ranks, double
   EmergencyScan scan;
   // When every save was for a partner timeout (no process died: a link did), the ranks that the
   // supervisor's notice reached afterwards are the connected ones; the others' nodes are cut off.
+  std::vector<SaverEnd> ends(static_cast<size_t>(ranks));
   std::vector<char> code(static_cast<size_t>(ranks), 0);
   std::vector<bool> reached(static_cast<size_t>(ranks), false);
   for (int r = 0; r < ranks; ++r) {
-    std::ifstream when(fs::path(folder) / emergency_when_name(r));
-    double t = 0;
-    char c = 0;
-    if (!(when >> t >> c)) continue;
-    if (ended_unix > 0 && t >= ended_unix) continue;  // ended by the supervisor: says nothing
-    code[static_cast<size_t>(r)] = c;
+    const SaverEnd e = ends[static_cast<size_t>(r)] =
+        read_saver_end(fs::path(folder) / emergency_when_name(r));
+    if (e.code == 0) continue;
+    if (ended_unix > 0 && e.unix >= ended_unix) continue;  // ended by the supervisor: says nothing
+    const char c = code[static_cast<size_t>(r)] = e.code;
     reached[static_cast<size_t>(r)] =
         c == kNoticeByte || fs::exists(fs::path(folder) / emergency_reached_name(r));
   }
@@ -186,14 +193,12 @@ EmergencyScan scan_emergency_states(const std::string& folder, int ranks, double
       scan.min_step = first ? s.step : std::min(scan.min_step, s.step);
       scan.max_step = first ? s.step : std::max(scan.max_step, s.step);
       double t = static_cast<double>(st.st_mtim.tv_sec) + 1e-9 * st.st_mtim.tv_nsec;
-      std::ifstream when(fs::path(folder) / emergency_when_name(r));
-      double seen = 0;
-      char code = 0;
-      if (when >> seen >> code) {
-        t = seen;
-        if (code == kGoneCode && (scan.first_gone < 0 || seen < scan.first_gone_unix)) {
+      const SaverEnd& e = ends[static_cast<size_t>(r)];
+      if (e.code != 0) {
+        t = e.unix;
+        if (e.code == kGoneCode && (scan.first_gone < 0 || e.unix < scan.first_gone_unix)) {
           scan.first_gone = r;
-          scan.first_gone_unix = seen;
+          scan.first_gone_unix = e.unix;
         }
       }
       scan.first_written_unix = first ? t : std::min(scan.first_written_unix, t);
