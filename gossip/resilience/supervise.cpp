@@ -205,13 +205,6 @@ SuperviseOptions parse_supervise(const std::vector<std::string>& args) {
   return o;
 }
 
-// Survivors of a real failure write their states into `folder` and wait (emergency.hpp). Once
-// saves show and none is in flight, none began for kSettle and kNoticeWindow passed since the
-// first, the job is ended — unless every save so far was for a partner timeout: then first the
-// launcher gets SIGUSR1: hydra passes it to every rank, so the other ranks, which no launcher
-// told of a death, save theirs too; once that round settled as well, the job is ended. Saves still
-// in flight after kSaveBound are given up (their ranks count as lost); savers outlive their ranks,
-// so after the job's end the saves in flight finish too.
 double g_job_ended_unix = 0;  // when the supervisor ended the current attempt itself (0: not)
 
 // Sends `sig` to hydra's mpiexec in the job's process group `job` (the job's command may be a
@@ -243,6 +236,13 @@ void signal_hydra(pid_t job, int sig) {
   if (!sent) ::kill(job, sig);
 }
 
+// Survivors of a real failure write their states into `folder` and wait (emergency.hpp). Once
+// saves show and none is in flight, none began for kSettle and kNoticeWindow passed since the
+// first, the job is ended — unless every save so far was for a partner timeout: then first the
+// launcher gets SIGUSR1: hydra passes it to every rank, so the other ranks, which no launcher
+// told of a death, save theirs too; once that round settled as well, the job is ended. Saves still
+// in flight after kSaveBound are given up (their ranks count as lost); savers outlive their ranks,
+// so after the job's end the saves in flight finish too.
 class EmergencyWatch {
  public:
   EmergencyWatch(std::string folder, int ranks, int start_timeout)
