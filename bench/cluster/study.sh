@@ -3,7 +3,7 @@
 # and PyTorch DDP over gloo, on the cluster in a box (cluster.sh: one network namespace per node,
 # links shaped with tc), with compute emulated from a measured GPU profile ([emulate]).
 #
-# usage: bench/cluster/study.sh [--plan quick|session|check|ten|late|fill|full] [--out DIR] [--profile p100|h100]
+# usage: bench/cluster/study.sh [--plan quick|session|check|ten|late|lag|fill|full] [--out DIR] [--profile p100|h100]
 #
 # Every point runs p ranks on p nodes (one rank per node) at a link rate R with ResNet-50's real
 # gradient (102 MB, gossipgrad's buckets of gossip.bucket_kb) and the profile's forward/backward/
@@ -16,7 +16,8 @@
 #
 # Methods: grad, model, both (gossipgrad's modes over p2p across nodes, what auto picks;
 # MODE@rma over rma; MODE+bf16 with gossip.wire and model_wire = bf16; MODE+stale with
-# gossip.staleness = 1: a rank never waits for this step's partner), allreduce (gossipgrad's
+# gossip.staleness = 1: a rank never waits for this step's partner; MODE+lag with guard.lag = 1:
+# the agreements after each step run behind the next one), allreduce (gossipgrad's
 # MPI_Allreduce mode), ddp (ddp_emulate.py; ddp+fp16 with DDP's fp16_compress_hook).
 # Conditions: quiet; jitter (every rank's compute x a lognormal factor per step, median 1, p99
 # GG_STUDY_JITTER, default 2.5); straggler (rank 1 always 1.5x slower).
@@ -39,7 +40,7 @@ PROFILE=p100
 die() { echo "study.sh: $*" >&2 && exit 1; }
 while (($#)); do
     case $1 in
-    --plan) PLAN=${2:?--plan needs quick, session, check, ten, late, fill or full} && shift 2 ;;
+    --plan) PLAN=${2:?--plan needs quick, session, check, ten, late, lag, fill or full} && shift 2 ;;
     --out) OUT=${2:?--out needs a folder} && shift 2 ;;
     --profile) PROFILE=${2:?--profile needs p100 or h100} && shift 2 ;;
     -h | --help) sed -n '2,20s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" && exit 0 ;;
@@ -107,6 +108,14 @@ points() {
         for m in grad+stale; do echo "16 1000 jitter $m"; done
         echo "16 1000 quiet grad+stale"
         ;;
+    lag)
+        # Without the per-step agreements' wait for the slowest rank (guard.lag 1): the
+        # partners' chain alone (staleness 0), and with late partners (staleness 1).
+        for m in grad+lag grad+stale+lag; do echo "16 10000 jitter $m"; done
+        echo "16 10000 quiet grad+stale+lag"
+        echo "16 10000 straggler grad+stale+lag"
+        echo "16 1000 jitter grad+stale+lag"
+        ;;
     fill)
         # The grid's gaps after session, ten and late, most telling first.
         for m in grad allreduce ddp; do echo "16 10000 straggler $m"; done
@@ -129,7 +138,7 @@ points() {
             for m in grad allreduce ddp; do echo "$p 500 quiet $m"; done
         done
         ;;
-    *) echo "study.sh: --plan $PLAN: use quick, session, check, ten, late, fill or full" >&2 && exit 2 ;;
+    *) echo "study.sh: --plan $PLAN: use quick, session, check, ten, late, lag, fill or full" >&2 && exit 2 ;;
     esac
 }
 
@@ -173,18 +182,19 @@ run_point() { # p rate condition method K
             return 0
         }
     else
-        # MODE[@TRANSPORT][+bf16][+stale]
-        local file=$OUT/$name.jsonl spec=${method%%+*} wire=fp32 stale=0
+        # MODE[@TRANSPORT][+bf16][+stale][+lag]
+        local file=$OUT/$name.jsonl spec=${method%%+*} wire=fp32 stale=0 lag=0
         local mode=${spec%@*} transport=$TRANSPORT
         [[ $spec == *@* ]] && transport=${spec#*@}
         [[ $method == *+bf16* ]] && wire=bf16
         [[ $method == *+stale* ]] && stale=1
+        [[ $method == *+lag* ]] && lag=1
         "$CLUSTER" --prefix "$PREFIX" run -n "$p" -ppn 1 -- "$BIN" train \
             --config "$BASE" --model.name resnet50 --train.batch "$BATCH" \
             --train.threads 1 --data.augment false --train.max_steps $((WARMUP + STEPS)) \
             --gossip.mode "$mode" --gossip.transport "$transport" \
             --gossip.wire "$wire" --gossip.model_wire "$wire" --gossip.bucket_kb $BUCKET_KB \
-            --gossip.consensus_every 0 --gossip.staleness $stale \
+            --gossip.consensus_every 0 --gossip.staleness $stale --guard.lag $lag \
             --gossip.timeout_s 1200 --emulate.forward_ms "$fwd" \
             --emulate.backward_ms "$bwd" --emulate.update_ms "$upd" \
             --emulate.jitter_p99 "$jitter" --emulate.slow "$slow" --log.progress false \

@@ -17,9 +17,17 @@ latency of 50 us (a switched 1-10 Gbit/s network) and, beside it, the testbed's 
 p ranks share 2 cores), the profile's compute, the mode (gossip: grad/model/both; allreduce: Rabenseifner over
 4 MiB buckets, as MPICH does for large messages; DDP: ring over 25 MiB buckets, as gloo and
 DDP's default bucket cap do). The simulator has no jitter or stragglers; they enter as a compute
-factor: a straggler of 1.5x slows every rank of a synchronous job to 1.5x, and jitter makes a
-step last as long as the slowest draw among the ranks a rank waits for: all p for a collective,
-itself and its partner (2) for gossip, the expected maximum of that many lognormal draws.
+factor: a straggler of 1.5x slows every rank of a synchronous job to 1.5x (gossip included: a
+rank waits for its partners, they for theirs). Jitter makes a collective's step last as long as
+the slowest of p lognormal draws (their expected maximum), and so a gossip step with the
+agreements after each step (guard.lag 0: NaN guard, stop signal), which wait for every rank.
+Without them (MODE+lag) gossip's ranks wait only for their partners, but those waited for theirs
+in the step before: chain_factor() plays the partners'
+schedule (gossipgrad partners) for 400 steps with a draw per rank and step, each bucket's exchange
+ending when the rank, the one it sends to and the one it receives from have all handed it over
+(staleness 0: the next step starts when all of them have; MODE+stale, staleness 1: it starts at
+once, and a bucket waits only for the same bucket's exchange of the step before), and takes the
+growth of the ranks' clocks per step as the factor.
 """
 import argparse
 import csv
@@ -64,8 +72,9 @@ def predict(binary, p, rate_mbit, method, factor, profile, latency_s, cache={}):
     key = (p, rate_mbit, method, factor, latency_s)
     if key in cache:
         return cache[key]
-    # grad@rma: grad over rma (the model knows no transports); +bf16 / +fp16: 16-bit buckets
-    half = method.endswith("+bf16") or method.endswith("+fp16")
+    # grad@rma: grad over rma (the model knows no transports); +bf16 / +fp16: 16-bit buckets;
+    # +stale: the same exchange (its waiting is in the compute factor)
+    half = "+bf16" in method or "+fp16" in method
     method = method.split("@")[0].split("+")[0]
     mode = method if method in ("grad", "model", "both") else "grad"
     bucket_kb = 25600 if method == "ddp" else 4096
@@ -85,12 +94,50 @@ def predict(binary, p, rate_mbit, method, factor, profile, latency_s, cache={}):
     return cache[key]
 
 
-def compute_factor(method, condition, p):
+def schedule(binary, p, steps):
+    """[(send_to, recv_from)] per step: gossipgrad's default (laptop.ini) schedule."""
+    out = subprocess.run([binary, "partners", "--ranks", str(p), "--steps", str(steps),
+                          "--schedule", "dissemination", "--rotate", "--json"], check=True,
+                         capture_output=True, text=True).stdout
+    return [(s["send_to"], s["recv_from"]) for s in json.loads(out)["steps"]]
+
+
+def chain_factor(binary, p, p99, staleness, profile, buckets=25, steps=400, warmup=50):
+    """Clock growth per step, in units of the median compute, of p gossiping ranks whose compute
+    is drawn per step from the lognormal (median 1, that p99): see the module's text."""
+    fwd, bwd = profile[0], profile[1]
+    # The share of a step's compute after which bucket b is handed over (even buckets by bytes).
+    share = [(fwd + bwd * (b + 1) / buckets) / (fwd + bwd) for b in range(buckets)]
+    sigma = math.log(p99) / 2.3263478740408408
+    rng = random.Random(1)
+    start = [0.0] * p
+    done = None  # done[i][b]: when rank i's exchange of bucket b ended, the step before
+    clocks = []
+    for send_to, recv_from in schedule(binary, p, steps):
+        fire = []
+        for i in range(p):
+            x, at, before, times = math.exp(rng.gauss(0, sigma)), start[i], 0.0, []
+            for b in range(buckets):
+                at += x * (share[b] - before)
+                before = share[b]
+                if staleness and done:
+                    at = max(at, done[i][b])  # the staging copy is free once that exchange ended
+                times.append(at)
+            fire.append(times)
+        done = [[max(fire[i][b], fire[send_to[i]][b], fire[recv_from[i]][b])
+                 for b in range(buckets)] for i in range(p)]
+        start = [f[-1] if staleness else max(d) for f, d in zip(fire, done)]
+        clocks.append(statistics.fmean(start))
+    return (clocks[-1] - clocks[warmup]) / (steps - 1 - warmup)
+
+
+def compute_factor(binary, method, condition, p, profile):
     if condition == "straggler":
         return STRAGGLER
     if condition == "jitter":
-        collective = method.split("+")[0] in ("allreduce", "ddp")
-        return expected_max_lognormal(p if collective else 2, JITTER_P99)
+        if method.split("+")[0] in ("allreduce", "ddp") or "+lag" not in method:
+            return expected_max_lognormal(p, JITTER_P99)
+        return chain_factor(binary, p, JITTER_P99, 1 if "+stale" in method else 0, profile)
     return 1.0
 
 
@@ -123,7 +170,7 @@ def main():
     for r in rows:
         p, rate = int(r["p"]), int(r["rate_mbit"])
         step = measured(a.dir, r)
-        factor = compute_factor(r["method"], r["condition"], p)
+        factor = compute_factor(a.bin, r["method"], r["condition"], p, profile)
         nominal = predict(a.bin, p, rate, r["method"], factor, profile, NOMINAL_LATENCY_S)
         lat = latency.get((p, int(r["dilation"])))
         pred = predict(a.bin, p, rate, r["method"], factor, profile, lat) if lat else None

@@ -104,6 +104,12 @@ void Comm::allreduce_max(double* d, int64_t n) const {
   allreduce_chunks(c_, d, n, MPI_DOUBLE, MPI_MAX);
 }
 
+Request Comm::iallreduce_max(double* d, int n) const {
+  Request r;
+  GG_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, d, n, MPI_DOUBLE, MPI_MAX, c_, r.out()));
+  return r;
+}
+
 void Comm::broadcast(float* d, int64_t count, int root) const {
   const WatchedWait wait("MPI_Bcast");
   for (int64_t off = 0; off < count; off += kMaxCount) {

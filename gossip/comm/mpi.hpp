@@ -43,6 +43,8 @@ class Environment {
 void mark_peer_lost();
 bool peer_lost();
 
+class Request;
+
 // A communicator; owns (and frees) the ones it created by splitting or duplicating.
 class Comm {
  public:
@@ -68,6 +70,8 @@ class Comm {
   void allreduce_sum(double* data, int64_t count) const;
   void allreduce_sum(int64_t* data, int64_t count) const;
   void allreduce_max(double* data, int64_t count) const;
+  // Nonblocking MPI_Allreduce(MAX) in place: `data` must outlive the returned request.
+  Request iallreduce_max(double* data, int count) const;
   void broadcast(float* data, int64_t count, int root) const;
   void broadcast(std::string& s, int root) const;
 
@@ -97,6 +101,8 @@ class Request {
   MPI_Request* out() { return &r_; }
   void wait();
   bool test();
+  // Forgets a request that can never complete (a partner is lost) without waiting for it.
+  void abandon() { r_ = MPI_REQUEST_NULL; }
 
  private:
   MPI_Request r_ = MPI_REQUEST_NULL;

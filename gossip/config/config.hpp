@@ -97,6 +97,9 @@ struct Config {
     int nan_retries = 3;  // 0: a NaN/Inf loss stops training at once
     int64_t snapshot_every = 100;
     double lr_factor = 0.5;
+    // 0: every rank agrees on a NaN/Inf loss and on a stop signal after each step (a collective
+    // that waits for the slowest rank); 1: that agreement completes behind the next step.
+    int lag = 0;
   } guard;
   // Test hooks that inject failures; they fire only in a run that did not resume.
   struct {

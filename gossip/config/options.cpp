@@ -236,6 +236,11 @@ void guard_options(std::vector<Option>& o) {
      "steps between in-memory snapshots for the NaN guard"},
     {GG_OPTION(guard.lr_factor), Range{excl(0), incl(1)},
      "learning-rate scale applied at each NaN restore"},
+    {GG_OPTION(guard.lag), in(0, 1),
+     "0: after each step every rank agrees on a NaN/Inf loss and on a stop signal (a collective "
+     "that waits for the slowest rank); 1: that agreement runs behind the next step, so no step "
+     "waits for the slowest rank, and a NaN is acted on, a signal obeyed, one step later (still "
+     "at once before snapshots, evaluations, checkpoints and the last step)"},
   });
 }
 

@@ -37,9 +37,17 @@ double now_seconds() {
 
 Recovery::Recovery(const Config& c, const mpi::Comm& world, Trainer& trainer, TrainingData& data,
                    kernels::ModelSpec model)
-    : c_(c), world_(world), trainer_(trainer), data_(data), model_(std::move(model)) {
+    : c_(c),
+      world_(world),
+      trainer_(trainer),
+      data_(data),
+      model_(std::move(model)),
+      agreement_(std::make_unique<LaggedMax>(world)) {
   start_ = now_seconds();
 }
+
+Recovery::~Recovery() = default;
+Recovery::Recovery(Recovery&&) noexcept = default;
 
 RankState Recovery::capture() {
   RankState s;
@@ -283,16 +291,30 @@ bool Recovery::weights_due(int64_t s) const {
          (c_.checkpoint.every > 0 && done % c_.checkpoint.every == 0) || done == c_.train.stop_at;
 }
 
-bool Recovery::after_step(int64_t s, double loss, MetricsWriter& metrics) {
+bool Recovery::after_step(int64_t s, double loss, bool last, MetricsWriter& metrics) {
   // Every rank decides alike (a partner's NaN reaches this rank only a step later): the loss
-  // every step, the weights when due, in one collective.
+  // every step, the weights when due, in one collective. With guard.lag 1 it runs behind the
+  // next step, and that step acts on it; never before a snapshot, evaluation or checkpoint by
+  // step count (the weights are due then) nor after the last step.
   const bool check = weights_due(s);
   const bool weights_bad = weights_bad_ || (check && !weights_finite());
-  double bad[2] = {std::isfinite(loss) ? 0. : 1., weights_bad ? 1. : 0.};
-  world_.allreduce_max(bad, 2);
   weights_bad_ = false;
+  if (agreement_->running()) {
+    const int64_t before = agreement_->step();
+    const double* bad = agreement_->finish();
+    // This step's own flags are dropped with it: the state it reached is not kept.
+    if (bad[0] != 0 || bad[1] != 0) return act_on(before, bad, metrics);
+  }
+  const bool behind = c_.guard.lag > 0 && !check && !last;
+  agreement_->start(s, {std::isfinite(loss) ? 0. : 1., weights_bad ? 1. : 0.}, behind);
+  if (behind) return false;
+  const double* bad = agreement_->finish();
   if (check && bad[1] == 0) weights_checked_for_ = s + 1;
   if (bad[0] == 0 && bad[1] == 0) return false;
+  return act_on(s, bad, metrics);
+}
+
+bool Recovery::act_on(int64_t s, const double* bad, MetricsWriter& metrics) {
   const char* what = bad[0] != 0 ? "loss" : "weights";
   if (c_.guard.nan_retries == 0 || nan_restores_ >= c_.guard.nan_retries || !snapshot_) {
     std::string msg =

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -27,6 +28,7 @@
 
 namespace gg::gossip {
 
+class LaggedMax;
 class Trainer;
 class TrainingData;
 
@@ -35,6 +37,8 @@ class Recovery {
  public:
   Recovery(const Config& c, const mpi::Comm& world, Trainer& trainer, TrainingData& data,
            kernels::ModelSpec model);
+  ~Recovery();
+  Recovery(Recovery&&) noexcept;
 
   // checkpoint.resume: restores the newest valid checkpoint into the trainer and the data (a
   // collective). Returns the first step to run (0 without a checkpoint). Throws UsageError for a
@@ -62,8 +66,10 @@ class Recovery {
   // a NaN/Inf weight or running statistic on any rank (looked for before every snapshot, epoch
   // end and full checkpoint by step count), restores every rank's last snapshot and lowers the
   // learning rate; returns true then. Throws std::runtime_error naming the step once
-  // guard.nan_retries restores are spent (at once with guard.nan_retries 0).
-  bool after_step(int64_t s, double loss, MetricsWriter& metrics);
+  // guard.nan_retries restores are spent (at once with guard.nan_retries 0). With guard.lag 1
+  // the collective of step s runs behind step s + 1, whose after_step acts on it (except before
+  // a check of the weights and after the `last` step: then at once).
+  bool after_step(int64_t s, double loss, bool last, MetricsWriter& metrics);
   // After step s and its evaluation: a full checkpoint when one is due, and after the `last`
   // step of training (a collective). Returns true when training must stop here (train.stop_at).
   bool after_step_done(int64_t s, int64_t epoch, bool last, MetricsWriter& metrics);
@@ -89,6 +95,8 @@ class Recovery {
   RankState read_own_state(const std::string& folder, const Manifest& m) const;
   RankState average_states(const std::string& folder, const Manifest& m) const;
   bool time_due();
+  // The agreed flags {loss, weights} of step s, one of them bad: restore or stop.
+  bool act_on(int64_t s, const double* bad, MetricsWriter& metrics);
   // This rank's parameters and running statistics are all finite.
   bool weights_finite();
   // Whether after_step(s) looks at the weights.
@@ -105,6 +113,7 @@ class Recovery {
   double last_write_time_ = 0;  // seconds since start_
   double start_ = 0;
   std::optional<RankState> snapshot_;
+  std::unique_ptr<LaggedMax> agreement_;  // after_step's collective
   bool weights_bad_ = false;          // before_step found them non-finite; after_step reports it
   int64_t weights_checked_for_ = -1;  // after_step found them finite for the snapshot of this step
   int nan_restores_ = 0;

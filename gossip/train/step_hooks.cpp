@@ -7,6 +7,7 @@
 
 #include "gossip/comm/wait_watch.hpp"
 #include "gossip/resilience/checkpoint.hpp"
+#include "gossip/train/agree.hpp"
 #include "gossip/train/apoptosis.hpp"
 #include "gossip/train/emergency_state.hpp"
 #include "gossip/train/simulated_failures.hpp"
@@ -55,7 +56,7 @@ class NanGuard : public StepHook {
   NanGuard(Recovery& recovery, MetricsWriter& metrics) : recovery_(recovery), metrics_(metrics) {}
   void before_step(int64_t s, shuffle::Batch&) override { recovery_.before_step(s); }
   void after_step(StepRecord& r) override {
-    r.restored = recovery_.after_step(r.step, r.stats.loss, metrics_);
+    r.restored = recovery_.after_step(r.step, r.stats.loss, r.last, metrics_);
   }
 
  private:
@@ -242,13 +243,19 @@ class FullCheckpoints : public StepHook {
 };
 
 // SIGTERM / SIGINT on any rank: every rank stops after this step (one 8-byte collective a step
-// agrees on it), with a full checkpoint where checkpoint.dir is set.
+// agrees on it; with guard.lag 1 it runs behind the next step, and every rank stops after that
+// one), with a full checkpoint where checkpoint.dir is set.
 class StopOnSignal : public StepHook {
  public:
-  StopOnSignal(Group& g, JobState& job) : g_(g), job_(job) {}
+  StopOnSignal(Group& g, JobState& job) : g_(g), job_(job), agreement_(g.comm) {}
   void after_step(StepRecord& r) override {
-    double sig = StopSignals::requested();
-    g_.comm.allreduce_max(&sig, 1);
+    double sig = agreement_.running() ? agreement_.finish()[0] : 0;
+    if (sig == 0) {
+      const bool behind = g_.c.guard.lag > 0 && !r.last;
+      agreement_.start(r.step, {static_cast<double>(StopSignals::requested())}, behind);
+      if (behind) return;
+      sig = agreement_.finish()[0];
+    }
     if (sig == 0) return;
     const int signal = static_cast<int>(sig);
     if (job_.stop_signals) job_.stop_signals->taken_up();
@@ -266,6 +273,7 @@ class StopOnSignal : public StepHook {
  private:
   Group& g_;
   JobState& job_;
+  LaggedMax agreement_;
 };
 
 }  // namespace

@@ -115,6 +115,20 @@ rc=$?
 set -e
 [ $rc = 1 ] && grep -q "the loss became non-finite at step 25; lower train.lr" n0.err ||
   fail "guard off: $rc $(cat n0.err)"
+# guard.lag 1: the agreement on step 25 runs behind step 26, which restores the same snapshot
+# (step 26's record says so) or stops with the same line.
+train 2 --log.metrics nl.jsonl --guard.snapshot_every 10 --fault.nan 25 --guard.lag 1 \
+  --checkpoint.dir NL > nl.log
+grep -q '"event":"guard","lr_scale":0.5,"restored_step":20,"restores":1,"step":25' nl.jsonl ||
+  fail "lag 1: no guard event: $(grep guard nl.jsonl)"
+grep -q '"event":"summary"' nl.jsonl || fail "lag 1: the run did not complete"
+set +e
+train 2 --log.metrics nl0.jsonl --guard.nan_retries 0 --fault.nan 25 --guard.lag 1 \
+  --checkpoint.dir NL0 > nl0.log 2> nl0.err
+rc=$?
+set -e
+[ $rc = 1 ] && grep -q "the loss became non-finite at step 25; lower train.lr" nl0.err ||
+  fail "lag 1, guard off: $rc $(cat nl0.err)"
 echo "NaN guard: ok"
 
 # A hung partner (SIGSTOP) is reported within gossip.timeout_s, naming rank, step and bucket.

@@ -38,9 +38,10 @@ step=$(ls -d ck1/ckpt-* | tail -1 | sed 's/.*ckpt-0*//')
   --checkpoint.resume auto --log.metrics m1.jsonl > resume1.log 2>&1 || fail "resume failed"
 grep -q "resumed from ck1/ckpt-0*$step at step $step" resume1.log || fail "not resumed at $step"
 
-# 2. Ctrl-C: SIGINT to the supervisor's whole process group.
+# 2. Ctrl-C: SIGINT to the supervisor's whole process group; the ranks agree on it behind the
+# next step (guard.lag 1).
 setsid "$BIN" supervise -- "$MPIEXEC" -n 2 "$BIN" "${RUN[@]}" --checkpoint.dir "$TMP/ck2" \
-  --log.metrics m2.jsonl > out2.log 2> err2.log &
+  --guard.lag 1 --log.metrics m2.jsonl > out2.log 2> err2.log &
 pid=$!
 wait_steps out2.log
 kill -INT -- -"$pid"
