@@ -212,10 +212,15 @@ EmergencyScan scan_emergency_states(const std::string& folder, int ranks, double
 }
 
 void write_recovery_plan(const std::string& folder, const RecoveryPlan& p) {
-  const nlohmann::json j = {
-      {"format", "gossipgrad-recovery-plan"}, {"survivors", p.survivors},       {"lost", p.lost},
-      {"first_gone", p.first_gone},           {"ranks_before", p.ranks_before}, {"step", p.step},
-      {"steps_redone", p.steps_redone},       {"failed_unix", p.failed_unix}};
+  const nlohmann::json j = {{"format", "gossipgrad-recovery-plan"},
+                            {"survivors", p.survivors},
+                            {"lost", p.lost},
+                            {"first_gone", p.first_gone},
+                            {"ranks_before", p.ranks_before},
+                            {"step", p.step},
+                            {"steps_redone", p.steps_redone},
+                            {"failed_unix", p.failed_unix},
+                            {"replace", p.replace}};
   kernels::write_file_durably((fs::path(folder) / kRecoveryPlanFile).string(), j.dump() + "\n");
 }
 
@@ -235,6 +240,7 @@ RecoveryPlan read_recovery_plan(const std::string& folder) {
     p.step = j.at("step").get<int64_t>();
     p.steps_redone = j.at("steps_redone").get<int64_t>();
     p.failed_unix = j.at("failed_unix").get<double>();
+    p.replace = j.value("replace", false);
     if (p.survivors.empty() || p.step < 0 || p.ranks_before < 1)
       throw std::runtime_error("survivors, step or ranks_before out of range");
     for (int r : p.survivors)

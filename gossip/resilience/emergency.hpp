@@ -98,8 +98,18 @@ EmergencyActivity emergency_activity(const std::string& folder);
 struct RecoveryPlan {
   std::vector<int> survivors, lost;
   int first_gone = -1;  // EmergencyScan::first_gone
-  // Every rank's state saved: the job goes on at its size ("restore"); else with the survivors.
-  const char* strategy() const { return lost.empty() ? "restore" : "forward"; }
+  // Lost ranks' slots are filled (supervise --replace-lost): the job goes on at its size, a lost
+  // rank starting from its schedule partner's state.
+  bool replace = false;
+  // Every rank's state saved: the job goes on at its size ("restore"); else with the survivors
+  // ("forward") or at its size with the lost slots filled ("replace").
+  const char* strategy() const {
+    return lost.empty() ? "restore" : replace ? "replace" : "forward";
+  }
+  // The ranks of the relaunched job.
+  int ranks_after() const {
+    return lost.empty() || replace ? ranks_before : static_cast<int>(survivors.size());
+  }
   int ranks_before = 0;
   int64_t step = 0, steps_redone = 0;
   double failed_unix = 0;  // when the first emergency state was written

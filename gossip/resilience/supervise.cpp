@@ -46,7 +46,7 @@ bool is_count(const std::string& s) {
 
 constexpr const char* kHelp =
     "usage: gossipgrad supervise [--max-restarts N] [--shrink-on-failure] [--min-ranks M]\n"
-    "                            [--stop-timeout S] [--start-timeout S]\n"
+    "                            [--replace-lost] [--stop-timeout S] [--start-timeout S]\n"
     "                            [--emergency-dir DIR|none] --\n"
     "                            mpirun -n P gossipgrad train ... --checkpoint.dir DIR ...\n\n"
     "Runs the job; when it fails (not a usage error, exit 2), runs it again with\n"
@@ -55,6 +55,11 @@ constexpr const char* kHelp =
     "  --max-restarts N      give up after N restarts (default 3)\n"
     "  --shrink-on-failure   each restart runs one rank fewer (mpirun's -n/-np), down to\n"
     "                        --min-ranks (default 1); the checkpoint's ranks are averaged\n"
+    "  --replace-lost        after a real failure, relaunch at the job's size: a lost\n"
+    "                        rank's slot starts from its schedule partner's state\n"
+    "                        (replace; the launcher must be able to place it: a lost\n"
+    "                        node's ranks need a spare host), instead of going on with\n"
+    "                        the survivors (forward)\n"
     "  --stop-timeout S      after SIGTERM or SIGINT, seconds the job has to write its\n"
     "                        checkpoint and exit before it is killed (default 120)\n"
     "  --start-timeout S     with emergency states: end a job whose ranks have not all started\n"
@@ -67,7 +72,8 @@ constexpr const char* kHelp =
     "shares with a saver process of its own; when a rank dies, each saver writes its rank's\n"
     "state (the dead rank's too, unless its machine is gone), the supervisor ends the job and\n"
     "runs it again from those states: at its size when all were saved (restore), else with the\n"
-    "ranks that have one, the samples reassigned (forward). A rank whose partner times out\n"
+    "ranks that have one, the samples reassigned (forward), or with --replace-lost at its\n"
+    "size, a lost rank taking its partner's state (replace). A rank whose partner times out\n"
     "saves too; when only timeouts happened, the ranks that hydra can no longer pass a notice\n"
     "to (a cut link) count as lost. At most one step is redone. A corrupt state, or none,\n"
     "falls back to the newest full checkpoint, saying so in one line.\n"
@@ -154,6 +160,7 @@ namespace {
 struct SuperviseOptions {
   int max_restarts = 3, min_ranks = 1, stop_timeout = 120, start_timeout = 120;
   bool shrink = false;
+  bool replace = false;       // --replace-lost
   std::string emergency_dir;  // empty: the job's checkpoint.dir/emergency, or none
   bool help = false;
   std::vector<std::string> job;  // the command after "--"
@@ -174,6 +181,8 @@ SuperviseOptions parse_supervise(const std::vector<std::string>& args) {
     }
     if (a == "--shrink-on-failure") {
       o.shrink = true;
+    } else if (a == "--replace-lost") {
+      o.replace = true;
     } else if (a == "--emergency-dir" && i + 1 < args.size()) {
       o.emergency_dir = args[++i];
     } else if ((a == "--max-restarts" || a == "--min-ranks" || a == "--stop-timeout" ||
@@ -406,7 +415,7 @@ namespace {
 // Returns the recovery plan to relaunch with, or nullopt (with the one line saying why) to fall
 // back to the newest full checkpoint.
 std::optional<RecoveryPlan> plan_forward(const std::string& folder, int ranks, int min_ranks,
-                                         bool notice) {
+                                         bool notice, bool replace) {
   std::error_code ec;
   if (folder.empty() || !notice) return std::nullopt;
   const EmergencyScan scan = scan_emergency_states(folder, ranks, g_job_ended_unix);
@@ -455,6 +464,7 @@ std::optional<RecoveryPlan> plan_forward(const std::string& folder, int ranks, i
   plan.steps_redone = scan.max_step - scan.min_step;
   plan.failed_unix = scan.first_written_unix;
   plan.first_gone = scan.first_gone;
+  plan.replace = replace && !plan.lost.empty();
   try {
     write_recovery_plan(folder, plan);
   } catch (const std::exception& e) {
@@ -561,7 +571,8 @@ int cmd_supervise(const std::vector<std::string>& args) {
                    attempt, how.c_str(), seconds, from.c_str());
       continue;
     }
-    const std::optional<RecoveryPlan> plan = plan_forward(folder, ranks, o.min_ranks, notice);
+    const std::optional<RecoveryPlan> plan =
+        plan_forward(folder, ranks, o.min_ranks, notice, o.replace);
     if (plan) {
       std::string lost;
       for (int r : plan->lost) {
@@ -574,14 +585,14 @@ int cmd_supervise(const std::vector<std::string>& args) {
               : "; rank " + std::to_string(plan->first_gone) + "'s process ended first";
       std::fprintf(stderr,
                    "gossipgrad supervise: attempt %d failed with %s after %.1f s%s: %zu of %d "
-                   "rank states saved (lost: %s); %zu ranks continue at step %lld from them "
+                   "rank states saved (lost: %s); %d ranks continue at step %lld from them "
                    "(%s, %lld step(s) redone)\n",
                    attempt, how.c_str(), seconds, first.c_str(), plan->survivors.size(), ranks,
-                   lost.empty() ? "none" : lost.c_str(), plan->survivors.size(),
+                   lost.empty() ? "none" : lost.c_str(), plan->ranks_after(),
                    static_cast<long long>(plan->step), plan->strategy(),
                    static_cast<long long>(plan->steps_redone));
       from = folder;
-      ranks = static_cast<int>(plan->survivors.size());
+      ranks = plan->ranks_after();
       continue;
     }
     from.clear();

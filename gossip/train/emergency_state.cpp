@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -20,6 +21,7 @@
 #include "gossip/comm/wait_watch.hpp"
 #include "gossip/resilience/emergency.hpp"
 #include "gossip/resilience/full_checkpoint.hpp"
+#include "partners/schedule.hpp"
 
 namespace gg::gossip {
 namespace {
@@ -207,8 +209,28 @@ std::unique_ptr<StepHook> make_emergency_hook(Group& g, EmergencyState& e) {
   return std::make_unique<KeepAtBoundary>(g, e);
 }
 
+namespace {
+
+// The rank whose state `slot`, lost, starts from (supervise --replace-lost): the survivor it
+// last sent to (its schedule partner, which mixed its latest contribution), looking back over
+// the steps before `step`; the lowest survivor if none is found.
+int replacement_source(const Config& c, const RecoveryPlan& plan, int slot) {
+  const auto survived = [&](int r) {
+    return std::find(plan.survivors.begin(), plan.survivors.end(), r) != plan.survivors.end();
+  };
+  if (survived(slot)) return slot;
+  const partners::Schedule schedule{partners::parse_kind(c.gossip.schedule), plan.ranks_before,
+                                    c.gossip.rotate, static_cast<uint64_t>(c.train.seed)};
+  for (int64_t t = plan.step - 1, seen = 0; t >= 0 && seen < 4 * plan.ranks_before; --t, ++seen) {
+    const int to = partners::partners(schedule, slot, t).send_to;
+    if (survived(to)) return to;
+  }
+  return plan.survivors.front();
+}
+
+}  // namespace
+
 bool take_emergency_states(const Config& c, const mpi::Comm& world, JobState& job) {
-  (void)c;
   const char* from = std::getenv(kEmergencyFromEnv);
   if (from == nullptr || *from == '\0') return false;
   std::string error;
@@ -216,11 +238,12 @@ bool take_emergency_states(const Config& c, const mpi::Comm& world, JobState& jo
   RecoveryPlan plan;
   try {
     plan = read_recovery_plan(from);
-    if (static_cast<int>(plan.survivors.size()) != world.size())
+    if (plan.ranks_after() != world.size())
       throw std::runtime_error(std::string(from) + " plans for " +
-                               std::to_string(plan.survivors.size()) + " survivors, this job has " +
-                               std::to_string(world.size()) + " ranks");
-    const int old = plan.survivors[static_cast<size_t>(world.rank())];
+                               std::to_string(plan.ranks_after()) + " ranks, this job has " +
+                               std::to_string(world.size()));
+    const int old = plan.replace ? replacement_source(c, plan, world.rank())
+                                 : plan.survivors[static_cast<size_t>(world.rank())];
     const std::string path = (fs::path(from) / rank_file_name(old)).string();
     const std::vector<uint8_t> bytes = read_file(path);
     s = decode_state(bytes.data(), bytes.size(), path);

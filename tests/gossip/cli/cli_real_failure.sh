@@ -5,7 +5,8 @@
 # supervisor relaunches the job from them at its size ("restore"). The run completes with at most
 # one step redone, within 15 s of the kill, a top-1 within 0.5% of the failure-free run's, and
 # the metrics record the failure. Then a corrupted emergency state: the supervisor says so in
-# one line and restarts from the newest full checkpoint.
+# one line and restarts from the newest full checkpoint. And a rank lost with its state under
+# supervise --replace-lost: the job goes on at its size.
 set -euo pipefail
 BIN="$1"; ROOT="$2"; MPIEXEC="$3"
 TMP=$(mktemp -d); trap 'kill -9 $(pgrep -f "$TMP/") 2>/dev/null || true; [ -n "${GG_KEEP_TMP:-}" ] && echo "kept $TMP" || rm -rf "$TMP"' EXIT
@@ -127,4 +128,33 @@ wait $sup || fail "corrupt state: supervise exited $?: $(tail -8 err2.log)"
 grep -q "resumed from $TMP/ck2/ckpt-000000000100 at step 100" out2.log ||
   fail "not resumed from the newest full checkpoint: $(grep resumed out2.log)"
 grep -q "the job completed after 1 restart(s)" err2.log || fail "corrupt state: did not complete"
+
+# 5. supervise --replace-lost: rank 2 and its saver SIGKILLed together at step 80 (its state is
+# lost, as with a lost machine): the job goes on at 4 ranks, rank 2's slot starting from the
+# state of the rank it last sent to.
+timeout 150 "$BIN" supervise --max-restarts 2 --replace-lost -- "$MPIEXEC" -n 4 "$BIN" \
+  "${RUN[@]}" --checkpoint.dir "$TMP/ck5" --checkpoint.every 50 --log.metrics m5.jsonl \
+  > out5.log 2> err5.log &
+sup=$!
+wait_step m5.jsonl 80
+victim=$(rank_pid "$TMP/ck5" 2) || fail "replace: rank 2 not found"
+saver=$(pgrep -f "_emergency-saver $TMP/ck5/emergency/attempt-0 2\$") ||
+  fail "replace: rank 2's saver not found: $(pgrep -af _emergency-saver)"
+killed_at=$(date +%s.%N)
+kill -9 "$saver" "$victim"
+wait $sup || fail "replace: supervise exited $?: $(tail -8 err5.log)"
+grep -q "3 of 4 rank states saved (lost: 2); 4 ranks continue at step [0-9]* from them (replace" \
+  err5.log || fail "replace: no relaunch at 4 ranks: $(cat err5.log)"
+grep -q "the job completed after 1 restart(s)" err5.log || fail "replace: did not complete"
+fault=$(grep '"event":"fault"' m5.jsonl) || fail "replace: no fault event in the metrics"
+read -r redone rank strategy after since < <(py "
+import json; e = json.loads('''$fault''')
+print(e['steps_redone'], e['rank'], e['strategy'], e['ranks_after'], e['t_unix'] - $killed_at)")
+[ "$rank" = 2 ] && [ "$strategy" = replace ] && [ "$after" = 4 ] && [ "$redone" -le 1 ] ||
+  fail "replace: fault event: $fault"
+top1=$(summary m5.jsonl)
+echo "real failure, replace: rank 2 and its state lost, $redone step(s) redone, 4 ranks again" \
+  "$(printf %.1f "$since") s after the kill; top-1 $top1 vs $base failure-free"
+py "import sys; sys.exit(0 if abs($top1 - $base) <= 0.01 else 1)" ||
+  fail "replace: top-1 $top1 is not within 1% of the failure-free $base"
 echo "real failure: ok"
