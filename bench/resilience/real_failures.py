@@ -13,7 +13,14 @@ it (read from the metrics file as it grows, polled every 20 ms), the final top-1
 time. REPEAT rounds (default 3), each with its own kill step (the same in every method of the
 round), the methods interleaved. Writes bench/results/real-failures-<host>.csv and .md.
 
-Usage: bench/resilience/real_failures.py [--repeat N] [--bin build/gossip/gossipgrad]
+--node-loss: the same job on 3 namespace nodes x 1 rank of the cluster in a box
+(bench/cluster/cluster.sh, unshaped; needs root), and the failure is a lost node: every process
+in the namespace of node 2 (hydra's proxy, the rank, its saver) SIGKILLed at once. states
+goes on with the 2 survivors (forward); ckpt50 / ckpt200 restart from the newest checkpoint with
+--shrink-on-failure (2 ranks, on the first 2 nodes: the lost machine is gone). Writes
+bench/results/real-failures-node-<host>.csv and .md.
+
+Usage: bench/resilience/real_failures.py [--repeat N] [--node-loss] [--bin build/gossip/gossipgrad]
 """
 import argparse
 import csv
@@ -71,7 +78,42 @@ def rank_pid(tag, rank):
     return None
 
 
-def run(binary, method, kill_step, victim, work):
+class Cluster:
+    """3 namespace nodes (bench/cluster/cluster.sh), torn down on exit; a hydra-named launcher."""
+
+    def __init__(self, work):
+        self.sh = os.path.join(ROOT, "bench", "cluster", "cluster.sh")
+        self.prefix = f"ggrf{os.getpid() % 100000}"
+        subprocess.run([self.sh, "--prefix", self.prefix, "up", "--nodes", "3", "--rate", "none",
+                        "--delay", "0", "--jitter", "0"], check=True, stdout=subprocess.DEVNULL)
+        # Its name says hydra, so supervise asks it for failure notices and lowers its -n.
+        self.launcher = os.path.join(work, "mpiexec.hydra-cluster")
+        with open(self.launcher, "w") as f:
+            f.write("#!/usr/bin/env bash\nopts=()\n"
+                    "while [[ $# -gt 0 && $1 == -* ]]; do\n  case $1 in\n"
+                    "  -n | -np | -ppn) opts+=(\"$1\" \"$2\") && shift 2 ;;\n"
+                    "  *) opts+=(\"$1\") && shift ;;\n  esac\ndone\n"
+                    f"exec {self.sh} --prefix {self.prefix} run \"${{opts[@]}}\" -ppn 1 -- \"$@\"\n")
+        os.chmod(self.launcher, 0o755)
+
+    def kill_node(self, node):
+        ns = f"{self.prefix}-n{node}"
+        pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True,
+                              text=True).stdout.split()
+        if not pids:
+            raise RuntimeError(f"no process in {ns}")
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def down(self):
+        subprocess.run([self.sh, "--prefix", self.prefix, "down"], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+
+
+def run(binary, method, kill_step, victim, work, cluster=None):
     ck = os.path.join(work, "ck")
     metrics = os.path.join(work, "m.jsonl")
     job = [binary, "train", "--config", f"{ROOT}/configs/laptop.ini",
@@ -81,8 +123,10 @@ def run(binary, method, kill_step, victim, work):
            "--gossip.consensus_every", "0", "--gossip.timeout_s", "60",
            "--checkpoint.dir", ck, "--checkpoint.every", str(EVERY[method]),
            "--log.metrics", metrics]
-    sup = [binary, "supervise", "--max-restarts", "2"] + METHODS.get(method, []) + \
-        ["--", "mpiexec", "-n", "4"] + job
+    launch = [cluster.launcher, "-n", "3"] if cluster else ["mpiexec", "-n", "4"]
+    extra = ["--shrink-on-failure", "--min-ranks", "2"] if cluster and method != "states" else []
+    sup = [binary, "supervise", "--max-restarts", "2"] + METHODS.get(method, []) + extra + \
+        ["--"] + launch + job
     env = dict(os.environ, OMP_NUM_THREADS="1")
     t0 = time.time()
     with open(os.path.join(work, "out.log"), "w") as out, \
@@ -98,11 +142,14 @@ def run(binary, method, kill_step, victim, work):
                 if p.poll() is not None:
                     raise RuntimeError(f"{method}: the job ended before step {kill_step}")
                 time.sleep(0.02)
-            pid = rank_pid(ck, victim)
-            if pid is None:
-                raise RuntimeError(f"{method}: rank {victim} not found")
             in_flight = steps[-1] + 1  # the step the ranks were in at the kill
-            os.kill(pid, signal.SIGKILL)
+            if cluster:
+                cluster.kill_node(victim)
+            else:
+                pid = rank_pid(ck, victim)
+                if pid is None:
+                    raise RuntimeError(f"{method}: rank {victim} not found")
+                os.kill(pid, signal.SIGKILL)
             killed = time.time()
             while True:  # the first step finished after the restart
                 ev = events(metrics)
@@ -133,17 +180,37 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--bin", default=f"{ROOT}/build/gossip/gossipgrad")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--node-loss", action="store_true",
+                    help="3 namespace nodes, one lost (needs root): see the module's text")
     a = ap.parse_args()
     if not os.access(a.bin, os.X_OK):
         sys.exit(f"real_failures.py: {a.bin} is not an executable gossipgrad: build it first")
     rng = random.Random(a.seed)
     rows = []
+    cluster = None
+    if a.node_loss:
+        if os.geteuid() != 0:
+            sys.exit("real_failures.py: --node-loss makes network namespaces: run it as root")
+        cluster = Cluster(tempfile.mkdtemp(prefix="gg-realfail-launch-"))
+    try:
+        rows = rounds(a, rng, cluster)
+    finally:
+        if cluster:
+            cluster.down()
+    report(a, rows)
+
+
+def rounds(a, rng, cluster):
+    rows = []
     for r in range(a.repeat):
-        kill_step, victim = rng.randrange(40, 190), rng.randrange(4)
+        # A lost node: the last one, since a relaunch with fewer ranks fills the nodes in order
+        # (the lost node's namespace stays usable here, unlike a dead machine).
+        kill_step = rng.randrange(40, 190)
+        victim = 2 if cluster else rng.randrange(4)
         for method in ["none", "states", "ckpt50", "ckpt200"]:
             work = tempfile.mkdtemp(prefix="gg-realfail-")
             try:
-                row = run(a.bin, method, kill_step, victim, work)
+                row = run(a.bin, method, kill_step, victim, work, cluster)
             finally:
                 shutil.rmtree(work, ignore_errors=True)
             row.update(round=r, victim=victim if method != "none" else "")
@@ -153,8 +220,13 @@ def main():
                   f"{row['steps_redone'] if row['steps_redone'] != '' else '-':>4} recovery "
                   f"{row['recovery_s'] or '-':>5} s top-1 {row['top1']:.4f} wall "
                   f"{row['wall_s']} s", flush=True)
+    return rows
+
+
+def report(a, rows):
     host = socket.gethostname()
-    out = os.path.join(ROOT, "bench", "results", f"real-failures-{host}")
+    kind = "real-failures-node" if a.node_loss else "real-failures"
+    out = os.path.join(ROOT, "bench", "results", f"{kind}-{host}")
     fields = ["round", "method", "victim", "kill_step", "resumed_at", "steps_redone",
               "recovery_s", "top1", "wall_s"]
     with open(out + ".csv", "w", newline="") as f:
@@ -162,11 +234,21 @@ def main():
         w.writeheader()
         w.writerows(rows)
     base = statistics.median(r["top1"] for r in rows if r["method"] == "none")
-    lines = [f"# Real failures: one of 4 ranks SIGKILLed ({host})", "",
-             f"Command: `bench/resilience/real_failures.py --repeat {a.repeat}`; resnet8 width 4, "
-             "Fashion-MNIST, 1 epoch (234 steps), 4 ranks x 1 thread, configs/laptop.ini; a "
-             "random rank killed with kill -9 at a random step in [40, 190), the same in every "
-             "method of a round. Medians over the rounds (min-max).", "",
+    if a.node_loss:
+        head = [f"# Real failures: one of 3 namespace nodes lost ({host})", "",
+                f"Command: `bench/resilience/real_failures.py --node-loss --repeat {a.repeat}`; "
+                "resnet8 width 4, Fashion-MNIST, 1 epoch, 3 nodes x 1 rank x 1 thread of the "
+                "cluster in a box (unshaped), configs/laptop.ini; every process of node 2 "
+                "SIGKILLed at a random step in [40, 190), the same in every method of a round; "
+                "states goes on with the 2 survivors (forward), the restarts shrink to 2 ranks. "
+                "Medians over the rounds (min-max)."]
+    else:
+        head = [f"# Real failures: one of 4 ranks SIGKILLed ({host})", "",
+                f"Command: `bench/resilience/real_failures.py --repeat {a.repeat}`; resnet8 width "
+                "4, Fashion-MNIST, 1 epoch (234 steps), 4 ranks x 1 thread, configs/laptop.ini; a "
+                "random rank killed with kill -9 at a random step in [40, 190), the same in every "
+                "method of a round. Medians over the rounds (min-max)."]
+    lines = head + ["",
              "| method | steps redone | kill to training again (s) | top-1 | vs failure-free | wall (s) |",
              "|---|---|---|---|---|---|"]
 
