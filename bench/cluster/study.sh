@@ -3,7 +3,7 @@
 # and PyTorch DDP over gloo, on the cluster in a box (cluster.sh: one network namespace per node,
 # links shaped with tc), with compute emulated from a measured GPU profile ([emulate]).
 #
-# usage: bench/cluster/study.sh [--plan quick|session|check|ten|late|lag|fill|full] [--out DIR] [--profile p100|h100]
+# usage: bench/cluster/study.sh [--plan quick|session|check|ten|late|lag|tcp|fill|full] [--out DIR] [--profile p100|h100]
 #
 # Every point runs p ranks on p nodes (one rank per node) at a link rate R with ResNet-50's real
 # gradient (102 MB, gossipgrad's buckets of gossip.bucket_kb) and the profile's forward/backward/
@@ -21,6 +21,10 @@
 # MPI_Allreduce mode), ddp (ddp_emulate.py; ddp+fp16 with DDP's fp16_compress_hook).
 # Conditions: quiet; jitter (every rank's compute x a lognormal factor per step, median 1, p99
 # GG_STUDY_JITTER, default 2.5); straggler (rank 1 always 1.5x slower).
+# GG_STUDY_SLOW_START_AFTER_IDLE=0 sets the nodes' net.ipv4.tcp_slow_start_after_idle to 0 (Linux
+# default 1: a TCP connection idle for a retransmission timeout restarts from a small congestion
+# window; a collective that talks to a different peer each round meets it on every connection);
+# use another --out for such a study.
 # Output: DIR/points.csv (one line per point), DIR/*.jsonl|json (the runs), DIR/latency.csv, and
 # bench/cluster/summarize.py makes the table, the plot and the simulator's predictions.
 set -euo pipefail
@@ -40,10 +44,10 @@ PROFILE=p100
 die() { echo "study.sh: $*" >&2 && exit 1; }
 while (($#)); do
     case $1 in
-    --plan) PLAN=${2:?--plan needs quick, session, check, ten, late, lag, fill or full} && shift 2 ;;
+    --plan) PLAN=${2:?--plan needs quick, session, check, ten, late, lag, tcp, fill or full} && shift 2 ;;
     --out) OUT=${2:?--out needs a folder} && shift 2 ;;
     --profile) PROFILE=${2:?--profile needs p100 or h100} && shift 2 ;;
-    -h | --help) sed -n '2,20s/^# \{0,1\}//p' "${BASH_SOURCE[0]}" && exit 0 ;;
+    -h | --help) sed -n '2,/^set -euo/{/^#/s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}" && exit 0 ;;
     *) echo "study.sh: unknown argument '$1' (see --help)" >&2 && exit 2 ;;
     esac
 done
@@ -108,6 +112,10 @@ points() {
         for m in grad+stale; do echo "16 1000 jitter $m"; done
         echo "16 1000 quiet grad+stale"
         ;;
+    tcp)
+        # With GG_STUDY_SLOW_START_AFTER_IDLE=0 (and another --out): the TCP setting's share.
+        for m in allreduce grad ddp; do echo "16 1000 quiet $m"; done
+        ;;
     lag)
         # Without the per-step agreements' wait for the slowest rank (guard.lag 1): the
         # partners' chain alone (staleness 0), and with late partners (staleness 1).
@@ -138,7 +146,7 @@ points() {
             for m in grad allreduce ddp; do echo "$p 500 quiet $m"; done
         done
         ;;
-    *) echo "study.sh: --plan $PLAN: use quick, session, check, ten, late, lag, fill or full" >&2 && exit 2 ;;
+    *) echo "study.sh: --plan $PLAN: use quick, session, check, ten, late, lag, tcp, fill or full" >&2 && exit 2 ;;
     esac
 }
 
@@ -237,6 +245,12 @@ for point in "${PLANNED[@]}"; do
     if ((p != nodes)); then
         cleanup
         "$CLUSTER" --prefix "$PREFIX" up --nodes "$p" --rate none --delay 0 --jitter 0 >/dev/null
+        if [[ -n ${GG_STUDY_SLOW_START_AFTER_IDLE:-} ]]; then
+            for ((n = 0; n < p; n++)); do
+                ip netns exec "$PREFIX-n$n" sysctl -qw \
+                    net.ipv4.tcp_slow_start_after_idle="$GG_STUDY_SLOW_START_AFTER_IDLE"
+            done
+        fi
         nodes=$p
     fi
     k=$forced_k
