@@ -60,6 +60,7 @@ struct Config {
     std::string schedule = "dissemination";
     bool rotate = true;
     std::string transport = "auto";
+    std::string hierarchy = "none";  // none | node (grad: node average, then gossip over nodes)
     std::string threading = "funneled";
     int comm_threads = 2;
     int staleness = 0;

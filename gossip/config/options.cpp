@@ -152,6 +152,11 @@ void gossip_options(std::vector<Option>& o) {
      "nodes), shm (stores into an MPI shared-memory window; every rank on one node), rma "
      "(passive-target MPI one-sided: MPI_Put into the partner's window, then a per-bucket "
      "flag), p2p (MPI_Isend/MPI_Irecv)"},
+    {GG_OPTION(gossip.hierarchy), Choices{{"none", "node"}},
+     "node: every bucket is averaged exactly inside each node (shared memory), then gossiped "
+     "between nodes, local rank l with local rank l of the partner node (1/K of the bucket "
+     "each, the schedule over nodes); mode grad, fp32 wire, staleness 0, even nodes. none: "
+     "every rank gossips with its own partner"},
     {GG_OPTION(gossip.threading), Choices{{"funneled", "concurrent", "chained"}},
      "funneled (one communication thread), concurrent (gossip.comm_threads threads, "
      "MPI_THREAD_MULTIPLE), chained (one thread, one bucket at a time in bucket order)"},

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <thread>
 
+#include "gossip/comm/hierarchy.hpp"
 #include "gossip/train/agree.hpp"
 #include "kernels/loss.hpp"
 #include "kernels/weights.hpp"
@@ -104,6 +105,24 @@ void Trainer::make_exchanges() {
     partners::validate(o.schedule);
   } catch (const std::invalid_argument& e) {
     throw UsageError(std::string("gossip.schedule: ") + e.what());
+  }
+  if (c.gossip.hierarchy == "node") {
+    if (c.gossip.mode != "grad")
+      throw UsageError(
+          "gossip.hierarchy = node mixes gradients only: set gossip.mode = grad (not " +
+          c.gossip.mode + ")");
+    if (c.gossip.wire != "fp32" || c.gossip.staleness != 0)
+      throw UsageError(
+          "gossip.hierarchy = node sends fp32 and waits for the partner node: set gossip.wire = "
+          "fp32 and gossip.staleness = 0");
+    try {
+      exchange_ = std::make_unique<HierarchicalExchange>(world_, store.grads.data(), net_.buckets(),
+                                                         o.schedule.kind, o.schedule.rotate,
+                                                         o.schedule.seed, c.gossip.timeout_s);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+    return;
   }
   o.transport = c.gossip.transport;
   o.comm_threads = c.gossip.comm_threads;

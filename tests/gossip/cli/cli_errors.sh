@@ -28,6 +28,12 @@ expect "unknown model" "model.name" -- train --config "$CFG" --model.name vgg99
 expect "unknown precision" "train.precision = fp8" -- train --config "$CFG" --train.precision fp8
 expect "bf16 on the reference backend" "train.precision = bf16" -- train --config "$CFG" --train.precision bf16 --train.backend reference
 expect "unknown mode" "gossip.mode" -- train --config "$CFG" --gossip.mode telepathy
+expect "unknown hierarchy" "gossip.hierarchy" -- train --config "$CFG" --gossip.hierarchy rack
+expect "hierarchy with weights" "set gossip.mode = grad (not both)" -- train --config "$CFG" \
+  --gossip.hierarchy node --data.source synthetic:1x28x28:10:200 --train.max_steps 1
+expect "hierarchy with bf16" "set gossip.wire = fp32" -- train --config "$CFG" \
+  --gossip.hierarchy node --gossip.mode grad --gossip.wire bf16 \
+  --data.source synthetic:1x28x28:10:200 --train.max_steps 1
 expect "missing data folder" "data.dir" -- train --config "$CFG" --data.dir /nonexistent
 expect "unknown command" "unknown command" -- frobnicate
 expect "info without model" "model" -- info

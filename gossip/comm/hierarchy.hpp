@@ -1,0 +1,75 @@
+// gossip.hierarchy = node: two-level gossip. Every bucket is first averaged exactly inside each
+// node (MPI_Reduce_scatter over the node's K ranks: local rank l ends with slice l of the node's
+// average), then slice l is exchanged with local rank l of the partner node (the schedule runs
+// over nodes; one "rail" communicator per local rank, so every rank's link is busy with 1/K of
+// the bucket) and mixed, (mine + partner's) / 2, and the node's mixed slices are gathered back
+// into every local rank's bucket (MPI_Allgatherv). After a step every rank of a node holds the
+// same values: the mix of its node's average with the partner node's.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "gossip/comm/exchange.hpp"
+#include "gossip/comm/mpi.hpp"
+#include "kernels/graph.hpp"
+#include "partners/schedule.hpp"
+
+namespace gg::gossip {
+
+// Nodes of a job: this rank's node communicator and its place among the nodes.
+struct NodeLayout {
+  int nodes = 1;     // how many
+  int node = 0;      // this rank's node, 0..nodes-1, in the order of the nodes' lowest ranks
+  int local = 0;     // this rank within its node
+  int per_node = 1;  // ranks on every node
+};
+// A collective over `world` (node = world.split_shared()). Throws std::invalid_argument naming
+// the sizes when the nodes hold different numbers of ranks.
+NodeLayout node_layout(const mpi::Comm& world, const mpi::Comm& node);
+
+class HierarchicalExchange final : public BucketExchange {
+ public:
+  // `kind`, `rotate` and `seed` make the schedule over the nodes (partners::Schedule with p =
+  // the number of nodes). `timeout_s` bounds a wait on the partner node (0: none).
+  HierarchicalExchange(const mpi::Comm& world, float* buffer, std::vector<kernels::Bucket> buckets,
+                       partners::Kind kind, bool rotate, uint64_t seed, double timeout_s);
+  ~HierarchicalExchange() override;
+  const char* name() const override { return "hierarchy"; }
+  void begin_step(int64_t step) override;
+  void on_bucket_ready(int bucket) override;
+  double finish_step() override;
+  int64_t bytes_sent() const override;
+  const NodeLayout& layout() const { return layout_; }
+  // The partner nodes of this rank's node at `step` (the schedule's own step count, which goes on
+  // across a resume): {send_to, recv_from}.
+  partners::Partners node_partners(int64_t step) const;
+
+ private:
+  void loop();
+  void mix(int bucket, int64_t step);
+
+  mpi::Comm node_, rail_;
+  NodeLayout layout_;
+  partners::Schedule schedule_;
+  float* buffer_;
+  std::vector<kernels::Bucket> buckets_;
+  double timeout_s_;
+  std::vector<float> slice_, incoming_;
+  int64_t step_ = 0;
+  int64_t bytes_sent_ = 0;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<int, int64_t>> queue_;  // (bucket, step)
+  size_t done_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::thread worker_;
+};
+
+}  // namespace gg::gossip
