@@ -125,7 +125,9 @@ points() {
         echo "16 1000 jitter grad+stale+lag"
         ;;
     fill)
-        # The grid's gaps after session, ten and late, most telling first.
+        # The grid's gaps after session, ten and late, most telling first. First: late partners
+        # on the slow link without the agreements that queue behind the exchange in flight.
+        echo "16 1000 quiet grad+stale+lag"
         for m in grad allreduce ddp; do echo "16 10000 straggler $m"; done
         for m in model both; do echo "16 10000 quiet $m"; done
         for c in jitter straggler; do
