@@ -4,8 +4,11 @@
 # batch, resolution and thread count, one process each, alternating, REPEATS times per setting.
 # Writes bench/results/compute-<host>.csv and a markdown table with the ratio of the medians.
 # Usage: bench/compute/run.sh [MODEL:BATCH:RES:THREADS[:PRECISION] ...]
-#   default: resnet50:16:224:2 googlenet:16:224:2 resnet50:16:64:2 and the same in bf16
-#   PRECISION (fp32 default, or bf16) is gossipgrad's; PyTorch always runs fp32, the baseline.
+#   default: ResNet-50 and GoogLeNet at 224 and 64, batch 16, 2 threads, fp32 and bf16.
+#   PRECISION (fp32 default, or bf16): gossipgrad's, and PyTorch's best setting's (channels_last,
+#   bf16 under autocast); PyTorch's default (NCHW fp32) runs beside as the reference. PyTorch's
+#   BLAS is OpenBLAS (installed). Each model's achieved FLOP/s (3 x its forward FLOPs per image)
+#   is stated as a share of oneDNN's best training convolution on this CPU (gg_bench_peak).
 # Environment: REPEATS (default 3), STEPS (timed steps, default 10), WARMUP (default 3).
 #
 # bench/compute/run.sh --backend cuda [MODEL:BATCH:RES:PRECISION ...]: the GPU comparison. The
@@ -82,7 +85,7 @@ PY
   echo "bench/compute: wrote $OUT.csv, $OUT.md (raw output in $OUT.txt)"
   exit 0
 fi
-SETTINGS=("${@:-resnet50:16:224:2 googlenet:16:224:2 resnet50:16:64:2 resnet50:16:224:2:bf16 googlenet:16:224:2:bf16 resnet50:16:64:2:bf16}")
+SETTINGS=("${@:-resnet50:16:224:2 googlenet:16:224:2 resnet50:16:64:2 googlenet:16:64:2 resnet50:16:224:2:bf16 googlenet:16:224:2:bf16 resnet50:16:64:2:bf16 googlenet:16:64:2:bf16}")
 read -r -a SETTINGS <<<"${SETTINGS[*]}"
 REPEATS=${REPEATS:-3}
 STEPS=${STEPS:-10}
@@ -93,51 +96,94 @@ if ! /usr/bin/python3 -c 'import torch, torchvision' 2>/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
     python3-torch python3-torchvision >/dev/null
 fi
+# Debian's PyTorch calls the system BLAS (libblas.so.3) for its fully connected layers: the
+# reference BLAS unless OpenBLAS is installed, which is what a user does.
+if ! dpkg-query -W -f '${Status}' libopenblas0-pthread 2>/dev/null | grep -q "ok installed"; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    libopenblas0-pthread >/dev/null
+fi
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DGG_BENCH=ON >/dev/null
-cmake --build build --target gg_bench_compute
+cmake --build build --target gg_bench_compute gg_bench_peak gossipgrad
 OUT=bench/results/compute-$(hostname)
 mkdir -p bench/results
 echo "impl,model,batch,res,threads,precision,median_step_s,images_per_s,peak_rss_mb,params" >"$OUT.csv"
 {
   echo "# $(date -u +%FT%TZ) $(uname -srm), $(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
   echo "# flags: $(grep -m1 '^flags' /proc/cpuinfo | grep -o 'avx512[a-z_0-9]*\|avx2\|amx[a-z_0-9]*' | sort -u | xargs)"
-  echo "# oneDNN: $(dpkg-query -W -f '${Version}' libdnnl-dev 2>/dev/null), torch: $(/usr/bin/python3 -c 'import torch; print(torch.__version__)')"
-  echo "# repeats=$REPEATS steps=$STEPS warmup=$WARMUP"
+  echo "# oneDNN: $(dpkg-query -W -f '${Version}' libdnnl-dev 2>/dev/null), torch: $(/usr/bin/python3 -c 'import torch; print(torch.__version__)'), libblas.so.3: $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3)"
+  echo "# repeats=$REPEATS steps=$STEPS warmup=$WARMUP; PyTorch: default (NCHW, fp32) and best (channels_last; bf16 rows under autocast bf16)"
 } >"$OUT.txt"
+# The ceiling of each (threads, precision): oneDNN's best training convolution (gg_bench_peak).
+echo "threads,precision,ceiling_gflops" >"$OUT.peak.csv"
 for s in "${SETTINGS[@]}"; do
   IFS=: read -r model batch res threads precision <<<"$s"
+  precision=${precision:-fp32}
+  grep -q "^$threads,$precision," "$OUT.peak.csv" && continue
+  OMP_NUM_THREADS=$threads build/bench/gg_bench_peak --threads "$threads" --precision "$precision" |
+    tee -a "$OUT.txt" | awk -F, -v t="$threads" -v p="$precision" '$1 == "ceiling" { print t "," p "," $5 }' >>"$OUT.peak.csv"
+done
+# Forward FLOPs per image (direct count, multiply-add = 2) of each model and resolution.
+echo "model,res,forward_flops" >"$OUT.flops.csv"
+for s in "${SETTINGS[@]}"; do
+  IFS=: read -r model batch res threads precision <<<"$s"
+  grep -q "^$model,$res," "$OUT.flops.csv" && continue
+  f=$(build/gossip/gossipgrad info --model "$model" --input "3,$res,$res" --classes 1000 --json |
+    /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)["forward_flops"])')
+  echo "$model,$res,$f" >>"$OUT.flops.csv"
+done
+for s in "${SETTINGS[@]}"; do
+  IFS=: read -r model batch res threads precision <<<"$s"
+  precision=${precision:-fp32}
   args=(--model "$model" --batch "$batch" --res "$res" --threads "$threads" --steps "$STEPS"
     --warmup "$WARMUP")
   for ((r = 1; r <= REPEATS; r++)); do
-    OMP_NUM_THREADS=$threads build/bench/gg_bench_compute "${args[@]}" --precision "${precision:-fp32}" |
-      tee -a "$OUT.txt" >>"$OUT.csv"
-    OMP_NUM_THREADS=$threads /usr/bin/python3 bench/compute/torch_bench.py "${args[@]}" |
-      tee -a "$OUT.txt" >>"$OUT.csv"
+    export OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads
+    build/bench/gg_bench_compute "${args[@]}" --precision "$precision" | tee -a "$OUT.txt" >>"$OUT.csv"
+    # PyTorch's default (NCHW, fp32: the reference column) and its best for this precision.
+    /usr/bin/python3 bench/compute/torch_bench.py "${args[@]}" | tee -a "$OUT.txt" >>"$OUT.csv"
+    /usr/bin/python3 bench/compute/torch_bench.py "${args[@]}" --channels-last \
+      --precision "$precision" | tee -a "$OUT.txt" >>"$OUT.csv"
   done
 done
-/usr/bin/python3 - "$OUT.csv" <<'PY' >"$OUT.md"
+/usr/bin/python3 - "$OUT" <<'PY' >"$OUT.md"
 import csv, statistics, sys
-rows = list(csv.DictReader(open(sys.argv[1])))
+out = sys.argv[1]
+rows = list(csv.DictReader(open(out + ".csv")))
+ceiling = {(r["threads"], r["precision"]): float(r["ceiling_gflops"])
+           for r in csv.DictReader(open(out + ".peak.csv"))}
+flops = {(r["model"], r["res"]): float(r["forward_flops"])
+         for r in csv.DictReader(open(out + ".flops.csv"))}
 setting = lambda r: (r["model"], r["batch"], r["res"], r["threads"])
-keys = []
-for r in rows:
-    k = setting(r) + (r["precision"],)
-    if r["impl"].startswith("gossipgrad") and k not in keys:
-        keys.append(k)
-print("| model | batch | res | threads | gossipgrad precision | gossipgrad img/s | PyTorch fp32 img/s "
-      "| ratio of medians | gossipgrad peak MB | PyTorch peak MB |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+med = lambda rs: statistics.median(float(r["images_per_s"]) for r in rs)
+keys = list(dict.fromkeys(setting(r) + (r["precision"],) for r in rows
+                          if r["impl"].startswith("gossipgrad")))
+print("| model | batch | res | threads | precision | gossipgrad img/s | PyTorch default (NCHW fp32) "
+      "| PyTorch best (channels_last, same precision) | vs best | vs default "
+      "| gossipgrad share of ceiling | PyTorch best share | gossipgrad peak MB | PyTorch best peak MB |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for k in keys:
     ours = [r for r in rows if r["impl"].startswith("gossipgrad") and setting(r) + (r["precision"],) == k]
-    # PyTorch rows of the same setting, run alternately with these (its own fp32 baseline)
-    theirs = [r for r in rows if r["impl"].startswith("pytorch") and setting(r) == k[:4]]
-    if not ours or not theirs:
+    default = [r for r in rows if r["impl"].startswith("pytorch") and not r["impl"].endswith("channels_last")
+               and setting(r) == k[:4]]
+    best = [r for r in rows if r["impl"].endswith("channels_last") and setting(r) + (r["precision"],) == k]
+    if not ours or not default or not best:
         continue
-    a = statistics.median(float(r["images_per_s"]) for r in ours)
-    b = statistics.median(float(r["images_per_s"]) for r in theirs)
+    a, d, b = med(ours), med(default), med(best)
+    # Training FLOPs per image: 3 x the forward's (forward, backward-data, backward-weights).
+    c = ceiling.get((k[3], k[4]))
+    f = flops.get((k[0], k[2]))
+    share = lambda ips: f"{3 * f * ips / 1e9 / c:.0%}" if c and f else ""
     mo = max(float(r["peak_rss_mb"]) for r in ours)
-    mt = max(float(r["peak_rss_mb"]) for r in theirs)
-    print(f"| {' | '.join(k)} | {a:.2f} | {b:.2f} | {a / b:.2f} | {mo:.0f} | {mt:.0f} |")
+    mb = max(float(r["peak_rss_mb"]) for r in best)
+    print(f"| {' | '.join(k)} | {a:.2f} | {d:.2f} | {b:.2f} | {a / b:.2f}x | {a / d:.2f}x "
+          f"| {share(a)} | {share(b)} | {mo:.0f} | {mb:.0f} |")
+print()
+print("Ceiling: oneDNN's best training convolution (forward + backward-data + backward-weights, "
+      "direct algorithm, ResNet-50 shapes at batch 16) on this CPU with the same threads: "
+      + ", ".join(f"{t} threads {p} {g:.0f} GFLOP/s" for (t, p), g in ceiling.items())
+      + ". A model's share counts 3 x its forward FLOPs per image (direct count; Winograd does "
+      "fewer, so a share can exceed what the direct count allows).")
 PY
 cat "$OUT.md"
 echo "bench/compute: wrote $OUT.csv, $OUT.md (raw output in $OUT.txt)"

@@ -1,7 +1,10 @@
 """bench/compute, PyTorch side: the same training step as gg_bench_compute (forward, cross
 entropy, backward, SGD momentum 0.9 / weight decay 1e-4) on a torchvision model, images/s as the
 median over timed steps after warm-up, peak resident memory. Prints one CSV row in the format of
-gg_bench_compute.
+gg_bench_compute; its impl is pytorch-VERSION, with -channels_last when --channels-last.
+
+--device cpu (the default): --precision fp32, or bf16 (the forward under
+torch.autocast("cpu", bfloat16) with fp32 weights, as a PyTorch user runs bf16 on a CPU).
 
 --device cuda: the GPU baseline. The input and labels live on the GPU, cudnn.benchmark is on,
 every step ends in torch.cuda.synchronize(); --precision fp32 turns TF32 off for convolutions and
@@ -40,8 +43,8 @@ def main():
     ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"])
     ap.add_argument("--channels-last", action="store_true")
     a = ap.parse_args()
-    if a.device == "cpu" and a.precision != "fp32":
-        sys.exit("torch_bench.py: the CPU baseline runs fp32 only")
+    if a.device == "cpu" and a.precision == "tf32":
+        sys.exit("torch_bench.py: tf32 is a GPU precision; on the CPU use fp32 or bf16")
     torch.manual_seed(7)
     torch.set_num_threads(a.threads)
     dev = torch.device(a.device)
@@ -78,7 +81,8 @@ def main():
     if gpu:
         print(f"# torch {torch.__version__} on {torch.cuda.get_device_name()}, peak device "
               f"memory {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB", file=sys.stderr)
-    print(f"pytorch-{torch.__version__},{a.model},{a.batch},{a.res},{a.threads},{a.precision},"
+    impl = f"pytorch-{torch.__version__}" + ("-channels_last" if a.channels_last else "")
+    print(f"{impl},{a.model},{a.batch},{a.res},{a.threads},{a.precision},"
           f"{med:.6g},{a.batch / med:.4g},{peak:.1f},{params}")
 
 

@@ -1,0 +1,208 @@
+// bench/compute, the ceiling: the best training-convolution and matmul throughput oneDNN reaches
+// on this CPU with the given threads and precision, for run.sh to state each model's achieved
+// share of it. Convolutions are timed forward, backward-data and backward-weights (the three a
+// training step runs), direct algorithm only, over ResNet-50's 3x3 and 1x1 shapes at batch 16;
+// FLOPs are the direct count, 2 x N x K x C x R x S x P x Q per pass. Matmul: M = N = K = 2048.
+// Each case: the median of timed runs after warm-up, repeated for at least --seconds.
+// Prints CSV rows: op,shape,precision,threads,gflops; the last row (op "ceiling") is the best
+// training-convolution figure, the one run.sh divides by.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dnnl.hpp"
+
+namespace {
+
+using dnnl::memory;
+using dt = memory::data_type;
+using tag = memory::format_tag;
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  int threads = 2;
+  std::string precision = "fp32";
+  double seconds = 1.0;
+};
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr,
+               "gg_bench_peak: %s\nusage: gg_bench_peak [--threads T] [--precision fp32|bf16] "
+               "[--seconds S]\n",
+               why.c_str());
+  std::exit(2);
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (k == "--help" || k == "-h") usage("oneDNN's best convolution and matmul GFLOP/s");
+    if (i + 1 >= argc) usage("option " + k + " needs a value");
+    const std::string v = argv[++i];
+    try {
+      if (k == "--threads")
+        a.threads = std::stoi(v);
+      else if (k == "--precision")
+        a.precision = v;
+      else if (k == "--seconds")
+        a.seconds = std::stod(v);
+      else
+        usage("unknown option " + k);
+    } catch (const std::logic_error&) {
+      usage("option " + k + " needs a number, not '" + v + "'");
+    }
+  }
+  if (a.threads < 1) usage("--threads must be >= 1");
+  if (a.precision != "fp32" && a.precision != "bf16") usage("--precision must be fp32 or bf16");
+  if (a.seconds <= 0) usage("--seconds must be > 0");
+  return a;
+}
+
+// Median seconds of `run` (which ends by waiting on the stream), after two warm-up runs,
+// repeated at least 5 times and for at least `seconds`.
+double time_it(const std::function<void()>& run, double seconds) {
+  run();
+  run();
+  std::vector<double> t;
+  const auto start = Clock::now();
+  while (t.size() < 5 || std::chrono::duration<double>(Clock::now() - start).count() < seconds) {
+    const auto t0 = Clock::now();
+    run();
+    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::nth_element(t.begin(), t.begin() + static_cast<long>(t.size() / 2), t.end());
+  return t[t.size() / 2];
+}
+
+memory fresh(const memory::desc& md, const dnnl::engine& eng) {
+  memory m(md, eng);
+  // Small finite values: denormals or NaNs must not change the speed.
+  if (md.data_type() == dt::f32) {
+    auto* p = static_cast<float*>(m.get_data_handle());
+    for (size_t i = 0; i < md.get_size() / sizeof(float); ++i) p[i] = 0.01f * (i % 7);
+  } else {
+    auto* p = static_cast<uint16_t*>(m.get_data_handle());
+    for (size_t i = 0; i < md.get_size() / 2; ++i) p[i] = 0x3c23;  // 0.01 in bf16
+  }
+  return m;
+}
+
+struct Conv {
+  const char* name;
+  int64_t n, c, k, h, r, stride;
+};
+
+void print(const char* op, const std::string& shape, const Args& a, double gflops) {
+  std::printf("%s,%s,%s,%d,%.1f\n", op, shape.c_str(), a.precision.c_str(), a.threads, gflops);
+  std::fflush(stdout);
+}
+
+// Forward, backward-data and backward-weights of one convolution; returns the training GFLOP/s
+// (three passes' FLOPs over their summed median times) and prints each pass.
+double conv(const Conv& cv, const Args& a, const dnnl::engine& eng, dnnl::stream& s) {
+  const dt act = a.precision == "bf16" ? dt::bf16 : dt::f32;
+  const int64_t pad = cv.r / 2, out = (cv.h + 2 * pad - cv.r) / cv.stride + 1;
+  const memory::dims src{cv.n, cv.c, cv.h, cv.h}, w{cv.k, cv.c, cv.r, cv.r},
+      dst{cv.n, cv.k, out, out}, st{cv.stride, cv.stride}, pd{pad, pad};
+  const memory::desc src_md(src, act, tag::any), w_md(w, act, tag::any), dst_md(dst, act, tag::any),
+      dw_md(w, dt::f32, tag::any);
+  const auto alg = dnnl::algorithm::convolution_direct;
+  dnnl::convolution_forward::primitive_desc f(
+      {dnnl::prop_kind::forward_training, alg, src_md, w_md, dst_md, st, pd, pd}, eng);
+  dnnl::convolution_backward_data::primitive_desc d({alg, src_md, w_md, dst_md, st, pd, pd}, eng,
+                                                    f);
+  dnnl::convolution_backward_weights::primitive_desc g({alg, src_md, dw_md, dst_md, st, pd, pd},
+                                                       eng, f);
+  memory x = fresh(f.src_desc(), eng), wt = fresh(f.weights_desc(), eng),
+         y = fresh(f.dst_desc(), eng), dx = fresh(d.diff_src_desc(), eng),
+         dy = fresh(d.diff_dst_desc(), eng), dw = fresh(g.diff_weights_desc(), eng);
+  memory wd = d.weights_desc() == f.weights_desc() ? wt : fresh(d.weights_desc(), eng);
+  memory xg = g.src_desc() == f.src_desc() ? x : fresh(g.src_desc(), eng);
+  memory dyg = g.diff_dst_desc() == d.diff_dst_desc() ? dy : fresh(g.diff_dst_desc(), eng);
+  dnnl::convolution_forward fp(f);
+  dnnl::convolution_backward_data dp(d);
+  dnnl::convolution_backward_weights gp(g);
+  const double flops = 2.0 * cv.n * cv.k * cv.c * cv.r * cv.r * out * out;
+  const double tf = time_it(
+      [&] {
+        fp.execute(s, {{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_DST, y}});
+        s.wait();
+      },
+      a.seconds);
+  const double td = time_it(
+      [&] {
+        dp.execute(s, {{DNNL_ARG_DIFF_DST, dy}, {DNNL_ARG_WEIGHTS, wd}, {DNNL_ARG_DIFF_SRC, dx}});
+        s.wait();
+      },
+      a.seconds);
+  const double tw = time_it(
+      [&] {
+        gp.execute(s, {{DNNL_ARG_SRC, xg}, {DNNL_ARG_DIFF_DST, dyg}, {DNNL_ARG_DIFF_WEIGHTS, dw}});
+        s.wait();
+      },
+      a.seconds);
+  char shape[96];
+  std::snprintf(shape, sizeof shape, "%s n%ld c%ld k%ld %ldx%ld r%ld s%ld", cv.name,
+                static_cast<long>(cv.n), static_cast<long>(cv.c), static_cast<long>(cv.k),
+                static_cast<long>(cv.h), static_cast<long>(cv.h), static_cast<long>(cv.r),
+                static_cast<long>(cv.stride));
+  print("conv_forward", shape, a, flops / tf / 1e9);
+  print("conv_backward_data", shape, a, flops / td / 1e9);
+  print("conv_backward_weights", shape, a, flops / tw / 1e9);
+  const double training = 3 * flops / (tf + td + tw) / 1e9;
+  print("conv_training", shape, a, training);
+  return training;
+}
+
+double matmul(const Args& a, const dnnl::engine& eng, dnnl::stream& s) {
+  const int64_t m = 2048;
+  const dt act = a.precision == "bf16" ? dt::bf16 : dt::f32;
+  const memory::desc am({m, m}, act, tag::ab), bm({m, m}, act, tag::any),
+      cm({m, m}, dt::f32, tag::ab);
+  dnnl::matmul::primitive_desc pd({am, bm, cm}, eng);
+  memory x = fresh(pd.src_desc(), eng), w = fresh(pd.weights_desc(), eng),
+         y = fresh(pd.dst_desc(), eng);
+  dnnl::matmul mm(pd);
+  const double t = time_it(
+      [&] {
+        mm.execute(s, {{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, y}});
+        s.wait();
+      },
+      a.seconds);
+  const double g = 2.0 * m * m * m / t / 1e9;
+  print("matmul", "m2048 n2048 k2048", a, g);
+  return g;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args a = parse(argc, argv);
+  omp_set_num_threads(a.threads);
+  try {
+    dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+    dnnl::stream s(eng);
+    std::printf("op,shape,precision,threads,gflops\n");
+    matmul(a, eng, s);
+    // ResNet-50's convolutions at batch 16 (224 input): the 3x3 of each stage and two 1x1.
+    const std::vector<Conv> shapes = {
+        {"res2 3x3", 16, 64, 64, 56, 3, 1},          {"res3 3x3", 16, 128, 128, 28, 3, 1},
+        {"res4 3x3", 16, 256, 256, 14, 3, 1},        {"res5 3x3", 16, 512, 512, 7, 3, 1},
+        {"res3 1x1 expand", 16, 128, 512, 28, 1, 1}, {"res4 1x1 reduce", 16, 1024, 256, 14, 1, 1}};
+    double best = 0;
+    for (const Conv& c : shapes) best = std::max(best, conv(c, a, eng, s));
+    print("ceiling", "best conv_training", a, best);
+  } catch (const dnnl::error& e) {
+    std::fprintf(stderr, "gg_bench_peak: oneDNN: %s (status %d)\n", e.what(),
+                 static_cast<int>(e.status));
+    return 1;
+  }
+  return 0;
+}
