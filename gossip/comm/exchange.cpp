@@ -237,6 +237,11 @@ const float* GossipExchange::incoming(int b, const float* in) {
   return x;
 }
 
+BucketExchange::Lateness GossipExchange::lateness() const {
+  std::lock_guard lock(mu_);
+  return lateness_;
+}
+
 int64_t GossipExchange::bytes_sent() const {
   int64_t bytes = 0;
   for (const TransportTraffic& t : transport_->traffic())
@@ -390,7 +395,12 @@ double GossipExchange::finish_step() {
   } else {
     if (error_) std::rethrow_exception(error_);
     for (size_t b = 0; b < buckets_.size(); ++b) {
-      if (latest_step_[b] < step_ - 1) continue;  // nothing from the partner yet
+      // Nothing from the partner yet (at the first step -1 means none, not the step before).
+      if (latest_step_[b] < 0 || latest_step_[b] < step_ - 1) {
+        ++lateness_.unmixed;
+        continue;
+      }
+      if (latest_step_[b] < step_) ++lateness_.late;
       const kernels::Bucket& k = buckets_[b];
       float* x = buffer_ + k.begin;
       const float* in = latest_.data() + k.begin;

@@ -42,6 +42,12 @@ class BucketExchange {
   void set_timeline(Timeline* t) { timeline_ = t; }
   // Bytes this rank has sent so far, every peer together (0 where MPI moves them: allreduce).
   virtual int64_t bytes_sent() const { return 0; }
+  // Staleness 1, since the start: buckets a step mixed from the partner's previous step (late:
+  // this step's had not arrived) and buckets it could not mix at all (nothing arrived yet).
+  struct Lateness {
+    int64_t late = 0, unmixed = 0;
+  };
+  virtual Lateness lateness() const { return {}; }
 
  protected:
   Timeline* timeline_ = nullptr;
@@ -154,6 +160,7 @@ class GossipExchange final : public BucketExchange {
   // transport (auto: one for each of its halves), so that a test can tell which carried what.
   std::vector<TransportTraffic> transport_counters() const { return transport_->traffic(); }
   int64_t bytes_sent() const override;
+  Lateness lateness() const override;
 
  private:
   struct Job {
@@ -188,12 +195,13 @@ class GossipExchange final : public BucketExchange {
   std::vector<float> send_stage_;      // staleness 1: the bucket as it was when ready
   std::vector<float> latest_;          // staleness 1: the partner's latest completed bucket
   std::vector<int64_t> latest_step_;   // step of latest_[b], -1 = none yet
+  Lateness lateness_;                  // staleness 1: what finish_step could not mix fresh
   std::vector<int64_t> completed_;     // step whose exchange of bucket b finished, -1 = none
   std::vector<float> delta_;           // delayed: (partner - snapshot) / 2, per element
   bool pending_ = false;               // delayed: an exchange was started and not yet applied
   bool settled_ = false;               // delayed: ... and its delta_ is already computed
   int64_t first_step_ = 0;             // transports see step - first_step_
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> queue_;
   int64_t step_ = 0;

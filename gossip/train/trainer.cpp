@@ -93,6 +93,7 @@ Trainer::Trainer(const Config& c, const mpi::Comm& world, kernels::Dims input, i
 void Trainer::make_exchanges() {
   const Config& c = c_;
   sent_bytes_ = 0;  // new exchanges count from 0
+  lateness_ = {};
   kernels::ParamStore& store = net_.store();
   if (c.gossip.mode == "allreduce") {
     exchange_ = std::make_unique<AllreduceExchange>(world_, store.grads.data(), net_.buckets());
@@ -246,6 +247,16 @@ StepStats Trainer::step(const float* x, const int32_t* y) {
     for (BucketExchange* e : exchanges()) sent += e->bytes_sent();
     s.sent_bytes = sent - sent_bytes_;
     sent_bytes_ = sent;
+  }
+  if (c_.gossip.staleness > 0 && c_.gossip.mode != "allreduce") {
+    BucketExchange::Lateness now;
+    for (BucketExchange* e : exchanges()) {
+      now.late += e->lateness().late;
+      now.unmixed += e->lateness().unmixed;
+    }
+    s.late_buckets = now.late - lateness_.late;
+    s.unmixed_buckets = now.unmixed - lateness_.unmixed;
+    lateness_ = now;
   }
   ++step_;
   return s;

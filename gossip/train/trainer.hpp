@@ -31,6 +31,9 @@ struct StepStats {
   double comm_seconds = 0;  // exposed: time the step waited for the exchange
   double consensus = -1;    // measured this step (every gossip.consensus_every steps), else -1
   int64_t sent_bytes = -1;  // gossip: bytes this rank sent this step (allreduce: -1, unknown)
+  // gossip.staleness 1: buckets this step mixed from the partner's previous step, and buckets
+  // it could not mix (nothing had arrived); -1 otherwise.
+  int64_t late_buckets = -1, unmixed_buckets = -1;
 };
 
 struct EvalStats {
@@ -123,9 +126,10 @@ class Trainer {
   kernels::LrSchedule schedule_;
   std::vector<float> dlogits_;
   int64_t step_ = 0;
-  int64_t model_due_ = -1;  // overlap_model: the step whose weights wait to be exchanged
-  int64_t sent_bytes_ = 0;  // by the exchanges, until the last step
-  double lr_scale_ = 1;     // the NaN guard lowers it
+  int64_t model_due_ = -1;             // overlap_model: the step whose weights wait to be exchanged
+  int64_t sent_bytes_ = 0;             // by the exchanges, until the last step
+  BucketExchange::Lateness lateness_;  // by the exchanges, until the last step
+  double lr_scale_ = 1;                // the NaN guard lowers it
 };
 
 // Compute threads for this rank: the configured count, or this node's cores shared evenly by
