@@ -6,7 +6,10 @@
 # plots per rank count (top-1 against epoch and against wall time), from the runs' metrics.
 # Usage: bench/convergence/run.sh [RANKS...]   (default 2 4 8)
 # Environment: EPOCHS (default 12), EXTRA (more train options, e.g. "--model.width 8"),
-# VARIANTS (a subset of: single allreduce both grad model both-norotate both-shuffle).
+# VARIANTS (a subset of: single allreduce both grad model both-norotate both-shuffle, and the lean
+# ones of issue 17: grad-bf16 model-bf16 both-bf16 (bf16 wire with error feedback), grad-stale
+# (staleness 1, guard.lag 1), grad-hier (gossip.hierarchy node over simulated nodes of 2 ranks,
+# GG_RANKS_PER_NODE=2)). Default: all but the lean ones.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RANKS=("${@:-2 4 8}")
@@ -26,7 +29,7 @@ run() { # name ranks options...
   echo "convergence: $name ($p ranks)" >&2
   local over=()
   [ "$p" -le "$(nproc)" ] && over=(-bind-to core)
-  OMP_NUM_THREADS=1 mpirun -n "$p" "${over[@]}" build/gossip/gossipgrad train --config configs/laptop.ini \
+  OMP_NUM_THREADS=1 ${RUN_ENV:-} mpirun -n "$p" "${over[@]}" build/gossip/gossipgrad train --config configs/laptop.ini \
     --train.epochs "$EPOCHS" --log.metrics "$RUNS/$name.jsonl" --log.overwrite true \
     --log.progress false "${EXTRA[@]}" "$@" >"$RUNS/$name.log" 2>&1
 }
@@ -40,6 +43,17 @@ for p in "${RANKS[@]}"; do
   if want model; then run "p$p-gossip-model" "$p" --gossip.mode model; fi
   if want both-norotate; then run "p$p-gossip-both-norotate" "$p" --gossip.mode both --gossip.rotate false; fi
   if want both-shuffle; then run "p$p-gossip-both-shuffle" "$p" --gossip.mode both --data.shuffle ids; fi
+  bf16=(--gossip.wire bf16 --gossip.model_wire bf16 --gossip.error_feedback true)
+  if want grad-bf16; then run "p$p-gossip-grad-bf16" "$p" --gossip.mode grad "${bf16[@]}"; fi
+  if want model-bf16; then run "p$p-gossip-model-bf16" "$p" --gossip.mode model "${bf16[@]}"; fi
+  if want both-bf16; then run "p$p-gossip-both-bf16" "$p" --gossip.mode both "${bf16[@]}"; fi
+  if want grad-stale; then
+    run "p$p-gossip-grad-stale" "$p" --gossip.mode grad --gossip.staleness 1 --guard.lag 1
+  fi
+  if want grad-hier; then
+    RUN_ENV="env GG_RANKS_PER_NODE=2" run "p$p-gossip-grad-hier" "$p" --gossip.mode grad \
+      --gossip.hierarchy node
+  fi
 done
 python3 - "$RUNS" "$OUT" <<'PY'
 import glob, json, os, sys
