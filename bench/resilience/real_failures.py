@@ -159,6 +159,9 @@ def run(binary, method, kill_step, victim, work, cluster=None):
                     if after:
                         recovered = time.time()
                         first = ev[starts[-1]].get("first_step", after[0]["step"])
+                        # At another rank count (forward, a shrunk restart) the steps are
+                        # counted anew: the point reached, in the first run's steps.
+                        first = round(first * ev[starts[0]]["steps"] / ev[starts[-1]]["steps"])
                         break
                 if p.poll() is not None:
                     raise RuntimeError(f"{method}: the job ended without a restart")
@@ -188,6 +191,8 @@ def main():
     rng = random.Random(a.seed)
     rows = []
     cluster = None
+    # SIGTERM ends the run as an exception does: the namespaces are torn down (finally).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if a.node_loss:
         if os.geteuid() != 0:
             sys.exit("real_failures.py: --node-loss makes network namespaces: run it as root")
