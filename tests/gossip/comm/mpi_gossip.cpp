@@ -14,6 +14,7 @@
 #include "gossip/comm/exchange.hpp"
 #include "gossip/comm/mpi.hpp"
 #include "partners/simulator.hpp"
+#include "tests/gossip/bucket_layout.hpp"
 #include "tests/gossip/mpi_check.hpp"
 
 using namespace gg;
@@ -22,6 +23,7 @@ namespace {
 
 using test::check;
 using test::failures;
+using test::make_layout;
 
 // Which world ranks share this rank's node (real or simulated).
 std::vector<bool> same_node(const mpi::Comm& world) {
@@ -35,19 +37,6 @@ std::vector<bool> same_node(const mpi::Comm& world) {
 }
 
 bool one_node(const mpi::Comm& world) { return world.split_shared().size() == world.size(); }
-
-// Buckets of uneven sizes, the last element of the buffer in bucket 0 (as backward makes them).
-std::vector<kernels::Bucket> make_layout(int64_t count) {
-  std::vector<kernels::Bucket> b;
-  int64_t end = count, size = 1;
-  while (end > 0) {
-    const int64_t begin = std::max<int64_t>(0, end - size);
-    b.push_back({begin, end});
-    end = begin;
-    size = size * 3 + 5;
-  }
-  return b;
-}
 
 float initial(int rank, int64_t i) { return static_cast<float>((rank * 7 + i * 3) % 64); }
 

@@ -14,6 +14,7 @@
 
 #include "gossip/comm/hierarchy.hpp"
 #include "gossip/comm/mpi.hpp"
+#include "tests/gossip/bucket_layout.hpp"
 #include "tests/gossip/mpi_check.hpp"
 
 using namespace gg;
@@ -22,19 +23,7 @@ namespace {
 
 using test::check;
 using test::failures;
-
-// Buckets of uneven sizes (some smaller than K), the last element in bucket 0.
-std::vector<kernels::Bucket> make_layout(int64_t count) {
-  std::vector<kernels::Bucket> b;
-  int64_t end = count, size = 1;
-  while (end > 0) {
-    const int64_t begin = std::max<int64_t>(0, end - size);
-    b.push_back({begin, end});
-    end = begin;
-    size = size * 3 + 2;
-  }
-  return b;
-}
+using test::make_layout;
 
 // Every rank's buffer, gathered (rank-major).
 std::vector<float> gather(const mpi::Comm& world, const std::vector<float>& x) {
