@@ -64,8 +64,7 @@ NodeLayout node_layout(const mpi::Comm& world, const mpi::Comm& node) {
 
 HierarchicalExchange::HierarchicalExchange(const mpi::Comm& world, float* buffer,
                                            std::vector<kernels::Bucket> buckets,
-                                           partners::Kind kind, bool rotate, uint64_t seed,
-                                           double timeout_s)
+                                           partners::Schedule schedule, double timeout_s)
     : node_(world.split_shared()),
       layout_(node_layout(world, node_)),
       buffer_(buffer),
@@ -76,7 +75,8 @@ HierarchicalExchange::HierarchicalExchange(const mpi::Comm& world, float* buffer
   GG_MPI_CHECK(MPI_Comm_split(world.get(), layout_.local, layout_.node, &rail));
   GG_MPI_CHECK(MPI_Comm_set_errhandler(rail, MPI_ERRORS_RETURN));
   rail_ = mpi::Comm::adopt(rail);
-  schedule_ = {kind, layout_.nodes, rotate, seed};
+  schedule_ = schedule;
+  schedule_.p = layout_.nodes;
   partners::validate(schedule_);  // e.g. hypercube needs a power of two of nodes
   int64_t largest = 0;
   for (const kernels::Bucket& b : buckets_) largest = std::max(largest, b.size());

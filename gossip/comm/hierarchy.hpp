@@ -35,10 +35,10 @@ NodeLayout node_layout(const mpi::Comm& world, const mpi::Comm& node);
 
 class HierarchicalExchange final : public BucketExchange {
  public:
-  // `kind`, `rotate` and `seed` make the schedule over the nodes (partners::Schedule with p =
-  // the number of nodes). `timeout_s` bounds a wait on the partner node (0: none).
+  // `schedule`'s kind, rotation and seed make the schedule over the nodes (its p becomes the
+  // number of nodes). `timeout_s` bounds a wait on the partner node (0: none).
   HierarchicalExchange(const mpi::Comm& world, float* buffer, std::vector<kernels::Bucket> buckets,
-                       partners::Kind kind, bool rotate, uint64_t seed, double timeout_s);
+                       partners::Schedule schedule, double timeout_s);
   ~HierarchicalExchange() override;
   const char* name() const override { return "hierarchy"; }
   void begin_step(int64_t step) override;

@@ -21,7 +21,7 @@
 #include "gossip/comm/wait_watch.hpp"
 #include "gossip/resilience/emergency.hpp"
 #include "gossip/resilience/full_checkpoint.hpp"
-#include "partners/schedule.hpp"
+#include "gossip/train/trainer.hpp"
 
 namespace gg::gossip {
 namespace {
@@ -219,8 +219,7 @@ int replacement_source(const Config& c, const RecoveryPlan& plan, int slot) {
     return std::find(plan.survivors.begin(), plan.survivors.end(), r) != plan.survivors.end();
   };
   if (survived(slot)) return slot;
-  const partners::Schedule schedule{partners::parse_kind(c.gossip.schedule), plan.ranks_before,
-                                    c.gossip.rotate, static_cast<uint64_t>(c.train.seed)};
+  const partners::Schedule schedule = gossip_schedule(c, plan.ranks_before);
   for (int64_t t = plan.step - 1, seen = 0; t >= 0 && seen < 4 * plan.ranks_before; --t, ++seen) {
     const int to = partners::partners(schedule, slot, t).send_to;
     if (survived(to)) return to;

@@ -115,24 +115,24 @@ class Progress : public StepHook {
     if (r.restored) return;
     loss_avg_ = r.step == g_.first ? r.stats.loss : 0.95 * loss_avg_ + 0.05 * r.stats.loss;
     if (!g_.lead) return;
-    job_.metrics.write(
-        {{"event", "step"},
-         {"step", r.step},
-         {"epoch", r.epoch},
-         {"loss", emulated(g_.c) ? nlohmann::json() : nlohmann::json(r.stats.loss)},
-         {"lr", r.stats.lr},
-         {"images_per_s", g_.global_batch / r.seconds},
-         {"step_s", r.seconds},
-         {"comm_s", r.stats.comm_seconds},
-         {"sent_bytes",
-          r.stats.sent_bytes >= 0 ? nlohmann::json(r.stats.sent_bytes) : nlohmann::json()},
-         {"late_buckets",
-          r.stats.late_buckets >= 0 ? nlohmann::json(r.stats.late_buckets) : nlohmann::json()},
-         {"unmixed_buckets", r.stats.unmixed_buckets >= 0 ? nlohmann::json(r.stats.unmixed_buckets)
-                                                          : nlohmann::json()},
-         {"data_wait_s", r.data_wait},
-         {"shuffle_s", r.shuffle_wait},
-         {"skipped", g_.data.skipped()}});
+    // A count of -1 is one this run does not keep (allreduce's bytes, staleness 0's lateness).
+    const auto count_or_null = [](int64_t n) {
+      return n >= 0 ? nlohmann::json(n) : nlohmann::json();
+    };
+    job_.metrics.write({{"event", "step"},
+                        {"step", r.step},
+                        {"epoch", r.epoch},
+                        {"loss", emulated(g_.c) ? nlohmann::json() : nlohmann::json(r.stats.loss)},
+                        {"lr", r.stats.lr},
+                        {"images_per_s", g_.global_batch / r.seconds},
+                        {"step_s", r.seconds},
+                        {"comm_s", r.stats.comm_seconds},
+                        {"sent_bytes", count_or_null(r.stats.sent_bytes)},
+                        {"late_buckets", count_or_null(r.stats.late_buckets)},
+                        {"unmixed_buckets", count_or_null(r.stats.unmixed_buckets)},
+                        {"data_wait_s", r.data_wait},
+                        {"shuffle_s", r.shuffle_wait},
+                        {"skipped", g_.data.skipped()}});
     if (r.stats.consensus >= 0)
       job_.metrics.write(
           {{"event", "consensus"}, {"step", r.step + 1}, {"consensus", r.stats.consensus}});

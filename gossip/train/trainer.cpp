@@ -90,6 +90,17 @@ Trainer::Trainer(const Config& c, const mpi::Comm& world, kernels::Dims input, i
   eval_exec_ = &net_.at_batch(c.train.eval_batch);
 }
 
+partners::Schedule gossip_schedule(const Config& c, int p) {
+  try {
+    const partners::Schedule s{partners::parse_kind(c.gossip.schedule), p, c.gossip.rotate,
+                               static_cast<uint64_t>(c.train.seed)};
+    partners::validate(s);
+    return s;
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("gossip.schedule: ") + e.what());
+  }
+}
+
 void Trainer::make_exchanges() {
   const Config& c = c_;
   sent_bytes_ = 0;  // new exchanges count from 0
@@ -100,13 +111,7 @@ void Trainer::make_exchanges() {
     return;
   }
   GossipOptions o;
-  try {
-    o.schedule = {partners::parse_kind(c.gossip.schedule), world_.size(), c.gossip.rotate,
-                  static_cast<uint64_t>(c.train.seed)};
-    partners::validate(o.schedule);
-  } catch (const std::invalid_argument& e) {
-    throw UsageError(std::string("gossip.schedule: ") + e.what());
-  }
+  o.schedule = gossip_schedule(c, world_.size());
   if (c.gossip.hierarchy == "node") {
     if (c.gossip.mode != "grad")
       throw UsageError(
@@ -118,8 +123,7 @@ void Trainer::make_exchanges() {
           "fp32 and gossip.staleness = 0");
     try {
       exchange_ = std::make_unique<HierarchicalExchange>(world_, store.grads.data(), net_.buckets(),
-                                                         o.schedule.kind, o.schedule.rotate,
-                                                         o.schedule.seed, c.gossip.timeout_s);
+                                                         o.schedule, c.gossip.timeout_s);
     } catch (const std::invalid_argument& e) {
       throw UsageError(e.what());
     }
@@ -251,8 +255,9 @@ StepStats Trainer::step(const float* x, const int32_t* y) {
   if (c_.gossip.staleness > 0 && c_.gossip.mode != "allreduce") {
     BucketExchange::Lateness now;
     for (BucketExchange* e : exchanges()) {
-      now.late += e->lateness().late;
-      now.unmixed += e->lateness().unmixed;
+      const BucketExchange::Lateness l = e->lateness();
+      now.late += l.late;
+      now.unmixed += l.unmixed;
     }
     s.late_buckets = now.late - lateness_.late;
     s.unmixed_buckets = now.unmixed - lateness_.unmixed;

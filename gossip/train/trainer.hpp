@@ -132,6 +132,10 @@ class Trainer {
   double lr_scale_ = 1;                // the NaN guard lowers it
 };
 
+// The partner schedule a config describes for `p` participants (ranks, or nodes with
+// gossip.hierarchy = node). Throws UsageError naming gossip.schedule when it cannot serve p.
+partners::Schedule gossip_schedule(const Config& c, int p);
+
 // Compute threads for this rank: the configured count, or this node's cores shared evenly by
 // the ranks on this node.
 int compute_threads(const Config& c, const mpi::Comm& world);

@@ -39,7 +39,7 @@ void run(const mpi::Comm& world, partners::Kind kind, bool rotate) {
   std::vector<float> x(count);
   for (int64_t i = 0; i < count; ++i) x[i] = static_cast<float>((me * 5 + i * 3) % 32);
   const std::vector<kernels::Bucket> buckets = make_layout(count);
-  gossip::HierarchicalExchange ex(world, x.data(), buckets, kind, rotate, 3, 60);
+  gossip::HierarchicalExchange ex(world, x.data(), buckets, {kind, 0, rotate, 3}, 60);
   const gossip::NodeLayout& l = ex.layout();
   const int per = l.per_node, nodes = l.nodes;
   // The node of every world rank (a collective).
@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
       std::string error;
       try {
         gossip::HierarchicalExchange ex(world, x.data(), make_layout(10),
-                                        partners::Kind::Dissemination, false, 1, 60);
+                                        {partners::Kind::Dissemination, 0, false, 1}, 60);
       } catch (const std::invalid_argument& e) {
         error = e.what();
       }
