@@ -133,6 +133,8 @@ GossipExchange::GossipExchange(const mpi::Comm& world, float* buffer,
                                 " ranks but the job has " + std::to_string(comm_.size()));
   if (o_.staleness != 0 && o_.staleness != 1)
     throw std::invalid_argument("staleness must be 0 or 1");
+  if (o_.skip_late && o_.staleness != 1)
+    throw std::invalid_argument("skipping late buckets needs staleness 1");
   partners::validate(o_.schedule);
   BufferLayout layout;
   layout.count = buckets_.empty() ? 0 : buckets_.front().end;
@@ -395,8 +397,10 @@ double GossipExchange::finish_step() {
   } else {
     if (error_) std::rethrow_exception(error_);
     for (size_t b = 0; b < buckets_.size(); ++b) {
-      // Nothing from the partner yet (at the first step -1 means none, not the step before).
-      if (latest_step_[b] < 0 || latest_step_[b] < step_ - 1) {
+      // Nothing from the partner yet (at the first step -1 means none, not the step before), or
+      // only last step's bucket and late ones are skipped.
+      if (latest_step_[b] < 0 || latest_step_[b] < step_ - 1 ||
+          (o_.skip_late && latest_step_[b] < step_)) {
         ++lateness_.unmixed;
         continue;
       }

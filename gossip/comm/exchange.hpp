@@ -101,10 +101,11 @@ struct GossipOptions {
   partners::Schedule schedule;     // p must equal the communicator's size
   std::string transport = "auto";  // auto | shm | rma | p2p (make_transport)
   Threading threading = Threading::Funneled;
-  int comm_threads = 2;  // concurrent only
-  int staleness = 0;     // 0: wait for the partner; 1: never wait, mix what has arrived
-  bool delayed = false;  // start_delayed/finish_delayed: mix as a correction applied later
-  double timeout_s = 0;  // a wait on a partner longer than this fails the step (0: never)
+  int comm_threads = 2;    // concurrent only
+  int staleness = 0;       // 0: wait for the partner; 1: never wait, mix what has arrived
+  bool skip_late = false;  // staleness 1: a bucket not yet here this step stays unmixed
+  bool delayed = false;    // start_delayed/finish_delayed: mix as a correction applied later
+  double timeout_s = 0;    // a wait on a partner longer than this fails the step (0: never)
   Wire wire = Wire::Fp32;
   bool error_feedback = false;  // bf16 wire only
 };
@@ -116,8 +117,9 @@ struct GossipOptions {
 //   concurrent  several threads, each exchanging a whole bucket (MPI_THREAD_MULTIPLE)
 //   chained     one thread, one bucket at a time, strictly in bucket order
 // With staleness 1 a bucket is copied aside when it is ready, and finish_step mixes whatever the
-// partner's latest completed bucket is (this step's or the previous one's) without waiting; a
-// bucket is queued again only once its previous exchange is complete (staleness bounded by 1).
+// partner's latest completed bucket is (this step's or the previous one's; with skip_late only
+// this step's, otherwise the bucket stays unmixed) without waiting; a bucket is queued again only
+// once its previous exchange is complete (staleness bounded by 1).
 //
 // buffer == nullptr asks the exchange to provide the flat buffer (buffer()): in the shm
 // transport's window where it has one, so that partners that pair up in a step (send_to ==

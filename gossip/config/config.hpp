@@ -64,8 +64,10 @@ struct Config {
     std::string threading = "funneled";
     int comm_threads = 2;
     int staleness = 0;
-    bool overlap_model = true;  // model/both: weight averaging overlapped with the next step
+    std::string late = "previous";  // staleness 1, bucket not here yet: previous | skip
+    bool overlap_model = true;      // model/both: weight averaging overlapped with the next step
     int64_t global_every = 0;
+    int64_t model_every = 1;  // model/both: the weights are exchanged every k-th step
     int64_t consensus_every = 50;
     int64_t bucket_kb = 512;
     std::string wire = "fp32";        // gradients on the wire: fp32 | bf16

@@ -165,12 +165,19 @@ void gossip_options(std::vector<Option>& o) {
     {GG_OPTION(gossip.staleness), in(0, 1),
      "0: wait for the partner; 1: never wait, mix the partner's latest bucket (this step's or "
      "the previous one's)"},
+    {GG_OPTION(gossip.late), Choices{{"previous", "skip"}},
+     "staleness 1, a partner's bucket that has not arrived when the optimizer needs it: "
+     "previous mixes the one it sent the step before; skip leaves the bucket unmixed this step "
+     "(both counted in the step metrics)"},
     {GG_OPTION(gossip.overlap_model), {},
      "model/both: exchange the weights behind the next step and apply the correction "
      "(w_partner - w_sent) / 2 before its update, instead of waiting after each update"},
     {GG_OPTION(gossip.global_every), at_least(0),
      "grad/model/both: exact global average of the weights (and batch-norm statistics) every H "
      "steps (0: never)"},
+    {GG_OPTION(gossip.model_every), in(1, 1000000),
+     "model/both: the weights are exchanged with the partner every k-th step only (the "
+     "gradients of both still every step); 1: every step"},
     {GG_OPTION(gossip.consensus_every), at_least(0),
      "measure the consensus distance every N steps (0: only at evaluation)"},
     {GG_OPTION(gossip.bucket_kb), in(1, 4194304),

@@ -129,9 +129,18 @@ void Trainer::make_exchanges() {
     }
     return;
   }
+  if (c.gossip.late == "skip" && c.gossip.staleness != 1)
+    throw UsageError(
+        "gossip.late = skip is for buckets that have not arrived without waiting: set "
+        "gossip.staleness = 1 (or leave gossip.late = previous)");
+  if (c.gossip.model_every != 1 && c.gossip.mode == "grad")
+    throw UsageError(
+        "gossip.model_every spaces out the weight exchanges of gossip.mode = model or both; mode "
+        "grad exchanges no weights (use gossip.global_every for an average of the weights)");
   o.transport = c.gossip.transport;
   o.comm_threads = c.gossip.comm_threads;
   o.staleness = c.gossip.staleness;
+  o.skip_late = c.gossip.late == "skip";
   o.timeout_s = c.gossip.timeout_s;
   try {
     o.threading = parse_threading(c.gossip.threading);
@@ -158,7 +167,14 @@ void Trainer::make_exchanges() {
   }
   // Exchanges made mid-run (after apoptosis shrank the buffers): the transports count their steps
   // from here, the schedule goes on.
-  for (BucketExchange* e : exchanges()) e->set_first_step(step_);
+  set_first_step(step_);
+}
+
+int64_t Trainer::model_round(int64_t step) const { return step / c_.gossip.model_every; }
+
+void Trainer::set_first_step(int64_t step) {
+  if (exchange_) exchange_->set_first_step(step);
+  if (model_exchange_) model_exchange_->set_first_step(model_round(step));
 }
 
 std::vector<BucketExchange*> Trainer::exchanges() const {
@@ -227,14 +243,16 @@ StepStats Trainer::step(const float* x, const int32_t* y) {
     else
       sgd_.step(store().params.data(), store().grads.data(), static_cast<float>(s.lr));
   }
-  if (model_exchange_) {
+  if (model_exchange_ && (step_ + 1) % c_.gossip.model_every == 0) {
+    // The weight exchanges are numbered in rounds (one every gossip.model_every steps), so that
+    // the transports and the partner schedule see consecutive numbers.
     // Overlapped: the exchange starts with the next step (start_model_exchange), after the
     // collectives between steps, which would otherwise queue behind the weights' bytes on the
     // partners' connections (over TCP, a whole exchange's worth).
     if (c_.gossip.overlap_model)
-      model_due_ = step_;
+      model_due_ = model_round(step_);
     else
-      s.comm_seconds += model_exchange_->exchange_all(step_);
+      s.comm_seconds += model_exchange_->exchange_all(model_round(step_));
   }
   const int64_t h = c_.gossip.global_every;
   if (c_.gossip.mode != "allreduce" && h > 0 && (step_ + 1) % h == 0) {
@@ -342,13 +360,14 @@ void Trainer::restore_model(const RankState& s) {
 void Trainer::resume_at(int64_t step, uint64_t dropout_step) {
   step_ = step;
   if (train_exec_) train_exec_->set_dropout_step(dropout_step);
-  for (BucketExchange* e : exchanges()) e->set_first_step(step);
+  set_first_step(step);
 }
 
 void Trainer::rewind(const RankState& s) {
   restore_model(s);
   const int64_t back = step_ - s.step;
-  for (BucketExchange* e : exchanges()) e->repeat_steps(back);
+  if (exchange_) exchange_->repeat_steps(back);
+  if (model_exchange_) model_exchange_->repeat_steps(model_round(step_) - model_round(s.step));
   step_ = s.step;
   if (train_exec_) train_exec_->set_dropout_step(s.dropout_step);
 }

@@ -102,6 +102,10 @@ class Trainer {
 
  private:
   void make_exchanges();  // before any executor is compiled
+  // The weight exchange due after `step`, or the next one after it, counted in rounds of
+  // gossip.model_every steps (the step itself when 1).
+  int64_t model_round(int64_t step) const;
+  void set_first_step(int64_t step);  // the exchanges' transports count from this step on
   // The network, momentum, executors and exchanges over a new graph (shrink, reshape).
   void rebuild(kernels::Graph g, std::vector<float> params, std::vector<float> buffers,
                std::vector<float> velocity);
@@ -126,8 +130,8 @@ class Trainer {
   kernels::LrSchedule schedule_;
   std::vector<float> dlogits_;
   int64_t step_ = 0;
-  int64_t model_due_ = -1;             // overlap_model: the step whose weights wait to be exchanged
-  int64_t sent_bytes_ = 0;             // by the exchanges, until the last step
+  int64_t model_due_ = -1;  // overlap_model: the round whose weights wait to be exchanged
+  int64_t sent_bytes_ = 0;  // by the exchanges, until the last step
   BucketExchange::Lateness lateness_;  // by the exchanges, until the last step
   double lr_scale_ = 1;                // the NaN guard lowers it
 };

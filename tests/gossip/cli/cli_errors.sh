@@ -34,6 +34,13 @@ expect "hierarchy with weights" "set gossip.mode = grad (not both)" -- train --c
 expect "hierarchy with bf16" "set gossip.wire = fp32" -- train --config "$CFG" \
   --gossip.hierarchy node --gossip.mode grad --gossip.wire bf16 \
   --data.source synthetic:1x28x28:10:200 --train.max_steps 1
+expect "late skip without staleness" "set gossip.staleness = 1" -- train --config "$CFG" \
+  --gossip.late skip --data.source synthetic:1x28x28:10:200 --train.max_steps 1
+expect "unknown late" "gossip.late" -- train --config "$CFG" --gossip.late never
+expect "model_every with grad" "mode grad exchanges no weights" -- train --config "$CFG" \
+  --gossip.mode grad --gossip.model_every 4 --data.source synthetic:1x28x28:10:200 \
+  --train.max_steps 1
+expect "model_every 0" "gossip.model_every" -- train --config "$CFG" --gossip.model_every 0
 expect "missing data folder" "data.dir" -- train --config "$CFG" --data.dir /nonexistent
 expect "unknown command" "unknown command" -- frobnicate
 expect "info without model" "model" -- info

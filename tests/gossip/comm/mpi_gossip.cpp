@@ -124,8 +124,10 @@ void run_case(const mpi::Comm& world, const std::string& transport, const std::s
 }
 
 // Staleness 1 never waits for the partner: values stay convex combinations of the start
-// values (within their range), and nothing deadlocks under random delays.
-void run_stale(const mpi::Comm& world, const std::string& transport) {
+// values (within their range), and nothing deadlocks under random delays. Rank 0 also holds
+// its buckets back for 100 ms at step 5, so its receiver finds them late: with skip_late no
+// rank ever mixes a bucket from the step before.
+void run_stale(const mpi::Comm& world, const std::string& transport, bool skip) {
   if (transport == "shm" && !one_node(world)) return;
   const int rank = world.rank(), p = world.size();
   const int64_t count = 500;
@@ -135,22 +137,32 @@ void run_stale(const mpi::Comm& world, const std::string& transport) {
   o.schedule = {partners::Kind::Dissemination, p, true, 7};
   o.transport = transport;
   o.staleness = 1;
+  o.skip_late = skip;
   std::mt19937 rng(77 + rank);
+  gossip::BucketExchange::Lateness late;
   {
     gossip::GossipExchange ex(world, x.data(), buckets, o);
     for (int s = 0; s < 12; ++s) {
       ex.begin_step(s);
+      if (rank == 0 && s == 5) std::this_thread::sleep_for(std::chrono::milliseconds(100));
       for (int b = 0; b < static_cast<int>(buckets.size()); ++b) {
         std::this_thread::sleep_for(std::chrono::microseconds(rng() % 1500));
         ex.on_bucket_ready(b);
       }
       ex.finish_step();
     }
+    late = ex.lateness();
   }
+  const std::string name = transport + "/funneled/staleness 1" + (skip ? "+skip" : "") + "+delays";
   bool ok = true;
   for (float v : x) ok &= std::isfinite(v) && v >= 0.f && v <= 63.f;
-  check(ok, transport + "/staleness 1: values stay within the start range", rank);
-  if (rank == 0) std::printf("%-48s ok\n", (transport + "/funneled/staleness 1+delays").c_str());
+  check(ok, name + ": values stay within the start range", rank);
+  if (skip) check(late.late == 0, name + ": no bucket mixed from the step before", rank);
+  int64_t counts[2] = {late.late, late.unmixed};
+  world.allreduce_sum(counts, 2);
+  if (rank == 0)
+    std::printf("%-48s ok (late %lld, unmixed %lld)\n", name.c_str(),
+                static_cast<long long>(counts[0]), static_cast<long long>(counts[1]));
 }
 
 // Delayed (overlapped) averaging applied right away equals in-place averaging: the values are
@@ -378,10 +390,12 @@ int main(int argc, char** argv) {
     run_delayed(world, "shm");
     run_delayed(world, "p2p");
     run_delayed(world, "rma");
-    run_stale(world, "shm");
-    run_stale(world, "p2p");
-    run_stale(world, "rma");
-    run_stale(world, "auto");
+    for (bool skip : {false, true}) {
+      run_stale(world, "shm", skip);
+      run_stale(world, "p2p", skip);
+      run_stale(world, "rma", skip);
+      run_stale(world, "auto", skip);
+    }
     run_delayed(world, "auto");
     run_case(world, "auto", "concurrent", partners::Kind::Dissemination, true, true, true);
     if (pow2) run_case(world, "auto", "funneled", partners::Kind::Hypercube, true, true);
