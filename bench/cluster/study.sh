@@ -3,7 +3,7 @@
 # and PyTorch DDP over gloo, on the cluster in a box (cluster.sh: one network namespace per node,
 # links shaped with tc), with compute emulated from a measured GPU profile ([emulate]).
 #
-# usage: bench/cluster/study.sh [--plan quick|session|check|ten|late|lag|tcp|fill|full] [--out DIR] [--profile p100|h100]
+# usage: bench/cluster/study.sh [--plan quick|session|check|ten|late|lag|tcp|fill|hier|full] [--out DIR] [--profile p100|h100]
 #
 # Every point runs p ranks on p nodes (one rank per node) at a link rate R with ResNet-50's real
 # gradient (102 MB, gossipgrad's buckets of gossip.bucket_kb) and the profile's forward/backward/
@@ -17,7 +17,10 @@
 # Methods: grad, model, both (gossipgrad's modes over p2p across nodes, what auto picks;
 # MODE@rma over rma; MODE+bf16 with gossip.wire and model_wire = bf16; MODE+stale with
 # gossip.staleness = 1: a rank never waits for this step's partner; MODE+lag with guard.lag = 1:
-# the agreements after each step run behind the next one), allreduce (gossipgrad's
+# the agreements after each step run behind the next one; MODE+ppn2: two ranks per node, p / 2
+# nodes, transport auto (shm inside a node); grad+hier: the same nodes with gossip.hierarchy =
+# node, an exact average inside each node and gossip between nodes, one rail per local rank),
+# allreduce (gossipgrad's
 # MPI_Allreduce mode), ddp (ddp_emulate.py; ddp+fp16 with DDP's fp16_compress_hook).
 # Conditions: quiet; jitter (every rank's compute x a lognormal factor per step, median 1, p99
 # GG_STUDY_JITTER, default 2.5); straggler (rank 1 always 1.5x slower).
@@ -44,7 +47,7 @@ PROFILE=p100
 die() { echo "study.sh: $*" >&2 && exit 1; }
 while (($#)); do
     case $1 in
-    --plan) PLAN=${2:?--plan needs quick, session, check, ten, late, lag, tcp, fill or full} && shift 2 ;;
+    --plan) PLAN=${2:?--plan needs quick, session, check, ten, late, lag, tcp, fill, hier or full} && shift 2 ;;
     --out) OUT=${2:?--out needs a folder} && shift 2 ;;
     --profile) PROFILE=${2:?--profile needs p100 or h100} && shift 2 ;;
     -h | --help) sed -n '2,/^set -euo/{/^#/s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}" && exit 0 ;;
@@ -138,6 +141,12 @@ points() {
             for m in grad allreduce ddp; do echo "4 1000 $c $m"; done
         done
         ;;
+    hier)
+        # Two ranks per node (8 nodes of 2 at p = 16): every rank gossiping with its own partner
+        # (two buckets' worth on each node's link) against the node-then-network hierarchy
+        # (one), and MPI_Allreduce on the same nodes.
+        for m in grad+hier grad+ppn2 allreduce+ppn2; do echo "16 1000 quiet $m"; done
+        ;;
     full)
         for p in 4 8 16; do
             for r in 10000 1000; do
@@ -148,7 +157,7 @@ points() {
             for m in grad allreduce ddp; do echo "$p 500 quiet $m"; done
         done
         ;;
-    *) echo "study.sh: --plan $PLAN: use quick, session, check, ten, late, lag, tcp, fill or full" >&2 && exit 2 ;;
+    *) echo "study.sh: --plan $PLAN: use quick, session, check, ten, late, lag, tcp, fill, hier or full" >&2 && exit 2 ;;
     esac
 }
 
@@ -167,8 +176,13 @@ dilation() { echo $((($1 * $2 + BUDGET - 1) / BUDGET)); }
 
 times_k() { awk -v a="$1" -v k="$2" 'BEGIN { printf "%g", a * k }'; }
 
+# Ranks per node of a method: 2 for +ppn2 and +hier, else 1.
+ppn_of() { [[ $1 == *+ppn2* || $1 == *+hier* ]] && echo 2 || echo 1; }
+
 run_point() { # p rate condition method K
     local p=$1 rate=$2 cond=$3 method=$4
+    local ppn
+    ppn=$(ppn_of "$method")
     local k=$5 # the dilation; the caller has shaped the links to rate / k
     local link=$((rate / k))
     local fwd bwd upd
@@ -192,19 +206,22 @@ run_point() { # p rate condition method K
             return 0
         }
     else
-        # MODE[@TRANSPORT][+bf16][+stale][+lag]
-        local file=$OUT/$name.jsonl spec=${method%%+*} wire=fp32 stale=0 lag=0
+        # MODE[@TRANSPORT][+bf16][+stale][+lag][+ppn2|+hier]
+        local file=$OUT/$name.jsonl spec=${method%%+*} wire=fp32 stale=0 lag=0 hier=none
         local mode=${spec%@*} transport=$TRANSPORT
+        ((ppn > 1)) && transport=auto
         [[ $spec == *@* ]] && transport=${spec#*@}
+        [[ $method == *+hier* ]] && hier=node
         [[ $method == *+bf16* ]] && wire=bf16
         [[ $method == *+stale* ]] && stale=1
         [[ $method == *+lag* ]] && lag=1
-        "$CLUSTER" --prefix "$PREFIX" run -n "$p" -ppn 1 -- "$BIN" train \
+        "$CLUSTER" --prefix "$PREFIX" run -n "$p" -ppn "$ppn" -- "$BIN" train \
             --config "$BASE" --model.name resnet50 --train.batch "$BATCH" \
             --train.threads 1 --data.augment false --train.max_steps $((WARMUP + STEPS)) \
             --gossip.mode "$mode" --gossip.transport "$transport" \
             --gossip.wire "$wire" --gossip.model_wire "$wire" --gossip.bucket_kb $BUCKET_KB \
             --gossip.consensus_every 0 --gossip.staleness $stale --guard.lag $lag \
+            --gossip.hierarchy $hier \
             --gossip.timeout_s 1200 --emulate.forward_ms "$fwd" \
             --emulate.backward_ms "$bwd" --emulate.update_ms "$upd" \
             --emulate.jitter_p99 "$jitter" --emulate.slow "$slow" --log.progress false \
@@ -244,21 +261,23 @@ nodes=0
 for point in "${PLANNED[@]}"; do
     read -r p rate cond method forced_k <<<"$point"
     done_already "$p" "$rate" "$cond" "$method" && continue
-    if ((p != nodes)); then
+    need=$((p / $(ppn_of "$method")))
+    if ((need != nodes)); then
         cleanup
-        "$CLUSTER" --prefix "$PREFIX" up --nodes "$p" --rate none --delay 0 --jitter 0 >/dev/null
+        "$CLUSTER" --prefix "$PREFIX" up --nodes "$need" --rate none --delay 0 --jitter 0 >/dev/null
         if [[ -n ${GG_STUDY_SLOW_START_AFTER_IDLE:-} ]]; then
-            for ((n = 0; n < p; n++)); do
+            for ((n = 0; n < need; n++)); do
                 ip netns exec "$PREFIX-n$n" sysctl -qw \
                     net.ipv4.tcp_slow_start_after_idle="$GG_STUDY_SLOW_START_AFTER_IDLE"
             done
         fi
-        nodes=$p
+        nodes=$need
     fi
     k=$forced_k
-    [[ -n $k ]] || k=$(dilation "$p" "$rate")
+    # The budget is the links' traffic: one link per node.
+    [[ -n $k ]] || k=$(dilation "$nodes" "$rate")
     "$CLUSTER" --prefix "$PREFIX" shape --rate "$((rate / k))mbit" >/dev/null
-    measure_latency "$p" "$k" "$((rate / k))"
+    ((need == p)) && measure_latency "$p" "$k" "$((rate / k))"
     run_point "$p" "$rate" "$cond" "$method" "$k"
 done
 echo "study.sh: done; summarize with: /usr/bin/python3 $HERE/summarize.py $OUT"

@@ -9,7 +9,10 @@
 # VARIANTS (a subset of: single allreduce both grad model both-norotate both-shuffle, and the lean
 # ones of issue 17: grad-bf16 model-bf16 both-bf16 (bf16 wire with error feedback), grad-stale
 # (staleness 1, guard.lag 1), grad-hier (gossip.hierarchy node over simulated nodes of 2 ranks,
-# GG_RANKS_PER_NODE=2)). Default: all but the lean ones.
+# GG_RANKS_PER_NODE=2), both-every4 (the weights every 4th step: gossip.model_every 4),
+# both-every4-bf16 (the same with both bf16 wires), grad-global (grad with an exact average of
+# the weights every 50 steps), grad-skip (staleness 1, late buckets skipped, guard.lag 1)).
+# Default: all but the lean ones.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RANKS=("${@:-2 4 8}")
@@ -50,6 +53,15 @@ for p in "${RANKS[@]}"; do
   if want grad-stale; then
     run "p$p-gossip-grad-stale" "$p" --gossip.mode grad --gossip.staleness 1 --guard.lag 1
   fi
+  if want both-every4; then run "p$p-gossip-both-every4" "$p" --gossip.mode both --gossip.model_every 4; fi
+  if want both-every4-bf16; then
+    run "p$p-gossip-both-every4-bf16" "$p" --gossip.mode both --gossip.model_every 4 "${bf16[@]}"
+  fi
+  if want grad-global; then run "p$p-gossip-grad-global" "$p" --gossip.mode grad --gossip.global_every 50; fi
+  if want grad-skip; then
+    run "p$p-gossip-grad-skip" "$p" --gossip.mode grad --gossip.staleness 1 --gossip.late skip \
+      --guard.lag 1
+  fi
   if want grad-hier; then
     RUN_ENV="env GG_RANKS_PER_NODE=2" run "p$p-gossip-grad-hier" "$p" --gossip.mode grad \
       --gossip.hierarchy node
@@ -67,8 +79,12 @@ for f in sorted(glob.glob(runs + "/*.jsonl")):
     if not evals or not summ:
         continue
     p = int(name.split("-")[0][1:])
+    cons = [e["consensus"] for e in ev if e["event"] == "consensus"]
+    sent = [e["sent_bytes"] for e in ev if e["event"] == "step" and e.get("sent_bytes", -1) >= 0]
     rows.append(dict(name=name, ranks=p, run="-".join(name.split("-")[1:]), top1=evals[-1]["top1"],
-                     wall=summ[0]["wall_s"], consensus=evals[-1].get("consensus", 0.0)))
+                     wall=summ[0]["wall_s"], consensus=evals[-1].get("consensus", 0.0),
+                     mean_consensus=sum(cons) / len(cons) if cons else 0.0,
+                     sent=sum(sent) / len(sent) if sent else 0.0))
     # curves: epoch, top1, wall seconds at that evaluation
     t0 = None
     with open(f"{runs}/{name}.curve", "w") as c:
@@ -76,17 +92,21 @@ for f in sorted(glob.glob(runs + "/*.jsonl")):
             c.write(f"{e['epoch']} {e['top1'] * 100:.3f} {e.get('wall_s', 0):.3f}\n")
 base = {r["ranks"]: r["top1"] for r in rows if r["run"] == "allreduce"}
 with open(out + ".csv", "w") as c:
-    c.write("ranks,run,final_top1,gap_to_allreduce,wall_s,final_consensus\n")
+    c.write("ranks,run,final_top1,gap_to_allreduce,wall_s,final_consensus,mean_consensus,"
+            "sent_bytes_per_step\n")
     for r in sorted(rows, key=lambda r: (r["ranks"], r["run"])):
         gap = r["top1"] - base.get(r["ranks"], r["top1"])
-        c.write(f"{r['ranks']},{r['run']},{r['top1']:.4f},{gap:.4f},{r['wall']:.1f},{r['consensus']:.4g}\n")
+        c.write(f"{r['ranks']},{r['run']},{r['top1']:.4f},{gap:.4f},{r['wall']:.1f},"
+                f"{r['consensus']:.4g},{r['mean_consensus']:.4g},{r['sent']:.0f}\n")
 with open(out + ".md", "w") as m:
-    m.write("| ranks | run | final top-1 | vs allreduce | wall s | final consensus distance |\n")
-    m.write("|---|---|---|---|---|---|\n")
+    m.write("| ranks | run | final top-1 | vs allreduce | wall s | final consensus distance | "
+            "mean consensus distance | bytes sent per step and rank |\n")
+    m.write("|---|---|---|---|---|---|---|---|\n")
     for r in sorted(rows, key=lambda r: (r["ranks"], r["run"])):
         gap = (r["top1"] - base[r["ranks"]]) * 100 if r["ranks"] in base else 0
+        sent = f"{r['sent'] / 1e3:.0f} kB" if r["sent"] else "-"
         m.write(f"| {r['ranks']} | {r['run']} | {r['top1'] * 100:.2f}% | {gap:+.2f} | "
-                f"{r['wall']:.0f} | {r['consensus']:.3g} |\n")
+                f"{r['wall']:.0f} | {r['consensus']:.3g} | {r['mean_consensus']:.3g} | {sent} |\n")
 PY
 for p in "${RANKS[@]}"; do
   for axis in epoch wall; do
