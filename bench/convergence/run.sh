@@ -80,7 +80,7 @@ for f in sorted(glob.glob(runs + "/*.jsonl")):
         continue
     p = int(name.split("-")[0][1:])
     cons = [e["consensus"] for e in ev if e["event"] == "consensus"]
-    sent = [e["sent_bytes"] for e in ev if e["event"] == "step" and e.get("sent_bytes", -1) >= 0]
+    sent = [e["sent_bytes"] for e in ev if e["event"] == "step" and e.get("sent_bytes") is not None]
     rows.append(dict(name=name, ranks=p, run="-".join(name.split("-")[1:]), top1=evals[-1]["top1"],
                      wall=summ[0]["wall_s"], consensus=evals[-1].get("consensus", 0.0),
                      mean_consensus=sum(cons) / len(cons) if cons else 0.0,
