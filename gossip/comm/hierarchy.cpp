@@ -16,20 +16,6 @@ using Clock = std::chrono::steady_clock;
 // Slice l of a bucket of n values split over k ranks: the first n % k slices one value longer.
 int slice_count(int64_t n, int k, int l) { return static_cast<int>(n / k + (l < n % k ? 1 : 0)); }
 
-// Waits for `r`, giving up after `timeout_s` (0: never) with a line naming the partner.
-void wait_for(mpi::Request& r, double timeout_s, const std::string& what) {
-  if (timeout_s <= 0) return r.wait();
-  const auto t0 = Clock::now();
-  for (int spins = 0; !r.test(); ++spins) {
-    if (spins > 200) std::this_thread::sleep_for(std::chrono::microseconds(20));
-    if (std::chrono::duration<double>(Clock::now() - t0).count() > timeout_s) {
-      mpi::mark_peer_lost();
-      throw std::runtime_error(what + ": no answer in " + std::to_string(timeout_s) +
-                               " s; that rank died or hangs");
-    }
-  }
-}
-
 }  // namespace
 
 NodeLayout node_layout(const mpi::Comm& world, const mpi::Comm& node) {
@@ -78,10 +64,12 @@ HierarchicalExchange::HierarchicalExchange(const mpi::Comm& world, float* buffer
   schedule_ = schedule;
   schedule_.p = layout_.nodes;
   partners::validate(schedule_);  // e.g. hypercube needs a power of two of nodes
-  int64_t largest = 0;
-  for (const kernels::Bucket& b : buckets_) largest = std::max(largest, b.size());
-  slice_.resize(static_cast<size_t>(largest / layout_.per_node + 1));
-  incoming_.resize(slice_.size());
+  gather_ = node_.dup();          // the allgathers, ordered apart from the reduce-scatters
+  for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) {
+    const size_t n = static_cast<size_t>(counts(b)[static_cast<size_t>(layout_.local)]);
+    slice_.emplace_back(n);
+    incoming_.emplace_back(n);
+  }
   worker_ = std::thread([this] { loop(); });
 }
 
@@ -89,7 +77,7 @@ HierarchicalExchange::~HierarchicalExchange() {
   {
     std::unique_lock lock(mu_);
     // Buckets already queued are finished: the node's ranks and the partner wait for them.
-    cv_.wait(lock, [&] { return queue_.empty() || error_; });
+    cv_.wait(lock, [&] { return (queue_.empty() && in_flight_ == 0) || error_; });
     stop_ = true;
   }
   cv_.notify_all();
@@ -128,78 +116,172 @@ int64_t HierarchicalExchange::bytes_sent() const {
   return bytes_sent_;
 }
 
-void HierarchicalExchange::mix(int b, int64_t step) {
-  const kernels::Bucket& k = buckets_.at(static_cast<size_t>(b));
-  const int per = layout_.per_node, me = layout_.local;
-  float* x = buffer_ + k.begin;
-  std::vector<int> counts(static_cast<size_t>(per)), displs(static_cast<size_t>(per));
-  for (int l = 0, at = 0; l < per; ++l) {
-    counts[static_cast<size_t>(l)] = slice_count(k.size(), per, l);
-    displs[static_cast<size_t>(l)] = at;
-    at += counts[static_cast<size_t>(l)];
+struct HierarchicalExchange::Flight {
+  int bucket = 0;
+  int64_t step = 0;
+  enum Phase { Reduce, Exchange, Mixed, Gather } phase = Reduce;
+  mpi::Request reduce, recv, send, gather;
+  Clock::time_point since{};  // the phase under way began
+  Timeline::Clock::time_point started{};
+};
+
+std::vector<int> HierarchicalExchange::counts(int b) const {
+  const int per = layout_.per_node;
+  std::vector<int> c(static_cast<size_t>(per));
+  for (int l = 0; l < per; ++l)
+    c[static_cast<size_t>(l)] = slice_count(buckets_.at(static_cast<size_t>(b)).size(), per, l);
+  return c;
+}
+
+std::vector<int> HierarchicalExchange::displs(int b) const {
+  const std::vector<int> c = counts(b);
+  std::vector<int> d(c.size());
+  for (size_t l = 0, at = 0; l < c.size(); ++l) {
+    d[l] = static_cast<int>(at);
+    at += static_cast<size_t>(c[l]);
   }
-  const int n = counts[static_cast<size_t>(me)];
-  {
-    const mpi::WatchedWait wait("MPI_Reduce_scatter");
-    GG_MPI_CHECK(
-        MPI_Reduce_scatter(x, slice_.data(), counts.data(), MPI_FLOAT, MPI_SUM, node_.get()));
+  return d;
+}
+
+void HierarchicalExchange::start(Flight& f) {
+  const std::vector<int> c = counts(f.bucket);
+  float* x = buffer_ + buckets_.at(static_cast<size_t>(f.bucket)).begin;
+  f.started = Timeline::Clock::now();
+  f.since = Clock::now();
+  GG_MPI_CHECK(MPI_Ireduce_scatter(x, slice_[static_cast<size_t>(f.bucket)].data(), c.data(),
+                                   MPI_FLOAT, MPI_SUM, node_.get(), f.reduce.out()));
+}
+
+bool HierarchicalExchange::advance(Flight& f) {
+  const size_t b = static_cast<size_t>(f.bucket);
+  std::vector<float>& slice = slice_[b];
+  const int n = static_cast<int>(slice.size());
+  switch (f.phase) {
+    case Flight::Reduce: {
+      if (!f.reduce.test()) return false;
+      const float inv = 1.f / static_cast<float>(layout_.per_node);
+      for (float& v : slice) v *= inv;
+      f.since = Clock::now();
+      if (layout_.nodes == 1) {
+        f.phase = Flight::Mixed;
+        return true;
+      }
+      const partners::Partners peers = node_partners(f.step);
+      GG_MPI_CHECK(MPI_Irecv(incoming_[b].data(), n, MPI_FLOAT, peers.recv_from, f.bucket,
+                             rail_.get(), f.recv.out()));
+      GG_MPI_CHECK(MPI_Isend(slice.data(), n, MPI_FLOAT, peers.send_to, f.bucket, rail_.get(),
+                             f.send.out()));
+      f.phase = Flight::Exchange;
+      return true;
+    }
+    case Flight::Exchange: {
+      if (!f.recv.test() || !f.send.test()) return false;
+      const std::vector<float>& in = incoming_[b];
+      for (int i = 0; i < n; ++i)
+        slice[static_cast<size_t>(i)] =
+            0.5f * (slice[static_cast<size_t>(i)] + in[static_cast<size_t>(i)]);
+      {
+        std::lock_guard lock(mu_);
+        bytes_sent_ += static_cast<int64_t>(n) * static_cast<int64_t>(sizeof(float));
+      }
+      f.phase = Flight::Mixed;
+      return true;
+    }
+    case Flight::Mixed:
+      return false;  // the loop starts the allgathers, in bucket order
+    case Flight::Gather:
+      return f.gather.test();
   }
-  const float inv = 1.f / static_cast<float>(per);
-  for (int i = 0; i < n; ++i) slice_[static_cast<size_t>(i)] *= inv;
-  if (layout_.nodes > 1) {
-    const partners::Partners peers = node_partners(step);
-    mpi::Request rr, sr;
-    GG_MPI_CHECK(
-        MPI_Irecv(incoming_.data(), n, MPI_FLOAT, peers.recv_from, b, rail_.get(), rr.out()));
-    GG_MPI_CHECK(MPI_Isend(slice_.data(), n, MPI_FLOAT, peers.send_to, b, rail_.get(), sr.out()));
-    const std::string about = "gossip.hierarchy: rank " + std::to_string(me) + " of node " +
-                              std::to_string(layout_.node) + ", bucket " + std::to_string(b) +
-                              " of step " + std::to_string(step) + ", ";
-    wait_for(rr, timeout_s_, about + "receiving from node " + std::to_string(peers.recv_from));
-    wait_for(sr, timeout_s_, about + "sending to node " + std::to_string(peers.send_to));
-    for (int i = 0; i < n; ++i)
-      slice_[static_cast<size_t>(i)] =
-          0.5f * (slice_[static_cast<size_t>(i)] + incoming_[static_cast<size_t>(i)]);
-    std::lock_guard lock(mu_);
-    bytes_sent_ += static_cast<int64_t>(n) * static_cast<int64_t>(sizeof(float));
-  }
-  const mpi::WatchedWait wait("MPI_Allgatherv");
-  GG_MPI_CHECK(MPI_Allgatherv(slice_.data(), n, MPI_FLOAT, x, counts.data(), displs.data(),
-                              MPI_FLOAT, node_.get()));
+  return false;
+}
+
+void HierarchicalExchange::check_time(const Flight& f) const {
+  if (timeout_s_ <= 0 || f.phase == Flight::Mixed) return;
+  if (std::chrono::duration<double>(Clock::now() - f.since).count() <= timeout_s_) return;
+  const char* what = f.phase == Flight::Reduce     ? "MPI_Ireduce_scatter inside the node"
+                     : f.phase == Flight::Exchange ? "the exchange with the partner node"
+                                                   : "MPI_Iallgatherv inside the node";
+  const partners::Partners peers = node_partners(f.step);
+  throw std::runtime_error("gossip.hierarchy: rank " + std::to_string(layout_.local) + " of node " +
+                           std::to_string(layout_.node) + ", bucket " + std::to_string(f.bucket) +
+                           " of step " + std::to_string(f.step) + " (partner nodes " +
+                           std::to_string(peers.send_to) + " / " + std::to_string(peers.recv_from) +
+                           "): " + what + " took more than " + std::to_string(timeout_s_) +
+                           " s; a rank died or hangs");
 }
 
 void HierarchicalExchange::loop() {
+  const mpi::Activity doing("the hierarchical exchange's communication thread");
   bool named = false;
+  std::deque<Flight> flights;  // in the order the buckets were handed over
   for (;;) {
-    std::pair<int, int64_t> job;
+    std::deque<std::pair<int, int64_t>> fresh;
     {
       std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stop_
-      job = queue_.front();
+      if (flights.empty()) cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (flights.empty() && queue_.empty()) return;  // stop_
+      fresh.swap(queue_);
+      in_flight_ += fresh.size();
     }
     if (timeline_ && !named) {
       timeline_->name_thread("hierarchy comm");
       named = true;
     }
     try {
-      const mpi::Activity doing("hierarchical exchange of bucket " + std::to_string(job.first) +
-                                " in step " + std::to_string(job.second));
-      Timeline::Span span(timeline_, "bucket " + std::to_string(job.first), "comm");
-      mix(job.first, job.second);
+      for (const auto& [bucket, step] : fresh) {
+        flights.emplace_back();
+        flights.back().bucket = bucket;
+        flights.back().step = step;
+        start(flights.back());
+      }
+      bool moved = false;
+      for (Flight& f : flights) moved |= advance(f);
+      // The allgathers start in bucket order on every rank of the node (collectives on one
+      // communicator must), so a bucket mixed early waits for the ones handed over before it.
+      for (Flight& f : flights) {
+        if (f.phase < Flight::Mixed) break;
+        if (f.phase == Flight::Gather) continue;
+        const std::vector<int> c = counts(f.bucket), d = displs(f.bucket);
+        float* x = buffer_ + buckets_.at(static_cast<size_t>(f.bucket)).begin;
+        const std::vector<float>& slice = slice_[static_cast<size_t>(f.bucket)];
+        GG_MPI_CHECK(MPI_Iallgatherv(slice.data(), static_cast<int>(slice.size()), MPI_FLOAT, x,
+                                     c.data(), d.data(), MPI_FLOAT, gather_.get(), f.gather.out()));
+        f.phase = Flight::Gather;
+        f.since = Clock::now();
+        moved = true;
+      }
+      for (auto it = flights.begin(); it != flights.end();) {
+        if (it->phase != Flight::Gather || !it->gather.test()) {
+          check_time(*it);
+          ++it;
+          continue;
+        }
+        if (timeline_ && timeline_->enabled())
+          timeline_->record("bucket " + std::to_string(it->bucket), "comm", it->started,
+                            Timeline::Clock::now(), "{\"step\":" + std::to_string(it->step) + "}");
+        {
+          std::lock_guard lock(mu_);
+          --in_flight_;
+          if (it->step == step_) ++done_;
+        }
+        cv_.notify_all();
+        it = flights.erase(it);
+        moved = true;
+      }
+      if (!moved) std::this_thread::yield();
     } catch (...) {
+      // The requests still open can never complete (a partner is lost): forget them rather
+      // than wait for them.
+      mpi::mark_peer_lost();
+      for (Flight& f : flights)
+        for (mpi::Request* r : {&f.reduce, &f.recv, &f.send, &f.gather}) r->abandon();
       std::lock_guard lock(mu_);
       error_ = std::current_exception();
       queue_.clear();
+      in_flight_ = 0;
       cv_.notify_all();
       return;
     }
-    {
-      std::lock_guard lock(mu_);
-      queue_.pop_front();
-      if (job.second == step_) ++done_;
-    }
-    cv_.notify_all();
   }
 }
 

@@ -4,7 +4,11 @@
 // over nodes; one "rail" communicator per local rank, so every rank's link is busy with 1/K of
 // the bucket) and mixed, (mine + partner's) / 2, and the node's mixed slices are gathered back
 // into every local rank's bucket (MPI_Allgatherv). After a step every rank of a node holds the
-// same values: the mix of its node's average with the partner node's.
+// same values: the mix of its node's average with the partner node's. The buckets are pipelined:
+// the communication thread starts each bucket's reduce-scatter as soon as backward hands it over
+// and drives every bucket in flight through its three phases at once (nonblocking collectives;
+// the reduce-scatters and the allgathers each on a communicator of their own, started in bucket
+// order on every rank), so the link carries one bucket while the node averages the next.
 #pragma once
 
 #include <condition_variable>
@@ -51,21 +55,28 @@ class HierarchicalExchange final : public BucketExchange {
   partners::Partners node_partners(int64_t step) const;
 
  private:
+  struct Flight;  // a bucket between its reduce-scatter and its allgather
   void loop();
-  void mix(int bucket, int64_t step);
+  void start(Flight& f);    // its reduce-scatter
+  bool advance(Flight& f);  // its next phase, if the one under way is over; true: progress
+  void check_time(const Flight& f) const;     // throws when a phase outlasts timeout_s_
+  std::vector<int> counts(int bucket) const;  // the node's slices of a bucket
+  std::vector<int> displs(int bucket) const;
 
-  mpi::Comm node_, rail_;
+  mpi::Comm node_, gather_, rail_;
   NodeLayout layout_;
   partners::Schedule schedule_;
   float* buffer_;
   std::vector<kernels::Bucket> buckets_;
   double timeout_s_;
-  std::vector<float> slice_, incoming_;
+  std::vector<std::vector<float>> slice_,
+      incoming_;  // per bucket: this rank's slice, the partner's
   int64_t step_ = 0;
   int64_t bytes_sent_ = 0;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::pair<int, int64_t>> queue_;  // (bucket, step)
+  std::deque<std::pair<int, int64_t>> queue_;  // (bucket, step) handed over, not yet started
+  size_t in_flight_ = 0;                       // started and not yet gathered
   size_t done_ = 0;
   bool stop_ = false;
   std::exception_ptr error_;

@@ -5,11 +5,14 @@
 // and it sent 1/K of the buffer. With nodes of different sizes the exchange is refused with one
 // line naming the sizes. Without GG_RANKS_PER_NODE every rank is on one node: the node average
 // alone.
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <random>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gossip/comm/hierarchy.hpp"
@@ -49,6 +52,7 @@ void run(const mpi::Comm& world, partners::Kind kind, bool rotate) {
                             (rotate ? "+rotate" : "") + ", " + std::to_string(nodes) +
                             " nodes of " + std::to_string(per);
   int64_t sent_before = 0;
+  std::mt19937 rng(11 + static_cast<unsigned>(me));
   for (int64_t step = 0; step < 5; ++step) {
     const std::vector<float> all = gather(world, x);
     // The expected values: each node's average, the same sums and scaling as the exchange.
@@ -65,7 +69,12 @@ void run(const mpi::Comm& world, partners::Kind kind, bool rotate) {
     for (int64_t i = 0; i < count; ++i)
       want[i] = nodes > 1 ? 0.5f * (node_avg(l.node, i) + node_avg(from, i)) : node_avg(l.node, i);
     ex.begin_step(step);
-    for (int b = 0; b < static_cast<int>(buckets.size()); ++b) ex.on_bucket_ready(b);
+    // Ranks hand their buckets over at different times (up to 1 ms apart), so that buckets are
+    // in flight in different phases at once, in another order on every rank.
+    for (int b = 0; b < static_cast<int>(buckets.size()); ++b) {
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 1000));
+      ex.on_bucket_ready(b);
+    }
     ex.finish_step();
     double worst = 0;
     for (int64_t i = 0; i < count; ++i)
