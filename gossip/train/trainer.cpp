@@ -106,6 +106,17 @@ void Trainer::make_exchanges() {
   sent_bytes_ = 0;  // new exchanges count from 0
   lateness_ = {};
   kernels::ParamStore& store = net_.store();
+  if (c.gossip.late == "skip" && c.gossip.staleness != 1)
+    throw UsageError(
+        "gossip.late = skip is for buckets that have not arrived without waiting: set "
+        "gossip.staleness = 1 (or leave gossip.late = previous)");
+  if (c.gossip.model_every != 1 && c.gossip.mode != "model" && c.gossip.mode != "both")
+    throw UsageError(
+        "gossip.model_every spaces out the weight exchanges of gossip.mode = model "
+        "or both; mode " +
+        c.gossip.mode +
+        " exchanges no weights (use gossip.global_every for an average of the "
+        "weights)");
   if (c.gossip.mode == "allreduce") {
     exchange_ = std::make_unique<AllreduceExchange>(world_, store.grads.data(), net_.buckets());
     return;
@@ -129,14 +140,6 @@ void Trainer::make_exchanges() {
     }
     return;
   }
-  if (c.gossip.late == "skip" && c.gossip.staleness != 1)
-    throw UsageError(
-        "gossip.late = skip is for buckets that have not arrived without waiting: set "
-        "gossip.staleness = 1 (or leave gossip.late = previous)");
-  if (c.gossip.model_every != 1 && c.gossip.mode == "grad")
-    throw UsageError(
-        "gossip.model_every spaces out the weight exchanges of gossip.mode = model or both; mode "
-        "grad exchanges no weights (use gossip.global_every for an average of the weights)");
   o.transport = c.gossip.transport;
   o.comm_threads = c.gossip.comm_threads;
   o.staleness = c.gossip.staleness;

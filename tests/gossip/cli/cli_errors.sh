@@ -40,6 +40,12 @@ expect "unknown late" "gossip.late" -- train --config "$CFG" --gossip.late never
 expect "model_every with grad" "mode grad exchanges no weights" -- train --config "$CFG" \
   --gossip.mode grad --gossip.model_every 4 --data.source synthetic:1x28x28:10:200 \
   --train.max_steps 1
+expect "model_every with allreduce" "mode allreduce exchanges no weights" -- train \
+  --config "$CFG" --gossip.mode allreduce --gossip.model_every 2 \
+  --data.source synthetic:1x28x28:10:200 --train.max_steps 1
+expect "late skip with hierarchy" "set gossip.staleness = 1" -- train --config "$CFG" \
+  --gossip.mode grad --gossip.hierarchy node --gossip.late skip \
+  --data.source synthetic:1x28x28:10:200 --train.max_steps 1
 expect "model_every 0" "gossip.model_every" -- train --config "$CFG" --gossip.model_every 0
 expect "missing data folder" "data.dir" -- train --config "$CFG" --data.dir /nonexistent
 expect "unknown command" "unknown command" -- frobnicate
