@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
 
 #include "kernels/onednn/onednn_executor.hpp"
 #include "kernels/reference/reference_executor.hpp"
@@ -67,11 +68,19 @@ void FlatBuffer::adopt(float* memory) {
   if (memory == data_) return;
   std::copy(begin(), end(), memory);
   data_ = memory;
-  std::vector<float>().swap(own_);
+  decltype(own_)().swap(own_);
+}
+
+FlatBuffer& FlatBuffer::assign(const float* v, int64_t n) {
+  if (n != size_)
+    throw std::invalid_argument("FlatBuffer: assigning " + std::to_string(n) +
+                                " values to a buffer of " + std::to_string(size_));
+  if (v != data_) std::copy(v, v + n, data_);
+  return *this;
 }
 
 void FlatBuffer::reallocate(int64_t n) {
-  std::vector<float>(n, 0.f).swap(own_);
+  decltype(own_)(n, 0.f).swap(own_);
   data_ = own_.data();
   size_ = n;
 }

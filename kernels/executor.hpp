@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -32,13 +33,34 @@ const char* precision_name(Precision p);
 // Whether oneDNN runs bf16 natively here (AVX512_BF16 or AMX): bf16 is refused elsewhere.
 bool bf16_supported();
 
-// A flat float array that owns its memory or lives in memory someone else owns (the gradient
-// buffer in a node-shared window, which the partner on this node reads and writes in place).
+// Memory aligned to a cache line (64 bytes): the CPU kernels read blocked weights in place with
+// aligned vector loads.
+template <class T>
+struct CacheAligned {
+  using value_type = T;
+  static constexpr std::align_val_t kAlign{64};
+  CacheAligned() = default;
+  template <class U>
+  CacheAligned(const CacheAligned<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlign)); }
+  void deallocate(T* p, size_t) { ::operator delete(p, kAlign); }
+  friend bool operator==(const CacheAligned&, const CacheAligned&) { return true; }
+  friend bool operator!=(const CacheAligned&, const CacheAligned&) { return false; }
+};
+
+// A flat float array that owns its (cache-line aligned) memory or lives in memory someone else
+// owns (the gradient buffer in a node-shared window, which the partner on this node reads and
+// writes in place).
 class FlatBuffer {
  public:
   explicit FlatBuffer(int64_t n) : own_(n, 0.f), data_(own_.data()), size_(n) {}
   FlatBuffer(const FlatBuffer&) = delete;  // executors hold pointers into it
-  FlatBuffer& operator=(const FlatBuffer&) = delete;
+  // Copy the values in (same size only: the memory stays where it is, and pointers into it stay
+  // valid); std::invalid_argument for another size.
+  FlatBuffer& operator=(const FlatBuffer& b) { return assign(b.begin(), b.size()); }
+  FlatBuffer& operator=(const std::vector<float>& v) {
+    return assign(v.data(), static_cast<int64_t>(v.size()));
+  }
   // Moves the contents into `memory` (at least size() floats, outliving this object) and uses it
   // from now on. Pointers taken before are stale.
   void adopt(float* memory);
@@ -61,7 +83,9 @@ class FlatBuffer {
   }
 
  private:
-  std::vector<float> own_;
+  FlatBuffer& assign(const float* v, int64_t n);
+
+  std::vector<float, CacheAligned<float>> own_;
   float* data_;
   int64_t size_;
 };
@@ -70,8 +94,8 @@ class FlatBuffer {
 // and batch-norm running statistics. Allocated once; never resized while executors exist.
 struct ParamStore {
   explicit ParamStore(const Graph& g)
-      : params(g.param_count(), 0.f), grads(g.param_count()), buffers(g.buffer_count(), 0.f) {}
-  std::vector<float> params;
+      : params(g.param_count()), grads(g.param_count()), buffers(g.buffer_count(), 0.f) {}
+  FlatBuffer params;
   FlatBuffer grads;
   std::vector<float> buffers;
 };

@@ -46,7 +46,8 @@ void Net::rebuild(Graph g, std::vector<float> params, std::vector<float> buffers
     throw std::invalid_argument("Net::rebuild: buffers do not match the graph");
   executors_.clear();
   graph_ = std::move(g);
-  store_.params = std::move(params);
+  store_.params.reallocate(graph_.param_count());
+  store_.params = params;
   store_.buffers = std::move(buffers);
   store_.grads.reallocate(graph_.param_count());
   buckets_ = make_buckets(graph_, bucket_elements_);

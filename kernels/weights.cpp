@@ -15,7 +15,7 @@ constexpr const char* kTracked = ".num_batches_tracked";
 
 struct Slot {
   const TensorSpec* spec;
-  std::vector<float>* flat;
+  float* flat;
 };
 
 }  // namespace
@@ -47,8 +47,8 @@ void import_weights(const Graph& g, ParamStore& s, const NpzEntries& arrays,
                     const std::string& source) {
   std::vector<Slot> expected;  // in state_dict order, so "first" means what a user expects
   for (const Node& n : g.nodes()) {
-    for (int p : n.params) expected.push_back({&g.params()[p], &s.params});
-    for (int b : n.buffers) expected.push_back({&g.buffers()[b], &s.buffers});
+    for (int p : n.params) expected.push_back({&g.params()[p], s.params.data()});
+    for (int b : n.buffers) expected.push_back({&g.buffers()[b], s.buffers.data()});
   }
 
   // Check everything first, so that a failed import leaves the store as it was.
@@ -82,7 +82,7 @@ void import_weights(const Graph& g, ParamStore& s, const NpzEntries& arrays,
     if (!known.count(name) && !name.ends_with(kTracked))
       throw std::invalid_argument(source + ": '" + name + "' is not a tensor of this model");
   for (const auto& [slot, a] : copies)
-    std::copy(a->f.begin(), a->f.end(), slot->flat->begin() + slot->spec->offset);
+    std::copy(a->f.begin(), a->f.end(), slot->flat + slot->spec->offset);
 }
 
 void save_weights(const std::string& path, const Graph& g, const std::vector<float>& params,

@@ -347,8 +347,8 @@ void Trainer::capture_state(RankState& s) {
 }
 
 void Trainer::restore_model(const RankState& s) {
-  if (s.params.size() != store().params.size() || s.buffers.size() != store().buffers.size() ||
-      s.velocity.size() != sgd_.velocity().size())
+  if (static_cast<int64_t>(s.params.size()) != store().params.size() ||
+      s.buffers.size() != store().buffers.size() || s.velocity.size() != sgd_.velocity().size())
     throw std::invalid_argument("the saved state does not fit this model");
   // A weight exchange due or in flight completes (its partner waits for it) and is then replaced.
   start_model_exchange();
@@ -420,10 +420,10 @@ double Trainer::flush_model() {
   return model_exchange_ && c_.gossip.overlap_model ? model_exchange_->finish_delayed() : 0.0;
 }
 
-void Trainer::average_over_ranks(std::vector<float>& v) {
-  world_.allreduce_sum(v.data(), static_cast<int64_t>(v.size()));
+void Trainer::average_over_ranks(float* v, int64_t n) {
+  world_.allreduce_sum(v, n);
   const float inv = 1.f / static_cast<float>(world_.size());
-  for (float& x : v) x *= inv;
+  for (int64_t i = 0; i < n; ++i) v[i] *= inv;
 }
 
 double Trainer::consensus_distance() {

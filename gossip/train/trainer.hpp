@@ -110,7 +110,11 @@ class Trainer {
   void rebuild(kernels::Graph g, std::vector<float> params, std::vector<float> buffers,
                std::vector<float> velocity);
   Timeline* timeline_ = nullptr;
-  void average_over_ranks(std::vector<float>& v);
+  void average_over_ranks(float* v, int64_t n);
+  void average_over_ranks(std::vector<float>& v) {
+    average_over_ranks(v.data(), static_cast<int64_t>(v.size()));
+  }
+  void average_over_ranks(kernels::FlatBuffer& v) { average_over_ranks(v.data(), v.size()); }
   // Mean over ranks of ||w - avg||^2, where avg is the ranks' average of w (a collective).
   double distance_to_average(const std::vector<float>& w, const std::vector<float>& avg);
   void start_model_exchange();  // the overlapped weight exchange of the last update, if due

@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
   double max_diff = 0, moved = 0;
   const auto& a = dist.store().params;
   const auto& b = one.store().params;
-  for (size_t i = 0; i < a.size(); ++i) {
+  for (int64_t i = 0; i < a.size(); ++i) {
     max_diff = std::max(max_diff, static_cast<double>(std::fabs(a[i] - b[i])));
     moved = std::max(moved, static_cast<double>(std::fabs(b[i] - init[i])));
   }
