@@ -85,10 +85,17 @@ void FlatBuffer::reallocate(int64_t n) {
   size_ = n;
 }
 
+ParamLayout native_param_layout(const Graph& g, Backend backend) {
+  return backend == Backend::OneDnn ? onednn_param_layout(g) : ParamLayout{};
+}
+
 std::unique_ptr<Executor> compile(const Graph& g, Backend backend, int64_t batch, ParamStore& store,
                                   const std::vector<Bucket>& buckets, Precision precision) {
   if (batch < 1) throw std::invalid_argument("batch must be >= 1");
   if (g.output() < 0) throw std::invalid_argument("graph has no output");
+  if (backend != Backend::OneDnn && !store.layout.plain())
+    throw std::invalid_argument(std::string("the ") + backend_name(backend) +
+                                " backend reads parameters in the plain layout only");
   if (static_cast<int64_t>(store.params.size()) != g.param_count() ||
       static_cast<int64_t>(store.buffers.size()) != g.buffer_count())
     throw std::invalid_argument("parameter store does not match the graph");

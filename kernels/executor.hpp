@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/graph.hpp"
+#include "kernels/param_layout.hpp"
 
 namespace gg::kernels {
 
@@ -98,6 +99,9 @@ struct ParamStore {
   FlatBuffer params;
   FlatBuffer grads;
   std::vector<float> buffers;
+  // How params and grads are laid out (plain unless Net::use_native_layout() chose otherwise);
+  // only the oneDNN backend reads a layout that is not plain.
+  ParamLayout layout;
 };
 
 // Fired during backward with the index of a bucket whose gradients are final.
@@ -137,6 +141,10 @@ class Executor {
   uint64_t dropout_step_ = 0;  // backends advance it after every training forward
   LayerTrace trace_;
 };
+
+// The parameter layout the backend's kernels read without reorders (kernels/param_layout.hpp):
+// for oneDNN on AVX-512 CPUs, convolution weights in 16 x 16 blocks; plain otherwise.
+ParamLayout native_param_layout(const Graph& g, Backend backend);
 
 // Builds every primitive and buffer up front; forward/backward do not allocate.
 // Bf16 needs the CUDA backend, or the oneDNN backend and bf16_supported(); std::invalid_argument

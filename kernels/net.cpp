@@ -1,6 +1,7 @@
 #include "kernels/net.hpp"
 
 #include <stdexcept>
+#include <string>
 
 namespace gg::kernels {
 
@@ -20,14 +21,46 @@ Net::Net(Graph g, Backend backend, int64_t bucket_elements, Precision precision)
       buckets_(make_buckets(graph_, bucket_elements)),
       bucket_elements_(bucket_elements) {}
 
+namespace {
+const TensorSpec& plain_param(const Graph& g, const ParamLayout& l, const std::string& name) {
+  const TensorSpec& t = find(g.params(), name);
+  const auto index = static_cast<int>(&t - g.params().data());
+  if (l.block_of(index) != 0)
+    throw std::logic_error("parameter '" + name + "' is kept in a blocked layout");
+  return t;
+}
+}  // namespace
+
 Tensor Net::param(const std::string& name) {
-  const TensorSpec& t = find(graph_.params(), name);
+  const TensorSpec& t = plain_param(graph_, store_.layout, name);
   return Tensor::view(store_.params.data() + t.offset, t.dims);
 }
 
 Tensor Net::grad(const std::string& name) {
-  const TensorSpec& t = find(graph_.params(), name);
+  const TensorSpec& t = plain_param(graph_, store_.layout, name);
   return Tensor::view(store_.grads.data() + t.offset, t.dims);
+}
+
+bool Net::use_native_layout() {
+  if (!executors_.empty())
+    throw std::logic_error("Net::use_native_layout after executors were compiled");
+  native_ = true;
+  if (!store_.layout.plain()) return true;
+  ParamLayout l = native_param_layout(graph_, backend_);
+  make_native(graph_, l, store_.params.data());
+  make_native(graph_, l, store_.grads.data());
+  store_.layout = std::move(l);
+  return !store_.layout.plain();
+}
+
+std::vector<float> Net::plain(const float* v) const { return plain_copy(graph_, store_.layout, v); }
+
+void Net::from_plain(const std::vector<float>& plain, float* v) const {
+  if (static_cast<int64_t>(plain.size()) != graph_.param_count())
+    throw std::invalid_argument("Net::from_plain: " + std::to_string(plain.size()) +
+                                " values for " + std::to_string(graph_.param_count()) +
+                                " parameters");
+  to_layout(graph_, store_.layout, plain.data(), v);
 }
 
 Tensor Net::buffer(const std::string& name) {
@@ -50,6 +83,8 @@ void Net::rebuild(Graph g, std::vector<float> params, std::vector<float> buffers
   store_.params = params;
   store_.buffers = std::move(buffers);
   store_.grads.reallocate(graph_.param_count());
+  store_.layout = {};
+  if (native_) use_native_layout();
   buckets_ = make_buckets(graph_, bucket_elements_);
 }
 

@@ -25,10 +25,22 @@ class Net {
   Backend backend() const { return backend_; }
   Precision precision() const { return precision_; }
 
-  // Views into the flat buffers by torchvision name ("layer1.0.conv1.weight").
+  // Views into the flat buffers by torchvision name ("layer1.0.conv1.weight"). A parameter kept
+  // in a blocked layout (use_native_layout) has no plain view: std::logic_error.
   Tensor param(const std::string& name);
   Tensor grad(const std::string& name);
   Tensor buffer(const std::string& name);
+
+  // Keeps the parameters, gradients and everything updated with them in the layout the backend
+  // reads without reorders (native_param_layout; plain for most backends), from now on and
+  // across rebuild(): what leaves or enters the run goes through plain()/from_plain(). Before the
+  // first at_batch() only. Returns whether the layout is other than plain.
+  bool use_native_layout();
+  const ParamLayout& layout() const { return store_.layout; }
+  // A parameter-sized buffer (parameters, gradients, momentum) from the store's layout to plain,
+  // and back.
+  std::vector<float> plain(const float* v) const;
+  void from_plain(const std::vector<float>& plain, float* v) const;
 
   // Moves the gradient buffer into `memory` (param_count floats that outlive the Net), e.g. a
   // window the exchange engine shares with partners on this node. Only before the first
@@ -36,8 +48,8 @@ class Net {
   void share_grads(float* memory);
 
   // Replaces the network by another graph (a shrunk one: kernels/apoptosis.hpp) with these
-  // parameters and running statistics. Executors are dropped (references to them are stale),
-  // gradients live in private zeroed memory again (share_grads may be called anew) and the
+  // parameters (plain layout) and running statistics. Executors are dropped (references to them are
+  // stale), gradients live in private zeroed memory again (share_grads may be called anew) and the
   // buckets are recomputed at the same size.
   void rebuild(Graph g, std::vector<float> params, std::vector<float> buffers);
 
@@ -51,6 +63,7 @@ class Net {
   ParamStore store_;
   std::vector<Bucket> buckets_;
   int64_t bucket_elements_;
+  bool native_ = false;
   std::map<int64_t, std::unique_ptr<Executor>> executors_;
 };
 

@@ -36,14 +36,14 @@ struct Args {
   std::string model = "resnet50";
   int64_t batch = 16, res = 224, classes = 1000;
   int threads = 2, steps = 10, warmup = 3;
-  std::string precision = "fp32", backend = "onednn";
+  std::string precision = "fp32", backend = "onednn", layout = "native";
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "gg_bench_compute: %s\nusage: gg_bench_compute [--model NAME] [--batch B] [--res R] "
                "[--classes N] [--threads T] [--steps N] [--warmup N] [--precision fp32|tf32|bf16] "
-               "[--backend onednn|reference|cuda]\n"
+               "[--backend onednn|reference|cuda] [--layout native|plain]\n"
                "  cuda: fp32 is strict fp32, tf32 lets convolutions and GEMMs use TF32; the "
                "step keeps everything on the GPU (input uploaded once, loss and SGD on the "
                "device) and ends in a stream synchronisation\n",
@@ -77,6 +77,8 @@ Args parse(int argc, char** argv) {
         a.precision = v;
       else if (k == "--backend")
         a.backend = v;
+      else if (k == "--layout")
+        a.layout = v;
       else
         usage("unknown option " + k);
     } catch (const std::logic_error&) {
@@ -87,6 +89,9 @@ Args parse(int argc, char** argv) {
     usage("batch, res, threads and steps must be positive");
   if (a.precision != "fp32" && a.precision != "bf16" && a.precision != "tf32")
     usage("precision '" + a.precision + "' is unknown (fp32, tf32 or bf16)");
+  if (a.layout != "native" && a.layout != "plain")
+    usage("layout '" + a.layout +
+          "' is unknown (native: as gossipgrad train keeps the weights; plain)");
   if (a.precision == "tf32" && a.backend != "cuda") usage("tf32 needs --backend cuda");
   if (a.precision == "bf16" && a.backend == "onednn" && !kernels::bf16_supported())
     usage("bf16 needs a CPU with AVX512_BF16 (or AMX); this one has neither");
@@ -114,6 +119,7 @@ int main(int argc, char** argv) {
         kernels::parse_precision(a.precision == "tf32" ? "fp32" : a.precision);
     kernels::Net net(kernels::build_model(spec), backend, 1 << 20, precision);
     kernels::init_params(net.graph(), net.store(), 1);
+    if (a.layout == "native") net.use_native_layout();  // as the trainer does
     const kernels::SgdOptions sgd_options{0.9f, 1e-4f, false};
     kernels::Sgd sgd(net.graph().param_count(), sgd_options);
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <thread>
 
 #include "gossip/comm/hierarchy.hpp"
@@ -77,6 +78,7 @@ Trainer::Trainer(const Config& c, const mpi::Comm& world, kernels::Dims input, i
   // Every rank starts from rank 0's weights, whatever its RNG did.
   world_.broadcast(store.params.data(), g.param_count(), 0);
   world_.broadcast(store.buffers.data(), g.buffer_count(), 0);
+  choose_layout();
   make_exchanges();
   // One rank per GPU (CUDA backend): the rank on this node picks the device.
   if (net_.backend() == kernels::Backend::Cuda)
@@ -88,6 +90,22 @@ Trainer::Trainer(const Config& c, const mpi::Comm& world, kernels::Dims input, i
   // Compiled only now: the gradient buffer may have moved into the exchange's shared memory.
   train_exec_ = &net_.at_batch(c.train.batch);
   eval_exec_ = &net_.at_batch(c.train.eval_batch);
+}
+
+void Trainer::choose_layout() {
+  // The exchanges mix the ranks' buffers element by element: every rank must hold the same layout.
+  // The CPU decides it (oneDNN's blocks), so ranks on different CPUs may not agree; they then
+  // all stay plain.
+  const uint64_t mine = kernels::native_param_layout(net_.graph(), net_.backend()).fingerprint();
+  double f[2] = {static_cast<double>(mine >> 12), -static_cast<double>(mine >> 12)};  // exact
+  world_.allreduce_max(f, 2);
+  if (f[0] == -f[1]) {
+    net_.use_native_layout();
+  } else if (world_.rank() == 0) {
+    std::fprintf(stderr,
+                 "gossipgrad: note: the ranks' CPUs want different weight layouts; the weights "
+                 "stay in the plain layout, reordered every step\n");
+  }
 }
 
 partners::Schedule gossip_schedule(const Config& c, int p) {
@@ -337,13 +355,16 @@ void Trainer::capture_state(RankState& s) {
   s.lr_scale = lr_scale_;
   s.dropout_step = train_exec_ ? train_exec_->dropout_step() : 0;
   s.sgd_started = sgd_.started();
-  s.params = store().params;
+  // States leave the run in the plain layout (files, other ranks, other CPUs read them).
+  s.params = net_.plain(store().params.data());
   s.buffers = store().buffers;
-  s.velocity = sgd_.velocity();
+  s.velocity = net_.plain(sgd_.velocity().data());
   s.delayed_delta.clear();
   start_model_exchange();  // the state holds the correction of the last update's exchange
-  if (model_exchange_ && c_.gossip.overlap_model)
+  if (model_exchange_ && c_.gossip.overlap_model) {
     s.delayed_delta = model_exchange_->delayed_delta();
+    if (!s.delayed_delta.empty()) s.delayed_delta = net_.plain(s.delayed_delta.data());
+  }
 }
 
 void Trainer::restore_model(const RankState& s) {
@@ -352,11 +373,14 @@ void Trainer::restore_model(const RankState& s) {
     throw std::invalid_argument("the saved state does not fit this model");
   // A weight exchange due or in flight completes (its partner waits for it) and is then replaced.
   start_model_exchange();
-  if (model_exchange_ && c_.gossip.overlap_model)
-    model_exchange_->set_delayed_delta(s.delayed_delta);
-  std::copy(s.params.begin(), s.params.end(), store().params.begin());
+  if (model_exchange_ && c_.gossip.overlap_model) {
+    std::vector<float> delta(s.delayed_delta.size());
+    if (!delta.empty()) net_.from_plain(s.delayed_delta, delta.data());
+    model_exchange_->set_delayed_delta(delta);
+  }
+  net_.from_plain(s.params, store().params.data());
   std::copy(s.buffers.begin(), s.buffers.end(), store().buffers.begin());
-  std::copy(s.velocity.begin(), s.velocity.end(), sgd_.velocity().begin());
+  net_.from_plain(s.velocity, sgd_.velocity().data());
   sgd_.set_started(s.sgd_started);
 }
 
@@ -392,7 +416,7 @@ void Trainer::load_initial_weights() {
 
 void Trainer::average_model(std::vector<float>& params, std::vector<float>& buffers) {
   flush_model();
-  params = store().params;
+  params = net_.plain(store().params.data());
   buffers = store().buffers;
   if (world_.size() > 1) {
     average_over_ranks(params);
@@ -451,7 +475,7 @@ ApoptosisReport Trainer::apoptosis() {
   ApoptosisReport rep;
   rep.step = step_;
   rep.params_before = graph().param_count();
-  const kernels::Removal r = agree_removal(world_, graph(), store().params, c_);
+  const kernels::Removal r = agree_removal(world_, graph(), net_.plain(store().params.data()), c_);
   for (const auto& [node, units] : r)
     rep.removed[graph().node(node).name] = static_cast<int64_t>(units.size());
   shrink(r);
@@ -466,9 +490,9 @@ void Trainer::shrink(const kernels::Removal& r) {
   if (r.empty()) return;
   flush_model();  // a pending weight exchange belongs to the old layout
   const kernels::Shrink s = kernels::plan_shrink(graph(), r);
-  std::vector<float> params = s.params(store().params);
+  std::vector<float> params = s.params(net_.plain(store().params.data()));
   std::vector<float> buffers = s.buffers(store().buffers);
-  std::vector<float> velocity = s.params(sgd_.velocity());
+  std::vector<float> velocity = s.params(net_.plain(sgd_.velocity().data()));
   rebuild(s.graph, std::move(params), std::move(buffers), std::move(velocity));
 }
 
@@ -483,7 +507,9 @@ void Trainer::rebuild(kernels::Graph g, std::vector<float> params, std::vector<f
   model_exchange_.reset();
   train_exec_ = eval_exec_ = nullptr;
   net_.rebuild(std::move(g), std::move(params), std::move(buffers));
-  sgd_.set_velocity(std::move(velocity));
+  std::vector<float> v(velocity.size());
+  net_.from_plain(velocity, v.data());  // in the rebuilt network's layout
+  sgd_.set_velocity(std::move(v));
   make_exchanges();
   train_exec_ = &net_.at_batch(c_.train.batch);
   eval_exec_ = &net_.at_batch(c_.train.eval_batch);

@@ -101,12 +101,14 @@ class Trainer {
   void set_lr_scale(double scale) { lr_scale_ = scale; }
 
  private:
+  void choose_layout();   // before any executor is compiled
   void make_exchanges();  // before any executor is compiled
   // The weight exchange due after `step`, or the next one after it, counted in rounds of
   // gossip.model_every steps (the step itself when 1).
   int64_t model_round(int64_t step) const;
   void set_first_step(int64_t step);  // the exchanges' transports count from this step on
-  // The network, momentum, executors and exchanges over a new graph (shrink, reshape).
+  // The network, momentum, executors and exchanges over a new graph (shrink, reshape); params
+  // and velocity in the plain layout.
   void rebuild(kernels::Graph g, std::vector<float> params, std::vector<float> buffers,
                std::vector<float> velocity);
   Timeline* timeline_ = nullptr;

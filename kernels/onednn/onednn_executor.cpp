@@ -325,12 +325,24 @@ class OneDnnExecutor final : public Executor {
     return copy;
   }
 
-  // Parameters live in PyTorch's plain layout in the flat buffer; a primitive that prefers a
-  // blocked layout gets a reordered copy refreshed each step (the weights change every step).
+  // Parameters live in the flat buffer in the store's layout (ParamLayout): plain, or for
+  // convolution weights the 16 x 16 blocks that the forward and backward-weights kernels read and
+  // write in place. A primitive that wants another layout gets a reordered copy refreshed each
+  // step (the weights change every step).
+
+  // Whether kernels may read or write `m` in place: its layout is `md` and, if that is a blocked
+  // layout (read with aligned vector loads), it starts on a cache line (an exchange's shared
+  // window, for one, may not).
+  static bool usable(const memory& m, const memory::desc& md) {
+    if (m.get_desc() != md) return false;
+    const bool blocked =
+        md.data.format_kind == dnnl_blocked && md.data.format_desc.blocking.inner_nblks > 0;
+    return !blocked || reinterpret_cast<uintptr_t>(m.get_data_handle()) % 64 == 0;
+  }
 
   // `m` in layout `want`: itself, or a private copy made by a reorder appended to `list`.
   memory as(const memory& m, const memory::desc& want, std::vector<Action>& list) {
-    if (m.get_desc() == want) return m;
+    if (usable(m, want)) return m;
     memory copy = fresh(want);
     list.push_back(Action{reorder(m, copy), {{DNNL_ARG_FROM, m}, {DNNL_ARG_TO, copy}}, {}, {}});
     return copy;
@@ -339,7 +351,7 @@ class OneDnnExecutor final : public Executor {
   // Where to write a result that belongs in `target` but is produced in layout `have`: the
   // target itself, or a private buffer reordered into it by an action appended to `after`.
   memory into(const memory& target, const memory::desc& have, std::vector<Action>& after) {
-    if (target.get_desc() == have) return target;
+    if (usable(target, have)) return target;
     memory tmp = fresh(have);
     after.push_back(
         Action{reorder(tmp, target), {{DNNL_ARG_FROM, tmp}, {DNNL_ARG_TO, target}}, {}, {}});
@@ -389,7 +401,14 @@ class OneDnnExecutor final : public Executor {
     const memory::dims w_dims{n.conv.out_channels, xin[0], n.conv.kernel, n.conv.kernel};
     const memory::dims strides{n.conv.stride, n.conv.stride}, pad{n.conv.pad, n.conv.pad};
     const memory::desc src_any(src_dims, act_, tag::any), dst_any(dst_dims, act_, tag::any);
-    const memory::desc w_any(w_dims, act_, tag::any), w_plain(w_dims, dt::f32, tag::oihw);
+    // The weights (and their gradients) as the flat buffers hold them: plain, or in 16 x 16
+    // blocks (ParamLayout), which is what the forward and backward-weights kernels want here.
+    const int block = store_.layout.block_of(n.params[0]);
+    const memory::desc w_any(w_dims, act_, tag::any),
+        w_plain(w_dims, dt::f32,
+                block == 16  ? tag::OIhw16i16o
+                : block == 0 ? tag::oihw
+                             : throw std::invalid_argument("unsupported parameter layout"));
     const memory::desc dw_any(w_dims, dt::f32, tag::any);  // gradients stay fp32
     const memory::desc b_md =
         n.conv.bias ? memory::desc({n.conv.out_channels}, dt::f32, tag::x) : memory::desc();
@@ -1077,6 +1096,14 @@ class OneDnnExecutor final : public Executor {
 };
 
 }  // namespace
+
+ParamLayout onednn_param_layout(const Graph& g) {
+  using dnnl::cpu_isa;
+  const cpu_isa isa = dnnl::get_effective_cpu_isa();
+  const bool avx512 = isa == cpu_isa::avx512_core || isa == cpu_isa::avx512_core_vnni ||
+                      isa == cpu_isa::avx512_core_bf16 || isa == cpu_isa::avx512_core_amx;
+  return blocked_conv_layout(g, avx512 ? 16 : 0);
+}
 
 bool bf16_supported() {
   const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();

@@ -13,4 +13,8 @@ std::unique_ptr<Executor> make_onednn_executor(const Graph& g, int64_t batch, Pa
                                                const std::vector<Bucket>& buckets,
                                                Precision precision);
 
+// Convolution weights in the blocks oneDNN's AVX-512 kernels read (OIhw16i16o) where their
+// channels allow; all plain on other CPUs.
+ParamLayout onednn_param_layout(const Graph& g);
+
 }  // namespace gg::kernels

@@ -1,0 +1,146 @@
+// Tests for parameters kept in the oneDNN kernels' blocked layout (kernels/param_layout.hpp): the
+// permutation is oneDNN's own OIhw16i16o, it round-trips, and a network trained with its weights
+// kept blocked computes bit for bit what it computes with them plain.
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <dnnl.hpp>
+#include <stdexcept>
+#include <vector>
+
+#include "kernels/executor.hpp"
+#include "kernels/loss.hpp"
+#include "kernels/models.hpp"
+#include "kernels/net.hpp"
+#include "kernels/optimizer.hpp"
+#include "kernels/param_layout.hpp"
+#include "tests/kernels/backend_conformance.hpp"
+
+using namespace gg::kernels;
+using namespace gg::test;
+
+namespace {
+
+Graph small_resnet() {
+  // Stem 3 -> 16 (plain: 3 inputs), 16/32/64-channel stages (blocked), 1x1 shortcuts, fc.
+  return build_model({.name = "resnet8", .input = {3, 16, 16}, .classes = 10, .width = 16});
+}
+
+std::vector<float> random_values(int64_t n, uint32_t seed) {
+  Rng r(seed);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = r.uniform(-1.f, 1.f);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("param layout: blocked convolution weights are oneDNN's OIhw16i16o and round-trip",
+          "[layout]") {
+  const Graph g = small_resnet();
+  const ParamLayout l = blocked_conv_layout(g, 16);
+  REQUIRE_FALSE(l.plain());
+  int blocked = 0;
+  for (size_t p = 0; p < g.params().size(); ++p) {
+    const TensorSpec& t = g.params()[p];
+    const bool conv = g.node(t.node).op == Op::Conv && t.dims.size() == 4;
+    const bool fits = conv && t.dims[0] % 16 == 0 && t.dims[1] % 16 == 0;
+    INFO(t.name);
+    CHECK(l.block_of(static_cast<int>(p)) == (fits ? 16 : 0));
+    blocked += fits;
+  }
+  CHECK(blocked > 4);
+
+  const std::vector<float> plain = random_values(g.param_count(), 5);
+  std::vector<float> native(plain.size()), back(plain.size());
+  to_layout(g, l, plain.data(), native.data());
+  CHECK(native != plain);
+  to_plain(g, l, native.data(), back.data());
+  CHECK(back == plain);
+  CHECK(plain_copy(g, l, native.data()) == plain);
+
+  // Each blocked weight holds exactly what oneDNN's reorder into OIhw16i16o writes.
+  const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream st(eng);
+  for (size_t p = 0; p < g.params().size(); ++p) {
+    if (l.block_of(static_cast<int>(p)) == 0) continue;
+    const TensorSpec& t = g.params()[p];
+    INFO(t.name);
+    const dnnl::memory::dims d(t.dims.begin(), t.dims.end());
+    using tag = dnnl::memory::format_tag;
+    using dt = dnnl::memory::data_type;
+    std::vector<float> src(plain.begin() + t.offset, plain.begin() + t.offset + t.size());
+    std::vector<float> dst(src.size());
+    dnnl::memory from({d, dt::f32, tag::oihw}, eng, src.data());
+    dnnl::memory to({d, dt::f32, tag::OIhw16i16o}, eng, dst.data());
+    dnnl::reorder(from, to).execute(st, from, to);
+    st.wait();
+    CHECK(std::vector<float>(native.begin() + t.offset, native.begin() + t.offset + t.size()) ==
+          dst);
+  }
+
+  // Ranks compare fingerprints: equal layouts agree, plain and blocked do not.
+  CHECK(l.fingerprint() == blocked_conv_layout(g, 16).fingerprint());
+  CHECK(l.fingerprint() != ParamLayout{}.fingerprint());
+  CHECK(blocked_conv_layout(g, 0).plain());
+}
+
+TEST_CASE("param layout: oneDNN trains bit for bit the same with its weights kept blocked",
+          "[layout][onednn]") {
+  const Precision precision = GENERATE(Precision::Fp32, Precision::Bf16);
+  if (precision == Precision::Bf16 && !bf16_supported()) return;
+  INFO(precision_name(precision));
+  const Graph g = small_resnet();
+  Net plain(g, Backend::OneDnn, 4096, precision), native(g, Backend::OneDnn, 4096, precision);
+  init_params(g, plain.store(), 3);
+  init_params(g, native.store(), 3);
+  if (!native.use_native_layout()) {
+    WARN("this CPU keeps every parameter plain (no AVX-512): nothing to compare");
+    return;
+  }
+  CHECK(native.store().params != std::vector<float>(plain.store().params));
+  CHECK(native.plain(native.store().params.data()) == std::vector<float>(plain.store().params));
+  CHECK_THROWS_AS(native.param("layer1.0.conv1.weight"), std::logic_error);
+  CHECK_NOTHROW(native.param("conv1.weight"));  // 3 input channels: stays plain
+
+  const int64_t batch = 4, classes = 10;
+  Sgd sgd_plain(g.param_count(), {}), sgd_native(g.param_count(), {});
+  Rng r(9);
+  for (int step = 0; step < 3; ++step) {
+    INFO("step " << step);
+    std::vector<float> x(static_cast<size_t>(batch * 3 * 16 * 16));
+    for (float& v : x) v = r.uniform(-1.f, 1.f);
+    std::vector<int32_t> labels(batch);
+    for (int32_t& l : labels) l = static_cast<int32_t>(r.below(classes));
+    const float* zp = plain.at_batch(batch).forward(x.data(), true);
+    const float* zn = native.at_batch(batch).forward(x.data(), true);
+    REQUIRE(std::vector<float>(zp, zp + batch * classes) ==
+            std::vector<float>(zn, zn + batch * classes));
+    std::vector<float> dz(static_cast<size_t>(batch * classes));
+    softmax_cross_entropy(zp, labels.data(), batch, classes, dz.data());
+    plain.at_batch(batch).backward(dz.data(), {});
+    native.at_batch(batch).backward(dz.data(), {});
+    REQUIRE(native.plain(native.store().grads.data()) == std::vector<float>(plain.store().grads));
+    sgd_plain.step(plain.store().params.data(), plain.store().grads.data(), 0.05f);
+    sgd_native.step(native.store().params.data(), native.store().grads.data(), 0.05f);
+  }
+  CHECK(native.plain(native.store().params.data()) == std::vector<float>(plain.store().params));
+  CHECK(native.plain(sgd_native.velocity().data()) == sgd_plain.velocity());
+  // An evaluation executor at another batch reads the blocked weights too.
+  std::vector<float> x(static_cast<size_t>(2 * 3 * 16 * 16), 0.25f);
+  const float* ep = plain.at_batch(2).forward(x.data(), false);
+  const float* en = native.at_batch(2).forward(x.data(), false);
+  CHECK(std::vector<float>(ep, ep + 2 * classes) == std::vector<float>(en, en + 2 * classes));
+
+  // A rebuild takes plain parameters and keeps the layout.
+  native.rebuild(g, std::vector<float>(plain.store().params), plain.store().buffers);
+  CHECK_FALSE(native.layout().plain());
+  CHECK(native.plain(native.store().params.data()) == std::vector<float>(plain.store().params));
+}
+
+TEST_CASE("param layout: the reference backend refuses blocked parameters", "[layout]") {
+  const Graph g = small_resnet();
+  ParamStore s(g);
+  s.layout = blocked_conv_layout(g, 16);
+  CHECK_THROWS_AS(compile(g, Backend::Reference, 2, s, make_buckets(g, 4096)),
+                  std::invalid_argument);
+}
