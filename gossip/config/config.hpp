@@ -39,8 +39,9 @@ struct Config {
   } model;
   struct {
     std::string backend = "onednn";
-    std::string precision = "fp32";  // fp32 | bf16 (onednn on AVX512_BF16 CPUs)
-    int64_t batch = 64;              // per rank
+    std::string precision = "fp32";        // fp32 | bf16 (onednn on AVX512_BF16 CPUs)
+    std::string weight_layout = "native";  // native | plain (kernels/param_layout.hpp)
+    int64_t batch = 64;                    // per rank
     int64_t epochs = 4;
     double lr = 0.1;  // for a global batch of base_batch (linear scaling)
     int64_t base_batch = 256;

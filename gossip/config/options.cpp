@@ -108,6 +108,9 @@ void train_options(std::vector<Option>& o) {
     {GG_OPTION(train.precision), Choices{{"fp32", "bf16"}},
      "activations and conv arithmetic: fp32, or bf16 (cuda, or onednn on CPUs with AVX512_BF16 "
      "or AMX; weights, gradients and the exchange stay fp32)"},
+    {GG_OPTION(train.weight_layout), Choices{{"native", "plain"}},
+     "native: onednn keeps convolution weights in its blocked layout between steps (no reorder "
+     "per step; states and exports stay plain); plain: PyTorch's layout, reordered every step"},
     {GG_OPTION(train.batch), in(1, 65536), "samples per rank per step"},
     {GG_OPTION(train.epochs), in(1, 100000), "passes over the training set"},
     {GG_OPTION(train.lr), Range{excl(0), incl(100)},

@@ -93,6 +93,7 @@ Trainer::Trainer(const Config& c, const mpi::Comm& world, kernels::Dims input, i
 }
 
 void Trainer::choose_layout() {
+  if (c_.train.weight_layout == "plain") return;
   // The exchanges mix the ranks' buffers element by element: every rank must hold the same layout.
   // The CPU decides it (oneDNN's blocks), so ranks on different CPUs may not agree; they then
   // all stay plain.
