@@ -52,6 +52,7 @@ struct Value {
   int consumers = 0;
   bool diff_in_place = false;  // its backward writes its input's gradient over its own
   bool relu_fused = false;     // a batch norm that applies the ReLU that reads it
+  bool relu_in_place = false;  // the output of a ReLU that overwrote its input
 };
 
 memory::dims batched(int64_t n, const Dims& d) {
@@ -135,6 +136,60 @@ bool relu_keeping_nan(const memory& x, const memory& y, bool report) {
   return report && nan != 0;
 }
 
+// The gradient of a ReLU computed in place whose output two layers read: dx = y > 0 ? a + b : 0
+// (a, b: the readers' gradients), one pass instead of oneDNN's sum and then its ReLU backward,
+// which write and read the whole tensor once more. A NaN in y gives 0, as oneDNN's ReLU backward
+// from the output does; bf16 sums are rounded once, to nearest even, as oneDNN's sum rounds.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void relu_backward_sum2_f32(
+    const float* y, const float* a, const float* b, float* dx, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.f ? a[i] + b[i] : 0.f;
+}
+
+__attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) void
+relu_backward_sum2_bf16(const uint16_t* y, const uint16_t* a, const uint16_t* b, uint16_t* dx,
+                        int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    float fa, fb;
+    const uint32_t ua = uint32_t{a[i]} << 16, ub = uint32_t{b[i]} << 16;
+    std::memcpy(&fa, &ua, 4);
+    std::memcpy(&fb, &ub, 4);
+    const float sum = fa + fb;
+    uint32_t u;
+    std::memcpy(&u, &sum, 4);
+    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+    const auto rounded =
+        static_cast<uint16_t>(nan ? (u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    const uint16_t v = y[i];  // y > 0: positive, finite or +inf, not NaN
+    dx[i] = v >= 1 && v <= 0x7f80 ? rounded : uint16_t{0};
+  }
+}
+
+// relu_backward_sum2 over every element of tensors of one layout, split over the OpenMP threads.
+void relu_backward_sum2(const memory& y, const memory& a, const memory& b, const memory& dx) {
+  const memory::desc md = y.get_desc();
+  const bool f32 = md.data_type() == dt::f32;
+  const int64_t n = static_cast<int64_t>(md.get_size()) / (f32 ? 4 : 2);
+  const void* py = y.get_data_handle();
+  const void* pa = a.get_data_handle();
+  const void* pb = b.get_data_handle();
+  void* pdx = dx.get_data_handle();
+#pragma omp parallel
+  {
+    const int64_t parts = omp_get_num_threads(), per_line = f32 ? 16 : 32;
+    const int64_t chunk = ((n + parts - 1) / parts + per_line - 1) / per_line * per_line;
+    const int64_t first = std::min(n, chunk * omp_get_thread_num());
+    const int64_t count = std::min(n - first, chunk);
+    if (count > 0 && f32)
+      relu_backward_sum2_f32(
+          static_cast<const float*>(py) + first, static_cast<const float*>(pa) + first,
+          static_cast<const float*>(pb) + first, static_cast<float*>(pdx) + first, count);
+    else if (count > 0)
+      relu_backward_sum2_bf16(
+          static_cast<const uint16_t*>(py) + first, static_cast<const uint16_t*>(pa) + first,
+          static_cast<const uint16_t*>(pb) + first, static_cast<uint16_t*>(pdx) + first, count);
+  }
+}
+
 class OneDnnExecutor final : public Executor {
  public:
   OneDnnExecutor(const Graph& g, int64_t batch, ParamStore& store,
@@ -163,6 +218,13 @@ class OneDnnExecutor final : public Executor {
     for (size_t id = 1; id < nodes.size(); ++id) {
       Value& v = values_[id];
       if (v.edges.size() < 2) continue;
+      if (v.relu_in_place && v.edges.size() == 2) {  // sum + ReLU backward, fused
+        const memory y = v.mem, a = v.edges[0], b = v.edges[1], dx = diff_of(static_cast<int>(id));
+        bwd_[id].clear();
+        bwd_[id].push_back(
+            Action{{}, {}, [y, a, b, dx]() { relu_backward_sum2(y, a, b, dx); }, {y, a, b, dx}});
+        continue;
+      }
       std::vector<memory::desc> mds(v.edges.size(), v.md);
       dnnl::sum::primitive_desc pd(v.md, std::vector<float>(v.edges.size(), 1.f), mds, eng_, attr_);
       Args args{{DNNL_ARG_DST, diff_of(static_cast<int>(id))}};
@@ -745,6 +807,7 @@ class OneDnnExecutor final : public Executor {
     if (in_place) {
       out.diff = diff_of(in);
       out.diff_in_place = true;
+      out.relu_in_place = in != 0;
     }
     // Forward is relu_keeping_nan (oneDNN's maps NaN to 0); oneDNN's backward already passes
     // the gradient at a NaN, as PyTorch does.
