@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# bench/compute/layout_ab.sh: what keeping the weights in oneDNN's blocked layout buys, as
+# gossipgrad train does by default (train.weight_layout = native), against the plain layout
+# reordered every step. Alternates `gg_bench_compute --layout plain` and `--layout native` REPEATS
+# times per setting and prints, per layout, the minimum, 10th percentile and median of every
+# timed step of all its runs (this VM's speed drifts between runs; the low percentiles show the
+# cost of the work itself best).
+# Usage: bench/compute/layout_ab.sh [MODEL:BATCH:RES:THREADS:PRECISION ...]
+#   default: resnet50:16:64:2:fp32 resnet50:16:64:2:bf16 resnet50:16:224:2:fp32
+# Environment: REPEATS (default 3), STEPS (timed steps per run, default 15), BUILD (default build).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+SETTINGS=("${@:-resnet50:16:64:2:fp32 resnet50:16:64:2:bf16 resnet50:16:224:2:fp32}")
+read -r -a SETTINGS <<<"${SETTINGS[*]}"
+REPEATS=${REPEATS:-3}
+STEPS=${STEPS:-15}
+BUILD=${BUILD:-build}
+if [ ! -x "$BUILD/bench/gg_bench_compute" ]; then
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DGG_BENCH=ON >/dev/null
+  cmake --build "$BUILD" --target gg_bench_compute
+fi
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+echo "# $(date -u +%FT%TZ) $(hostname), $(nproc) cores; repeats=$REPEATS steps=$STEPS warmup=3"
+echo "| setting | layout | steps | min s | p10 s | median s |"
+echo "|---|---|---|---|---|---|"
+for s in "${SETTINGS[@]}"; do
+  IFS=: read -r model batch res threads precision <<<"$s"
+  : >"$TMP/steps"
+  for ((r = 1; r <= REPEATS; r++)); do
+    for layout in plain native; do
+      echo "layout_ab.sh: $s $layout run $r/$REPEATS" >&2
+      # gg_bench_compute reports every step on stderr ("step i/n t s"); the warm-up ones are left out.
+      OMP_NUM_THREADS=$threads "$BUILD/bench/gg_bench_compute" --model "$model" --batch "$batch" \
+        --res "$res" --threads "$threads" --steps "$STEPS" --warmup 3 --precision "$precision" \
+        --layout "$layout" 2>&1 >/dev/null | tr '\r' '\n' |
+        grep -o 'step [0-9]*/[0-9]* [0-9.]*' |
+        awk -v l="$layout" '{ split($2, a, "/"); if (a[1] > 3) print l, $3 }' >>"$TMP/steps"
+    done
+  done
+  /usr/bin/python3 - "$TMP/steps" "$s" <<'PY'
+import statistics, sys
+times = {}
+for line in open(sys.argv[1]):
+    layout, t = line.split()
+    times.setdefault(layout, []).append(float(t))
+for layout in ("plain", "native"):
+    v = sorted(times.get(layout, []))
+    if not v:
+        sys.exit(f"layout_ab.sh: no steps for {sys.argv[2]} {layout}")
+    print(f"| {sys.argv[2]} | {layout} | {len(v)} | {v[0]:.3f} | {v[len(v) // 10]:.3f} | "
+          f"{statistics.median(v):.3f} |")
+PY
+done
