@@ -60,34 +60,32 @@ void check(const Graph& g, const ParamLayout& l) {
                                 std::to_string(g.params().size()));
 }
 
-}  // namespace
-
-void to_layout(const Graph& g, const ParamLayout& l, const float* plain, float* native) {
+// Copies every parameter from `from` to `to`, through the blocks where it is blocked, towards
+// the blocked layout or back.
+void convert(const Graph& g, const ParamLayout& l, const float* from, float* to, bool to_blocks) {
   check(g, l);
   for (size_t p = 0; p < g.params().size(); ++p) {
     const TensorSpec& t = g.params()[p];
-    const float* src = plain + t.offset;
-    float* dst = native + t.offset;
+    const float* src = from + t.offset;
+    float* dst = to + t.offset;
     const int b = l.block_of(static_cast<int>(p));
     if (b == 0)
       std::copy(src, src + t.size(), dst);
-    else
+    else if (to_blocks)
       each_element(t.dims, b, [&](int64_t pi, int64_t bi) { dst[bi] = src[pi]; });
-  }
-}
-
-void to_plain(const Graph& g, const ParamLayout& l, const float* native, float* plain) {
-  check(g, l);
-  for (size_t p = 0; p < g.params().size(); ++p) {
-    const TensorSpec& t = g.params()[p];
-    const float* src = native + t.offset;
-    float* dst = plain + t.offset;
-    const int b = l.block_of(static_cast<int>(p));
-    if (b == 0)
-      std::copy(src, src + t.size(), dst);
     else
       each_element(t.dims, b, [&](int64_t pi, int64_t bi) { dst[pi] = src[bi]; });
   }
+}
+
+}  // namespace
+
+void to_layout(const Graph& g, const ParamLayout& l, const float* plain, float* native) {
+  convert(g, l, plain, native, true);
+}
+
+void to_plain(const Graph& g, const ParamLayout& l, const float* native, float* plain) {
+  convert(g, l, native, plain, false);
 }
 
 void make_native(const Graph& g, const ParamLayout& l, float* v) {
