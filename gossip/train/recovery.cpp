@@ -259,7 +259,8 @@ void Recovery::continue_at(int64_t step, const RankState& s) {
 }
 
 bool Recovery::weights_finite() {
-  return kernels::all_finite(trainer_.store().params) &&
+  const kernels::FlatBuffer& params = trainer_.store().params;  // checked where it lies
+  return kernels::all_finite(params.data(), params.size()) &&
          kernels::all_finite(trainer_.store().buffers);
 }
 

@@ -315,7 +315,8 @@ EvalStats Trainer::evaluate(const shuffle::SampleSource& data, shuffle::LoaderOp
     average_over_ranks(store().params);
     average_over_ranks(store().buffers);
   }
-  const double consensus = distance_to_average(own_params, store().params);
+  const double consensus =
+      distance_to_average(own_params.data(), store().params.data(), store().params.size());
   o.batch = c_.train.eval_batch;
   o.rank = world_.rank();
   o.ranks = world_.size();
@@ -454,12 +455,12 @@ void Trainer::average_over_ranks(float* v, int64_t n) {
 double Trainer::consensus_distance() {
   std::vector<float> avg(store().params);
   average_over_ranks(avg);
-  return distance_to_average(store().params, avg);
+  return distance_to_average(store().params.data(), avg.data(), store().params.size());
 }
 
-double Trainer::distance_to_average(const std::vector<float>& w, const std::vector<float>& avg) {
+double Trainer::distance_to_average(const float* w, const float* avg, int64_t n) {
   double d = 0;
-  for (size_t i = 0; i < w.size(); ++i) {
+  for (int64_t i = 0; i < n; ++i) {
     const double diff = static_cast<double>(w[i]) - avg[i];
     d += diff * diff;
   }

@@ -118,7 +118,7 @@ class Trainer {
   }
   void average_over_ranks(kernels::FlatBuffer& v) { average_over_ranks(v.data(), v.size()); }
   // Mean over ranks of ||w - avg||^2, where avg is the ranks' average of w (a collective).
-  double distance_to_average(const std::vector<float>& w, const std::vector<float>& avg);
+  double distance_to_average(const float* w, const float* avg, int64_t n);
   void start_model_exchange();  // the overlapped weight exchange of the last update, if due
   double flush_model();         // applies a pending overlapped weight exchange
   void load_initial_weights();  // train.init_from, read by rank 0
