@@ -100,6 +100,24 @@ __attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) bool re
   return nan != 0;
 }
 
+// Splits n elements of `size` bytes over the OpenMP threads in chunks of whole cache lines and
+// calls f(first, count) for every non-empty chunk; returns the OR of what the calls return.
+template <class F>
+int split_over_threads(int64_t n, int64_t size, F f) {
+  int any = 0;
+#pragma omp parallel reduction(| : any)
+  {
+    const int64_t parts = omp_get_num_threads(), per_line = 64 / size;
+    // ceil(n / parts), rounded up to whole cache lines: the chunks cover all n elements (a
+    // floor here left the last n % parts elements unwritten).
+    const int64_t chunk = ((n + parts - 1) / parts + per_line - 1) / per_line * per_line;
+    const int64_t first = std::min(n, chunk * omp_get_thread_num());
+    const int64_t count = std::min(n - first, chunk);
+    if (count > 0) any |= f(first, count);
+  }
+  return any;
+}
+
 // ReLU over every element of a tensor of f32 or bf16 in any layout (a blocked layout's padding
 // holds zeros, which stay zeros), in place when x == y. NaN stays NaN as in PyTorch, where
 // oneDNN's eltwise_relu, fused into batch norm or not, gives 0 and so hid a NaN from the loss.
@@ -112,27 +130,16 @@ bool relu_keeping_nan(const memory& x, const memory& y, bool report) {
   const int64_t n = static_cast<int64_t>(md.get_size()) / size;
   char* a = static_cast<char*>(x.get_data_handle());
   char* b = static_cast<char*>(y.get_data_handle());
-  int nan = 0;
-#pragma omp parallel reduction(| : nan)
-  {
-    const int64_t parts = omp_get_num_threads(), per_line = 64 / size;
-    // ceil(n / parts), rounded up to whole cache lines: the chunks cover all n elements (a
-    // floor here left the last n % parts elements of y unwritten).
-    const int64_t chunk = ((n + parts - 1) / parts + per_line - 1) / per_line * per_line;
-    const int64_t first = std::min(n, chunk * omp_get_thread_num());
-    const int64_t count = std::min(n - first, chunk);
-    if (count > 0 && !f32) {
-      nan |= relu_bf16(reinterpret_cast<const uint16_t*>(a) + first,
+  const int nan = split_over_threads(n, size, [&](int64_t first, int64_t count) -> int {
+    if (!f32)
+      return relu_bf16(reinterpret_cast<const uint16_t*>(a) + first,
                        reinterpret_cast<uint16_t*>(b) + first, count);
-    } else if (count > 0) {
-      const float* from = reinterpret_cast<const float*>(a) + first;
-      float* to = reinterpret_cast<float*>(b) + first;
-      if (report)
-        nan |= relu_f32_seeing_nan(from, to, count);
-      else
-        relu_f32(from, to, count);
-    }
-  }
+    const float* from = reinterpret_cast<const float*>(a) + first;
+    float* to = reinterpret_cast<float*>(b) + first;
+    if (report) return relu_f32_seeing_nan(from, to, count);
+    relu_f32(from, to, count);
+    return 0;
+  });
   return report && nan != 0;
 }
 
@@ -173,21 +180,17 @@ void relu_backward_sum2(const memory& y, const memory& a, const memory& b, const
   const void* pa = a.get_data_handle();
   const void* pb = b.get_data_handle();
   void* pdx = dx.get_data_handle();
-#pragma omp parallel
-  {
-    const int64_t parts = omp_get_num_threads(), per_line = f32 ? 16 : 32;
-    const int64_t chunk = ((n + parts - 1) / parts + per_line - 1) / per_line * per_line;
-    const int64_t first = std::min(n, chunk * omp_get_thread_num());
-    const int64_t count = std::min(n - first, chunk);
-    if (count > 0 && f32)
+  split_over_threads(n, f32 ? 4 : 2, [&](int64_t first, int64_t count) {
+    if (f32)
       relu_backward_sum2_f32(
           static_cast<const float*>(py) + first, static_cast<const float*>(pa) + first,
           static_cast<const float*>(pb) + first, static_cast<float*>(pdx) + first, count);
-    else if (count > 0)
+    else
       relu_backward_sum2_bf16(
           static_cast<const uint16_t*>(py) + first, static_cast<const uint16_t*>(pa) + first,
           static_cast<const uint16_t*>(pb) + first, static_cast<uint16_t*>(pdx) + first, count);
-  }
+    return 0;
+  });
 }
 
 class OneDnnExecutor final : public Executor {
