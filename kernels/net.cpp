@@ -63,6 +63,12 @@ void Net::from_plain(const std::vector<float>& plain, float* v) const {
   to_layout(graph_, store_.layout, plain.data(), v);
 }
 
+std::vector<float> Net::from_plain(const std::vector<float>& plain) const {
+  std::vector<float> v(plain.size());
+  from_plain(plain, v.data());
+  return v;
+}
+
 Tensor Net::buffer(const std::string& name) {
   const TensorSpec& t = find(graph_.buffers(), name);
   return Tensor::view(store_.buffers.data() + t.offset, t.dims);

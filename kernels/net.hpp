@@ -41,6 +41,7 @@ class Net {
   // and back.
   std::vector<float> plain(const float* v) const;
   void from_plain(const std::vector<float>& plain, float* v) const;
+  std::vector<float> from_plain(const std::vector<float>& plain) const;
 
   // Moves the gradient buffer into `memory` (param_count floats that outlive the Net), e.g. a
   // window the exchange engine shares with partners on this node. Only before the first

@@ -375,11 +375,9 @@ void Trainer::restore_model(const RankState& s) {
     throw std::invalid_argument("the saved state does not fit this model");
   // A weight exchange due or in flight completes (its partner waits for it) and is then replaced.
   start_model_exchange();
-  if (model_exchange_ && c_.gossip.overlap_model) {
-    std::vector<float> delta(s.delayed_delta.size());
-    if (!delta.empty()) net_.from_plain(s.delayed_delta, delta.data());
-    model_exchange_->set_delayed_delta(delta);
-  }
+  if (model_exchange_ && c_.gossip.overlap_model)
+    model_exchange_->set_delayed_delta(s.delayed_delta.empty() ? s.delayed_delta
+                                                               : net_.from_plain(s.delayed_delta));
   net_.from_plain(s.params, store().params.data());
   std::copy(s.buffers.begin(), s.buffers.end(), store().buffers.begin());
   net_.from_plain(s.velocity, sgd_.velocity().data());
@@ -509,9 +507,7 @@ void Trainer::rebuild(kernels::Graph g, std::vector<float> params, std::vector<f
   model_exchange_.reset();
   train_exec_ = eval_exec_ = nullptr;
   net_.rebuild(std::move(g), std::move(params), std::move(buffers));
-  std::vector<float> v(velocity.size());
-  net_.from_plain(velocity, v.data());  // in the rebuilt network's layout
-  sgd_.set_velocity(std::move(v));
+  sgd_.set_velocity(net_.from_plain(velocity));  // in the rebuilt network's layout
   make_exchanges();
   train_exec_ = &net_.at_batch(c_.train.batch);
   eval_exec_ = &net_.at_batch(c_.train.eval_batch);
