@@ -6,16 +6,22 @@
 # backward-weights, batch norm, sum, ...) and the reorders split by what they move (weights
 # into a primitive's layout, weight gradients back to the flat buffer's, activations), with each
 # one's share of the primitives' total. The step's wall time is printed beside it: host work
-# (loss, NaN checks, running statistics) is the difference.
+# (loss, NaN checks, running statistics) is the difference. With TORCH=1 (default), PyTorch at
+# its best (torch_bench.py --channels-last, bf16 under autocast) is profiled the same way: Debian's
+# PyTorch runs its convolutions on the same oneDNN library, so the two convolution totals say how
+# much of a lead is left to win outside them. PyTorch's per-step figures are the difference of a
+# run of 1 + STEPS and a run of 1 + 3 * STEPS steps, divided by 2 * STEPS (its first step differs).
 # Usage: bench/compute/profile.sh [MODEL:BATCH:RES:THREADS:PRECISION ...]
 #   default: resnet50:16:64:2:bf16 resnet50:16:64:2:fp32 resnet50:16:224:2:fp32
 #   resnet50:16:224:2:bf16
-# Environment: STEPS (profiled steps after one warm-up step, default 2), BUILD (default build).
+# Environment: STEPS (profiled steps after one warm-up step, default 2), BUILD (default build),
+#   TORCH (1: profile PyTorch beside, default; 0: gossipgrad only).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SETTINGS=("${@:-resnet50:16:64:2:bf16 resnet50:16:64:2:fp32 resnet50:16:224:2:fp32 resnet50:16:224:2:bf16}")
 read -r -a SETTINGS <<<"${SETTINGS[*]}"
 STEPS=${STEPS:-2}
+TORCH=${TORCH:-1}
 BUILD=${BUILD:-build}
 if [ ! -x "$BUILD/bench/gg_bench_compute" ]; then
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGG_BENCH=ON >/dev/null
@@ -36,19 +42,36 @@ for s in "${SETTINGS[@]}"; do
   ONEDNN_VERBOSE=1 OMP_NUM_THREADS=$threads "$BUILD/bench/gg_bench_compute" --model "$model" \
     --batch "$batch" --res "$res" --threads "$threads" --steps "$STEPS" --warmup 1 \
     --precision "$precision" >"$TMP/verbose.txt" 2>"$TMP/err.txt"
-  /usr/bin/python3 - "$TMP/verbose.txt" "$STEPS" "$batch" "$s" >>"$OUT.md" <<'PY'
+  : >"$TMP/torch1.txt"
+  : >"$TMP/torch2.txt"
+  if [ "$TORCH" = 1 ]; then
+    for k in 1 2; do
+      ONEDNN_VERBOSE=1 OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads /usr/bin/python3 \
+        bench/compute/torch_bench.py --model "$model" --batch "$batch" --res "$res" \
+        --threads "$threads" --steps $(((2 * k - 1) * STEPS)) --warmup 1 --channels-last \
+        --precision "$precision" >"$TMP/torch$k.txt" 2>"$TMP/err.txt"
+    done
+  fi
+  /usr/bin/python3 - "$TMP" "$STEPS" "$batch" "$s" >>"$OUT.md" <<'PY'
 import collections, sys
-path, steps, batch, setting = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-lines = open(path).read().splitlines()
-execs = [l.split(",") for l in lines if l.startswith("onednn_verbose,exec,")]
-result = [l for l in lines if l.startswith("gossipgrad-onednn,")]
-if not execs or not result:
-    sys.exit(f"profile.sh: no oneDNN timings for {setting} (is oneDNN built with verbose?)")
-per_step = len(execs) // (steps + 1)  # every step executes the same primitives
-execs = execs[-per_step * steps:]     # the warm-up step's first executions are left out
-total = collections.Counter()
-for f in execs:
-    prim, prop, descs, shape, ms = f[3], f[5], f[6], f[-2], float(f[-1])
+tmp, steps, batch, setting = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+
+
+def execs_of(path):
+    lines = open(path).read().splitlines()
+    return ([l.split(",") for l in lines if l.startswith("onednn_verbose,exec,")],
+            [l for l in lines if "," in l and not l.startswith("onednn_verbose")])
+
+
+def tally(execs):
+    total = collections.Counter()
+    for f in execs:
+        total[key_of(f)] += float(f[-1])
+    return total
+
+
+def key_of(f):
+    prim, prop, descs, shape = f[3], f[5], f[6], f[-2]
     if prim == "reorder":
         # "src_f32::blocked:ABcd16b16a:f0 dst_f32::blocked:abcd:f0": the format tags. Weights
         # block dimension a (output channels); activations never block a (the batch).
@@ -56,14 +79,20 @@ for f in execs:
         weights = "A" in src or "A" in dst or (src.islower() and dst.islower() and
                                                not shape.startswith(batch + "x"))
         if not weights:
-            key = "reorder: activations"
-        elif dst.islower() and not src.islower():
-            key = "reorder: weight gradients to the flat buffer's layout"
-        else:
-            key = "reorder: weights into the primitive's layout"
-    else:
-        key = f"{prim} {prop}".replace(" undef", "")
-    total[key] += ms / steps
+            return "reorder: activations"
+        if dst.islower() and not src.islower():
+            return "reorder: weight gradients to the flat buffer's layout"
+        return "reorder: weights into the primitive's layout"
+    return f"{prim} {prop}".replace(" undef", "")
+
+
+execs, result = execs_of(f"{tmp}/verbose.txt")
+result = [l for l in result if l.startswith("gossipgrad-onednn,")]
+if not execs or not result:
+    sys.exit(f"profile.sh: no oneDNN timings for {setting} (is oneDNN built with verbose?)")
+per_step = len(execs) // (steps + 1)  # every step executes the same primitives
+total = tally(execs[-per_step * steps:])  # the warm-up step's first executions are left out
+total = collections.Counter({k: v / steps for k, v in total.items()})
 prims = sum(total.values())
 step_s = float(result[0].split(",")[6])
 print(f"\n## {setting.replace(':', ' ')}\n")
@@ -73,6 +102,23 @@ print("| primitive | ms per step | share of primitives |")
 print("|---|---|---|")
 for k, v in total.most_common():
     print(f"| {k} | {v:.1f} | {100 * v / prims:.1f}% |")
+(short, short_rows), (long, long_rows) = (execs_of(f"{tmp}/torch{k}.txt") for k in (1, 2))
+torch_rows = [l for l in long_rows if l.startswith("pytorch-")]
+if not torch_rows:
+    sys.exit(0)  # TORCH=0
+a, b = tally(short), tally(long)
+theirs = {k: (b[k] - a[k]) / (2 * steps) for k in b}
+conv = lambda t: sum(v for k, v in t.items() if k.startswith("convolution"))
+torch_step = float(torch_rows[0].split(",")[6]) * 1e3
+print(f"\nPyTorch ({torch_rows[0].split(',')[0]}, same oneDNN), per step: "
+      f"{torch_step:.0f} ms (median of its {3 * steps}-step run); oneDNN primitives "
+      f"{sum(theirs.values()):.0f} ms, of which convolutions {conv(theirs):.0f} ms "
+      + "(" + ", ".join(f"{k.split(' ', 1)[1]} {theirs.get(k, 0):.0f}" for k in
+                        ("convolution forward_training", "convolution backward_data",
+                         "convolution backward_weights")) + "). "
+      f"gossipgrad's convolutions: {conv(total):.0f} ms. A step 1.5x PyTorch's would take at most "
+      f"{torch_step / 1.5:.0f} ms: {torch_step / 1.5 - conv(total):.0f} ms beside gossipgrad's "
+      f"convolutions (it spends {step_s * 1e3 - conv(total):.0f}).")
 PY
 done
 cat "$OUT.md"
