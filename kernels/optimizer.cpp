@@ -22,13 +22,20 @@ void Sgd::step(float* w, const float* g, float lr) {
     }
     return;
   }
+  // Split over the OpenMP threads: element by element, so no value depends on the split. One
+  // thread streams memory only so fast: ResNet-50's 25.6 M parameters took 16-25 ms on one and
+  // 11-14 ms on two (2-vCPU VM; a 64-px bf16 training step 0.123 -> 0.114 s, fastest of 75).
+  // Small models stay on this thread.
+  const bool split = n >= (int64_t{1} << 18);
   if (o_.nesterov) {
+#pragma omp parallel for simd schedule(static) if (split)
     for (int64_t i = 0; i < n; ++i) {
       const float d = g[i] + wd * w[i];
       v[i] = mu * v[i] + d;
       w[i] -= lr * (d + mu * v[i]);
     }
   } else {
+#pragma omp parallel for simd schedule(static) if (split)
     for (int64_t i = 0; i < n; ++i) {
       v[i] = mu * v[i] + g[i] + wd * w[i];
       w[i] -= lr * v[i];
