@@ -463,7 +463,7 @@ class OneDnnExecutor final : public Executor {
   // for it, else by `alg`.
   template <class Make>
   static auto prefer_winograd(dnnl::algorithm alg, bool prefer, Make make) {
-    if (prefer && alg == dnnl::algorithm::convolution_auto) {
+    if (prefer) {
       try {
         return make(dnnl::algorithm::convolution_winograd);
       } catch (const dnnl::error&) {
