@@ -15,10 +15,8 @@ read -r -a SETTINGS <<<"${SETTINGS[*]}"
 REPEATS=${REPEATS:-3}
 STEPS=${STEPS:-15}
 BUILD=${BUILD:-build}
-if [ ! -x "$BUILD/bench/gg_bench_compute" ]; then
-  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DGG_BENCH=ON >/dev/null
-  cmake --build "$BUILD" --target gg_bench_compute
-fi
+. bench/compute/common.sh
+build_bench "$BUILD" gg_bench_compute
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 echo "# $(date -u +%FT%TZ) $(hostname), $(nproc) cores; repeats=$REPEATS steps=$STEPS warmup=3"

@@ -23,10 +23,8 @@ read -r -a SETTINGS <<<"${SETTINGS[*]}"
 STEPS=${STEPS:-2}
 TORCH=${TORCH:-1}
 BUILD=${BUILD:-build}
-if [ ! -x "$BUILD/bench/gg_bench_compute" ]; then
-  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGG_BENCH=ON >/dev/null
-  cmake --build "$BUILD" --target gg_bench_compute
-fi
+. bench/compute/common.sh
+build_bench "$BUILD" gg_bench_compute
 OUT=bench/results/compute-profile-$(hostname)
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
