@@ -1,5 +1,6 @@
 #include "kernels/graph.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace gg::kernels {
@@ -315,6 +316,45 @@ int64_t Graph::forward_macs() const {
     } else if (n.op == Op::FullyConnected) {
       macs += n.fc.out_features * numel(nodes_[n.inputs[0]].out);
     }
+  }
+  return macs;
+}
+
+namespace {
+
+// Sum over the outputs along one spatial axis of the kernel taps that land inside the input.
+int64_t taps_inside(int64_t in, int64_t out, const ConvAttr& c) {
+  int64_t taps = 0;
+  for (int64_t o = 0; o < out; ++o) {
+    const int64_t first = o * c.stride - c.pad;
+    taps += std::max<int64_t>(0, std::min(first + c.kernel, in) - std::max<int64_t>(first, 0));
+  }
+  return taps;
+}
+
+}  // namespace
+
+int64_t Graph::useful_macs(const Node& n) const {
+  if (n.op == Op::Conv) {
+    const Dims& in = nodes_[n.inputs[0]].out;
+    return n.out[0] * in[0] * taps_inside(in[1], n.out[1], n.conv) *
+           taps_inside(in[2], n.out[2], n.conv);
+  }
+  if (n.op == Op::FullyConnected) return n.fc.out_features * numel(nodes_[n.inputs[0]].out);
+  return 0;
+}
+
+int64_t Graph::forward_useful_macs() const {
+  int64_t macs = 0;
+  for (const Node& n : nodes_) macs += useful_macs(n);
+  return macs;
+}
+
+int64_t Graph::training_useful_macs() const {
+  int64_t macs = 0;
+  for (const Node& n : nodes_) {
+    const bool reads_input = !n.inputs.empty() && nodes_[n.inputs[0]].op == Op::Input;
+    macs += useful_macs(n) * (reads_input ? 2 : 3);
   }
   return macs;
 }

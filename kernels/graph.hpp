@@ -163,6 +163,13 @@ class Graph {
 
   // Forward multiply-accumulates per sample of convolutions and FC layers.
   int64_t forward_macs() const;
+  // The same without the taps that fall on a convolution's zero padding: the multiply-adds a
+  // kernel that skips padding cannot avoid, the work a bound on step time must count.
+  int64_t forward_useful_macs() const;
+  // A training step's useful multiply-adds per sample: forward, backward-weights and
+  // backward-data of every convolution and FC layer, but no backward-data where the layer reads
+  // the graph's input (nothing needs that gradient).
+  int64_t training_useful_macs() const;
   // Forward FLOPs per sample of one node, as inference runs it; a multiply-add counts as 2.
   // conv / fully connected: 2 * fan-in per output (+1 with bias); batch norm: 2 per element (scale
   // and shift, statistics folded); relu, add: 1 per element; max/avg pool: kernel^2 per output;
@@ -175,6 +182,7 @@ class Graph {
   int add_param(int node, const std::string& name, Dims dims);
   int add_buffer(int node, const std::string& name, Dims dims);
   const Node& checked(int x) const;
+  int64_t useful_macs(const Node& n) const;  // forward, padding taps left out
 
   std::vector<Node> nodes_;
   std::vector<TensorSpec> params_;

@@ -4,8 +4,12 @@
 // training step runs), direct algorithm only, over ResNet-50's 3x3 and 1x1 shapes at batch 16;
 // FLOPs are the direct count, 2 x N x K x C x R x S x P x Q per pass. Matmul: M = N = K = 2048.
 // Each case: the median of timed runs after warm-up, repeated for at least --seconds.
-// Prints CSV rows: op,shape,precision,threads,gflops; the last row (op "ceiling") is the best
-// training-convolution figure, the one run.sh divides by.
+// Also the arithmetic bound no kernel can pass: the instruction peak, every thread issuing
+// independent 512-bit FMAs (fp32) or bf16 dot products (vdpbf16ps: 2 multiply-adds per fp32
+// lane) on registers only, no memory traffic.
+// Prints CSV rows: op,shape,precision,threads,gflops; row "instruction_peak" is the bound, the
+// last row (op "ceiling") the best training-convolution figure, the one run.sh divides by.
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -181,6 +185,59 @@ double matmul(const Args& a, const dnnl::engine& eng, dnnl::stream& s) {
   return g;
 }
 
+// Register-only FMA (fp32) or bf16 dot-product throughput on all threads: 12 independent
+// accumulators per thread hide the instruction latency. Returns 0 where the CPU lacks the
+// instructions (AVX-512F; AVX512_BF16 for bf16).
+__attribute__((target("avx512f,avx512bf16"))) double instruction_peak_avx512(bool bf16,
+                                                                             double seconds) {
+  constexpr int kAcc = 12;
+  const long iters = 1L << 22;  // a few milliseconds per round
+  double best = 0;
+  const auto start = Clock::now();
+  float sink = 0;
+  do {
+    const auto t0 = Clock::now();
+#pragma omp parallel reduction(+ : sink)
+    {
+      __m512 acc[kAcc];
+      for (__m512& v : acc) v = _mm512_setzero_ps();
+      const __m512 x = _mm512_set1_ps(1e-7f), y = _mm512_set1_ps(1.0f);
+      const __m512bh xb = (__m512bh)_mm512_set1_epi16(0x3380),
+                     yb = (__m512bh)_mm512_set1_epi16(0x3f80);
+      if (bf16) {
+        for (long k = 0; k < iters; ++k) {
+#pragma GCC unroll 12
+          for (__m512& v : acc) v = _mm512_dpbf16_ps(v, xb, yb);
+        }
+      } else {
+        for (long k = 0; k < iters; ++k) {
+#pragma GCC unroll 12
+          for (__m512& v : acc) v = _mm512_fmadd_ps(x, y, v);
+        }
+      }
+      alignas(64) float lanes[16];
+      for (const __m512& v : acc) {
+        _mm512_store_ps(lanes, v);
+        sink += lanes[0];
+      }
+    }
+    const double t = std::chrono::duration<double>(Clock::now() - t0).count();
+    // FLOPs per instruction: 16 lanes x 2 (FMA), or 16 lanes x 2 products x 2 (dot product).
+    const double flops =
+        static_cast<double>(iters) * kAcc * omp_get_max_threads() * (bf16 ? 64 : 32);
+    best = std::max(best, flops / t / 1e9);
+  } while (std::chrono::duration<double>(Clock::now() - start).count() < seconds);
+  if (sink < 0) std::printf("#\n");  // keeps the accumulators live
+  return best;
+}
+
+double instruction_peak(const Args& a) {
+  if (!__builtin_cpu_supports("avx512f") ||
+      (a.precision == "bf16" && !__builtin_cpu_supports("avx512bf16")))
+    return 0;
+  return instruction_peak_avx512(a.precision == "bf16", a.seconds);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -190,6 +247,11 @@ int main(int argc, char** argv) {
     dnnl::engine eng(dnnl::engine::kind::cpu, 0);
     dnnl::stream s(eng);
     std::printf("op,shape,precision,threads,gflops\n");
+    if (const double g = instruction_peak(a); g > 0)
+      print("instruction_peak", a.precision == "bf16" ? "zmm vdpbf16ps" : "zmm vfmadd", a, g);
+    else
+      std::fprintf(stderr, "gg_bench_peak: no instruction peak (needs AVX-512%s)\n",
+                   a.precision == "bf16" ? " with AVX512_BF16" : "");
     matmul(a, eng, s);
     // ResNet-50's convolutions at batch 16 (224 input): the 3x3 of each stage and two 1x1.
     const std::vector<Conv> shapes = {

@@ -114,22 +114,27 @@ echo "impl,model,batch,res,threads,precision,median_step_s,images_per_s,peak_rss
   echo "# oneDNN: $(dpkg-query -W -f '${Version}' libdnnl-dev 2>/dev/null), torch: $(/usr/bin/python3 -c 'import torch; print(torch.__version__)'), libblas.so.3: $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3)"
   echo "# repeats=$REPEATS steps=$STEPS warmup=$WARMUP; PyTorch: default (NCHW, fp32) and best (channels_last; bf16 rows under autocast bf16)"
 } >"$OUT.txt"
-# The ceiling of each (threads, precision): oneDNN's best training convolution (gg_bench_peak).
-echo "threads,precision,ceiling_gflops" >"$OUT.peak.csv"
+# The ceiling of each (threads, precision): oneDNN's best training convolution (gg_bench_peak),
+# and beside it the instruction peak (register-only FMA / bf16 dot products), the bound on any kernel.
+echo "threads,precision,ceiling_gflops,instruction_gflops" >"$OUT.peak.csv"
 for s in "${SETTINGS[@]}"; do
   IFS=: read -r model batch res threads precision <<<"$s"
   precision=${precision:-fp32}
   grep -q "^$threads,$precision," "$OUT.peak.csv" && continue
   OMP_NUM_THREADS=$threads build/bench/gg_bench_peak --threads "$threads" --precision "$precision" |
-    tee -a "$OUT.txt" | awk -F, -v t="$threads" -v p="$precision" '$1 == "ceiling" { print t "," p "," $5 }' >>"$OUT.peak.csv"
+    tee -a "$OUT.txt" | awk -F, -v t="$threads" -v p="$precision" '
+      $1 == "instruction_peak" { ip = $5 }
+      $1 == "ceiling" { print t "," p "," $5 "," ip }' >>"$OUT.peak.csv"
 done
-# Forward FLOPs per image (direct count, multiply-add = 2) of each model and resolution.
-echo "model,res,forward_flops" >"$OUT.flops.csv"
+# Forward FLOPs per image (direct count, multiply-add = 2) of each model and resolution, and a
+# training step's useful FLOPs per image (padding taps and the input's gradient left out).
+echo "model,res,forward_flops,training_useful_flops" >"$OUT.flops.csv"
 for s in "${SETTINGS[@]}"; do
   IFS=: read -r model batch res threads precision <<<"$s"
   grep -q "^$model,$res," "$OUT.flops.csv" && continue
   f=$(build/gossip/gossipgrad info --model "$model" --input "3,$res,$res" --classes 1000 --json |
-    /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)["forward_flops"])')
+    /usr/bin/python3 -c 'import json, sys; d = json.load(sys.stdin)
+print(d["forward_flops"], 2 * d["training_useful_macs"], sep=",")')
   echo "$model,$res,$f" >>"$OUT.flops.csv"
 done
 for s in "${SETTINGS[@]}"; do
@@ -150,18 +155,23 @@ done
 import csv, statistics, sys
 out = sys.argv[1]
 rows = list(csv.DictReader(open(out + ".csv")))
-ceiling = {(r["threads"], r["precision"]): float(r["ceiling_gflops"])
-           for r in csv.DictReader(open(out + ".peak.csv"))}
-flops = {(r["model"], r["res"]): float(r["forward_flops"])
-         for r in csv.DictReader(open(out + ".flops.csv"))}
+peaks = list(csv.DictReader(open(out + ".peak.csv")))
+ceiling = {(r["threads"], r["precision"]): float(r["ceiling_gflops"]) for r in peaks}
+instr = {(r["threads"], r["precision"]): float(r["instruction_gflops"])
+         for r in peaks if r.get("instruction_gflops")}
+flop_rows = list(csv.DictReader(open(out + ".flops.csv")))
+flops = {(r["model"], r["res"]): float(r["forward_flops"]) for r in flop_rows}
+useful = {(r["model"], r["res"]): float(r["training_useful_flops"])
+          for r in flop_rows if r.get("training_useful_flops")}
 setting = lambda r: (r["model"], r["batch"], r["res"], r["threads"])
 med = lambda rs: statistics.median(float(r["images_per_s"]) for r in rs)
 keys = list(dict.fromkeys(setting(r) + (r["precision"],) for r in rows
                           if r["impl"].startswith("gossipgrad")))
 print("| model | batch | res | threads | precision | gossipgrad img/s | PyTorch default (NCHW fp32) "
       "| PyTorch best (channels_last, same precision) | vs best | vs default "
-      "| gossipgrad share of ceiling | PyTorch best share | gossipgrad peak MB | PyTorch best peak MB |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+      "| gossipgrad share of ceiling | PyTorch best share | bound vs best | gossipgrad peak MB "
+      "| PyTorch best peak MB |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for k in keys:
     ours = [r for r in rows if r["impl"].startswith("gossipgrad") and setting(r) + (r["precision"],) == k]
     default = [r for r in rows if r["impl"].startswith("pytorch") and not r["impl"].endswith("channels_last")
@@ -174,16 +184,28 @@ for k in keys:
     c = ceiling.get((k[3], k[4]))
     f = flops.get((k[0], k[2]))
     share = lambda ips: f"{3 * f * ips / 1e9 / c:.0%}" if c and f else ""
+    # The bound: images/s if a step's useful multiply-adds all ran at the instruction peak and
+    # nothing else took time, over PyTorch's best; only Winograd (fp32) does less work.
+    ip, u = instr.get((k[3], k[4])), useful.get((k[0], k[2]))
+    bound = f"{ip * 1e9 / u / b:.2f}x" if ip and u else ""
     mo = max(float(r["peak_rss_mb"]) for r in ours)
     mb = max(float(r["peak_rss_mb"]) for r in best)
     print(f"| {' | '.join(k)} | {a:.2f} | {d:.2f} | {b:.2f} | {a / b:.2f}x | {a / d:.2f}x "
-          f"| {share(a)} | {share(b)} | {mo:.0f} | {mb:.0f} |")
+          f"| {share(a)} | {share(b)} | {bound} | {mo:.0f} | {mb:.0f} |")
 print()
 print("Ceiling: oneDNN's best training convolution (forward + backward-data + backward-weights, "
       "direct algorithm, ResNet-50 shapes at batch 16) on this CPU with the same threads: "
       + ", ".join(f"{t} threads {p} {g:.0f} GFLOP/s" for (t, p), g in ceiling.items())
       + ". A model's share counts 3 x its forward FLOPs per image (direct count; Winograd does "
-      "fewer, so a share can exceed what the direct count allows).")
+      "fewer, so a share can exceed what the direct count allows). Instruction peak (every thread "
+      "issuing independent 512-bit FMAs, or bf16 dot products, on registers): "
+      + ", ".join(f"{t} threads {p} {g:.0f} GFLOP/s" for (t, p), g in instr.items())
+      + ". Bound vs best: the images/s of a step whose useful multiply-adds (forward, "
+      "backward-weights and backward-data of every convolution and FC layer, without the taps on "
+      "zero padding and without the input's gradient: `gossipgrad info`'s training_useful_macs) "
+      "all ran at the instruction peak with nothing else in the step, over PyTorch's best: no "
+      "implementation doing that work (every algorithm but Winograd, which oneDNN has for fp32 "
+      "only) can beat PyTorch by more.")
 PY
 cat "$OUT.md"
 echo "bench/compute: wrote $OUT.csv, $OUT.md (raw output in $OUT.txt)"

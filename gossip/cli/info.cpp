@@ -123,7 +123,9 @@ void print_info_json(const gk::ModelSpec& spec, const gk::Graph& g) {
                     {"flops_note", kFlopsNote},
                     {"layers", layers},
                     {"param_tensors", tensors(g.params())},
-                    {"buffer_tensors", tensors(g.buffers())}}
+                    {"buffer_tensors", tensors(g.buffers())},
+                    {"forward_useful_macs", g.forward_useful_macs()},
+                    {"training_useful_macs", g.training_useful_macs()}}
                    .dump(1)
             << "\n";
 }

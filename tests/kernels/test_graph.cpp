@@ -270,6 +270,28 @@ TEST_CASE("forward FLOPs count a multiply-add as 2 and match the known multiply-
   CHECK(g.forward_macs() == 48 * 18 + 5 * 24);
 }
 
+TEST_CASE("useful multiply-adds leave out the taps on a convolution's zero padding") {
+  Graph g({2, 4, 4});
+  // 3x3, stride 1, pad 1 over 4 positions: 2 + 3 + 3 + 2 = 10 taps inside per axis (of 12).
+  const int a = g.conv("a", g.input(), {3, 3, 1, 1, false});
+  // 7x7, stride 2, pad 3 over 4 inputs, 2 outputs: windows [-3, 4) and [-1, 6): 4 + 4 inside.
+  const int b = g.conv("b", a, {5, 7, 2, 3, false});
+  const int f = g.fully_connected("fc", b, {6, true});  // no padding: 6 x 5*2*2
+  g.set_output(f);
+  CHECK(g.forward_macs() == 3 * 2 * 9 * 16 + 5 * 3 * 49 * 4 + 6 * 20);
+  CHECK(g.forward_useful_macs() == 3 * 2 * 10 * 10 + 5 * 3 * 8 * 8 + 6 * 20);
+  // Training: three passes each, but no backward-data for "a", which reads the input.
+  CHECK(g.training_useful_macs() == 2 * 3 * 2 * 10 * 10 + 3 * (5 * 3 * 8 * 8 + 6 * 20));
+  // Without padding the two counts agree.
+  Graph h({2, 5, 5});
+  h.set_output(h.fully_connected("fc", h.conv("c", h.input(), {4, 3, 2, 0, false}), {3, true}));
+  CHECK(h.forward_useful_macs() == h.forward_macs());
+  // ResNet-50 at 224: the padding taps are a few percent of the direct count.
+  const Graph r = build_model(default_spec("resnet50"));
+  CHECK(r.forward_useful_macs() < r.forward_macs());
+  CHECK(r.forward_useful_macs() > r.forward_macs() * 9 / 10);
+}
+
 TEST_CASE("torchvision models take any input and class count, and name the smallest input") {
   const Graph g = build_model({.name = "resnet50", .input = {1, 64, 48}, .classes = 7});
   CHECK(g.classes() == 7);

@@ -27,6 +27,9 @@ layers = doc["layers"]
 assert sum(l["params"] for l in layers) == params
 assert sum(l["flops"] for l in layers) == doc["forward_flops"]
 assert doc["forward_flops"] > 2 * doc["forward_macs"]  # conv/fc plus bn, relu, pools
+# Padding taps left out: fewer useful multiply-adds, and a training step does at most 3 passes.
+assert 0 < doc["forward_useful_macs"] <= doc["forward_macs"]
+assert 2 * doc["forward_useful_macs"] <= doc["training_useful_macs"] <= 3 * doc["forward_useful_macs"]
 assert sum(math.prod(t["shape"]) for t in doc["param_tensors"]) == params
 names = [l["name"] for l in layers]
 for l in layers:
