@@ -9,6 +9,8 @@
 // lane) on registers only, no memory traffic.
 // Prints CSV rows: op,shape,precision,threads,gflops; row "instruction_peak" is the bound, the
 // last row (op "ceiling") the best training-convolution figure, the one run.sh divides by.
+// With --model: the floor of that model's training step on oneDNN's kernels instead (see
+// model_floor), one CSV row per layer shape and a last row "floor" in milliseconds per step.
 #include <immintrin.h>
 #include <omp.h>
 
@@ -17,10 +19,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "dnnl.hpp"
+#include "kernels/graph.hpp"
+#include "kernels/models.hpp"
+#include "kernels/optimizer.hpp"
 
 namespace {
 
@@ -32,22 +38,32 @@ using Clock = std::chrono::steady_clock;
 struct Args {
   int threads = 2;
   std::string precision = "fp32";
-  double seconds = 1.0;
+  double seconds = 0;  // 0: 1 second per case, 0.05 in the model mode (many shapes)
+  std::string model;   // the model mode: this model's own layers
+  int64_t res = 224, batch = 16;
 };
 
-[[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "gg_bench_peak: %s\nusage: gg_bench_peak [--threads T] [--precision fp32|bf16] "
-               "[--seconds S]\n",
-               why.c_str());
-  std::exit(2);
+[[noreturn]] void usage(const std::string& why, bool help = false) {
+  std::fprintf(
+      help ? stdout : stderr,
+      "gg_bench_peak: %s\nusage: gg_bench_peak [--threads T] [--precision fp32|bf16] "
+      "[--seconds S]\n       gg_bench_peak --model NAME [--res R] [--batch B] [--threads T] "
+      "[--precision P] [--seconds S]\n",
+      why.c_str());
+  std::exit(help ? 0 : 2);
 }
 
 Args parse(int argc, char** argv) {
   Args a;
+  bool seconds_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
-    if (k == "--help" || k == "-h") usage("oneDNN's best convolution and matmul GFLOP/s");
+    if (k == "--help" || k == "-h")
+      usage(
+          "oneDNN's best convolution and matmul GFLOP/s and the instruction peak on this CPU; "
+          "with --model, the floor of that model's training step (its layer shapes alone at "
+          "oneDNN's best, and the SGD update), in ms",
+          true);
     if (i + 1 >= argc) usage("option " + k + " needs a value");
     const std::string v = argv[++i];
     try {
@@ -55,8 +71,15 @@ Args parse(int argc, char** argv) {
         a.threads = std::stoi(v);
       else if (k == "--precision")
         a.precision = v;
-      else if (k == "--seconds")
+      else if (k == "--seconds") {
         a.seconds = std::stod(v);
+        seconds_given = true;
+      } else if (k == "--model")
+        a.model = v;
+      else if (k == "--res")
+        a.res = std::stol(v);
+      else if (k == "--batch")
+        a.batch = std::stol(v);
       else
         usage("unknown option " + k);
     } catch (const std::logic_error&) {
@@ -65,7 +88,9 @@ Args parse(int argc, char** argv) {
   }
   if (a.threads < 1) usage("--threads must be >= 1");
   if (a.precision != "fp32" && a.precision != "bf16") usage("--precision must be fp32 or bf16");
-  if (a.seconds <= 0) usage("--seconds must be > 0");
+  if (a.seconds < 0 || (a.seconds == 0 && seconds_given)) usage("--seconds must be > 0");
+  if (a.seconds == 0) a.seconds = a.model.empty() ? 1.0 : 0.05;
+  if (a.res < 1 || a.batch < 1) usage("--res and --batch must be >= 1");
   return a;
 }
 
@@ -108,16 +133,26 @@ void print(const char* op, const std::string& shape, const Args& a, double gflop
   std::fflush(stdout);
 }
 
-// Forward, backward-data and backward-weights of one convolution; returns the training GFLOP/s
-// (three passes' FLOPs over their summed median times) and prints each pass.
-double conv(const Conv& cv, const Args& a, const dnnl::engine& eng, dnnl::stream& s) {
+// One convolution's shape, any padding.
+struct ConvShape {
+  int64_t n, c, k, h, w, r, stride, pad;
+};
+
+struct PassTimes {
+  double forward = 0, backward_data = 0, backward_weights = 0;  // seconds, medians
+};
+
+// The three training passes of one convolution under one algorithm; throws dnnl::error where
+// oneDNN has no implementation of it.
+PassTimes conv_times(const ConvShape& cv, dnnl::algorithm alg, const Args& a,
+                     const dnnl::engine& eng, dnnl::stream& s) {
   const dt act = a.precision == "bf16" ? dt::bf16 : dt::f32;
-  const int64_t pad = cv.r / 2, out = (cv.h + 2 * pad - cv.r) / cv.stride + 1;
-  const memory::dims src{cv.n, cv.c, cv.h, cv.h}, w{cv.k, cv.c, cv.r, cv.r},
-      dst{cv.n, cv.k, out, out}, st{cv.stride, cv.stride}, pd{pad, pad};
+  const int64_t oh = (cv.h + 2 * cv.pad - cv.r) / cv.stride + 1;
+  const int64_t ow = (cv.w + 2 * cv.pad - cv.r) / cv.stride + 1;
+  const memory::dims src{cv.n, cv.c, cv.h, cv.w}, w{cv.k, cv.c, cv.r, cv.r},
+      dst{cv.n, cv.k, oh, ow}, st{cv.stride, cv.stride}, pd{cv.pad, cv.pad};
   const memory::desc src_md(src, act, tag::any), w_md(w, act, tag::any), dst_md(dst, act, tag::any),
       dw_md(w, dt::f32, tag::any);
-  const auto alg = dnnl::algorithm::convolution_direct;
   dnnl::convolution_forward::primitive_desc f(
       {dnnl::prop_kind::forward_training, alg, src_md, w_md, dst_md, st, pd, pd}, eng);
   dnnl::convolution_backward_data::primitive_desc d({alg, src_md, w_md, dst_md, st, pd, pd}, eng,
@@ -133,34 +168,44 @@ double conv(const Conv& cv, const Args& a, const dnnl::engine& eng, dnnl::stream
   dnnl::convolution_forward fp(f);
   dnnl::convolution_backward_data dp(d);
   dnnl::convolution_backward_weights gp(g);
-  const double flops = 2.0 * cv.n * cv.k * cv.c * cv.r * cv.r * out * out;
-  const double tf = time_it(
+  PassTimes t;
+  t.forward = time_it(
       [&] {
         fp.execute(s, {{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_DST, y}});
         s.wait();
       },
       a.seconds);
-  const double td = time_it(
+  t.backward_data = time_it(
       [&] {
         dp.execute(s, {{DNNL_ARG_DIFF_DST, dy}, {DNNL_ARG_WEIGHTS, wd}, {DNNL_ARG_DIFF_SRC, dx}});
         s.wait();
       },
       a.seconds);
-  const double tw = time_it(
+  t.backward_weights = time_it(
       [&] {
         gp.execute(s, {{DNNL_ARG_SRC, xg}, {DNNL_ARG_DIFF_DST, dyg}, {DNNL_ARG_DIFF_WEIGHTS, dw}});
         s.wait();
       },
       a.seconds);
+  return t;
+}
+
+// Forward, backward-data and backward-weights of one convolution; returns the training GFLOP/s
+// (three passes' FLOPs over their summed median times) and prints each pass.
+double conv(const Conv& cv, const Args& a, const dnnl::engine& eng, dnnl::stream& s) {
+  const int64_t pad = cv.r / 2, out = (cv.h + 2 * pad - cv.r) / cv.stride + 1;
+  const PassTimes t = conv_times({cv.n, cv.c, cv.k, cv.h, cv.h, cv.r, cv.stride, pad},
+                                 dnnl::algorithm::convolution_direct, a, eng, s);
+  const double flops = 2.0 * cv.n * cv.k * cv.c * cv.r * cv.r * out * out;
   char shape[96];
   std::snprintf(shape, sizeof shape, "%s n%ld c%ld k%ld %ldx%ld r%ld s%ld", cv.name,
                 static_cast<long>(cv.n), static_cast<long>(cv.c), static_cast<long>(cv.k),
                 static_cast<long>(cv.h), static_cast<long>(cv.h), static_cast<long>(cv.r),
                 static_cast<long>(cv.stride));
-  print("conv_forward", shape, a, flops / tf / 1e9);
-  print("conv_backward_data", shape, a, flops / td / 1e9);
-  print("conv_backward_weights", shape, a, flops / tw / 1e9);
-  const double training = 3 * flops / (tf + td + tw) / 1e9;
+  print("conv_forward", shape, a, flops / t.forward / 1e9);
+  print("conv_backward_data", shape, a, flops / t.backward_data / 1e9);
+  print("conv_backward_weights", shape, a, flops / t.backward_weights / 1e9);
+  const double training = 3 * flops / (t.forward + t.backward_data + t.backward_weights) / 1e9;
   print("conv_training", shape, a, training);
   return training;
 }
@@ -238,6 +283,133 @@ double instruction_peak(const Args& a) {
   return instruction_peak_avx512(a.precision == "bf16", a.seconds);
 }
 
+// The best of oneDNN's algorithms for each pass of one convolution: direct, and in fp32 also
+// Winograd and oneDNN's own choice (auto) where it has them.
+PassTimes best_conv(const ConvShape& cv, const Args& a, const dnnl::engine& eng, dnnl::stream& s) {
+  using dnnl::algorithm;
+  PassTimes best = conv_times(cv, algorithm::convolution_direct, a, eng, s);
+  if (a.precision != "fp32") return best;
+  for (algorithm alg : {algorithm::convolution_winograd, algorithm::convolution_auto}) {
+    try {
+      const PassTimes t = conv_times(cv, alg, a, eng, s);
+      best.forward = std::min(best.forward, t.forward);
+      best.backward_data = std::min(best.backward_data, t.backward_data);
+      best.backward_weights = std::min(best.backward_weights, t.backward_weights);
+    } catch (const dnnl::error&) {
+      // no implementation of this algorithm for this shape
+    }
+  }
+  return best;
+}
+
+// The three training passes of a fully connected layer reading `in` (batched dims).
+PassTimes fc_times(const memory::dims& in, int64_t out, const Args& a, const dnnl::engine& eng,
+                   dnnl::stream& s) {
+  const dt act = a.precision == "bf16" ? dt::bf16 : dt::f32;
+  memory::dims w_dims = in;
+  w_dims[0] = out;
+  const memory::desc src_md(in, act, tag::any), w_md(w_dims, act, tag::any),
+      dw_md(w_dims, dt::f32, tag::any), dst_md({in[0], out}, dt::f32, tag::nc),
+      ddst_md({in[0], out}, act, tag::nc);
+  dnnl::inner_product_forward::primitive_desc f(
+      {dnnl::prop_kind::forward_training, src_md, w_md, dst_md}, eng);
+  dnnl::inner_product_backward_data::primitive_desc d({src_md, w_md, ddst_md}, eng, f);
+  dnnl::inner_product_backward_weights::primitive_desc g({src_md, dw_md, ddst_md}, eng, f);
+  memory x = fresh(f.src_desc(), eng), wt = fresh(f.weights_desc(), eng),
+         y = fresh(f.dst_desc(), eng), dx = fresh(d.diff_src_desc(), eng),
+         dy = fresh(d.diff_dst_desc(), eng), dw = fresh(g.diff_weights_desc(), eng);
+  memory wd = d.weights_desc() == f.weights_desc() ? wt : fresh(d.weights_desc(), eng);
+  memory xg = g.src_desc() == f.src_desc() ? x : fresh(g.src_desc(), eng);
+  dnnl::inner_product_forward fp(f);
+  dnnl::inner_product_backward_data dp(d);
+  dnnl::inner_product_backward_weights gp(g);
+  PassTimes t;
+  t.forward = time_it(
+      [&] {
+        fp.execute(s, {{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_DST, y}});
+        s.wait();
+      },
+      a.seconds);
+  t.backward_data = time_it(
+      [&] {
+        dp.execute(s, {{DNNL_ARG_DIFF_DST, dy}, {DNNL_ARG_WEIGHTS, wd}, {DNNL_ARG_DIFF_SRC, dx}});
+        s.wait();
+      },
+      a.seconds);
+  t.backward_weights = time_it(
+      [&] {
+        gp.execute(s, {{DNNL_ARG_SRC, xg}, {DNNL_ARG_DIFF_DST, dy}, {DNNL_ARG_DIFF_WEIGHTS, dw}});
+        s.wait();
+      },
+      a.seconds);
+  return t;
+}
+
+// The model mode: what a training step of this model cannot go below with oneDNN's kernels on
+// this CPU. Every convolution and fully connected layer of the model is timed alone at its own
+// shape (distinct shapes once, counted as often as the model has them), each pass at the best of
+// oneDNN's algorithms and layouts, no backward-data where the layer reads the input; beside it,
+// the SGD update (momentum and weight decay) over the model's parameters, which a step does once
+// whatever the batch. Prints each shape's milliseconds per step and, last, "floor": their sum.
+int model_floor(const Args& a, const dnnl::engine& eng, dnnl::stream& s) {
+  namespace gk = gg::kernels;
+  gk::ModelSpec spec = gk::default_spec(a.model);
+  spec.input = {3, a.res, a.res};
+  spec.classes = 1000;
+  const gk::Graph g = gk::build_model(spec);
+  std::map<std::vector<int64_t>, int> convs, fcs;  // shape -> how many layers have it
+  for (const gk::Node& n : g.nodes()) {
+    if (n.inputs.empty()) continue;
+    const gk::Node& in = g.node(n.inputs[0]);
+    const int64_t reads_input = in.op == gk::Op::Input ? 1 : 0;
+    if (n.op == gk::Op::Conv)
+      convs[{in.out[0], n.out[0], in.out[1], in.out[2], n.conv.kernel, n.conv.stride, n.conv.pad,
+             reads_input}]++;
+    else if (n.op == gk::Op::FullyConnected) {
+      std::vector<int64_t> key(in.out.begin(), in.out.end());
+      key.insert(key.begin(), {n.fc.out_features, reads_input});
+      fcs[key]++;
+    }
+  }
+  std::printf(
+      "layer,count,precision,threads,forward_ms,backward_data_ms,backward_weights_ms,"
+      "ms_per_step\n");
+  double total = 0;
+  const auto row = [&](const std::string& name, int count, const PassTimes& t, bool data) {
+    const double ms = count * 1e3 * (t.forward + (data ? t.backward_data : 0) + t.backward_weights);
+    total += ms;
+    std::printf("%s,%d,%s,%d,%.3f,%.3f,%.3f,%.3f\n", name.c_str(), count, a.precision.c_str(),
+                a.threads, 1e3 * t.forward, data ? 1e3 * t.backward_data : 0.0,
+                1e3 * t.backward_weights, ms);
+    std::fflush(stdout);
+  };
+  for (const auto& [k, count] : convs) {
+    const ConvShape cv{a.batch, k[0], k[1], k[2], k[3], k[4], k[5], k[6]};
+    char name[128];
+    std::snprintf(name, sizeof name, "conv c%ld k%ld %ldx%ld r%ld s%ld p%ld",
+                  static_cast<long>(k[0]), static_cast<long>(k[1]), static_cast<long>(k[2]),
+                  static_cast<long>(k[3]), static_cast<long>(k[4]), static_cast<long>(k[5]),
+                  static_cast<long>(k[6]));
+    row(name, count, best_conv(cv, a, eng, s), k[7] == 0);
+  }
+  for (const auto& [k, count] : fcs) {
+    memory::dims in{a.batch};
+    in.insert(in.end(), k.begin() + 2, k.end());
+    row("fc " + std::to_string(k[0]), count, fc_times(in, k[0], a, eng, s), k[1] == 0);
+  }
+  // The SGD update reads the weights, gradients and momentum and writes two of them back.
+  const int64_t n = g.param_count();
+  std::vector<float> w(static_cast<size_t>(n), 0.01f), grad(static_cast<size_t>(n), 0.001f);
+  gk::Sgd sgd(n, {});
+  sgd.step(w.data(), grad.data(), 0.1f);  // the first step seeds the momentum
+  PassTimes update;
+  update.forward = time_it([&] { sgd.step(w.data(), grad.data(), 0.1f); }, a.seconds);
+  row("sgd update " + std::to_string(n) + " parameters", 1, update, false);
+  std::printf("floor,%s %ldpx batch %ld,%s,%d,,,,%.3f\n", a.model.c_str(), static_cast<long>(a.res),
+              static_cast<long>(a.batch), a.precision.c_str(), a.threads, total);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -246,6 +418,7 @@ int main(int argc, char** argv) {
   try {
     dnnl::engine eng(dnnl::engine::kind::cpu, 0);
     dnnl::stream s(eng);
+    if (!a.model.empty()) return model_floor(a, eng, s);
     std::printf("op,shape,precision,threads,gflops\n");
     if (const double g = instruction_peak(a); g > 0)
       print("instruction_peak", a.precision == "bf16" ? "zmm vdpbf16ps" : "zmm vfmadd", a, g);
@@ -265,6 +438,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gg_bench_peak: oneDNN: %s (status %d)\n", e.what(),
                  static_cast<int>(e.status));
     return 1;
+  } catch (const std::exception& e) {  // an unknown model, an input too small for it
+    std::fprintf(stderr, "gg_bench_peak: %s\n", e.what());
+    return 2;
   }
   return 0;
 }
