@@ -8,7 +8,10 @@
 #   PRECISION (fp32 default, or bf16): gossipgrad's, and PyTorch's best setting's (channels_last,
 #   bf16 under autocast); PyTorch's default (NCHW fp32) runs beside as the reference. PyTorch's
 #   BLAS is OpenBLAS (installed). Each model's achieved FLOP/s (3 x its forward FLOPs per image)
-#   is stated as a share of oneDNN's best training convolution on this CPU (gg_bench_peak).
+#   is stated as a share of oneDNN's best training convolution on this CPU (gg_bench_peak). A
+#   second table says what bounds each row: the instruction peak, and the floor of the step on
+#   oneDNN's kernels (gg_bench_peak --model: the model's own layer shapes alone, and the SGD
+#   update). Writes also bench/results/compute-<host>.{peak,flops,floor}.csv.
 # Environment: REPEATS (default 3), STEPS (timed steps, default 10), WARMUP (default 3).
 #
 # bench/compute/run.sh --backend cuda [MODEL:BATCH:RES:PRECISION ...]: the GPU comparison. The
