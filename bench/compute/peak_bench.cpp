@@ -142,32 +142,21 @@ struct PassTimes {
   double forward = 0, backward_data = 0, backward_weights = 0;  // seconds, medians
 };
 
-// The three training passes of one convolution under one algorithm; throws dnnl::error where
-// oneDNN has no implementation of it.
-PassTimes conv_times(const ConvShape& cv, dnnl::algorithm alg, const Args& a,
-                     const dnnl::engine& eng, dnnl::stream& s) {
-  const dt act = a.precision == "bf16" ? dt::bf16 : dt::f32;
-  const int64_t oh = (cv.h + 2 * cv.pad - cv.r) / cv.stride + 1;
-  const int64_t ow = (cv.w + 2 * cv.pad - cv.r) / cv.stride + 1;
-  const memory::dims src{cv.n, cv.c, cv.h, cv.w}, w{cv.k, cv.c, cv.r, cv.r},
-      dst{cv.n, cv.k, oh, ow}, st{cv.stride, cv.stride}, pd{cv.pad, cv.pad};
-  const memory::desc src_md(src, act, tag::any), w_md(w, act, tag::any), dst_md(dst, act, tag::any),
-      dw_md(w, dt::f32, tag::any);
-  dnnl::convolution_forward::primitive_desc f(
-      {dnnl::prop_kind::forward_training, alg, src_md, w_md, dst_md, st, pd, pd}, eng);
-  dnnl::convolution_backward_data::primitive_desc d({alg, src_md, w_md, dst_md, st, pd, pd}, eng,
-                                                    f);
-  dnnl::convolution_backward_weights::primitive_desc g({alg, src_md, dw_md, dst_md, st, pd, pd},
-                                                       eng, f);
+// The median time of each of a layer's three training passes (convolution or inner product:
+// the same arguments), on memories in the layouts the primitives chose.
+template <class Fwd, class Data, class Weights>
+PassTimes time_passes(const typename Fwd::primitive_desc& f, const typename Data::primitive_desc& d,
+                      const typename Weights::primitive_desc& g, const Args& a,
+                      const dnnl::engine& eng, dnnl::stream& s) {
   memory x = fresh(f.src_desc(), eng), wt = fresh(f.weights_desc(), eng),
          y = fresh(f.dst_desc(), eng), dx = fresh(d.diff_src_desc(), eng),
          dy = fresh(d.diff_dst_desc(), eng), dw = fresh(g.diff_weights_desc(), eng);
   memory wd = d.weights_desc() == f.weights_desc() ? wt : fresh(d.weights_desc(), eng);
   memory xg = g.src_desc() == f.src_desc() ? x : fresh(g.src_desc(), eng);
   memory dyg = g.diff_dst_desc() == d.diff_dst_desc() ? dy : fresh(g.diff_dst_desc(), eng);
-  dnnl::convolution_forward fp(f);
-  dnnl::convolution_backward_data dp(d);
-  dnnl::convolution_backward_weights gp(g);
+  Fwd fp(f);
+  Data dp(d);
+  Weights gp(g);
   PassTimes t;
   t.forward = time_it(
       [&] {
@@ -188,6 +177,27 @@ PassTimes conv_times(const ConvShape& cv, dnnl::algorithm alg, const Args& a,
       },
       a.seconds);
   return t;
+}
+
+// The three training passes of one convolution under one algorithm; throws dnnl::error where
+// oneDNN has no implementation of it.
+PassTimes conv_times(const ConvShape& cv, dnnl::algorithm alg, const Args& a,
+                     const dnnl::engine& eng, dnnl::stream& s) {
+  const dt act = a.precision == "bf16" ? dt::bf16 : dt::f32;
+  const int64_t oh = (cv.h + 2 * cv.pad - cv.r) / cv.stride + 1;
+  const int64_t ow = (cv.w + 2 * cv.pad - cv.r) / cv.stride + 1;
+  const memory::dims src{cv.n, cv.c, cv.h, cv.w}, w{cv.k, cv.c, cv.r, cv.r},
+      dst{cv.n, cv.k, oh, ow}, st{cv.stride, cv.stride}, pd{cv.pad, cv.pad};
+  const memory::desc src_md(src, act, tag::any), w_md(w, act, tag::any), dst_md(dst, act, tag::any),
+      dw_md(w, dt::f32, tag::any);
+  dnnl::convolution_forward::primitive_desc f(
+      {dnnl::prop_kind::forward_training, alg, src_md, w_md, dst_md, st, pd, pd}, eng);
+  dnnl::convolution_backward_data::primitive_desc d({alg, src_md, w_md, dst_md, st, pd, pd}, eng,
+                                                    f);
+  dnnl::convolution_backward_weights::primitive_desc g({alg, src_md, dw_md, dst_md, st, pd, pd},
+                                                       eng, f);
+  return time_passes<dnnl::convolution_forward, dnnl::convolution_backward_data,
+                     dnnl::convolution_backward_weights>(f, d, g, a, eng, s);
 }
 
 // Forward, backward-data and backward-weights of one convolution; returns the training GFLOP/s
@@ -315,34 +325,8 @@ PassTimes fc_times(const memory::dims& in, int64_t out, const Args& a, const dnn
       {dnnl::prop_kind::forward_training, src_md, w_md, dst_md}, eng);
   dnnl::inner_product_backward_data::primitive_desc d({src_md, w_md, ddst_md}, eng, f);
   dnnl::inner_product_backward_weights::primitive_desc g({src_md, dw_md, ddst_md}, eng, f);
-  memory x = fresh(f.src_desc(), eng), wt = fresh(f.weights_desc(), eng),
-         y = fresh(f.dst_desc(), eng), dx = fresh(d.diff_src_desc(), eng),
-         dy = fresh(d.diff_dst_desc(), eng), dw = fresh(g.diff_weights_desc(), eng);
-  memory wd = d.weights_desc() == f.weights_desc() ? wt : fresh(d.weights_desc(), eng);
-  memory xg = g.src_desc() == f.src_desc() ? x : fresh(g.src_desc(), eng);
-  dnnl::inner_product_forward fp(f);
-  dnnl::inner_product_backward_data dp(d);
-  dnnl::inner_product_backward_weights gp(g);
-  PassTimes t;
-  t.forward = time_it(
-      [&] {
-        fp.execute(s, {{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, wt}, {DNNL_ARG_DST, y}});
-        s.wait();
-      },
-      a.seconds);
-  t.backward_data = time_it(
-      [&] {
-        dp.execute(s, {{DNNL_ARG_DIFF_DST, dy}, {DNNL_ARG_WEIGHTS, wd}, {DNNL_ARG_DIFF_SRC, dx}});
-        s.wait();
-      },
-      a.seconds);
-  t.backward_weights = time_it(
-      [&] {
-        gp.execute(s, {{DNNL_ARG_SRC, xg}, {DNNL_ARG_DIFF_DST, dy}, {DNNL_ARG_DIFF_WEIGHTS, dw}});
-        s.wait();
-      },
-      a.seconds);
-  return t;
+  return time_passes<dnnl::inner_product_forward, dnnl::inner_product_backward_data,
+                     dnnl::inner_product_backward_weights>(f, d, g, a, eng, s);
 }
 
 // The model mode: what a training step of this model cannot go below with oneDNN's kernels on
