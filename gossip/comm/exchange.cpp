@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "gossip/comm/bounded_wait.hpp"
 #include "gossip/comm/wait_watch.hpp"
 
 namespace gg::gossip {
@@ -127,7 +128,7 @@ GossipExchange::GossipExchange(const mpi::Comm& world, float* buffer,
       o_(std::move(o)),
       rank_(world.rank()),
       latest_step_(buckets_.size(), -1),
-      completed_(buckets_.size(), -1) {
+      in_flight_(buckets_.size(), 0) {
   if (o_.schedule.p != comm_.size())
     throw std::invalid_argument("gossip schedule is for " + std::to_string(o_.schedule.p) +
                                 " ranks but the job has " + std::to_string(comm_.size()));
@@ -183,8 +184,13 @@ GossipExchange::GossipExchange(const mpi::Comm& world, float* buffer,
 GossipExchange::~GossipExchange() {
   {
     std::unique_lock lock(mu_);
-    // Let exchanges already started finish: the partner is waiting for them.
-    cv_.wait(lock, [&] { return queue_.empty() || error_; });
+    // Let exchanges already started finish: the partner is waiting for them. Bounded: a
+    // destructor that hangs keeps a failing job from ending.
+    try {
+      wait_with_progress(lock, cv_, progress_, engine_limit(), "the last queued buckets",
+                         [&] { return queue_.empty() || error_; });
+    } catch (const std::exception&) {
+    }
     stop_ = true;
   }
   cv_.notify_all();
@@ -255,13 +261,17 @@ void GossipExchange::on_bucket_ready(int b) {
   std::unique_lock lock(mu_);
   if (o_.staleness == 1) {
     // Bounded staleness: the previous exchange of this bucket must be over before its staging
-    // copy is reused.
-    cv_.wait(lock, [&] { return completed_[b] >= step_ - 1 || error_; });
+    // copy is reused. (Only one this exchange queued: after a resume or a rebuild there is none.)
+    wait_with_progress(lock, cv_, progress_, engine_limit(),
+                       "the previous exchange of bucket " + std::to_string(b) + " (step " +
+                           std::to_string(step_) + ")",
+                       [&] { return in_flight_[b] == 0 || error_; });
     if (error_) std::rethrow_exception(error_);
     const kernels::Bucket& k = buckets_[b];
     std::copy(buffer_ + k.begin, buffer_ + k.end, send_stage_.begin() + k.begin);
   }
   queue_.push_back({step_, b, peers_});
+  ++in_flight_[b];
   lock.unlock();
   cv_.notify_all();
 }
@@ -306,7 +316,8 @@ void GossipExchange::mark_done(const Job& j) {
             ",\"in_place\":" + (in_place(j.peers) ? "true" : "false") + "}");
   {
     std::lock_guard lock(mu_);
-    completed_[j.bucket] = j.step;
+    --in_flight_[j.bucket];
+    ++progress_;
     if (j.step == step_) ++done_;
   }
   cv_.notify_all();
@@ -392,7 +403,9 @@ double GossipExchange::finish_step() {
   const auto t0 = std::chrono::steady_clock::now();
   std::unique_lock lock(mu_);
   if (o_.staleness == 0) {
-    cv_.wait(lock, [&] { return done_ == buckets_.size() || error_; });
+    wait_with_progress(lock, cv_, progress_, engine_limit(),
+                       "the buckets of step " + std::to_string(step_),
+                       [&] { return done_ == buckets_.size() || error_; });
     if (error_) std::rethrow_exception(error_);
   } else {
     if (error_) std::rethrow_exception(error_);

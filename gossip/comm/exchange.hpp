@@ -177,6 +177,9 @@ class GossipExchange final : public BucketExchange {
   void start(Job& j);
   void complete(const Job& j);
   void mark_done(const Job& j);
+  // The bound of the compute thread's waits for the communication threads: longer than the
+  // transports' own (timeout_s per wait on a partner), so that their more precise line wins.
+  double engine_limit() const { return 2 * o_.timeout_s; }
   const float* source(int bucket) const;
   const float* outgoing(int bucket);  // source(), or its bf16 image on the wire
   // The partner's bucket b as fp32 values: `in` itself, or unpacked from bf16 into unpacked_.
@@ -198,7 +201,8 @@ class GossipExchange final : public BucketExchange {
   std::vector<float> latest_;          // staleness 1: the partner's latest completed bucket
   std::vector<int64_t> latest_step_;   // step of latest_[b], -1 = none yet
   Lateness lateness_;                  // staleness 1: what finish_step could not mix fresh
-  std::vector<int64_t> completed_;     // step whose exchange of bucket b finished, -1 = none
+  std::vector<int> in_flight_;         // exchanges of bucket b queued and not yet finished
+  uint64_t progress_ = 0;              // exchanges finished, ever (bounds the engine's waits)
   std::vector<float> delta_;           // delayed: (partner - snapshot) / 2, per element
   bool pending_ = false;               // delayed: an exchange was started and not yet applied
   bool settled_ = false;               // delayed: ... and its delta_ is already computed

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "gossip/comm/bounded_wait.hpp"
 #include "gossip/comm/wait_watch.hpp"
 
 namespace gg::gossip {
@@ -58,7 +59,10 @@ HierarchicalExchange::HierarchicalExchange(const mpi::Comm& world, float* buffer
       timeout_s_(timeout_s) {
   // One rail per local rank: local rank l of every node, numbered by node.
   MPI_Comm rail;
-  GG_MPI_CHECK(MPI_Comm_split(world.get(), layout_.local, layout_.node, &rail));
+  {
+    const mpi::WatchedWait wait("MPI_Comm_split");
+    GG_MPI_CHECK(MPI_Comm_split(world.get(), layout_.local, layout_.node, &rail));
+  }
   GG_MPI_CHECK(MPI_Comm_set_errhandler(rail, MPI_ERRORS_RETURN));
   rail_ = mpi::Comm::adopt(rail);
   schedule_ = schedule;
@@ -77,7 +81,11 @@ HierarchicalExchange::~HierarchicalExchange() {
   {
     std::unique_lock lock(mu_);
     // Buckets already queued are finished: the node's ranks and the partner wait for them.
-    cv_.wait(lock, [&] { return (queue_.empty() && in_flight_ == 0) || error_; });
+    try {
+      wait_with_progress(lock, cv_, progress_, 2 * timeout_s_, "the last queued buckets",
+                         [&] { return (queue_.empty() && in_flight_ == 0) || error_; });
+    } catch (const std::exception&) {
+    }
     stop_ = true;
   }
   cv_.notify_all();
@@ -106,7 +114,9 @@ void HierarchicalExchange::on_bucket_ready(int bucket) {
 double HierarchicalExchange::finish_step() {
   const auto t0 = Clock::now();
   std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return done_ == buckets_.size() || error_; });
+  wait_with_progress(lock, cv_, progress_, 2 * timeout_s_,
+                     "the buckets of step " + std::to_string(step_),
+                     [&] { return done_ == buckets_.size() || error_; });
   if (error_) std::rethrow_exception(error_);
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
@@ -262,6 +272,7 @@ void HierarchicalExchange::loop() {
         {
           std::lock_guard lock(mu_);
           --in_flight_;
+          ++progress_;
           if (it->step == step_) ++done_;
         }
         cv_.notify_all();

@@ -78,6 +78,7 @@ class HierarchicalExchange final : public BucketExchange {
   std::deque<std::pair<int, int64_t>> queue_;  // (bucket, step) handed over, not yet started
   size_t in_flight_ = 0;                       // started and not yet gathered
   size_t done_ = 0;
+  uint64_t progress_ = 0;  // buckets finished, ever (bounds the compute thread's waits)
   bool stop_ = false;
   std::exception_ptr error_;
   std::thread worker_;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <stdexcept>
+#include <string>
 
 #include "gossip/comm/wait_watch.hpp"
 
@@ -56,6 +58,7 @@ int Comm::size() const {
 
 Comm Comm::dup() const {
   MPI_Comm c;
+  const WatchedWait wait("MPI_Comm_dup");  // a collective: bounded like the others
   GG_MPI_CHECK(MPI_Comm_dup(c_, &c));
   GG_MPI_CHECK(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
   return Comm(c, true);
@@ -66,8 +69,14 @@ Comm Comm::split_shared() const {
   // Test hook: GG_RANKS_PER_NODE=N pretends that every N consecutive ranks form a node, so that
   // the paths across nodes (auto's p2p half) run on one machine.
   const char* per_node = std::getenv("GG_RANKS_PER_NODE");
-  if (per_node != nullptr && std::atoi(per_node) > 0) {
-    GG_MPI_CHECK(MPI_Comm_split(c_, rank() / std::atoi(per_node), rank(), &c));
+  const WatchedWait wait("MPI_Comm_split_type");
+  if (per_node != nullptr && *per_node != '\0') {
+    char* end = nullptr;
+    const long n = std::strtol(per_node, &end, 10);
+    if (*end != '\0' || n < 1 || n > (1L << 30))
+      throw std::invalid_argument(std::string("GG_RANKS_PER_NODE = ") + per_node +
+                                  ": must be a positive number of ranks (or unset)");
+    GG_MPI_CHECK(MPI_Comm_split(c_, rank() / static_cast<int>(n), rank(), &c));
   } else {
     GG_MPI_CHECK(MPI_Comm_split_type(c_, MPI_COMM_TYPE_SHARED, rank(), MPI_INFO_NULL, &c));
   }
