@@ -60,8 +60,14 @@ void measure(const Config& c, const kernels::ModelSpec& spec, partners::Workload
   const int threads =
       c.train.threads > 0 ? c.train.threads : std::max(1, cores / c.network.ranks_per_node);
   omp_set_num_threads(threads);
+  if (c.train.precision == "bf16" && c.train.backend == "onednn" && !kernels::bf16_supported())
+    throw UsageError(
+        "simulate measures the compute here: train.precision = bf16 needs a CPU with AVX512_BF16 "
+        "(or AMX); give the target's [simulate] forward_ms, backward_ms and update_ms, or use "
+        "fp32");
   kernels::Net net(kernels::build_model(spec), kernels::parse_backend(c.train.backend),
-                   std::max<int64_t>(1, c.gossip.bucket_kb * 256));
+                   std::max<int64_t>(1, c.gossip.bucket_kb * 256),
+                   kernels::parse_precision(c.train.precision));
   kernels::init_params(net.graph(), net.store(), c.train.seed);
   kernels::Sgd sgd(net.graph().param_count(), {0.9f, 1e-4f, false});
   kernels::Executor& ex = net.at_batch(c.train.batch);

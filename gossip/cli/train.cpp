@@ -1,8 +1,9 @@
 // `gossipgrad train`: train a model on this rank's share of the data, under mpirun; with --dry-run
-// the config validated and printed resolved, without MPI.
+// the config validated as the real run would and printed resolved, without MPI.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -11,6 +12,7 @@
 #include "gossip/cli/commands.hpp"
 #include "gossip/comm/mpi.hpp"
 #include "gossip/config/config.hpp"
+#include "gossip/train/agree.hpp"
 #include "gossip/train/loop.hpp"
 #include "gossip/train/preflight.hpp"
 #include "gossip/train/stop_signals.hpp"
@@ -18,22 +20,75 @@
 namespace gg::gossip {
 namespace {
 
-// --dry-run: the config validated (what concerns this machine only warns: another cluster's
-// config names its own paths and backend) and printed resolved, as INI; nothing runs, nothing is
-// written.
+// The job's rank count and this process's rank as the launcher tells them (MPICH's hydra and
+// Open MPI), without starting MPI: 1 and 0 outside mpirun.
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : -1;
+}
+int env_ranks() {
+  const int n = std::max(env_int("PMI_SIZE"), env_int("OMPI_COMM_WORLD_SIZE"));
+  return n > 0 ? n : 1;
+}
+int env_rank() { return std::max({0, env_int("PMI_RANK"), env_int("OMPI_COMM_WORLD_RANK")}); }
+
+void warn_inert(const Config& c) {
+  for (const std::string& what : inert_settings(c))
+    std::fprintf(stderr, "gossipgrad: warning: %s\n", what.c_str());
+}
+
+// --dry-run: the config validated as a real run at this rank count would (under mpirun, the
+// launcher's; 1 otherwise) and printed resolved, as INI, by one rank; what concerns this
+// machine's files only warns (another cluster's config names its own paths and backend). Nothing
+// runs, nothing is written.
 int dry_run(std::vector<std::string> args) {
   args.erase(std::remove(args.begin(), args.end(), "--dry-run"), args.end());
-  const Config c = parse_train_args(args);
+  const bool lead = env_rank() == 0;
+  try {
+    const Config c = parse_train_args(args);
+    check_ranks(c, env_ranks());
+    if (!lead) return 0;
+    warn_inert(c);
+    try {
+      check_this_machine(c);
+      check_run_files(c);
+    } catch (const UsageError& e) {
+      std::fprintf(stderr, "gossipgrad: warning: not on this machine: %s\n", e.what());
+    }
+    std::cout << "# gossipgrad train, resolved settings"
+              << (c.config_path.empty() ? "" : " of " + c.config_path) << " for " << env_ranks()
+              << " rank" << (env_ranks() == 1 ? "" : "s") << "\n"
+              << to_ini(c);
+    return 0;
+  } catch (const UsageError& e) {
+    if (lead) std::fprintf(stderr, "gossipgrad: error: %s\n", e.what());
+    return 2;
+  }
+}
+
+// The settings every rank resolved, agreed: a usage error on any rank (its options, the rank
+// count, this machine's files) or settings that differ between ranks end every rank with the
+// same line, printed once, before any other collective.
+Config agreed_config(const std::vector<std::string>& args, const mpi::Comm& world) {
+  Config c;
+  mpi::RankError error;
+  try {
+    c = parse_train_args(args);
+    check_ranks(c, world.size());
+  } catch (const UsageError& e) {
+    error = {e.what(), true};
+  }
+  throw_agreed(world, error);
+  agree_on_config(world, c);
   try {
     check_this_machine(c);
     check_run_files(c);
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "gossipgrad: warning: not on this machine: %s\n", e.what());
+    error = {e.what(), true};
   }
-  std::cout << "# gossipgrad train, resolved settings"
-            << (c.config_path.empty() ? "" : " of " + c.config_path) << "\n"
-            << to_ini(c);
-  return 0;
+  throw_agreed(world, error);
+  if (world.rank() == 0) warn_inert(c);
+  return c;
 }
 
 }  // namespace
@@ -49,10 +104,7 @@ int cmd_train(const std::vector<std::string>& args, int argc, char** argv) {
   const gg::mpi::Comm world = gg::mpi::Comm::world();
   const int rank = world.rank();
   try {
-    const Config c = parse_train_args(args);
-    check_this_machine(c);
-    check_run_files(c);
-    world.barrier();  // every rank validated before rank 0 creates any file
+    const Config c = agreed_config(args, world);  // every rank validated before any file is made
     run_training(c, world);
     world.barrier();
     return 0;

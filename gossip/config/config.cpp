@@ -10,6 +10,7 @@
 #include <variant>
 
 #include "gossip/config/options.hpp"
+#include "partners/schedule.hpp"
 
 namespace po = boost::program_options;
 namespace fs = std::filesystem;
@@ -75,6 +76,54 @@ void check_emulated(const Config& c) {
                        "> 0): an emulated run trains no model");
 }
 
+// Which exchanges run and how: an option that would change what the exchange does, given where
+// it does nothing, is refused (the user expects its effect); see inert_settings for the harmless.
+void check_exchange(const Config& c) {
+  const std::string& mode = c.gossip.mode;
+  const bool grads = mode == "grad" || mode == "both";
+  const bool weights = mode == "model" || mode == "both";
+  if (c.gossip.wire != "fp32" && !grads && mode != "allreduce")
+    throw UsageError(
+        "gossip.wire = " + c.gossip.wire + " is the gradients' wire; gossip.mode = " + mode +
+        " exchanges no gradients: set gossip.model_wire = " + c.gossip.wire + " for the weights");
+  if (c.gossip.model_wire != "fp32" && !weights && mode != "allreduce")
+    throw UsageError("gossip.model_wire = " + c.gossip.model_wire +
+                     " is the weights' wire; gossip.mode = " + mode +
+                     " exchanges no weights: set gossip.wire = " + c.gossip.model_wire +
+                     " for the gradients");
+  if (c.gossip.staleness != 0 && mode == "allreduce")
+    throw UsageError(
+        "gossip.staleness = 1 is for gossip (mode grad, model or both): allreduce always waits "
+        "for every rank's gradients");
+  if (c.gossip.staleness != 0 && weights && c.gossip.overlap_model)
+    throw UsageError(
+        "gossip.staleness = 1 with gossip.mode = " + mode +
+        " and gossip.overlap_model = true: the overlapped weight exchange already runs behind "
+        "the next step and must complete; set gossip.overlap_model = false (weights mixed one "
+        "step stale) or gossip.staleness = 0");
+  if (c.gossip.late == "skip" && c.gossip.staleness != 1)
+    throw UsageError(
+        "gossip.late = skip is for buckets that have not arrived without waiting: set "
+        "gossip.staleness = 1 (or leave gossip.late = previous)");
+  if (c.gossip.model_every != 1 && !weights)
+    throw UsageError(
+        "gossip.model_every spaces out the weight exchanges of gossip.mode = model "
+        "or both; mode " +
+        mode +
+        " exchanges no weights (use gossip.global_every for an average of the "
+        "weights)");
+  if (c.gossip.hierarchy == "node") {
+    if (mode != "grad")
+      throw UsageError(
+          "gossip.hierarchy = node mixes gradients only: set gossip.mode = grad (not " + mode +
+          ")");
+    if (c.gossip.wire != "fp32" || c.gossip.staleness != 0)
+      throw UsageError(
+          "gossip.hierarchy = node sends fp32 and waits for the partner node: set gossip.wire = "
+          "fp32 and gossip.staleness = 0");
+  }
+}
+
 // Rules that involve several options; each option's own range or grammar is checked first.
 void check_combinations(const Config& c) {
   if (c.train.precision == "bf16" && c.train.backend == "reference")
@@ -97,7 +146,91 @@ void check_combinations(const Config& c) {
         "(allreduce sums fp32)");
   if (c.gossip.error_feedback && c.gossip.wire == "fp32" && c.gossip.model_wire == "fp32")
     throw UsageError("gossip.error_feedback needs gossip.wire or gossip.model_wire = bf16");
+  check_exchange(c);
+  if (c.data.shuffle != "off" && c.data.shuffle_per_step > c.train.batch)
+    throw UsageError("data.shuffle_per_step = " + std::to_string(c.data.shuffle_per_step) +
+                     " is out of range: must be <= train.batch (" + std::to_string(c.train.batch) +
+                     ")");
+  if ((!c.fault.inject.empty() || c.fault.mtbf_steps > 0) && c.apoptosis.enable)
+    throw UsageError("fault.inject / fault.mtbf_steps cannot be combined with apoptosis.enable");
 }
+
+std::string rank_out_of_range(const std::string& key, const std::string& value, int rank,
+                              int ranks) {
+  return key + " = " + value + ": rank " + std::to_string(rank) + " is out of range: the job has " +
+         std::to_string(ranks) + " rank" + (ranks == 1 ? "" : "s") + " (0 to " +
+         std::to_string(ranks - 1) + ")";
+}
+
+}  // namespace
+
+void check_ranks(const Config& c, int ranks) {
+  if (c.gossip.mode != "allreduce" && c.gossip.hierarchy == "none") {
+    try {
+      partners::validate({partners::parse_kind(c.gossip.schedule), ranks, c.gossip.rotate,
+                          static_cast<uint64_t>(c.train.seed)});
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(std::string("gossip.schedule: ") + e.what());
+    }
+  }
+  for (const auto& [spec, key] :
+       {std::pair{c.fault.kill, "fault.kill"}, {c.fault.stall, "fault.stall"}})
+    if (!spec.empty()) {
+      const int r = parse_fault_kill(spec, key).first;
+      if (r >= ranks) throw UsageError(rank_out_of_range(key, spec, r, ranks));
+    }
+  if (!c.fault.inject.empty())
+    for (const FaultEvent& e : parse_fault_inject(c.fault.inject))
+      if (e.rank >= ranks)
+        throw UsageError(rank_out_of_range("fault.inject", c.fault.inject, e.rank, ranks));
+  if (c.fault.mtbf_steps > 0 && ranks < 2)
+    throw UsageError(
+        "fault.mtbf_steps needs at least 2 ranks: one rank has no one to recover from");
+  for (const auto& [r, factor] : parse_emulate_slow(c.emulate.slow))
+    if (r >= ranks) throw UsageError(rank_out_of_range("emulate.slow", c.emulate.slow, r, ranks));
+}
+
+std::vector<std::string> inert_settings(const Config& c) {
+  const Config d;  // the defaults
+  const std::string& mode = c.gossip.mode;
+  const bool gossip = mode != "allreduce";
+  const bool weights = mode == "model" || mode == "both";
+  std::vector<std::string> out;
+  auto note = [&](bool set, bool inert, const std::string& what) {
+    if (set && inert) out.push_back(what);
+  };
+  const std::string allreduce = " does nothing with gossip.mode = allreduce (no partners)";
+  note(c.gossip.schedule != d.gossip.schedule, !gossip, "gossip.schedule" + allreduce);
+  note(c.gossip.rotate != d.gossip.rotate, !gossip, "gossip.rotate" + allreduce);
+  note(c.gossip.transport != d.gossip.transport, !gossip,
+       "gossip.transport" + allreduce + ": MPI_Allreduce moves the bytes");
+  note(c.gossip.threading != d.gossip.threading, !gossip, "gossip.threading" + allreduce);
+  note(c.gossip.comm_threads != d.gossip.comm_threads,
+       !gossip || c.gossip.threading != "concurrent",
+       "gossip.comm_threads does nothing unless gossip.threading = concurrent");
+  note(c.gossip.overlap_model != d.gossip.overlap_model, !weights,
+       "gossip.overlap_model does nothing with gossip.mode = " + mode + " (no weight exchange)");
+  note(c.gossip.global_every != d.gossip.global_every, !gossip,
+       "gossip.global_every" + allreduce + ": the ranks' weights are always equal");
+  note(c.data.shuffle_per_step != d.data.shuffle_per_step, c.data.shuffle == "off",
+       "data.shuffle_per_step does nothing with data.shuffle = off");
+  note(c.fault.strategy != d.fault.strategy, c.fault.inject.empty() && c.fault.mtbf_steps <= 0,
+       "fault.strategy does nothing without fault.inject or fault.mtbf_steps");
+  note(c.log.timeline_steps != d.log.timeline_steps, c.log.timeline.empty(),
+       "log.timeline_steps does nothing without log.timeline");
+  note(c.train.nesterov != d.train.nesterov, c.train.momentum == 0,
+       "train.nesterov does nothing with train.momentum = 0");
+  const bool apoptosis_changed =
+      c.apoptosis.criterion != d.apoptosis.criterion ||
+      c.apoptosis.threshold != d.apoptosis.threshold ||
+      c.apoptosis.interval != d.apoptosis.interval ||
+      c.apoptosis.max_share != d.apoptosis.max_share || c.apoptosis.layers != d.apoptosis.layers ||
+      c.apoptosis.min_keep != d.apoptosis.min_keep || c.apoptosis.until != d.apoptosis.until;
+  note(apoptosis_changed, !c.apoptosis.enable, "apoptosis.* does nothing without apoptosis.enable");
+  return out;
+}
+
+namespace {
 
 void validate(const Config& c) {
   for (const Option& o : options()) check_option(o, c, /*cross=*/false);

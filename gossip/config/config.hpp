@@ -165,6 +165,15 @@ inline bool emulated(const Config& c) {
 // (its data, weights, checkpoint folder, output files, backend) is gossip/train/preflight.hpp.
 Config parse_train_args(const std::vector<std::string>& args);
 
+// The rules that need the job's rank count (the gossip schedule, the ranks named by fault.kill,
+// fault.stall, fault.inject and emulate.slow, fault.mtbf_steps): a real run checks them before
+// anything else, --dry-run at the rank count it was launched with. Throws UsageError.
+void check_ranks(const Config& c, int ranks);
+
+// Settings given a value other than their default where, in this run, they change nothing: one
+// line each, for a warning. (What would change a result a user expects is refused instead.)
+std::vector<std::string> inert_settings(const Config& c);
+
 // The help text of `gossipgrad train`: every option, its default and what it does.
 std::string train_help();
 

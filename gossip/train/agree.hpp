@@ -19,6 +19,11 @@ inline void throw_agreed(const mpi::Comm& comm, const mpi::RankError& mine) {
   throw std::runtime_error(e.message);
 }
 
+// A collective, the job's first: every rank resolved the same settings (to_ini), else every rank
+// throws the same UsageError naming the first setting that differs, rank 0's value and the first
+// rank with another (an MPMD launch line gives each part its own options).
+void agree_on_config(const mpi::Comm& comm, const Config& c);
+
 // An agreement (the maximum over the ranks of up to two values) that may run behind the next
 // step (guard.lag 1): started after step s, waited for after step s + 1, so that no step waits
 // for the slowest rank. Not movable: MPI writes into it while it runs.

@@ -73,10 +73,6 @@ TrainingData::TrainingData(const Config& c, const mpi::Comm& world) : c_(c), wor
     so.ranks = ranks;
     so.seed = c.train.seed;
     so.schedule = {partners::Kind::Dissemination, ranks, true, c.train.seed ^ 0x5348554646ULL};
-    if (so.per_step > so.batch)
-      throw UsageError("data.shuffle_per_step = " + std::to_string(so.per_step) +
-                       " is out of range: must be <= train.batch (" + std::to_string(so.batch) +
-                       ")");
     const int64_t per_epoch = train_->size() / ranks / c.train.batch;
     // The quiet tail lets the loader build the next epoch's first batches before it starts.
     so.quiet_steps = std::min<int64_t>(lo_.prefetch + lo_.workers, per_epoch / 2);

@@ -129,6 +129,36 @@ std::string Recovery::choose_checkpoint(const std::string& where) {
   return chosen;
 }
 
+namespace {
+std::string dims_text(const kernels::Dims& d) {
+  std::string s;
+  for (const int64_t v : d) {
+    if (!s.empty()) s += 'x';
+    s += std::to_string(v);
+  }
+  return s;
+}
+}  // namespace
+
+std::string model_difference(const kernels::ModelSpec& saved, const kernels::ModelSpec& built) {
+  std::string out;
+  auto differ = [&](bool d, const std::string& what, const std::string& a, const std::string& b) {
+    if (!d) return;
+    if (!out.empty()) out += ", ";
+    out.append(what).append(" ").append(a).append(" there, ").append(b).append(" here");
+  };
+  differ(saved.name != built.name, "model.name", saved.name, built.name);
+  differ(saved.width != built.width, "model.width", std::to_string(saved.width),
+         std::to_string(built.width));
+  differ(saved.batch_norm != built.batch_norm, "model.batch_norm",
+         saved.batch_norm ? "true" : "false", built.batch_norm ? "true" : "false");
+  differ(saved.input != built.input, "the input (the data's samples)", dims_text(saved.input),
+         dims_text(built.input));
+  differ(saved.classes != built.classes, "the classes (the data's labels)",
+         std::to_string(saved.classes), std::to_string(built.classes));
+  return out;
+}
+
 Manifest Recovery::open_manifest(const std::string& folder) {
   Manifest m;
   std::string error;
@@ -136,13 +166,11 @@ Manifest Recovery::open_manifest(const std::string& folder) {
   try {
     m = read_manifest(folder);
     const kernels::ModelSpec& a = m.model;
-    if (a.name != model_.name || a.input != model_.input || a.classes != model_.classes ||
-        a.width != model_.width || a.batch_norm != model_.batch_norm) {
+    const std::string differs = model_difference(a, model_);
+    if (!differs.empty()) {
       usage = true;
-      throw std::runtime_error(
-          folder + " holds a " + a.name + " (width " + std::to_string(a.width) + ", " +
-          std::to_string(a.classes) + " classes); this run builds a " + model_.name + " (width " +
-          std::to_string(model_.width) + ", " + std::to_string(model_.classes) + " classes)");
+      throw std::runtime_error(folder + " holds another model than this run builds: " + differs +
+                               "; resume with that run's model and data settings");
     }
   } catch (const std::exception& e) {
     error = std::string("checkpoint.resume: ") + e.what();

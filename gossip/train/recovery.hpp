@@ -32,6 +32,10 @@ class LaggedMax;
 class Trainer;
 class TrainingData;
 
+// How a checkpoint's model differs from the one this run builds ("model.batch_norm true there,
+// false here, ..."), naming the settings to change; empty when they are the same model.
+std::string model_difference(const kernels::ModelSpec& saved, const kernels::ModelSpec& built);
+
 // The resilience side of `gossipgrad train`, driven by run_training at step boundaries.
 class Recovery {
  public:

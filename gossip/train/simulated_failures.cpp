@@ -122,8 +122,6 @@ void plan_failures(const Config& c, JobState& job, int ranks, int64_t total) {
   job.failures.strategy = parse_fault_strategy(c.fault.strategy);
   job.failures.events = make_fault_plan(c, ranks, total);
   job.failures.planned = true;
-  if (!job.failures.events.empty() && c.apoptosis.enable)
-    throw UsageError("fault.inject / fault.mtbf_steps cannot be combined with apoptosis.enable");
 }
 
 std::optional<Ending> fail_at_boundary(Group& g, JobState& job, int64_t s) {

@@ -125,17 +125,7 @@ void Trainer::make_exchanges() {
   sent_bytes_ = 0;  // new exchanges count from 0
   lateness_ = {};
   kernels::ParamStore& store = net_.store();
-  if (c.gossip.late == "skip" && c.gossip.staleness != 1)
-    throw UsageError(
-        "gossip.late = skip is for buckets that have not arrived without waiting: set "
-        "gossip.staleness = 1 (or leave gossip.late = previous)");
-  if (c.gossip.model_every != 1 && c.gossip.mode != "model" && c.gossip.mode != "both")
-    throw UsageError(
-        "gossip.model_every spaces out the weight exchanges of gossip.mode = model "
-        "or both; mode " +
-        c.gossip.mode +
-        " exchanges no weights (use gossip.global_every for an average of the "
-        "weights)");
+  // Which combinations of exchange options are valid: check_exchange (gossip/config), before MPI.
   if (c.gossip.mode == "allreduce") {
     exchange_ = std::make_unique<AllreduceExchange>(world_, store.grads.data(), net_.buckets());
     return;
@@ -143,14 +133,6 @@ void Trainer::make_exchanges() {
   GossipOptions o;
   o.schedule = gossip_schedule(c, world_.size());
   if (c.gossip.hierarchy == "node") {
-    if (c.gossip.mode != "grad")
-      throw UsageError(
-          "gossip.hierarchy = node mixes gradients only: set gossip.mode = grad (not " +
-          c.gossip.mode + ")");
-    if (c.gossip.wire != "fp32" || c.gossip.staleness != 0)
-      throw UsageError(
-          "gossip.hierarchy = node sends fp32 and waits for the partner node: set gossip.wire = "
-          "fp32 and gossip.staleness = 0");
     try {
       exchange_ = std::make_unique<HierarchicalExchange>(world_, store.grads.data(), net_.buckets(),
                                                          o.schedule, c.gossip.timeout_s);

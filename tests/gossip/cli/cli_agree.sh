@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Issue 31, rows 6, 8, 11, 12: the ranks agree on the resolved settings before anything else
+# (MPMD launches with other options: one line, exit 2, no hang); --dry-run gives the real run's
+# verdict at the launcher's rank count, printed once; options that would do nothing where they
+# are given are refused (or warned about, where harmless); lines that name the real problem.
+set -uo pipefail
+BIN="$1"; ROOT="$2"; MPIEXEC="$3"
+TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
+cd "$TMP"
+export OMP_NUM_THREADS=1
+fail=0
+CFG="$ROOT/configs/laptop.ini"
+TB=(train --config "$CFG" --model.width 4 --log.progress false --train.threads 1
+    --gossip.consensus_every 0 --gossip.timeout_s 5)
+T=("${TB[@]}" --model.name cnn)
+# expect NAME RC PATTERN -- COMMAND...: exit RC within 60 s, exactly one "error:" line on stderr
+# and stdout together, matching PATTERN; no metrics file written.
+expect() {
+  local name="$1" want="$2" pattern="$3"; shift 4
+  rm -rf runs
+  timeout 60 "$@" >"$TMP/out" 2>&1; local rc=$?
+  local lines; lines=$(grep -c "error:" "$TMP/out")
+  if [ "$rc" -ne "$want" ] || [ "$lines" -ne 1 ] || ! grep -q -- "$pattern" "$TMP/out"; then
+    echo "FAIL: $name: exit $rc (want $want), $lines error lines:"; cat "$TMP/out"; fail=1
+  elif [ -e runs/latest/metrics.jsonl ]; then
+    echo "FAIL: $name: refused but wrote runs/latest/metrics.jsonl"; fail=1
+  else
+    echo "ok: $name -> $(grep "error:" "$TMP/out")"
+  fi
+}
+M=("$MPIEXEC")
+
+# Row 6: MPMD launches whose parts resolve different settings.
+expect "MPMD, another train.batch" 2 "train.batch = 32, rank 1 has train.batch = 64" -- \
+  "${M[@]}" -n 1 "$BIN" "${T[@]}" --train.batch 32 : -n 1 "$BIN" "${T[@]}"
+expect "MPMD, another model.name" 2 "rank 1 has model.name = resnet8" -- \
+  "${M[@]}" -n 1 "$BIN" "${T[@]}" : -n 1 "$BIN" "${TB[@]}" --model.name resnet8
+expect "MPMD, allreduce against both" 2 "gossip.mode = allreduce, rank 1 has gossip.mode = both" -- \
+  "${M[@]}" -n 1 "$BIN" "${T[@]}" --gossip.mode allreduce : -n 1 "$BIN" "${T[@]}"
+expect "MPMD, a bad option on one rank only" 2 "train.batch = -3" -- \
+  "${M[@]}" -n 1 "$BIN" "${T[@]}" : -n 1 "$BIN" "${T[@]}" --train.batch -3
+
+# Row 8: --dry-run gives the real run's verdict, at the launcher's rank count, once.
+for run in dry real; do
+  extra=(); [ $run = dry ] && extra=(--dry-run)
+  expect "$run: hypercube at 3 ranks" 2 "gossip.schedule" -- \
+    "${M[@]}" -n 3 "$BIN" "${T[@]}" --gossip.schedule hypercube "${extra[@]}"
+  expect "$run: fault.inject of rank 5 at 2 ranks" 2 "rank 5 is out of range" -- \
+    "${M[@]}" -n 2 "$BIN" "${T[@]}" --fault.inject 5:3 "${extra[@]}"
+  expect "$run: fault.mtbf_steps at 1 rank" 2 "fault.mtbf_steps needs at least 2 ranks" -- \
+    "$BIN" "${T[@]}" --fault.mtbf_steps 50 "${extra[@]}"
+  expect "$run: staleness 1 with overlapped weights" 2 "set gossip.overlap_model = false" -- \
+    "${M[@]}" -n 2 "$BIN" "${T[@]}" --gossip.staleness 1 "${extra[@]}"
+  # Row 11: options that would be ignored are refused.
+  expect "$run: mode model with the gradient wire" 2 "set gossip.model_wire = bf16" -- \
+    "${M[@]}" -n 2 "$BIN" "${T[@]}" --gossip.mode model --gossip.wire bf16 "${extra[@]}"
+  expect "$run: mode grad with the weight wire" 2 "set gossip.wire = bf16" -- \
+    "${M[@]}" -n 2 "$BIN" "${T[@]}" --gossip.mode grad --gossip.model_wire bf16 "${extra[@]}"
+  expect "$run: allreduce with staleness 1" 2 "allreduce always waits" -- \
+    "${M[@]}" -n 2 "$BIN" "${T[@]}" --gossip.mode allreduce --gossip.staleness 1 "${extra[@]}"
+  expect "$run: emulate.slow of rank 5 at 2 ranks" 2 "emulate.slow = 5:2: rank 5 is out of range" -- \
+    "${M[@]}" -n 2 "$BIN" "${T[@]}" --emulate.forward_ms 1 --emulate.slow 5:2 "${extra[@]}"
+  expect "$run: fault.kill of rank 5 at 2 ranks" 2 "fault.kill = 5:3: rank 5 is out of range" -- \
+    "${M[@]}" -n 2 "$BIN" "${T[@]}" --fault.kill 5:3 "${extra[@]}"
+done
+
+# A dry run that passes prints the settings once, for the launcher's rank count.
+"${M[@]}" -n 2 "$BIN" "${T[@]}" --dry-run >dry.out 2>&1 || { echo "FAIL: dry-run at 2 ranks"; fail=1; }
+[ "$(grep -c '^# gossipgrad train, resolved settings' dry.out)" = 1 ] &&
+  grep -q "for 2 ranks" dry.out || { echo "FAIL: dry-run printed not once:"; cat dry.out; fail=1; }
+
+# Harmless inert settings: one warning, and the run goes on.
+"${M[@]}" -n 2 "$BIN" "${T[@]}" --gossip.mode allreduce --gossip.transport shm --dry-run \
+  >warn.out 2>&1 || { echo "FAIL: inert transport refused"; fail=1; }
+[ "$(grep -c 'warning: gossip.transport does nothing with gossip.mode = allreduce' warn.out)" = 1 ] ||
+  { echo "FAIL: no single warning for an inert transport:"; cat warn.out; fail=1; }
+
+# Row 12: a resumed model of another shape names the setting that differs.
+"${M[@]}" -n 2 "$BIN" "${T[@]}" --checkpoint.dir ck --train.max_steps 4 --log.metrics m.jsonl \
+  >first.out 2>&1 || { echo "FAIL: first run"; cat first.out; fail=1; }
+expect "resume with batch_norm false" 2 "model.batch_norm true there, false here" -- \
+  "${M[@]}" -n 2 "$BIN" "${T[@]}" --checkpoint.dir ck --checkpoint.resume auto \
+  --train.max_steps 8 --model.batch_norm false --log.metrics m2.jsonl
+
+[ $fail = 0 ] && echo "PASS: ranks agree on settings, dry-run verdicts, ignored options refused"
+exit $fail
