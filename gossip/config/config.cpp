@@ -147,10 +147,15 @@ void check_combinations(const Config& c) {
   if (c.gossip.error_feedback && c.gossip.wire == "fp32" && c.gossip.model_wire == "fp32")
     throw UsageError("gossip.error_feedback needs gossip.wire or gossip.model_wire = bf16");
   check_exchange(c);
+  const Config d;
+  if (c.model.name != "resnet8" && c.model.name != "cnn" &&
+      (c.model.width != d.model.width || c.model.batch_norm != d.model.batch_norm))
+    throw UsageError("model.width and model.batch_norm shape the small nets (resnet8, cnn); " +
+                     c.model.name + " is torchvision's and has neither: leave them out");
   if (c.data.shuffle != "off" && c.data.shuffle_per_step > c.train.batch)
     throw UsageError("data.shuffle_per_step = " + std::to_string(c.data.shuffle_per_step) +
-                     " is out of range: must be <= train.batch (" + std::to_string(c.train.batch) +
-                     ")");
+                     " is out of range: must be in [0, train.batch] (train.batch = " +
+                     std::to_string(c.train.batch) + ") with data.shuffle = " + c.data.shuffle);
   if ((!c.fault.inject.empty() || c.fault.mtbf_steps > 0) && c.apoptosis.enable)
     throw UsageError("fault.inject / fault.mtbf_steps cannot be combined with apoptosis.enable");
 }

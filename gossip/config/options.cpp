@@ -83,8 +83,9 @@ void data_options(std::vector<Option>& o) {
      "owns samples and gives data.shuffle_per_step of each batch to a rotating partner (shared "
      "storage); bytes: the same with the encoded samples travelling over MPI (node-local "
      "storage)"},
-    {GG_OPTION(data.shuffle_per_step), Range{incl(0), value_of("train.batch")},
-     "samples each rank gives away (and receives) per step with data.shuffle ids or bytes"},
+    {GG_OPTION(data.shuffle_per_step), at_least(0),
+     "samples each rank gives away (and receives) per step with data.shuffle ids or bytes; at "
+     "most train.batch"},
   });
 }
 

@@ -46,7 +46,7 @@ expect "missing ImageNet folder" "no-such-imagenet" -- train --config "$CFG" --d
 expect "malformed source" "data.source" -- train --config "$CFG" --data.source s3://bucket
 expect "malformed synthetic" "synthetic" -- train --config "$CFG" --data.source synthetic:3x8
 expect "unknown shuffle mode" "data.shuffle" -- train --config "$CFG" --data.shuffle everything
-expect "shuffle_per_step above the batch" "data.shuffle_per_step" -- train --config "$CFG" --data.shuffle_per_step 100000
+expect "shuffle_per_step above the batch" "data.shuffle_per_step" -- train --config "$CFG" --data.shuffle ids --data.shuffle_per_step 100000
 mkdir -p empty/train
 expect "ImageNet folder without images" "no class folder" -- train --config "$CFG" --data.source imagenet:empty
 

@@ -33,7 +33,7 @@ PY
 
 COMMON=(--config "$CFG" --data.crop 16 --data.resize 20 --model.width 4 --train.batch 8
         --train.epochs 2 --train.threads 1 --train.eval_batch 16 --train.warmup_epochs 0
-        --log.progress false --data.shuffle_per_step 4)
+        --log.progress false)
 # train_skips NAME WANT ARGS...: training exits 0 and the summary counts WANT skipped samples.
 train_skips() {
   local name="$1" want="$2"; shift 2

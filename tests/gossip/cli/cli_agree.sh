@@ -20,7 +20,8 @@ expect() {
   rm -rf runs
   timeout 60 "$@" >"$TMP/out" 2>&1; local rc=$?
   local lines; lines=$(grep -c "error:" "$TMP/out")
-  if [ "$rc" -ne "$want" ] || [ "$lines" -ne 1 ] || ! grep -q -- "$pattern" "$TMP/out"; then
+  local errors=1; [ "$want" = 0 ] && errors=0 && pattern="."  # a run that passes: no error
+  if [ "$rc" -ne "$want" ] || [ "$lines" -ne $errors ] || ! grep -q -- "$pattern" "$TMP/out"; then
     echo "FAIL: $name: exit $rc (want $want), $lines error lines:"; cat "$TMP/out"; fail=1
   elif [ -e runs/latest/metrics.jsonl ]; then
     echo "FAIL: $name: refused but wrote runs/latest/metrics.jsonl"; fail=1
@@ -63,6 +64,10 @@ for run in dry real; do
   expect "$run: fault.kill of rank 5 at 2 ranks" 2 "fault.kill = 5:3: rank 5 is out of range" -- \
     "${M[@]}" -n 2 "$BIN" "${T[@]}" --fault.kill 5:3 "${extra[@]}"
 done
+expect "model.width of a torchvision model" 2 "resnet50 is torchvision's" -- \
+  "$BIN" "${TB[@]}" --model.name resnet50 --dry-run
+expect "batch 4 without the shuffle runs (data.shuffle_per_step is inert)" 0 "" -- \
+  "$BIN" "${T[@]}" --train.batch 4 --dry-run
 
 # A dry run that passes prints the settings once, for the launcher's rank count.
 "${M[@]}" -n 2 "$BIN" "${T[@]}" --dry-run >dry.out 2>&1 || { echo "FAIL: dry-run at 2 ranks"; fail=1; }

@@ -208,12 +208,15 @@ TEST_CASE("parse_train_args reads no file but the config: this machine is the pr
 }
 
 TEST_CASE("ranges that name another option are checked after every option's own range") {
-  // train.batch 4 would also break data.shuffle_per_step's [0, train.batch]: batch's own range
-  // wins when it is broken, the cross bound otherwise.
-  CHECK(error_of({"--train.batch", "0"}) ==
+  // train.batch 4 would also break data.shuffle_per_step's [0, train.batch] where the shuffle
+  // runs: batch's own range wins when it is broken, the cross bound otherwise.
+  CHECK(error_of({"--train.batch", "0", "--data.shuffle", "ids"}) ==
         "train.batch = 0 is out of range: must be in [1, 65536]");
-  CHECK(error_of({"--train.batch", "4"}) ==
-        "data.shuffle_per_step = 8 is out of range: must be in [0, train.batch]");
+  CHECK(error_of({"--train.batch", "4", "--data.shuffle", "ids"}) ==
+        "data.shuffle_per_step = 8 is out of range: must be in [0, train.batch] (train.batch = "
+        "4) with data.shuffle = ids");
+  // Without the shuffle, data.shuffle_per_step does nothing and bounds nothing (issue 31).
+  CHECK_NOTHROW(parse_train_args({"--train.batch", "4"}));
   CHECK(error_of({"--data.crop", "300"}) ==
         "data.resize = 256 is out of range: must be in [data.crop, 4096]");
   CHECK(error_of({"--train.epochs", "1", "--train.warmup_epochs", "2"}) ==
