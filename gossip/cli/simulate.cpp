@@ -11,6 +11,7 @@
 #include <random>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "gossip/cli/commands.hpp"
 #include "gossip/config/config.hpp"
@@ -297,12 +298,32 @@ void print_simulate_table(const Scenario& sc, const kernels::ModelSpec& spec,
   for (const Row& r : rows) std::printf("%s\n", r.line.c_str());
 }
 
+// What the cost model does not model is refused rather than predicted as if it were not set.
+void refuse_unmodelled(const Config& c) {
+  const Config d;
+  const bool weights = c.gossip.mode == "model" || c.gossip.mode == "both";
+  const std::pair<bool, std::string> unmodelled[] = {
+      {c.gossip.staleness != d.gossip.staleness, "gossip.staleness = 1"},
+      {c.gossip.hierarchy != d.gossip.hierarchy, "gossip.hierarchy = " + c.gossip.hierarchy},
+      {c.gossip.model_every != d.gossip.model_every,
+       "gossip.model_every = " + std::to_string(c.gossip.model_every)},
+      {c.gossip.global_every != d.gossip.global_every,
+       "gossip.global_every = " + std::to_string(c.gossip.global_every)},
+      {weights && !c.gossip.overlap_model, "gossip.overlap_model = false"}};
+  for (const auto& [set, what] : unmodelled)
+    if (set)
+      throw UsageError("simulate does not model " + what +
+                       " (its cost model: staleness 0, no hierarchy, every step's exchange, the "
+                       "weights overlapped); leave it out of the simulated config");
+}
+
 }  // namespace
 
 int cmd_simulate(const std::vector<std::string>& args) {
   const std::optional<SimulateRequest> r = parse_simulate_args(args);
   if (!r) return 0;
   const Config c = parse_train_args(r->config_args);  // another cluster's: no check of this machine
+  refuse_unmodelled(c);
   const kernels::ModelSpec spec = usual_model_spec(c, 0);
   const kernels::Graph g = kernels::build_model(spec);
   const partners::Workload w = make_workload(c, spec, g);

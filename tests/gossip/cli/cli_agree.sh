@@ -69,6 +69,14 @@ expect "model.width of a torchvision model" 2 "resnet50 is torchvision's" -- \
 expect "batch 4 without the shuffle runs (data.shuffle_per_step is inert)" 0 "" -- \
   "$BIN" "${T[@]}" --train.batch 4 --dry-run
 
+# simulate: settings its cost model leaves out are refused, not predicted as if absent.
+expect "simulate with staleness 1" 2 "simulate does not model gossip.staleness = 1" -- \
+  "$BIN" simulate --config "$CFG" --ranks 2,4 --simulate.forward_ms 5 --simulate.backward_ms 10 \
+  --gossip.mode grad --gossip.staleness 1
+expect "simulate with hierarchy node" 2 "simulate does not model gossip.hierarchy = node" -- \
+  "$BIN" simulate --config "$CFG" --ranks 2,4 --simulate.forward_ms 5 --simulate.backward_ms 10 \
+  --gossip.mode grad --gossip.hierarchy node
+
 # A dry run that passes prints the settings once, for the launcher's rank count.
 "${M[@]}" -n 2 "$BIN" "${T[@]}" --dry-run >dry.out 2>&1 || { echo "FAIL: dry-run at 2 ranks"; fail=1; }
 [ "$(grep -c '^# gossipgrad train, resolved settings' dry.out)" = 1 ] &&
