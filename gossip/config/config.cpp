@@ -373,8 +373,9 @@ std::string train_help() {
   Config c;
   std::ostringstream s;
   s << "usage: mpirun -n P gossipgrad train [--config FILE] [--section.key value ...]\n"
-       "       gossipgrad train --config FILE --dry-run   (validate, print the resolved "
-       "settings)\n\n"
+       "       [mpirun -n P] gossipgrad train --config FILE --dry-run\n"
+       "           validate as a real run of P ranks would (1 without mpirun), print the resolved\n"
+       "           settings; another machine's missing data or files only warn\n\n"
     << describe(c);
   return s.str();
 }
