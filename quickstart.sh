@@ -3,6 +3,8 @@
 # Fashion-MNIST with configs/laptop.ini. Extra arguments are passed to `gossipgrad train`.
 set -euo pipefail
 cd "$(dirname "$0")"
+. scripts/checks.sh
+gg_int RANKS "${RANKS:-2}" 1 4096
 ./scripts/deps.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF >/dev/null
 cmake --build build --target gossipgrad
@@ -19,8 +21,11 @@ python3 - "$RUN/metrics.jsonl" <<'PY'
 import json, sys
 events = [json.loads(line) for line in open(sys.argv[1])]
 evals = [e for e in events if e["event"] == "eval"]
-print(f"quickstart: final test top-1 {100 * evals[-1]['top1']:.2f}% after {evals[-1]['epoch']} epochs"
-      f" (from {sys.argv[1]})")
+if evals:
+    print(f"quickstart: final test top-1 {100 * evals[-1]['top1']:.2f}% after {evals[-1]['epoch']} epochs"
+          f" (from {sys.argv[1]})")
+else:
+    print(f"quickstart: not evaluated (the run stopped before its first evaluation; {sys.argv[1]})")
 # Exposed communication: time the steps waited for the exchange over their total, from step 50
 # (the first steps build primitives and fill the loader's queue).
 steps = [e for e in events if e["event"] == "step" and e["step"] >= 50]

@@ -27,6 +27,13 @@ APOP_EPOCHS=${APOP_EPOCHS:-$EPOCHS}
 DECISIONS=${DECISIONS:-4}
 REPEAT=${REPEAT:-1}
 read -r -a RANKS <<<"${RANKS:-1 2}"
+. scripts/checks.sh
+gg_int WIDTH "$WIDTH" 1 1024
+gg_int EPOCHS "$EPOCHS" 1 100000
+gg_int APOP_EPOCHS "$APOP_EPOCHS" 1 100000
+gg_int DECISIONS "$DECISIONS" 1
+gg_int REPEAT "$REPEAT" 1
+gg_ints RANKS 1 4096 "${RANKS[@]}"
 read -r -a APOP <<<"${APOP:---apoptosis.threshold 0.95 --apoptosis.max_share 0.2 --apoptosis.min_keep 4 --apoptosis.layers both}"
 read -r -a EXTRA <<<"${EXTRA:-}"
 ./scripts/deps.sh

@@ -41,6 +41,9 @@ CLUSTER=$HERE/cluster.sh
 PREFIX=${GG_STUDY_PREFIX:-ggs$$}
 BUDGET=${GG_STUDY_BUDGET_MBIT:-1600}
 JITTER=${GG_STUDY_JITTER:-2.5}
+. "$ROOT/scripts/checks.sh"
+gg_int GG_STUDY_BUDGET_MBIT "$BUDGET" 1
+gg_decimal GG_STUDY_JITTER "$JITTER" 1
 PLAN=session
 OUT=$ROOT/bench/results/cluster-study
 PROFILE=p100

@@ -14,6 +14,9 @@ SETTINGS=("${@:-resnet50:16:64:2:fp32 resnet50:16:64:2:bf16 resnet50:16:224:2:fp
 read -r -a SETTINGS <<<"${SETTINGS[*]}"
 REPEATS=${REPEATS:-3}
 STEPS=${STEPS:-15}
+. scripts/checks.sh
+gg_int REPEATS "$REPEATS" 1
+gg_int STEPS "$STEPS" 1
 BUILD=${BUILD:-build}
 . bench/compute/common.sh
 build_bench "$BUILD" gg_bench_compute

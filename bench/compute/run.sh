@@ -25,6 +25,7 @@
 #   bench/results/compute-cuda-<host>.{csv,md,txt}.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. scripts/checks.sh
 if [ "${1:-}" = "--backend" ]; then
   BACKEND="${2:?--backend needs a value}"
   shift 2
@@ -41,6 +42,9 @@ if [ "$BACKEND" = "cuda" ]; then
   REPEATS=${REPEATS:-3}
   STEPS=${STEPS:-20}
   WARMUP=${WARMUP:-5}
+  gg_int REPEATS "$REPEATS" 1
+  gg_int STEPS "$STEPS" 1
+  gg_int WARMUP "$WARMUP" 0
   PYTHON=${PYTHON:-python3}
   BUILD=${BUILD:-build}
   if [ ! -x "$BUILD/bench/gg_bench_compute" ] || [ "${REBUILD:-1}" = "1" ]; then
@@ -93,6 +97,9 @@ read -r -a SETTINGS <<<"${SETTINGS[*]}"
 REPEATS=${REPEATS:-3}
 STEPS=${STEPS:-10}
 WARMUP=${WARMUP:-3}
+gg_int REPEATS "$REPEATS" 1
+gg_int STEPS "$STEPS" 1
+gg_int WARMUP "$WARMUP" 0
 ./scripts/deps.sh
 if ! /usr/bin/python3 -c 'import torch, torchvision' 2>/dev/null; then
   apt-get update -qq

@@ -18,6 +18,9 @@ cd "$(dirname "$0")/../.."
 RANKS=("${@:-2 4 8}")
 read -r -a RANKS <<<"${RANKS[*]}"
 EPOCHS=${EPOCHS:-12}
+. scripts/checks.sh
+gg_int EPOCHS "$EPOCHS" 1 100000
+gg_ints RANKS 1 4096 "${RANKS[@]}"
 read -r -a EXTRA <<<"${EXTRA:-}"
 ./scripts/deps.sh
 command -v gnuplot >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gnuplot-nox >/dev/null; }

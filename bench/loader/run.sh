@@ -10,6 +10,10 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 SECONDS_PER=${1:-5}
 IMAGES=${2:-200}
+. scripts/checks.sh
+gg_decimal SECONDS "$SECONDS_PER" 0.1
+gg_int IMAGES "$IMAGES" 1
+gg_int ROUNDS "${ROUNDS:-3}" 1
 ./scripts/deps.sh
 dpkg-query -W python3-torchvision >/dev/null 2>&1 || {
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torchvision; }

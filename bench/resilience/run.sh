@@ -23,6 +23,13 @@ WIDTH=${WIDTH:-8}
 EPOCHS=${EPOCHS:-1}
 REPEAT=${REPEAT:-3}
 read -r -a FRACTIONS <<<"${FRACTIONS:-2 4}"
+. scripts/checks.sh
+gg_int RANKS "$P" 2 4096
+gg_int WIDTH "$WIDTH" 1 1024
+gg_int EPOCHS "$EPOCHS" 1 100000
+gg_int REPEAT "$REPEAT" 1
+gg_ints FRACTIONS 1 100000 "${FRACTIONS[@]}"
+[ -z "${CKPT_EVERY:-}" ] || gg_int CKPT_EVERY "$CKPT_EVERY" 1
 read -r -a EXTRA <<<"${EXTRA:-}"
 if [ -z "${BIN:-}" ]; then
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF >/dev/null

@@ -19,6 +19,12 @@ read -r -a RANKS <<<"${RANKS[*]}"
 STEPS=${STEPS:-200}
 WARM=${WARM:-30}
 THREADS=${THREADS:-1}
+. scripts/checks.sh
+gg_int STEPS "$STEPS" 1
+gg_int WARM "$WARM" 0
+gg_int THREADS "$THREADS" 1 1024
+gg_ints RANKS 1 4096 "${RANKS[@]}"
+((WARM < STEPS)) || { echo "run.sh: WARM = $WARM must be below STEPS = $STEPS" >&2; exit 2; }
 read -r -a EXTRA <<<"${EXTRA:-}"
 ./scripts/deps.sh
 command -v gnuplot >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gnuplot-nox >/dev/null; }

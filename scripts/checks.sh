@@ -1,0 +1,31 @@
+# Sourced by the scripts: numbers they take from the environment or the command line are checked
+# before any build or run. A value that is not a whole number in range ends the script at once
+# with one line naming it (exit 2), instead of a loop that silently runs zero times, a wrapped
+# number or a failure half-way through.
+
+# gg_int NAME VALUE MIN [MAX]: VALUE is a whole number in [MIN, MAX] (MAX default 10^9).
+gg_int() {
+  local name="$1" value="$2" min="$3" max="${4:-1000000000}"
+  if ! [[ $value =~ ^[0-9]{1,10}$ ]] || ((10#$value < min || 10#$value > max)); then
+    echo "$(basename "$0"): $name = '$value' must be a whole number in [$min, $max]" >&2
+    exit 2
+  fi
+}
+
+# gg_ints NAME MIN MAX VALUE...: each VALUE as gg_int (a list such as RANKS).
+gg_ints() {
+  local name="$1" min="$2" max="$3" v
+  shift 3
+  (($# > 0)) || { echo "$(basename "$0"): $name is empty: give at least one number" >&2; exit 2; }
+  for v in "$@"; do gg_int "$name" "$v" "$min" "$max"; done
+}
+
+# gg_decimal NAME VALUE MIN: VALUE is a decimal number (digits, at most one point) >= MIN.
+gg_decimal() {
+  local name="$1" value="$2" min="$3"
+  if ! [[ $value =~ ^[0-9]{1,9}(\.[0-9]{1,9})?$ ]] ||
+    ! awk -v v="$value" -v m="$min" 'BEGIN { exit !(v + 0 >= m + 0) }'; then
+    echo "$(basename "$0"): $name = '$value' must be a decimal number >= $min" >&2
+    exit 2
+  fi
+}

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Numbers the scripts take from the environment or the command line (issue 31's sibling hunt:
+# every integer read from a user): a bad one ends the script at once with one line, exit 2,
+# before it installs, builds or runs anything (each call is bounded by `timeout 20`, far below a
+# build).
+set -uo pipefail
+ROOT="$1"
+cd "$ROOT"
+fail=0
+expect() {  # expect NAME PATTERN -- COMMAND...
+  local name="$1" pattern="$2"; shift 3
+  local out rc
+  out=$(timeout 20 "$@" 2>&1); rc=$?
+  if [ "$rc" -ne 2 ] || [ "$(printf '%s\n' "$out" | wc -l)" -ne 1 ] || ! grep -q -- "$pattern" <<<"$out"; then
+    echo "FAIL: $name: exit $rc:"; printf '%s\n' "$out" | tail -5; fail=1
+  else
+    echo "ok: $name -> $out"
+  fi
+}
+expect "quickstart RANKS=abc" "RANKS = 'abc'" -- env RANKS=abc ./quickstart.sh
+expect "quickstart RANKS=0" "RANKS = '0'" -- env RANKS=0 ./quickstart.sh
+expect "compute REPEATS=-1" "REPEATS = '-1'" -- env REPEATS=-1 bench/compute/run.sh
+expect "compute STEPS=ten" "STEPS = 'ten'" -- env STEPS=ten bench/compute/run.sh --backend cuda
+expect "profile TORCH=2" "TORCH = '2'" -- env TORCH=2 bench/compute/profile.sh
+expect "layout_ab STEPS=0" "STEPS = '0'" -- env STEPS=0 bench/compute/layout_ab.sh
+expect "apoptosis RANKS=1 x" "RANKS = 'x'" -- env RANKS="1 x" bench/apoptosis/run.sh
+expect "convergence EPOCHS=1e3" "EPOCHS = '1e3'" -- env EPOCHS=1e3 bench/convergence/run.sh
+expect "convergence ranks -2" "RANKS = '-2'" -- bench/convergence/run.sh 2 -2
+expect "scaling WARM above STEPS" "WARM = 50 must be below STEPS = 20" -- env STEPS=20 WARM=50 bench/scaling/run.sh
+expect "scaling huge STEPS" "STEPS = '99999999999999999999'" -- env STEPS=99999999999999999999 bench/scaling/run.sh
+expect "resilience RANKS=1" "RANKS = '1'" -- env RANKS=1 bench/resilience/run.sh
+expect "loader seconds" "SECONDS = 'fast'" -- bench/loader/run.sh fast
+expect "study jitter" "GG_STUDY_JITTER = 'lots'" -- env GG_STUDY_JITTER=lots bench/cluster/study.sh
+[ $fail = 0 ] && echo "PASS: the scripts refuse bad numbers in one line before any work"
+exit $fail
