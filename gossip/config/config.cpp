@@ -148,6 +148,10 @@ void check_combinations(const Config& c) {
     throw UsageError("gossip.error_feedback needs gossip.wire or gossip.model_wire = bf16");
   check_exchange(c);
   const Config d;
+  if (c.data.val_labels != d.data.val_labels && c.data.source.rfind("imagenet:", 0) != 0)
+    throw UsageError("data.val_labels = " + c.data.val_labels +
+                     " labels a flat val/ folder of data.source = imagenet:DIR; " + c.data.source +
+                     " carries its own labels: leave it out");
   if (c.model.name != "resnet8" && c.model.name != "cnn" &&
       (c.model.width != d.model.width || c.model.batch_norm != d.model.batch_norm))
     throw UsageError("model.width and model.batch_norm shape the small nets (resnet8, cnn); " +

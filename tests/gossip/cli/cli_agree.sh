@@ -64,6 +64,8 @@ for run in dry real; do
   expect "$run: fault.kill of rank 5 at 2 ranks" 2 "fault.kill = 5:3: rank 5 is out of range" -- \
     "${M[@]}" -n 2 "$BIN" "${T[@]}" --fault.kill 5:3 "${extra[@]}"
 done
+expect "val_labels for idx data" 2 "data.val_labels = x.txt labels a flat val/ folder" -- \
+  "$BIN" "${T[@]}" --data.val_labels x.txt --dry-run
 expect "model.width of a torchvision model" 2 "resnet50 is torchvision's" -- \
   "$BIN" "${TB[@]}" --model.name resnet50 --dry-run
 expect "batch 4 without the shuffle runs (data.shuffle_per_step is inert)" 0 "" -- \
