@@ -1,6 +1,8 @@
 #include "gossip/train/data.hpp"
 
 #include <algorithm>
+#include <array>
+#include <cstdio>
 #include <cmath>
 #include <sstream>
 #include <thread>
@@ -27,6 +29,37 @@ shuffle::Normalize pixel_statistics(const shuffle::SampleSource& src) {
   return {mean, stddev};
 }
 
+// What a rank's copy of the data is, for comparing the ranks' copies: sample counts, classes,
+// the sample shape and the pixel statistics (a cheap fingerprint of the pixels themselves).
+std::string data_summary(const shuffle::SampleSource& train, const shuffle::SampleSource* eval,
+                         const shuffle::Normalize& norm) {
+  const std::array<int, 3> d = train.shape();
+  char text[256];
+  std::snprintf(text, sizeof text,
+                "%lld training samples of %dx%dx%d in %d classes, %lld test samples, pixel mean "
+                "%.6f std %.6f",
+                static_cast<long long>(train.size()), d[0], d[1], d[2], train.classes(),
+                static_cast<long long>(eval ? eval->size() : 0), norm.mean, norm.std);
+  return text;
+}
+
+// Ranks that read their own copy of the data (node-local storage) must hold the same data set:
+// another sample count gives another number of steps per epoch (the ranks' exchanges would stop
+// matching), other classes or shapes another model. One line names the first rank that differs.
+void agree_on_data(const mpi::Comm& world, const std::string& mine, const std::string& where) {
+  std::string lead = mine;
+  world.broadcast(lead, 0);
+  double other = lead == mine ? -world.size() : -world.rank();  // -max: the lowest that differs
+  world.allreduce_max(&other, 1);
+  const int first = static_cast<int>(-other);
+  if (first >= world.size()) return;
+  std::string theirs = world.rank() == first ? mine : std::string();
+  world.broadcast(theirs, first);
+  throw UsageError("data.source = " + where + ": the ranks read different data: rank 0 has " +
+                   lead + "; rank " + std::to_string(first) + " has " + theirs +
+                   ": give every node the same copy of the data set");
+}
+
 }  // namespace
 
 TrainingData::TrainingData(const Config& c, const mpi::Comm& world) : c_(c), world_(world) {
@@ -51,6 +84,7 @@ TrainingData::TrainingData(const Config& c, const mpi::Comm& world) : c_(c), wor
   lo_.augment.enabled = c.data.augment;
   lo_.prefetch = c.data.prefetch;
   lo_.norm = pixel_statistics(*train_);
+  agree_on_data(world, data_summary(*train_, eval_.get(), lo_.norm), c.data.source);
   lo_.jpeg.crop = c.data.crop;
   lo_.jpeg.resize = c.data.resize;
   const bool jpeg = train_->encoding() == shuffle::Encoding::Jpeg;

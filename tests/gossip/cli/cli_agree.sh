@@ -41,6 +41,24 @@ expect "MPMD, allreduce against both" 2 "gossip.mode = allreduce, rank 1 has gos
 expect "MPMD, a bad option on one rank only" 2 "train.batch = -3" -- \
   "${M[@]}" -n 1 "$BIN" "${T[@]}" : -n 1 "$BIN" "${T[@]}" --train.batch -3
 
+# A sibling of row 6: ranks that read their own copy of the data (node-local storage, here each
+# rank's working folder) must read the same data set.
+python3 - <<'PY' || { echo "FAIL: writing idx files"; exit 1; }
+import os, struct
+def split(d, name, n):
+    os.makedirs(d, exist_ok=True)
+    with open(f"{d}/{name}-images-idx3-ubyte", "wb") as f:
+        f.write(struct.pack(">IIII", 0x803, n, 28, 28) + bytes((i * 7) % 256 for i in range(n * 784)))
+    with open(f"{d}/{name}-labels-idx1-ubyte", "wb") as f:
+        f.write(struct.pack(">II", 0x801, n) + bytes(i % 10 for i in range(n)))
+for node, n in [("node0", 640), ("node1", 600)]:
+    split(f"{node}/data", "train", n)
+    split(f"{node}/data", "t10k", 100)
+PY
+D=("${T[@]}" --data.source idx:data --train.batch 16 --log.metrics "$TMP/m-data.jsonl")
+expect "MPMD, another copy of the data on each node" 2 "the ranks read different data: rank 0 has 640 training samples.*rank 1 has 600" -- \
+  "${M[@]}" -n 1 -wdir node0 "$BIN" "${D[@]}" : -n 1 -wdir node1 "$BIN" "${D[@]}"
+
 # Row 8: --dry-run gives the real run's verdict, at the launcher's rank count, once.
 for run in dry real; do
   extra=(); [ $run = dry ] && extra=(--dry-run)
