@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Staleness 1 on exchanges made after step 0 (issue 31, row 1): a resumed run, on every
-# transport, trains on instead of hanging in the exchange engine; each run is bounded by
+# Staleness 1 on exchanges made after step 0 (issue 31, row 1): a resumed run on every transport,
+# a run after a simulated failure (forward, restart) and after apoptosis train on instead of
+# hanging in the exchange engine; each run is bounded by
 # `timeout` so that a regression fails the test instead of hanging it.
 set -euo pipefail
 BIN="$1"; ROOT="$2"; MPIEXEC="$3"
@@ -26,4 +27,19 @@ for transport in shm p2p rma; do
   [ "$rc" = 0 ] || fail "$transport: the resumed run ended with $rc (124: it hung)"
   grep -q '"event":"summary"' "resumed-$transport.jsonl" || fail "$transport: no summary"
 done
-echo "PASS: staleness 1 resumes and trains on shm, p2p and rma"
+# Exchanges rebuilt mid-run: after a simulated failure (forward and restart) and after apoptosis
+# shrinks the buffers.
+for strategy in forward restart; do
+  rc=0
+  timeout 120 "$MPIEXEC" -n 3 "$BIN" "${RUN[@]}" --train.max_steps 16 --fault.inject 1:6 \
+    --fault.strategy "$strategy" --checkpoint.dir "ck-$strategy" --checkpoint.every 4 \
+    --log.metrics "fault-$strategy.jsonl" > "fault-$strategy.log" 2>&1 || rc=$?
+  [ "$rc" = 0 ] || fail "simulated failure, $strategy: exit $rc (124: it hung)"
+done
+rc=0
+timeout 120 "$MPIEXEC" -n 2 "$BIN" "${RUN[@]}" --train.max_steps 16 --apoptosis.enable true \
+  --apoptosis.interval 5 --apoptosis.threshold 2 --apoptosis.layers fc \
+  --log.metrics apoptosis.jsonl > apoptosis.log 2>&1 || rc=$?
+[ "$rc" = 0 ] || fail "apoptosis with staleness 1: exit $rc (124: it hung)"
+grep -q '"event":"apoptosis"' apoptosis.jsonl || fail "apoptosis removed nothing: the rebuild was not tested"
+echo "PASS: staleness 1 resumes and trains on shm, p2p and rma, after simulated failures and apoptosis"
