@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "gossip/comm/bounded_wait.hpp"
+#include "gossip/comm/mixing.hpp"
 #include "gossip/comm/wait_watch.hpp"
 
 namespace gg::gossip {
@@ -18,33 +19,12 @@ Threading parse_threading(const std::string& name) {
                               "' (expected funneled, concurrent or chained)");
 }
 
-Wire parse_wire(const std::string& name) {
-  if (name == "fp32") return Wire::Fp32;
-  if (name == "bf16") return Wire::Bf16;
-  throw std::invalid_argument("unknown wire precision '" + name + "' (expected fp32 or bf16)");
-}
-
-uint16_t to_bf16(float f) {
-  uint32_t u = 0;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-float from_bf16(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f = 0;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 AllreduceExchange::AllreduceExchange(const mpi::Comm& world, float* grads,
                                      std::vector<kernels::Bucket> buckets)
     : comm_(world.dup()),
       grads_(grads),
       buckets_(std::move(buckets)),
-      scale_(1.f / static_cast<float>(world.size())),
+      ranks_(world.size()),
       worker_([this] { loop(); }) {}
 
 AllreduceExchange::~AllreduceExchange() {
@@ -103,7 +83,7 @@ void AllreduceExchange::loop() {
       const kernels::Bucket& k = buckets_.at(b);
       float* g = grads_ + k.begin;
       comm_.allreduce_sum(g, k.size());
-      for (int64_t i = 0; i < k.size(); ++i) g[i] *= scale_;
+      mean_of_sum({g, static_cast<size_t>(k.size())}, ranks_);
     } catch (...) {
       std::lock_guard lock(mu_);
       error_ = std::current_exception();
@@ -149,7 +129,7 @@ GossipExchange::GossipExchange(const mpi::Comm& world, float* buffer,
     wire_.resize(buckets_.size());
     int64_t at = 0;
     for (size_t b = buckets_.size(); b-- > 0;) {
-      wire_[b] = {at, at + (buckets_[b].size() + 1) / 2};
+      wire_[b] = {at, at + wire_floats(o_.wire, buckets_[b].size())};
       at = wire_[b].end;
     }
     wire.count = at;
@@ -224,24 +204,18 @@ const float* GossipExchange::outgoing(int b) {
   if (o_.wire == Wire::Fp32) return x;
   const kernels::Bucket& k = buckets_[b];
   float* room = packed_out_.data() + wire_[b].begin;
-  auto* out = reinterpret_cast<uint16_t*>(room);
-  float* r = residue_.empty() ? nullptr : residue_.data() + k.begin;
-  const int64_t n = k.size();
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = r ? x[i] + r[i] : x[i];
-    out[i] = to_bf16(v);
-    if (r) r[i] = v - from_bf16(out[i]);
-  }
-  if (n % 2) out[n] = 0;  // the last float's unused half
+  const auto n = static_cast<size_t>(k.size());
+  pack_bf16({x, n},
+            residue_.empty() ? std::span<float>() : std::span<float>(residue_.data() + k.begin, n),
+            reinterpret_cast<uint16_t*>(room));
   return room;
 }
 
 const float* GossipExchange::incoming(int b, const float* in) {
   if (o_.wire == Wire::Fp32) return in;
   const kernels::Bucket& k = buckets_[b];
-  const auto* h = reinterpret_cast<const uint16_t*>(in);
   float* x = unpacked_.data() + k.begin;
-  for (int64_t i = 0; i < k.size(); ++i) x[i] = from_bf16(h[i]);
+  unpack_bf16(reinterpret_cast<const uint16_t*>(in), {x, static_cast<size_t>(k.size())});
   return x;
 }
 
@@ -292,13 +266,11 @@ void GossipExchange::complete(const Job& j) {
   // The outgoing bucket may still be read by MPI (p2p rendezvous) until the send completes:
   // only then may it be overwritten by the mix.
   transport_->finish_send(j.peers.send_to, t, j.bucket);
+  const auto n = static_cast<size_t>(k.size());
   if (o_.delayed) {
-    const float* mine = send_stage_.data() + k.begin;
-    float* d = delta_.data() + k.begin;
-    for (int64_t i = 0; i < k.size(); ++i) d[i] = 0.5f * (in[i] - mine[i]);
+    mix_correction({send_stage_.data() + k.begin, n}, {in, n}, {delta_.data() + k.begin, n});
   } else if (o_.staleness == 0) {
-    float* x = buffer_ + k.begin;
-    for (int64_t i = 0; i < k.size(); ++i) x[i] = 0.5f * (x[i] + in[i]);
+    mix_pair({buffer_ + k.begin, n}, {in, n});
   } else {
     std::lock_guard lock(mu_);
     std::copy(in, in + k.size(), latest_.begin() + k.begin);
@@ -410,18 +382,15 @@ double GossipExchange::finish_step() {
   } else {
     if (error_) std::rethrow_exception(error_);
     for (size_t b = 0; b < buckets_.size(); ++b) {
-      // Nothing from the partner yet (at the first step -1 means none, not the step before), or
-      // only last step's bucket and late ones are skipped.
-      if (latest_step_[b] < 0 || latest_step_[b] < step_ - 1 ||
-          (o_.skip_late && latest_step_[b] < step_)) {
+      const Freshness f = freshness(latest_step_[b], step_, o_.skip_late);
+      if (f == Freshness::Unmixed) {
         ++lateness_.unmixed;
         continue;
       }
-      if (latest_step_[b] < step_) ++lateness_.late;
+      if (f == Freshness::Late) ++lateness_.late;
       const kernels::Bucket& k = buckets_[b];
-      float* x = buffer_ + k.begin;
-      const float* in = latest_.data() + k.begin;
-      for (int64_t i = 0; i < k.size(); ++i) x[i] = 0.5f * (x[i] + in[i]);
+      const auto n = static_cast<size_t>(k.size());
+      mix_pair({buffer_ + k.begin, n}, {latest_.data() + k.begin, n});
     }
   }
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -475,8 +444,7 @@ double GossipExchange::finish_delayed() {
   if (!pending_) return 0;
   const double waited = settled_ ? 0.0 : finish_step();
   pending_ = settled_ = false;
-  const int64_t n = static_cast<int64_t>(delta_.size());
-  for (int64_t i = 0; i < n; ++i) buffer_[i] += delta_[i];
+  apply_correction({buffer_, delta_.size()}, delta_);
   return waited;
 }
 

@@ -1,6 +1,7 @@
 // The exchange engine seam: the trainer announces each bucket as backward completes it and
-// waits for the mixed gradients before the optimizer step. Transports implement this interface;
-// the gossip transports plug in here next to the allreduce baseline.
+// waits for the mixed gradients before the optimizer step. Exchanges implement this interface
+// (gossip over the transports of transport.hpp, the allreduce baseline, the node hierarchy); the
+// arithmetic they run is mixing.hpp's, the wire codecs wire.hpp's.
 #pragma once
 
 #include <condition_variable>
@@ -15,6 +16,7 @@
 #include "gossip/comm/mpi.hpp"
 #include "gossip/comm/timeline.hpp"
 #include "gossip/comm/transport.hpp"
+#include "gossip/comm/wire.hpp"
 #include "kernels/graph.hpp"
 #include "partners/schedule.hpp"
 
@@ -70,7 +72,7 @@ class AllreduceExchange final : public BucketExchange {
   mpi::Comm comm_;
   float* grads_;
   std::vector<kernels::Bucket> buckets_;
-  float scale_;
+  int ranks_;
   int64_t step_ = 0;  // of the buckets queued
   std::mutex mu_;
   std::condition_variable cv_;
@@ -85,17 +87,6 @@ class AllreduceExchange final : public BucketExchange {
 enum class Threading { Funneled, Concurrent, Chained };
 // "funneled" | "concurrent" | "chained"; throws std::invalid_argument otherwise.
 Threading parse_threading(const std::string& name);
-
-// How bucket values travel: as they are (fp32), or rounded to bfloat16 (half the bytes; the
-// receiver mixes them in fp32). With error feedback, what rounding took off a value is added to
-// it before the next step's rounding, so no part of a value is lost for good.
-enum class Wire { Fp32, Bf16 };
-// "fp32" | "bf16"; throws std::invalid_argument otherwise.
-Wire parse_wire(const std::string& name);
-
-// fp32 -> bf16, rounding to nearest, ties to even (NaN stays NaN), and back (exact).
-uint16_t to_bf16(float f);
-float from_bf16(uint16_t h);
 
 struct GossipOptions {
   partners::Schedule schedule;     // p must equal the communicator's size

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "gossip/comm/bounded_wait.hpp"
+#include "gossip/comm/mixing.hpp"
 #include "gossip/comm/wait_watch.hpp"
 
 namespace gg::gossip {
@@ -169,8 +170,7 @@ bool HierarchicalExchange::advance(Flight& f) {
   switch (f.phase) {
     case Flight::Reduce: {
       if (!f.reduce.test()) return false;
-      const float inv = 1.f / static_cast<float>(layout_.per_node);
-      for (float& v : slice) v *= inv;
+      mean_of_sum(slice, layout_.per_node);
       f.since = Clock::now();
       if (layout_.nodes == 1) {
         f.phase = Flight::Mixed;
@@ -186,10 +186,7 @@ bool HierarchicalExchange::advance(Flight& f) {
     }
     case Flight::Exchange: {
       if (!f.recv.test() || !f.send.test()) return false;
-      const std::vector<float>& in = incoming_[b];
-      for (int i = 0; i < n; ++i)
-        slice[static_cast<size_t>(i)] =
-            0.5f * (slice[static_cast<size_t>(i)] + in[static_cast<size_t>(i)]);
+      mix_pair(slice, incoming_[b]);
       {
         std::lock_guard lock(mu_);
         bytes_sent_ += static_cast<int64_t>(n) * static_cast<int64_t>(sizeof(float));

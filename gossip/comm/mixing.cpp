@@ -1,0 +1,42 @@
+#include "gossip/comm/mixing.hpp"
+
+#include <stdexcept>
+#include <string>
+
+namespace gg::gossip {
+namespace {
+void same_size(size_t a, size_t b, const char* what) {
+  if (a != b) throw std::invalid_argument(std::string(what) + ": spans of different sizes");
+}
+}  // namespace
+
+void mix_pair(std::span<float> x, std::span<const float> partner) {
+  same_size(x.size(), partner.size(), "mix_pair");
+  for (size_t i = 0; i < x.size(); ++i) x[i] = 0.5f * (x[i] + partner[i]);
+}
+
+void mix_correction(std::span<const float> sent, std::span<const float> partner,
+                    std::span<float> delta) {
+  same_size(sent.size(), partner.size(), "mix_correction");
+  same_size(sent.size(), delta.size(), "mix_correction");
+  for (size_t i = 0; i < sent.size(); ++i) delta[i] = 0.5f * (partner[i] - sent[i]);
+}
+
+void apply_correction(std::span<float> x, std::span<const float> delta) {
+  same_size(x.size(), delta.size(), "apply_correction");
+  for (size_t i = 0; i < x.size(); ++i) x[i] += delta[i];
+}
+
+void mean_of_sum(std::span<float> x, int ranks) {
+  if (ranks < 1) throw std::invalid_argument("mean_of_sum: ranks must be >= 1");
+  const float inv = 1.f / static_cast<float>(ranks);
+  for (float& v : x) v *= inv;
+}
+
+Freshness freshness(int64_t latest, int64_t step, bool skip_late) {
+  if (latest < 0 || latest < step - 1) return Freshness::Unmixed;
+  if (latest >= step) return Freshness::Fresh;
+  return skip_late ? Freshness::Unmixed : Freshness::Late;
+}
+
+}  // namespace gg::gossip

@@ -1,0 +1,30 @@
+// Mixing rules: what a rank does with its partner's bucket. Pure functions over spans (no MPI, no
+// threads), the arithmetic every exchange (gossip, the node hierarchy, allreduce) runs, so that
+// they are tested alone on hand-computed values and an algorithm is written once.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+namespace gg::gossip {
+
+// The gossip step: x <- (x + partner) / 2, element by element.
+void mix_pair(std::span<float> x, std::span<const float> partner);
+
+// Overlapped (delayed) averaging: the correction (partner - sent) / 2 into delta, computed when
+// the partner's bucket arrives, and added to the buffer later (it may have moved meanwhile):
+// x + delta equals mix_pair's result when x is still what was sent.
+void mix_correction(std::span<const float> sent, std::span<const float> partner,
+                    std::span<float> delta);
+void apply_correction(std::span<float> x, std::span<const float> delta);
+
+// A sum over `ranks` ranks -> their mean (allreduce, the node average).
+void mean_of_sum(std::span<float> x, int ranks);
+
+// Bounded staleness (staleness 1): what the partner's latest bucket, exchanged in step `latest`
+// (-1: none yet), is worth in step `step`: this step's (Fresh), the previous step's (Late; with
+// skip_late it stays Unmixed), or nothing usable (Unmixed).
+enum class Freshness { Fresh, Late, Unmixed };
+Freshness freshness(int64_t latest, int64_t step, bool skip_late);
+
+}  // namespace gg::gossip
