@@ -165,7 +165,8 @@ partners::Workload make_workload(const Config& c, const kernels::ModelSpec& spec
   w.batch_per_rank = c.train.batch;
   // What travels: bf16 buckets take half the bytes (the wire of the mode's exchange; model: the
   // weights', grad and both: the gradients').
-  const bool bf16 = (c.gossip.mode == "model" ? c.gossip.model_wire : c.gossip.wire) == "bf16";
+  const Mixing m = mixing_of(c);
+  const bool bf16 = (m.weights && !m.grads ? c.gossip.model_wire : c.gossip.wire) == "bf16";
   for (const kernels::Bucket& b :
        kernels::make_buckets(g, std::max<int64_t>(1, c.gossip.bucket_kb * 256)))
     w.bucket_bytes.push_back(bf16 ? (b.size() + 1) / 2 * 4 : b.size() * 4);
@@ -230,7 +231,7 @@ std::string table_line(int p, const partners::StepPrediction* gossip,
 Row predict_row(const Scenario& sc, int p) {
   Row row{{{"ranks", p}}, ""};
   partners::StepPrediction gossip;
-  const bool gossips = p >= 2 && sc.c.gossip.mode != "allreduce";
+  const bool gossips = p >= 2 && !mixing_of(sc.c).allreduce;
   if (gossips) {
     partners::Schedule s{sc.kind, p, sc.c.gossip.rotate, static_cast<uint64_t>(sc.c.train.seed)};
     try {
@@ -301,7 +302,7 @@ void print_simulate_table(const Scenario& sc, const kernels::ModelSpec& spec,
 // What the cost model does not model is refused rather than predicted as if it were not set.
 void refuse_unmodelled(const Config& c) {
   const Config d;
-  const bool weights = c.gossip.mode == "model" || c.gossip.mode == "both";
+  const bool weights = mixing_of(c).weights;
   const std::pair<bool, std::string> unmodelled[] = {
       {c.gossip.staleness != d.gossip.staleness, "gossip.staleness = 1"},
       {c.gossip.hierarchy != d.gossip.hierarchy, "gossip.hierarchy = " + c.gossip.hierarchy},
@@ -328,8 +329,7 @@ int cmd_simulate(const std::vector<std::string>& args) {
   const kernels::Graph g = kernels::build_model(spec);
   const partners::Workload w = make_workload(c, spec, g);
   const partners::Network net = make_network(c);
-  const partners::GossipMode mode{c.gossip.mode == "grad" || c.gossip.mode == "both",
-                                  c.gossip.mode == "model" || c.gossip.mode == "both"};
+  const partners::GossipMode mode{mixing_of(c).grads, mixing_of(c).weights};
   const Scenario sc{c, w, net, partners::parse_kind(c.gossip.schedule), mode};
   std::vector<Row> rows;
   for (int p : r->ranks) rows.push_back(predict_row(sc, p));

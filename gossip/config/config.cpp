@@ -80,18 +80,17 @@ void check_emulated(const Config& c) {
 // it does nothing, is refused (the user expects its effect); see inert_settings for the harmless.
 void check_exchange(const Config& c) {
   const std::string& mode = c.gossip.mode;
-  const bool grads = mode == "grad" || mode == "both";
-  const bool weights = mode == "model" || mode == "both";
-  if (c.gossip.wire != "fp32" && !grads && mode != "allreduce")
+  const auto [allreduce, grads, weights] = mixing_of(c);
+  if (c.gossip.wire != "fp32" && !grads && !allreduce)
     throw UsageError(
         "gossip.wire = " + c.gossip.wire + " is the gradients' wire; gossip.mode = " + mode +
         " exchanges no gradients: set gossip.model_wire = " + c.gossip.wire + " for the weights");
-  if (c.gossip.model_wire != "fp32" && !weights && mode != "allreduce")
+  if (c.gossip.model_wire != "fp32" && !weights && !allreduce)
     throw UsageError("gossip.model_wire = " + c.gossip.model_wire +
                      " is the weights' wire; gossip.mode = " + mode +
                      " exchanges no weights: set gossip.wire = " + c.gossip.model_wire +
                      " for the gradients");
-  if (c.gossip.staleness != 0 && mode == "allreduce")
+  if (c.gossip.staleness != 0 && allreduce)
     throw UsageError(
         "gossip.staleness = 1 is for gossip (mode grad, model or both): allreduce always waits "
         "for every rank's gradients");
@@ -140,7 +139,7 @@ void check_combinations(const Config& c) {
   if (c.checkpoint.resume == "auto" && c.checkpoint.dir.empty())
     throw UsageError("checkpoint.resume = auto needs checkpoint.dir");
   check_emulated(c);
-  if (c.gossip.mode == "allreduce" && (c.gossip.wire != "fp32" || c.gossip.model_wire != "fp32"))
+  if (mixing_of(c).allreduce && (c.gossip.wire != "fp32" || c.gossip.model_wire != "fp32"))
     throw UsageError(
         "gossip.wire and gossip.model_wire = bf16 need gossip.mode grad, model or both "
         "(allreduce sums fp32)");
@@ -174,7 +173,7 @@ std::string rank_out_of_range(const std::string& key, const std::string& value, 
 }  // namespace
 
 void check_ranks(const Config& c, int ranks) {
-  if (c.gossip.mode != "allreduce" && c.gossip.hierarchy == "none") {
+  if (!mixing_of(c).allreduce && c.gossip.hierarchy == "none") {
     try {
       partners::validate({partners::parse_kind(c.gossip.schedule), ranks, c.gossip.rotate,
                           static_cast<uint64_t>(c.train.seed)});
@@ -199,11 +198,16 @@ void check_ranks(const Config& c, int ranks) {
     if (r >= ranks) throw UsageError(rank_out_of_range("emulate.slow", c.emulate.slow, r, ranks));
 }
 
+Mixing mixing_of(const Config& c) {
+  const std::string& m = c.gossip.mode;
+  return {m == "allreduce", m == "grad" || m == "both", m == "model" || m == "both"};
+}
+
 std::vector<std::string> inert_settings(const Config& c) {
   const Config d;  // the defaults
   const std::string& mode = c.gossip.mode;
-  const bool gossip = mode != "allreduce";
-  const bool weights = mode == "model" || mode == "both";
+  const bool gossip = !mixing_of(c).allreduce;
+  const bool weights = mixing_of(c).weights;
   std::vector<std::string> out;
   auto note = [&](bool set, bool inert, const std::string& what) {
     if (set && inert) out.push_back(what);

@@ -153,6 +153,15 @@ struct Config {
   } log;
 };
 
+// What gossip.mode exchanges, read once here: outside gossip/config no code compares the mode's
+// strings.
+struct Mixing {
+  bool allreduce = false;  // allreduce: the exact average of the gradients over all ranks
+  bool grads = false;      // grad, both: gradients with this step's partner during backward
+  bool weights = false;    // model, both: weights with the partner after the update
+};
+Mixing mixing_of(const Config& c);
+
 // Whether [emulate] replaces the training arithmetic by waiting.
 inline bool emulated(const Config& c) {
   return c.emulate.forward_ms > 0 || c.emulate.backward_ms > 0;

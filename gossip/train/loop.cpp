@@ -153,7 +153,7 @@ void announce_start(Group& g, JobState& job) {
   report_real_failure(g, job);
   if (!g.lead || job.started) return;
   const std::string mixing =
-      c.gossip.mode == "allreduce"
+      mixing_of(c).allreduce
           ? std::string("allreduce")
           : "gossip " + c.gossip.mode + " (" + c.gossip.schedule +
                 (c.gossip.rotate ? "+rotate" : "") + ", " +

@@ -126,7 +126,8 @@ void Trainer::make_exchanges() {
   lateness_ = {};
   kernels::ParamStore& store = net_.store();
   // Which combinations of exchange options are valid: check_exchange (gossip/config), before MPI.
-  if (c.gossip.mode == "allreduce") {
+  const Mixing mixing = mixing_of(c);
+  if (mixing.allreduce) {
     exchange_ = std::make_unique<AllreduceExchange>(world_, store.grads.data(), net_.buckets());
     return;
   }
@@ -148,7 +149,7 @@ void Trainer::make_exchanges() {
   o.timeout_s = c.gossip.timeout_s;
   try {
     o.threading = parse_threading(c.gossip.threading);
-    if (c.gossip.mode == "grad" || c.gossip.mode == "both") {
+    if (mixing.grads) {
       // The exchange provides the gradient buffer: in shared memory, partners on this node that
       // pair up in a step average it in place, with no copy.
       GossipOptions g = o;
@@ -158,7 +159,7 @@ void Trainer::make_exchanges() {
       net_.share_grads(grads->buffer());
       exchange_ = std::move(grads);
     }
-    if (c.gossip.mode == "model" || c.gossip.mode == "both") {
+    if (mixing.weights) {
       GossipOptions m = o;
       m.delayed = c.gossip.overlap_model;
       m.wire = parse_wire(c.gossip.model_wire);
@@ -259,7 +260,8 @@ StepStats Trainer::step(const float* x, const int32_t* y) {
       s.comm_seconds += model_exchange_->exchange_all(model_round(step_));
   }
   const int64_t h = c_.gossip.global_every;
-  if (c_.gossip.mode != "allreduce" && h > 0 && (step_ + 1) % h == 0) {
+  const bool gossip = !mixing_of(c_).allreduce;
+  if (gossip && h > 0 && (step_ + 1) % h == 0) {
     const auto t0 = std::chrono::steady_clock::now();
     flush_model();
     average_over_ranks(store().params);
@@ -268,13 +270,13 @@ StepStats Trainer::step(const float* x, const int32_t* y) {
   }
   const int64_t n = c_.gossip.consensus_every;
   if (n > 0 && (step_ + 1) % n == 0) s.consensus = consensus_distance();
-  if (c_.gossip.mode != "allreduce") {
+  if (gossip) {
     int64_t sent = 0;
     for (BucketExchange* e : exchanges()) sent += e->bytes_sent();
     s.sent_bytes = sent - sent_bytes_;
     sent_bytes_ = sent;
   }
-  if (c_.gossip.staleness > 0 && c_.gossip.mode != "allreduce") {
+  if (c_.gossip.staleness > 0 && gossip) {
     BucketExchange::Lateness now;
     for (BucketExchange* e : exchanges()) {
       const BucketExchange::Lateness l = e->lateness();
