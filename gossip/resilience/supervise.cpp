@@ -89,22 +89,23 @@ constexpr const char* kHelp =
 }  // namespace
 
 std::vector<std::string> restart_command(const std::vector<std::string>& job, int attempt,
-                                         bool shrink, int min_ranks, const std::string& resume) {
+                                         bool shrink, int min_ranks,
+                                         const std::optional<std::string>& resume) {
   std::vector<std::string> out;
   bool has_resume = false;
   for (size_t i = 0; i < job.size(); ++i) {
     const std::string& a = job[i];
     const bool named = a == "--checkpoint.resume" || a.rfind("--checkpoint.resume=", 0) == 0;
     has_resume |= named;
-    if (named && !resume.empty()) {
+    if (named && resume) {
       if (a == "--checkpoint.resume") ++i;  // and its value
       continue;
     }
     out.push_back(a);
   }
-  if (!resume.empty() || !has_resume) {
+  if (resume ? !resume->empty() : !has_resume) {
     out.push_back("--checkpoint.resume");
-    out.push_back(resume.empty() ? "auto" : resume);
+    out.push_back(resume ? *resume : "auto");
   }
   if (shrink) {
     for (size_t i = 0; i + 1 < out.size(); ++i) {
@@ -521,11 +522,11 @@ class SessionCheckpoints {
       : dir_(std::move(dir)), launched_(std::move(launched_with)) {
     for (const auto& [step, folder] : list_checkpoints(dir_)) before_[folder] = written(folder);
   }
-  // What a restart passes as --checkpoint.resume: that newest checkpoint, else what the job was
-  // launched with (auto when it named none); empty when the job's settings are unknown (a
-  // wrapper: its own --checkpoint.resume is kept).
-  std::string restart_resume() const {
-    if (dir_.empty()) return "";
+  // What a restart passes as --checkpoint.resume (restart_command): that newest checkpoint, else
+  // what the job was launched with (auto when it named none); nullopt when the job's settings are
+  // unknown (a wrapper: its own --checkpoint.resume is kept, else auto).
+  std::optional<std::string> restart_resume() const {
+    if (dir_.empty()) return std::nullopt;
     for (const auto& [step, folder] : list_checkpoints(dir_)) {
       const auto seen = before_.find(folder);
       const std::optional<std::string> now = written(folder);
@@ -535,7 +536,12 @@ class SessionCheckpoints {
       std::fprintf(stderr, "gossipgrad supervise: skipping checkpoint %s: %s\n", folder.c_str(),
                    why.c_str());
     }
-    return launched_.empty() ? "auto" : launched_;
+    // A job launched afresh (log.overwrite over an earlier run's checkpoints) that wrote none
+    // yet starts afresh again: auto would take the earlier run's.
+    const bool earlier = std::any_of(before_.begin(), before_.end(),
+                                     [](const auto& b) { return b.second.has_value(); });
+    if (launched_.empty()) return earlier ? "" : "auto";
+    return launched_;
   }
 
  private:
@@ -652,7 +658,8 @@ int cmd_supervise(const std::vector<std::string>& args) {
     std::vector<std::pair<std::string, std::string>> env;
     // train.max_steps and train.stop_at count steps of the job as launched: a relaunch at another
     // rank count trains the same samples (gossip/train/loop.cpp).
-    if (o.train && names_ranks(o.job))
+    if (o.train && names_ranks(o.job) &&
+        std::find(o.job.begin(), o.job.end(), ":") == o.job.end())  // not MPMD: one -n
       env.emplace_back(kPlanRanksEnv, std::to_string(job_ranks(o.job)));
     std::string folder;
     if (!o.emergency_dir.empty() && notice) {
@@ -687,11 +694,21 @@ int cmd_supervise(const std::vector<std::string>& args) {
       return 128 + sig;
     }
     if (code == 0) {
-      std::fprintf(stderr, "gossipgrad supervise: the job completed after %d restart(s)\n",
-                   attempt);
+      if (o.train && o.train->train.stop_at > 0)
+        std::fprintf(stderr,
+                     "gossipgrad supervise: the job exited 0 after %d restart(s): it trained to "
+                     "train.stop_at (a checkpoint to resume from) or to its end\n",
+                     attempt);
+      else
+        std::fprintf(stderr, "gossipgrad supervise: the job completed after %d restart(s)\n",
+                     attempt);
       if (!o.emergency_dir.empty() && notice) {
-        std::error_code ec;  // the final checkpoint supersedes every emergency state
-        fs::remove_all(o.emergency_dir, ec);
+        // The final checkpoint supersedes every emergency state: this session's folders go, and
+        // the emergency folder once empty (it may be a folder of the user's, holding more).
+        std::error_code ec;
+        for (int k = 0; k <= attempt; ++k)
+          fs::remove_all(fs::path(o.emergency_dir) / ("attempt-" + std::to_string(k)), ec);
+        fs::remove(o.emergency_dir, ec);
       }
       return 0;
     }

@@ -12,6 +12,12 @@
 #   shrink  the same after --shrink-on-failure 3 -> 2 from a checkpoint (row 4)
 #   saver   a rank's saver killed: the rank says so in one line and starts a new one, so that its
 #           state is saved when it dies later (row 13)
+# and siblings:
+#   simfwd  a simulated forward recovery (fault.inject, no supervise) trains max_steps' samples too
+#   afresh  a fresh job (log.overwrite over an earlier run's checkpoints) that dies before its first
+#           checkpoint restarts afresh, not from the earlier run's checkpoint
+#   cleanup --emergency-dir naming the checkpoint folder: success removes the states, not the
+#           checkpoints
 # GG_SECTIONS="forward saver" runs some of them.
 set -euo pipefail
 BIN="$1"; ROOT="$2"; MPIEXEC="$3"
@@ -21,7 +27,7 @@ cd "$TMP"
 export OMP_NUM_THREADS=1
 fail() { echo "FAIL: $*"; exit 1; }
 py() { /usr/bin/python3 -c "$@"; }
-SECTIONS=" ${GG_SECTIONS:-args nodir resume pruned forward shrink saver} "
+SECTIONS=" ${GG_SECTIONS:-args nodir resume pruned forward shrink saver simfwd afresh cleanup} "
 want() { [[ $SECTIONS == *" $1 "* ]]; }
 # 4000 synthetic samples, batch 32: 62 steps per epoch at 2 ranks, 125 at 1, 41 at 3.
 CFG="$ROOT/configs/laptop.ini"
@@ -194,5 +200,42 @@ if want saver; then
   grep -q "2 of 2 rank states saved (lost: none); 2 ranks continue" v.err ||
     fail "saver: rank 1's state was lost: $(grep 'attempt 0 failed' v.err)"
   echo "saver: ok"
+fi
+# Sibling of row 4 without supervise: rank 1 leaves before step 30 of 3 ranks (simulated,
+# forward); max_steps 100 plans 100 x 96 = 9,600 samples.
+if want simfwd; then
+  "$MPIEXEC" -n 3 "$BIN" "${T[@]}" --train.max_steps 100 --fault.strategy forward \
+    --fault.inject 1:30 --log.metrics sf.jsonl > sf.out 2>&1 || fail "simfwd: $(tail -3 sf.out)"
+  first=$({ grep -o "2 survivors carry on at step [0-9]*" sf.out || true; } | sed 's/.* //')
+  steps=$(field sf.jsonl summary steps)
+  [ -n "$first" ] || fail "simfwd: no forward recovery: $(tail -3 sf.out)"
+  samples=$(( 30 * 96 + (steps - first) * 64 ))
+  echo "simfwd: 2 survivors from step $first to $steps: $samples of 9600 planned samples"
+  [ "$samples" -ge 9600 ] && [ "$samples" -le $((9600 + 3 * 96)) ] ||
+    fail "simfwd: $samples samples trained, 9600 planned"
+fi
+
+# A fresh run over an earlier run's checkpoint (log.overwrite true), rank 1 killed at step 3, before
+# its own first checkpoint: the restart starts afresh, not from the earlier run's step 40.
+if want afresh; then
+  "$MPIEXEC" -n 2 "$BIN" "${T[@]}" --train.max_steps 40 --checkpoint.dir ck7 \
+    --log.metrics old.jsonl > old.out 2>&1 || fail "afresh: the earlier run: $(tail -3 old.out)"
+  "$BIN" supervise --emergency-dir none -- "$MPIEXEC" -n 2 "$BIN" "${T[@]}" --train.max_steps 60 \
+    --checkpoint.dir ck7 --checkpoint.every 50 --log.overwrite true --fault.kill 1:3 \
+    --log.metrics new.jsonl > af.out 2> af.err || fail "afresh: supervise exited $?: $(tail -3 af.err)"
+  grep -q "resumed from" af.out && fail "afresh: resumed the earlier run: $(grep resumed af.out)"
+  grep -q "the job completed after 1 restart(s)" af.err || fail "afresh: $(tail -3 af.err)"
+  [ "$(field new.jsonl summary steps)" = 60 ] || fail "afresh: $(tail -1 new.jsonl)"
+  echo "afresh: ok"
+fi
+
+# --emergency-dir naming the checkpoint folder itself: the job's success removes this session's
+# states, never the checkpoints beside them.
+if want cleanup; then
+  "$BIN" supervise --emergency-dir ck8 -- "$MPIEXEC" -n 2 "$BIN" "${T[@]}" --train.max_steps 5 \
+    --checkpoint.dir ck8 --log.metrics c.jsonl > c.out 2> c.err || fail "cleanup: $(tail -3 c.err)"
+  [ -e ck8/ckpt-000000000005/MANIFEST.json ] || fail "cleanup: the checkpoints went with the states"
+  [ ! -e ck8/attempt-0 ] || fail "cleanup: the states were left"
+  echo "cleanup: ok"
 fi
 echo "supervise hardening: ok"

@@ -216,6 +216,8 @@ TEST_CASE("supervise restarts add resume auto and shrink mpirun's rank count", "
   r = restart_command(spaced, 1, false, 1, "auto");
   CHECK(r == std::vector<std::string>{"mpirun", "-n", "2", "gossipgrad", "train", "--x", "1",
                                       "--checkpoint.resume", "auto"});
+  r = restart_command(spaced, 1, false, 1, "");  // afresh: no resume at all
+  CHECK(r == std::vector<std::string>{"mpirun", "-n", "2", "gossipgrad", "train", "--x", "1"});
 }
 
 TEST_CASE("supervise turns hydra's failure notice on and sets the survivors' rank count",
