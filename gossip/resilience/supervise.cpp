@@ -53,10 +53,13 @@ constexpr const char* kHelp =
     "                            [--replace-lost] [--stop-timeout S] [--start-timeout S]\n"
     "                            [--emergency-dir DIR|none] --\n"
     "                            mpirun -n P gossipgrad train ... --checkpoint.dir DIR ...\n\n"
-    "Runs the job; when it fails (not a usage error, exit 2), runs it again with\n"
-    "--checkpoint.resume auto: from the ranks' emergency states (below) where there are\n"
-    "some, else from the newest valid checkpoint in DIR.\n"
-    "  --max-restarts N      give up after N restarts (default 3)\n"
+    "Runs the job; when it fails (not a usage error, exit 2), runs it again: from the ranks'\n"
+    "emergency states (below) where there are some, else from the newest valid checkpoint\n"
+    "the job wrote in DIR since it was launched (never an earlier run's), else from what it\n"
+    "was launched with (its --checkpoint.resume, or auto). A job without checkpoint.dir is\n"
+    "refused. train.max_steps and train.stop_at count steps of the job's -n P: a relaunch\n"
+    "at fewer ranks trains the same samples (more of its smaller steps).\n"
+    "  --max-restarts N      give up after N restarts (default 3; 0 to 1000)\n"
     "  --shrink-on-failure   each restart runs one rank fewer (mpirun's -n/-np), down to\n"
     "                        --min-ranks (default 1); the checkpoint's ranks are averaged\n"
     "  --replace-lost        after a real failure, relaunch at the job's size: a lost\n"
@@ -65,12 +68,13 @@ constexpr const char* kHelp =
     "                        node's ranks need a spare host), instead of going on with\n"
     "                        the survivors (forward)\n"
     "  --stop-timeout S      after SIGTERM or SIGINT, seconds the job has to write its\n"
-    "                        checkpoint and exit before it is killed (default 120)\n"
+    "                        checkpoint and exit before it is killed (default 120; 0 to 604800)\n"
     "  --start-timeout S     with emergency states: end a job whose ranks have not all started\n"
     "                        (MPI up) S seconds after launch, e.g. a node the launcher cannot\n"
-    "                        reach (default 120; 0: wait)\n"
+    "                        reach (default 120; 0: wait; at most 604800)\n"
     "  --emergency-dir DIR   where the ranks' savers write their states (default: the job's\n"
-    "                        --checkpoint.dir/emergency; none: restarts from checkpoints only)\n"
+    "                        --checkpoint.dir/emergency; none: restarts from checkpoints only;\n"
+    "                        when the job completes, this session's states are removed)\n"
     "Real failures: under MPICH's hydra (mpirun/mpiexec) the job runs with\n"
     "-disable-auto-cleanup. Every rank keeps its state of its last completed step in memory it\n"
     "shares with a saver process of its own; when a rank dies, each saver writes its rank's\n"
@@ -84,7 +88,8 @@ constexpr const char* kHelp =
     "Restarts get GG_SUPERVISE_ATTEMPT=k in their environment; fault.* hooks fire only in\n"
     "attempt 0. SIGTERM or SIGINT (Ctrl-C) stops the job: it is sent SIGTERM once, writes a\n"
     "checkpoint where checkpoint.dir is set, and is not restarted; the exit code is then\n"
-    "128 + the signal's number. Otherwise the exit code is the job's last one.\n";
+    "128 + the signal's number. Otherwise the exit code is the job's last one. A rank whose\n"
+    "saver dies says so in one line and starts a new one.\n";
 
 }  // namespace
 
@@ -276,6 +281,18 @@ SuperviseOptions parse_supervise(const std::vector<std::string>& args) {
   }
   o.job.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
   if (o.job.empty()) throw UsageError("supervise: no command after '--'");
+  // hydra runs no rank and exits 0 for -n 0, -n -1 or -n abc: the job would "complete" untrained.
+  const std::string launcher = std::filesystem::path(o.job[0]).filename().string();
+  if (launcher.rfind("mpirun", 0) == 0 || launcher.rfind("mpiexec", 0) == 0)
+    for (size_t k = 1; k + 1 < o.job.size(); ++k) {
+      if (o.job[k] != "-n" && o.job[k] != "-np") continue;
+      if (train_args(std::vector<std::string>(o.job.begin(), o.job.begin() + k)))
+        break;  // past the program: the train options' own
+      const std::string& count = o.job[k + 1];
+      if (!is_count(count) || std::stoi(count) < 1)
+        throw UsageError("supervise: " + launcher + " " + o.job[k] + " " + count +
+                         " is no rank count: give a whole number from 1 to 9999999");
+    }
   if (min_ranks_given && names_ranks(o.job) && o.min_ranks > job_ranks(o.job))
     throw UsageError("supervise: --min-ranks " + std::to_string(o.min_ranks) +
                      " is more than the job's " + std::to_string(job_ranks(o.job)) +

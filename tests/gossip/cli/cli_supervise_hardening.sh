@@ -73,6 +73,10 @@ if want args; then
   check_refused "--min-ranks = 0 is out of range" --shrink-on-failure --min-ranks 0
   check_refused "--min-ranks 3 is more than the job's 2 ranks" --min-ranks 3
   check_refused "--start-timeout = 2147483648 is out of range" --start-timeout 2147483648
+  JOB=(-- "$MPIEXEC" -n 0 "$BIN" "${T[@]}" --checkpoint.dir ck0)  # hydra: exit 0, no rank ran
+  check_refused "-n 0 is no rank count"
+  JOB=(-- "$MPIEXEC" -np abc "$BIN" "${T[@]}" --checkpoint.dir ck0)
+  check_refused "-np abc is no rank count"
   rc=0; "$BIN" supervise --max-restarts > a.out 2> a.err || rc=$?
   [ "$rc" = 2 ] && grep -q -- "--max-restarts needs a value" a.err || fail "no value: $rc $(cat a.err)"
   echo "args: ok"
