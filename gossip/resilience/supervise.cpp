@@ -654,6 +654,12 @@ int cmd_supervise(const std::vector<std::string>& args) {
                  "gossipgrad supervise: %s is not MPICH's hydra: no failure notice, so a dead "
                  "rank ends the job and it restarts from its newest full checkpoint\n",
                  o.job[0].c_str());
+  if (o.train && (o.emergency_dir.empty() || !notice) && o.train->checkpoint.every == 0 &&
+      o.train->checkpoint.every_minutes <= 0)
+    std::fprintf(stderr,
+                 "gossipgrad supervise: warning: no emergency states and no full checkpoint "
+                 "before the end (checkpoint.every and every_minutes are 0): a restart begins "
+                 "again at step 0; set --checkpoint.every N\n");
   std::string from;  // the previous attempt's folder whose survivors this attempt continues
   int ranks = job_ranks(o.job);
   int restarts_from_checkpoint = 0;

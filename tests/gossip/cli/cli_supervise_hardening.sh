@@ -3,7 +3,8 @@
 #   args    every integer option of supervise out of range or malformed: one line naming it, exit 2,
 #           no job started (row 12)
 #   nodir   a job without checkpoint.dir is refused before it starts; one that sets it in its
-#           --config INI is accepted and gets emergency states (row 5)
+#           --config INI is accepted and gets emergency states (row 5); one with neither
+#           emergency states nor checkpoint.every is warned of in one line
 #   resume  a job launched with --checkpoint.resume CK/ckpt-20 restarts from the newest checkpoint
 #           it wrote since, not from step 20 again (row 3)
 #   pruned  ... and when ckpt-20 was pruned meanwhile, from the ranks' emergency states, not exit 2
@@ -97,6 +98,12 @@ if want nodir; then
     --log.metrics ini.jsonl > ini.out 2> ini.err || fail "INI checkpoint.dir: $(tail -3 ini.err)"
   grep -q -- "-disable-auto-cleanup" ini.err || fail "INI checkpoint.dir: no emergency states"
   [ -e ckini/ckpt-000000000005/MANIFEST.json ] || fail "INI checkpoint.dir: no checkpoint"
+  # No emergency states and no checkpoint before the end: said before the job runs.
+  "$BIN" supervise --emergency-dir none -- "$MPIEXEC" -n 2 "$BIN" "${T[@]}" --train.max_steps 5 \
+    --checkpoint.dir cknone --log.metrics none.jsonl > none.out 2> none.err ||
+    fail "no checkpoint.every: $(tail -3 none.err)"
+  [ "$(grep -c "a restart begins again at step 0; set --checkpoint.every N" none.err)" = 1 ] ||
+    fail "no checkpoint.every: not said: $(cat none.err)"
   echo "nodir: ok"
 fi
 
