@@ -40,6 +40,9 @@ std::vector<std::string> emergency_logs(const std::string& folder, int ranks);
 // states, and the folder of the previous attempt whose states this one continues from.
 constexpr const char* kEmergencyDirEnv = "GG_EMERGENCY_DIR";
 constexpr const char* kEmergencyFromEnv = "GG_EMERGENCY_FROM";
+// The rank count of the supervised job as launched: its train.max_steps and train.stop_at count
+// steps of that many ranks, also in a relaunch at another count (the same samples are trained).
+constexpr const char* kPlanRanksEnv = "GG_SUPERVISE_RANKS";
 constexpr const char* kRecoveryPlanFile = "RECOVERY.json";
 
 // The memory a rank shares with its saver (a memfd): this header, then from kEmergencySlotsAt two

@@ -4,16 +4,19 @@
 // (`--checkpoint.resume auto`) with the same or (--shrink-on-failure) one rank fewer.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace gg::gossip {
 
-// The command line of restart number `attempt` (>= 1) of `job`: --checkpoint.resume auto added
-// unless the job names a resume already, and with `shrink` the rank count after mpirun's -n/-np
-// lowered by one per restart, never below `min_ranks`.
+// The command line of restart number `attempt` (>= 1) of `job`: every --checkpoint.resume of the
+// job replaced by `--checkpoint.resume resume` (by none when `resume` is empty: afresh); without
+// `resume`, the job's own kept, else auto added. With `shrink` the rank count after mpirun's
+// -n/-np lowered by one per restart, never below `min_ranks`.
 std::vector<std::string> restart_command(const std::vector<std::string>& job, int attempt,
-                                         bool shrink, int min_ranks);
+                                         bool shrink, int min_ranks,
+                                         const std::optional<std::string>& resume = std::nullopt);
 
 // Whether `launcher` (argv[0] of the job) is MPICH's hydra mpirun/mpiexec, found on PATH.
 bool is_hydra_launcher(const std::string& launcher);

@@ -126,6 +126,15 @@ TrainingData::~TrainingData() {
   loader_.reset();  // stops the workers before the shuffle they may be waiting on goes away
 }
 
+int64_t TrainingData::steps_per_epoch_at(int ranks) const {
+  if (ranks == world_.size() || ranks < 1) return steps_per_epoch_;
+  if (shuffle_) return std::max<int64_t>(1, train_->size() / ranks / c_.train.batch);
+  shuffle::LoaderOptions o = lo_;
+  o.rank = 0;
+  o.ranks = ranks;
+  return std::max<int64_t>(1, shuffle::batches_per_epoch(train_->size(), o));
+}
+
 kernels::Dims TrainingData::input() const {
   if (train_->encoding() == shuffle::Encoding::Jpeg)
     return {lo_.jpeg.channels, lo_.jpeg.crop, lo_.jpeg.crop};

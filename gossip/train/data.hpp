@@ -31,6 +31,8 @@ class TrainingData {
   int64_t train_count() const { return train_->size(); }
   int64_t eval_count() const { return eval_ ? eval_->size() : 0; }
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
+  // The steps per epoch of the same data over `ranks` ranks (a plan made at another rank count).
+  int64_t steps_per_epoch_at(int ranks) const;
   std::string describe() const;  // one line: source, sizes, shuffle
 
   // Starts the loader for epochs [0, epochs), at step `first_step` (a resumed run).

@@ -104,6 +104,15 @@ EmergencyState::EmergencyState(std::string folder, int rank, int ranks)
   memfd_ = ::memfd_create("gossipgrad-emergency", MFD_CLOEXEC);
   if (memfd_ < 0) fail("memfd_create");
   reserve(0);
+  start_saver();
+  install_handler();
+  // A blocking collective that outlasts gossip.timeout_s (a partner timeout outside the gossip
+  // exchange) saves too, instead of MPI_Abort.
+  g_instance = this;
+  mpi::set_wait_timeout_handler([] { g_instance->save_and_wait(); });
+}
+
+void EmergencyState::start_saver() {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) fail("pipe");
   // The saver: this program again, in a session of its own, with no output (output reaches
@@ -121,7 +130,8 @@ EmergencyState::EmergencyState(std::string folder, int rank, int ranks)
   const std::string rank_text = std::to_string(rank_);
   std::vector<char*> argv = {const_cast<char*>("gossipgrad"), const_cast<char*>("_emergency-saver"),
                              folder_.data(), const_cast<char*>(rank_text.c_str()), nullptr};
-  const int rc = ::posix_spawn(&saver_, "/proc/self/exe", &actions, &attr, argv.data(), environ);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, "/proc/self/exe", &actions, &attr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   ::close(fds[0]);
@@ -130,12 +140,40 @@ EmergencyState::EmergencyState(std::string folder, int rank, int ranks)
     errno = rc;
     fail("cannot start the saver");
   }
+  saver_ = pid;
+  const int old = g_saver_pipe;
   g_saver_pipe = fds[1];
-  install_handler();
-  // A blocking collective that outlasts gossip.timeout_s (a partner timeout outside the gossip
-  // exchange) saves too, instead of MPI_Abort.
-  g_instance = this;
-  mpi::set_wait_timeout_handler([] { g_instance->save_and_wait(); });
+  if (old >= 0) ::close(old);
+}
+
+void EmergencyState::check_saver() {
+  if (saver_ <= 0) return;
+  int status = 0;
+  const pid_t r = ::waitpid(saver_, &status, WNOHANG);
+  // Reaped by someone else (SIGCHLD ignored): gone when no such process is left.
+  if (r == 0 || (r < 0 && !(errno == ECHILD && ::kill(saver_, 0) != 0 && errno == ESRCH))) return;
+  // The saver is this rank's only protection: without it a death of this rank loses its state.
+  const std::string how = r != saver_ ? std::string("ended")
+                          : WIFSIGNALED(status)
+                              ? "was killed by signal " + std::to_string(WTERMSIG(status))
+                              : "exited with code " + std::to_string(WEXITSTATUS(status));
+  const pid_t gone = saver_;
+  saver_ = -1;
+  std::string what;
+  if (++saver_restarts_ > kSaverRestarts) {
+    what = "not restarted again (" + std::to_string(kSaverRestarts) +
+           " restarts): this rank's state is lost if it dies";
+  } else {
+    try {
+      start_saver();
+      what = "started a new one (pid " + std::to_string(saver_) + ")";
+    } catch (const std::exception& e) {
+      what = std::string(e.what()) + ": this rank's state is lost if it dies";
+    }
+  }
+  std::fprintf(stderr, "gossipgrad: rank %d: warning: its emergency saver (pid %d) %s: %s\n", rank_,
+               static_cast<int>(gone), how.c_str(), what.c_str());
+  std::fflush(stderr);
 }
 
 EmergencyState::~EmergencyState() {
@@ -176,6 +214,7 @@ void EmergencyState::reserve(size_t bytes) {
 
 void EmergencyState::keep(Group& g) {
   if (handling()) park();
+  check_saver();
   g.trainer.capture_state(scratch_);  // may wait for a pending weight exchange
   scratch_.rank = rank_;
   scratch_.ranks = ranks_;

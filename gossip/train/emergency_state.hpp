@@ -48,6 +48,12 @@ class EmergencyState {
  private:
   // Room for states of `bytes` in both slots of the shared memory.
   void reserve(size_t bytes);
+  // Starts the saver (a new pipe; the old one, if any, closed).
+  void start_saver();
+  // A saver that ended (killed) is said in one line and started again, up to kSaverRestarts.
+  void check_saver();
+  static constexpr int kSaverRestarts = 3;
+  int saver_restarts_ = 0;
   std::string folder_;
   int rank_, ranks_;
   int memfd_ = -1;

@@ -99,6 +99,10 @@ struct JobState {
   StopSignals* stop_signals = nullptr;
   EmergencyState* emergency = nullptr;       // under supervise: the state a real failure saves
   std::optional<RecoveryPlan> real_failure;  // this job continues the survivors of one
+  // The rank count whose steps train.max_steps and train.stop_at count: the job's as launched
+  // (under supervise, the first attempt's: GG_SUPERVISE_RANKS). At another count they mean the
+  // same point of training, so that the planned samples are trained.
+  int plan_ranks = 1;
   // This rank's index in the live group, or -1 once it left.
   int group_rank_of(int original) const;
 };
@@ -115,7 +119,8 @@ struct Group {
   int64_t per_epoch = 0;  // steps per epoch
   int64_t total = 0;      // steps of the whole run
   int64_t epochs = 0;
-  int64_t first = 0;  // the first step this group runs
+  int64_t first = 0;          // the first step this group runs
+  double planned_epochs = 0;  // train.max_steps or train.epochs, in epochs (of any rank count)
   int64_t global_batch = 0;
   bool lead = false;  // rank 0 of the group: prints and writes metrics
 };

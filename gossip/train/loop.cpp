@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <thread>
 
@@ -33,18 +34,41 @@ Group open_group(const Config& c, const mpi::Comm& comm, JobState& job, GroupObj
   TrainingData& data = *o.data;
   const int64_t per_epoch = data.steps_per_epoch();
   int64_t total = per_epoch * c.train.epochs;
-  if (c.train.max_steps > 0) total = std::min(total, c.train.max_steps);
+  // train.max_steps and train.stop_at count steps of the job as launched: over another rank count
+  // (a forward recovery, a shrink) a step trains another number of samples, so they move to the
+  // same point of the same epoch in this group's steps (rounded up: no planned sample left out).
+  const int64_t plan_per_epoch = data.steps_per_epoch_at(job.plan_ranks);
+  const auto at_plan_point = [&](int64_t step) {
+    if (plan_per_epoch == per_epoch || step / plan_per_epoch >= c.train.epochs) return step;
+    return step / plan_per_epoch * per_epoch +
+           (step % plan_per_epoch * per_epoch + plan_per_epoch - 1) / plan_per_epoch;
+  };
+  double planned_epochs = static_cast<double>(c.train.epochs);
+  if (c.train.max_steps > 0 && c.train.max_steps / plan_per_epoch < c.train.epochs) {
+    total = std::min(total, at_plan_point(c.train.max_steps));
+    planned_epochs = static_cast<double>(c.train.max_steps) / static_cast<double>(plan_per_epoch);
+  }
   o.trainer = std::make_unique<Trainer>(c, comm, data.input(), data.classes(), total, per_epoch);
   o.recovery = std::make_unique<Recovery>(c, comm, *o.trainer, data,
                                           model_spec(c, 0, data.input(), data.classes()));
+  if (c.train.stop_at > 0) o.recovery->plan_stop_at(at_plan_point(c.train.stop_at));
   Group g{c, comm, data, *o.trainer, *o.recovery};
   g.threads = threads;
   g.ranks_on_node = comm.split_shared().size();
   g.per_epoch = per_epoch;
   g.total = total;
   g.epochs = (total + per_epoch - 1) / per_epoch;
+  g.planned_epochs = planned_epochs;
   g.global_batch = c.train.batch * comm.size();
   g.lead = comm.rank() == 0;
+  if (g.lead && total < per_epoch * c.train.epochs && plan_per_epoch != per_epoch) {
+    std::printf(
+        "gossipgrad: train.max_steps %lld counts steps of the %d ranks the job was launched "
+        "with: at %d ranks its %.4g planned epochs end after step %lld\n",
+        static_cast<long long>(c.train.max_steps), job.plan_ranks, comm.size(), planned_epochs,
+        static_cast<long long>(total));
+    std::fflush(stdout);
+  }
   plan_failures(c, job, comm.size(), total);
   if (job.carry) {
     g.first = g.recovery.continue_from(*job.carry, job.carry_step, job.carry_per_epoch);
@@ -191,6 +215,7 @@ void announce_start(Group& g, JobState& job) {
                      {"params", params},
                      {"global_batch", g.global_batch},
                      {"steps", g.total},
+                     {"epochs_planned", g.planned_epochs},
                      {"first_step", g.first},
                      {"mode", c.gossip.mode},
                      {"backend", c.train.backend},
@@ -269,6 +294,8 @@ void finish_group(Group& g, JobState& job, Timeline& timeline) {
   job.metrics.write(
       {{"event", "summary"},
        {"steps", summary.steps},
+       {"epochs", static_cast<double>(summary.steps) / static_cast<double>(g.per_epoch)},
+       {"epochs_planned", g.planned_epochs},
        {"top1", emulated(g.c) ? nlohmann::json() : nlohmann::json(summary.final_top1)},
        {"top5", emulated(g.c) ? nlohmann::json() : nlohmann::json(summary.final_top5)},
        {"wall_s", summary.wall_seconds},
@@ -413,6 +440,11 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
       EmergencyState::from_environment(world.rank(), world.size());
   job.emergency = emergency.get();
   job.t_start = Clock::now();
+  job.plan_ranks = world.size();
+  if (const char* launched = std::getenv(kPlanRanksEnv)) {  // a relaunch by the supervisor
+    const int ranks = std::atoi(launched);
+    if (ranks >= 1 && ranks <= (1 << 24)) job.plan_ranks = ranks;
+  }
   for (int r = 0; r < world.size(); ++r) job.members.push_back(r);
   if (!c.log.samples.empty()) {
     const std::string path = c.log.samples + "." + std::to_string(world.rank());

@@ -42,7 +42,8 @@ Recovery::Recovery(const Config& c, const mpi::Comm& world, Trainer& trainer, Tr
       trainer_(trainer),
       data_(data),
       model_(std::move(model)),
-      agreement_(std::make_unique<LaggedMax>(world)) {
+      agreement_(std::make_unique<LaggedMax>(world)),
+      stop_at_(c.train.stop_at) {
   start_ = now_seconds();
 }
 
@@ -317,7 +318,7 @@ bool Recovery::weights_due(int64_t s) const {
   // that no sample's forward reads, or a NaN that arrived from a partner after the forward).
   const int64_t done = s + 1;
   return done % c_.guard.snapshot_every == 0 || done % data_.steps_per_epoch() == 0 ||
-         (c_.checkpoint.every > 0 && done % c_.checkpoint.every == 0) || done == c_.train.stop_at;
+         (c_.checkpoint.every > 0 && done % c_.checkpoint.every == 0) || done == stop_at_;
 }
 
 bool Recovery::after_step(int64_t s, double loss, bool last, MetricsWriter& metrics) {
@@ -383,7 +384,7 @@ bool Recovery::time_due() {
 
 bool Recovery::after_step_done(int64_t s, int64_t epoch, bool last, MetricsWriter& metrics) {
   const int64_t done = s + 1;
-  const bool stop = c_.train.stop_at > 0 && done == c_.train.stop_at && !last;
+  const bool stop = stop_at_ > 0 && done == stop_at_ && !last;
   bool due = c_.checkpoint.every > 0 && done % c_.checkpoint.every == 0;
   due = time_due() || due || stop || last;
   if (due) checkpoint_now(done, epoch, metrics);

@@ -59,6 +59,8 @@ class Recovery {
   // The step of this run at the point of step `step` of a run with `old_per_epoch` steps per
   // epoch: the same point of the same epoch.
   int64_t same_point(int64_t step, int64_t old_per_epoch) const;
+  // train.stop_at in this run's steps (another rank count than the job was launched with).
+  void plan_stop_at(int64_t step) { stop_at_ = step; }
   // The network changed shape (apoptosis): the NaN guard's snapshot is taken afresh.
   void model_changed() { snapshot_.reset(); }
   // The NaN guard's restores so far (part of a rank's state).
@@ -121,6 +123,7 @@ class Recovery {
   bool weights_bad_ = false;          // before_step found them non-finite; after_step reports it
   int64_t weights_checked_for_ = -1;  // after_step found them finite for the snapshot of this step
   int nan_restores_ = 0;
+  int64_t stop_at_ = 0;  // train.stop_at, in this run's steps
   double lr_scale_ = 1;
 };
 

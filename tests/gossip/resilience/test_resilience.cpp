@@ -206,6 +206,18 @@ TEST_CASE("supervise restarts add resume auto and shrink mpirun's rank count", "
   const std::vector<std::string> named = {"mpirun", "-np", "2", "g", "--checkpoint.resume=DIR"};
   r = restart_command(named, 1, true, 1);
   CHECK(r == std::vector<std::string>{"mpirun", "-np", "1", "g", "--checkpoint.resume=DIR"});
+  // A restart resumes where the supervisor says (the newest checkpoint the job wrote), not from
+  // the folder the job was launched with.
+  r = restart_command(named, 1, false, 1, "CK/ckpt-000000000140");
+  CHECK(r == std::vector<std::string>{"mpirun", "-np", "2", "g", "--checkpoint.resume",
+                                      "CK/ckpt-000000000140"});
+  const std::vector<std::string> spaced = {
+      "mpirun", "-n", "2", "gossipgrad", "train", "--checkpoint.resume", "CK/ckpt-20", "--x", "1"};
+  r = restart_command(spaced, 1, false, 1, "auto");
+  CHECK(r == std::vector<std::string>{"mpirun", "-n", "2", "gossipgrad", "train", "--x", "1",
+                                      "--checkpoint.resume", "auto"});
+  r = restart_command(spaced, 1, false, 1, "");  // afresh: no resume at all
+  CHECK(r == std::vector<std::string>{"mpirun", "-n", "2", "gossipgrad", "train", "--x", "1"});
 }
 
 TEST_CASE("supervise turns hydra's failure notice on and sets the survivors' rank count",
