@@ -172,7 +172,7 @@ std::string rank_out_of_range(const std::string& key, const std::string& value, 
 
 }  // namespace
 
-void check_ranks(const Config& c, int ranks) {
+void check_ranks(const Config& c, int ranks, bool supervised_restart) {
   if (!mixing_of(c).allreduce && c.gossip.hierarchy == "none") {
     try {
       partners::validate({partners::parse_kind(c.gossip.schedule), ranks, c.gossip.rotate,
@@ -183,7 +183,7 @@ void check_ranks(const Config& c, int ranks) {
   }
   for (const auto& [spec, key] :
        {std::pair{c.fault.kill, "fault.kill"}, {c.fault.stall, "fault.stall"}})
-    if (!spec.empty()) {
+    if (!spec.empty() && !supervised_restart) {
       const int r = parse_fault_kill(spec, key).first;
       if (r >= ranks) throw UsageError(rank_out_of_range(key, spec, r, ranks));
     }

@@ -176,8 +176,10 @@ Config parse_train_args(const std::vector<std::string>& args);
 
 // The rules that need the job's rank count (the gossip schedule, the ranks named by fault.kill,
 // fault.stall, fault.inject and emulate.slow, fault.mtbf_steps): a real run checks them before
-// anything else, --dry-run at the rank count it was launched with. Throws UsageError.
-void check_ranks(const Config& c, int ranks);
+// anything else, --dry-run at the rank count it was launched with. `supervised_restart`: a
+// restart by gossipgrad supervise, possibly at fewer ranks, where fault.kill and fault.stall
+// never fire (test_hooks.hpp) and so bound nothing. Throws UsageError.
+void check_ranks(const Config& c, int ranks, bool supervised_restart = false);
 
 // Settings given a value other than their default where, in this run, they change nothing: one
 // line each, for a warning. (What would change a result a user expects is refused instead.)
