@@ -72,6 +72,14 @@ expect "pack: --output inside --input" "lies inside --input img/train" -- \
 expect "pack: --output is --input" "is the same folder as --input" -- \
   "${G[@]}" pack --input img --output img
 [ ! -e img/train/shards ] || FAIL "pack wrote into its input"
+# Row 9, training: an empty class folder.
+mkdir img/train/n_empty
+IMG=(--data.source imagenet:img --data.crop 16 --data.resize 18 --train.batch 4 --data.shuffle_per_step 2 --train.max_steps 1)
+expect "an empty class folder, printed once" "class folder img/train/n_empty holds no" -- \
+  "${M2[@]}" "${T[@]}" "${IMG[@]}" --log.metrics m9.jsonl
+rmdir img/train/n_empty
+[ ! -e m9.jsonl ] || FAIL "a refused run wrote its metrics"
+
 # Row 7: counts that do not fit 64 bits are refused; where they fit they are exact.
 expect "info: resnet50 at 10^7 x 10^7" "exceeds 2^63" -- \
   "${G[@]}" info --model resnet50 --input 3,10000000,10000000
