@@ -238,6 +238,17 @@ bool run_step(Group& g, StepHooks& hooks, int64_t s, shuffle::Batch& batch, Step
   return true;
 }
 
+// "final test top-1 X%", or, when the last steps went unevaluated, the step it was measured at.
+std::string format_top1(const RunSummary& s) {
+  char text[96];
+  if (s.eval_step == s.steps)
+    std::snprintf(text, sizeof text, "final test top-1 %.2f%%", 100 * s.final_top1);
+  else
+    std::snprintf(text, sizeof text, "test top-1 %.2f%% after step %lld (not evaluated since)",
+                  100 * s.final_top1, static_cast<long long>(s.eval_step));
+  return text;
+}
+
 // After the group's last step: the timeline, every rank's totals, and the summary on rank 0.
 void finish_group(Group& g, JobState& job, Timeline& timeline) {
   const mpi::Activity doing("the end of training");
@@ -255,22 +266,27 @@ void finish_group(Group& g, JobState& job, Timeline& timeline) {
   summary.images_per_second = job.train_seconds > 0 ? job.images / job.train_seconds : 0;
   if (!g.lead) return;
   const double comm_share = job.train_seconds > 0 ? job.comm_seconds / job.train_seconds : 0;
-  char final_eval[64] = "no evaluation data";
+  // An accuracy only where one was measured: a run stopped before its first evaluation has none
+  // (issue 31: it said "final test top-1 0.00%").
+  const bool evaluated = summary.eval_step >= 0 && !emulated(g.c);
+  std::string final_eval = "not evaluated (no evaluation data)";
   if (emulated(g.c))
-    std::snprintf(final_eval, sizeof final_eval, "emulated compute: no accuracy");
+    final_eval = "emulated compute: no accuracy";
+  else if (evaluated)
+    final_eval = format_top1(summary);
   else if (g.data.eval_source())
-    std::snprintf(final_eval, sizeof final_eval, "final test top-1 %.2f%%",
-                  100 * summary.final_top1);
+    final_eval = "not evaluated: no epoch ended in this run";
   std::printf(
       "done: %lld steps in %s, %.0f img/s, exposed communication %.1f%% of step time, %s "
       "(metrics: %s)\n",
       static_cast<long long>(summary.steps), format_duration(summary.wall_seconds).c_str(),
-      summary.images_per_second, 100 * comm_share, final_eval, g.c.log.metrics.c_str());
+      summary.images_per_second, 100 * comm_share, final_eval.c_str(), g.c.log.metrics.c_str());
   job.metrics.write(
       {{"event", "summary"},
        {"steps", summary.steps},
-       {"top1", emulated(g.c) ? nlohmann::json() : nlohmann::json(summary.final_top1)},
-       {"top5", emulated(g.c) ? nlohmann::json() : nlohmann::json(summary.final_top5)},
+       {"top1", evaluated ? nlohmann::json(summary.final_top1) : nlohmann::json()},
+       {"top5", evaluated ? nlohmann::json(summary.final_top5) : nlohmann::json()},
+       {"eval_step", evaluated ? nlohmann::json(summary.eval_step) : nlohmann::json()},
        {"wall_s", summary.wall_seconds},
        {"images_per_s", summary.images_per_second},
        {"comm_s", job.comm_seconds},
@@ -298,6 +314,7 @@ Ending nothing_to_do(Group& g, JobState& job) {
     const EvalStats e = g.trainer.evaluate(*g.data.eval_source(), g.data.eval_options());
     job.summary.final_top1 = e.top1;
     job.summary.final_top5 = e.top5;
+    job.summary.eval_step = g.first;
     if (g.lead)
       job.metrics.write({{"event", "eval"},
                          {"epoch", g.epochs},

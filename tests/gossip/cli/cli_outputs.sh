@@ -99,4 +99,19 @@ import json; d = json.load(open('big.json'))
 assert d['forward_flops'] > 0 and all(l['flops'] >= 0 for l in d['layers']), d['forward_flops']
 assert d['forward_flops'] == sum(l['flops'] for l in d['layers'])" || FAIL "info at 10^6 x 10^6"
 
+# Row 10: a run that never evaluated says so, and its summary holds null.
+"$BIN" "${T[@]}" --train.stop_at 3 --checkpoint.dir ck10 --log.metrics m10.jsonl >t10.log 2>&1 ||
+  { cat t10.log; FAIL "stop_at run"; }
+"$BIN" "${T[@]}" --data.source synthetic:1x28x28:10:256 --train.max_steps 3 \
+  --log.metrics m10b.jsonl >t10b.log 2>&1 || { cat t10b.log; FAIL "synthetic run"; }
+for f in m10 m10b; do
+  /usr/bin/python3 -c "
+import json
+s = [json.loads(l) for l in open('$f.jsonl') if '\"summary\"' in l][-1]
+assert s['top1'] is None and s['top5'] is None and s['eval_step'] is None, s" ||
+    FAIL "$f: the summary of a run that never evaluated holds an accuracy"
+done
+grep -q "not evaluated" t10.log && grep -q "not evaluated" t10b.log &&
+  ! grep -q "top-1 0.00%" t10.log t10b.log || FAIL "no not-evaluated line"
+
 exit $fail
