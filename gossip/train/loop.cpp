@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <thread>
 
@@ -256,6 +257,12 @@ void finish_group(Group& g, JobState& job, Timeline& timeline) {
   summary.wall_seconds = seconds_since(job.t_start);
   if (timeline.enabled()) {
     g.trainer.set_timeline(nullptr);
+    // Its folder is made, as log.metrics' and checkpoint.dir's are (preflight found it can be).
+    if (const auto folder = std::filesystem::path(g.c.log.timeline).parent_path();
+        g.lead && !folder.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(folder, ec);
+    }
     timeline.write(g.comm, g.c.log.timeline);
     if (g.lead) std::printf("gossipgrad: timeline written to %s\n", g.c.log.timeline.c_str());
   }
@@ -435,6 +442,9 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
     const std::string path = c.log.samples + "." + std::to_string(world.rank());
     // A resumed run goes on with the file of the run it continues.
     const auto mode = c.checkpoint.resume.empty() ? std::ios::trunc : std::ios::app;
+    std::error_code ec;  // its folder, like log.timeline's, is made (preflight checked it can be)
+    if (const auto folder = std::filesystem::path(path).parent_path(); !folder.empty())
+      std::filesystem::create_directories(folder, ec);
     job.samples = std::make_unique<std::ofstream>(path, mode);
     if (!*job.samples) throw std::runtime_error("log.samples: cannot write " + path);
   }

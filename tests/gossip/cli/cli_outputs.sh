@@ -114,4 +114,35 @@ done
 grep -q "not evaluated" t10.log && grep -q "not evaluated" t10b.log &&
   ! grep -q "top-1 0.00%" t10.log t10b.log || FAIL "no not-evaluated line"
 
+# Row 12: init_from and output paths checked before training, one line under mpirun.
+for f in garbage int32 fortran; do
+  expect "init_from: $f" "train.init_from: $f.npz" -- "${M2[@]}" "${T[@]}" --train.max_steps 1 \
+    --train.init_from $f.npz --log.metrics m12.jsonl
+done
+expect "init_from holding NaN" "'fc1.weight' holds NaN" -- "${M2[@]}" "${T[@]}" \
+  --train.max_steps 1 --train.init_from nan.npz --log.metrics m12.jsonl
+expect "metrics under /proc" "log.metrics = /proc/m.jsonl" -- "${M2[@]}" "${T[@]}" \
+  --train.max_steps 1 --log.metrics /proc/m.jsonl
+expect "metrics under a file" "is not a folder" -- "${M2[@]}" "${T[@]}" --train.max_steps 1 \
+  --log.metrics x.npy/m.jsonl
+expect "samples under a file" "log.samples = x.npy/s" -- "${M2[@]}" "${T[@]}" --train.max_steps 1 \
+  --log.samples x.npy/s --log.metrics m12.jsonl --checkpoint.dir ck12
+[ ! -e ck12 ] && [ ! -e m12.jsonl ] || FAIL "a refused run left ck12/ or m12.jsonl behind"
+cp "$CFG" x.ini
+expect "metrics is the config file" "is the same file as --config" -- "${G[@]}" train --config \
+  x.ini --log.metrics x.ini --log.overwrite true
+cmp -s x.ini "$CFG" || FAIL "the config file was changed"
+expect "metrics is the timeline" "is the same file as log.timeline" -- "${G[@]}" "${T[@]}" \
+  --log.metrics tl.json --log.timeline tl.json
+expect "timeline is init_from" "is the same file as train.init_from" -- "${G[@]}" "${T[@]}" \
+  --train.init_from w.npz --log.timeline w.npz --log.overwrite true
+expect "checkpoint.dir in the data folder" "lies inside data.source" -- "${G[@]}" "${T[@]}" \
+  "${IMG[@]}" --checkpoint.dir img/ck --log.metrics m12.jsonl
+expect "init_from inside checkpoint.dir" "lies inside checkpoint.dir" -- "${G[@]}" "${T[@]}" \
+  --train.init_from ck/model.npz --checkpoint.dir ck --log.overwrite true
+cmp -s w.npz w.keep && cmp -s ck/model.npz model.keep || FAIL "an input was changed"
+"${M2[@]}" "${T[@]}" --train.max_steps 2 --log.samples new/s --log.timeline new2/t.json \
+  --log.metrics m12b.jsonl >t12.log 2>&1 || { cat t12.log; FAIL "samples/timeline in new folders"; }
+[ -s new/s.0 ] && [ -s new/s.1 ] && [ -s new2/t.json ] || FAIL "no samples or timeline files"
+
 exit $fail
