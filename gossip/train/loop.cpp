@@ -139,15 +139,45 @@ void report_real_failure(Group& g, JobState& job) {
   job.real_failure.reset();
 }
 
+// log.metrics as this job writes it: for runs/latest/metrics.jsonl a fresh run folder, made by
+// rank 0 once the run has really started (nothing is left behind by a refused start) and told to
+// every rank (a survivor may take over the file); a run that continues from a checkpoint or its
+// states appends to the file runs/latest leads to. Other paths as given. A collective.
+std::string job_metrics_path(const Group& g, const JobState& job) {
+  const std::string& given = g.c.log.metrics;
+  if (!names_run_folder(given)) return given;
+  mpi::RankError error;
+  std::string path;
+  if (g.lead) {
+    try {
+      std::error_code ec;
+      const bool continuing = g.first > 0 || job.real_failure;
+      if (continuing && std::filesystem::exists(given, ec)) {
+        path = std::filesystem::canonical(given).string();
+      } else {
+        std::string moved;
+        path = start_run_folder(given, &moved);
+        if (!moved.empty()) std::printf("gossipgrad: %s\n", moved.c_str());
+      }
+    } catch (const std::exception& e) {
+      error = {e.what(), false};
+    }
+  }
+  throw_agreed(g.comm, error);
+  g.comm.broadcast(path, 0);
+  return path;
+}
+
 // The metrics file (rank 0 of the job, or of the survivors once it failed) and the job's first
 // lines: ranks, model, data, schedule.
 void announce_start(Group& g, JobState& job) {
   const Config& c = g.c;
   if (!job.started) {
+    job.metrics_path = job_metrics_path(g, job);
     if (g.lead)
-      job.metrics = MetricsWriter(c.log.metrics, c.log.overwrite, !c.checkpoint.resume.empty());
+      job.metrics = MetricsWriter(job.metrics_path, c.log.overwrite, !c.checkpoint.resume.empty());
   } else if (g.lead && !job.metrics.enabled()) {
-    job.metrics = MetricsWriter(c.log.metrics, false, true);  // appends to the same file
+    job.metrics = MetricsWriter(job.metrics_path, false, true);  // appends to the same file
   }
   if (emulated(c)) job.metrics.tag("emulated", true);
   report_recovery(g, job);
@@ -287,7 +317,7 @@ void finish_group(Group& g, JobState& job, Timeline& timeline) {
       "done: %lld steps in %s, %.0f img/s, exposed communication %.1f%% of step time, %s "
       "(metrics: %s)\n",
       static_cast<long long>(summary.steps), format_duration(summary.wall_seconds).c_str(),
-      summary.images_per_second, 100 * comm_share, final_eval.c_str(), g.c.log.metrics.c_str());
+      summary.images_per_second, 100 * comm_share, final_eval.c_str(), job.metrics_path.c_str());
   job.metrics.write(
       {{"event", "summary"},
        {"steps", summary.steps},

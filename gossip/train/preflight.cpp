@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gossip/resilience/checkpoint.hpp"
+#include "gossip/train/metrics.hpp"
 #include "kernels/executor.hpp"
 #include "kernels/npz.hpp"
 #include "kernels/path_overlap.hpp"
@@ -178,6 +179,18 @@ void check_run_files(const Config& c) {
   if (!c.log.samples.empty())
     check_writable("log.samples", c.log.samples, fs::absolute(c.log.samples).parent_path());
   if (c.log.metrics.empty()) return;
+  // runs/latest/metrics.jsonl: each run writes into a fresh runs/<time>/ (metrics.hpp), made
+  // beside `latest`. Another path is written as named: a resumed run appends to it.
+  if (names_run_folder(c.log.metrics)) {
+    const fs::path latest = fs::path(c.log.metrics).parent_path();
+    std::error_code ec;
+    const fs::file_status st = fs::symlink_status(latest, ec);
+    if (fs::exists(st) && !fs::is_symlink(st) && !fs::is_directory(st))
+      throw UsageError("log.metrics = " + c.log.metrics + ": " + latest.string() +
+                       " is a file, not the link to the latest run: move it away");
+    check_writable("log.metrics", c.log.metrics, fs::absolute(latest).parent_path());
+    return;
+  }
   check_writable("log.metrics", c.log.metrics, fs::absolute(c.log.metrics).parent_path());
   if (!c.log.overwrite && !resuming) check_not_clobbered("log.metrics", c.log.metrics);
 }

@@ -145,4 +145,17 @@ cmp -s w.npz w.keep && cmp -s ck/model.npz model.keep || FAIL "an input was chan
   --log.metrics m12b.jsonl >t12.log 2>&1 || { cat t12.log; FAIL "samples/timeline in new folders"; }
 [ -s new/s.0 ] && [ -s new/s.1 ] && [ -s new2/t.json ] || FAIL "no samples or timeline files"
 
+# Row 14: the default metrics path: a fresh run folder per run, runs/latest links to the newest.
+mkdir r14 && cd r14
+for i in 1 2; do
+  "$BIN" "${T[@]}" --data.source synthetic:1x28x28:10:128 --train.max_steps 2 >run$i.log 2>&1 ||
+    { cat run$i.log; FAIL "default metrics path: run $i"; }
+done
+n=$(ls -d runs/2*/ 2>/dev/null | wc -l)
+[ "$n" = 2 ] && [ -L runs/latest ] && [ "$(grep -c '"event":"start"' runs/latest/metrics.jsonl)" = 1 ] ||
+  { FAIL "two runs: $n run folders, runs/latest:"; ls -la runs; }
+grep -q "metrics: runs/$(readlink runs/latest)/metrics.jsonl" run2.log || FAIL "run 2 names its file"
+expect "a named path is still not overwritten" "already exists" -- "${G[@]}" "${T[@]}" \
+  --log.metrics "runs/$(readlink runs/latest)/metrics.jsonl"
+cd ..
 exit $fail
