@@ -4,6 +4,7 @@
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -52,6 +53,12 @@ std::optional<shuffle::PackOptions> parse_pack_args(const std::vector<std::strin
   o.shuffle_seed = parse_unsigned(shuffle_seed, "--shuffle");
   // Shards inside the image folder would be read back as a class folder of no images.
   require_distinct_output({"--output", o.output}, {{"--input", o.input}});
+  // An ImageNet root is packed into OUTPUT/train and OUTPUT/val, which may be links elsewhere.
+  if (std::error_code ec;
+      std::filesystem::is_directory(std::filesystem::path(o.input) / "train", ec))
+    for (const char* split : {"train", "val"})
+      require_distinct_output({"--output", (std::filesystem::path(o.output) / split).string()},
+                              {{"--input", o.input}});
   return o;
 }
 

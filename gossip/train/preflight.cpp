@@ -130,6 +130,9 @@ void check_outputs_apart(const Config& c) {
       inputs.push_back({"checkpoint.dir", (fs::path(ck) / name).string()});
   }
   for (size_t i = 0; i < files.size(); ++i) {
+    std::error_code ec;
+    if (fs::is_directory(files[i].path, ec))  // found at the first write, or after training
+      throw UsageError(kernels::shown(files[i]) + " is a folder: name a file");
     for (const kernels::NamedPath& in : inputs)
       if (const std::string why = kernels::output_overlap(files[i], in); !why.empty())
         throw UsageError(why);

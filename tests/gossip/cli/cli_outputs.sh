@@ -71,7 +71,10 @@ expect "pack: --output inside --input" "lies inside --input img/train" -- \
   "${G[@]}" pack --input img/train --output img/train/shards
 expect "pack: --output is --input" "is the same folder as --input" -- \
   "${G[@]}" pack --input img --output img
-[ ! -e img/train/shards ] || FAIL "pack wrote into its input"
+mkdir pk && ln -s ../img/train pk/train
+expect "pack: --output/train is a link into --input" "pk/train lies inside --input img" -- \
+  "${G[@]}" pack --input img --output pk
+[ ! -e img/train/shards ] && [ -z "$(ls img/train | grep -v '^n0')" ] || FAIL "pack wrote into its input"
 # Row 9, training: an empty class folder.
 mkdir img/train/n_empty
 IMG=(--data.source imagenet:img --data.crop 16 --data.resize 18 --train.batch 4 --data.shuffle_per_step 2 --train.max_steps 1)
@@ -140,6 +143,11 @@ expect "checkpoint.dir in the data folder" "lies inside data.source" -- "${G[@]}
   "${IMG[@]}" --checkpoint.dir img/ck --log.metrics m12.jsonl
 expect "init_from inside checkpoint.dir" "lies inside checkpoint.dir" -- "${G[@]}" "${T[@]}" \
   --train.init_from ck/model.npz --checkpoint.dir ck --log.overwrite true
+mkdir afolder
+expect "metrics is a folder" "log.metrics = afolder is a folder" -- "${G[@]}" "${T[@]}" \
+  --log.metrics afolder --log.overwrite true
+expect "timeline is a folder" "log.timeline = afolder is a folder" -- "${G[@]}" "${T[@]}" \
+  --log.metrics m12.jsonl --log.timeline afolder --log.overwrite true
 cmp -s w.npz w.keep && cmp -s ck/model.npz model.keep || FAIL "an input was changed"
 "${M2[@]}" "${T[@]}" --train.max_steps 2 --log.samples new/s --log.timeline new2/t.json \
   --log.metrics m12b.jsonl >t12.log 2>&1 || { cat t12.log; FAIL "samples/timeline in new folders"; }
