@@ -51,6 +51,16 @@ std::optional<shuffle::PackOptions> parse_pack_args(const std::vector<std::strin
     throw UsageError("--threads " + std::to_string(o.threads) + " must be in [1, 256]");
   o.shard_bytes = static_cast<int64_t>(shard_mb * 1e6);
   o.shuffle_seed = parse_unsigned(shuffle_seed, "--shuffle");
+  // The output folder is made where missing, under a folder: a file on the way is a usage error,
+  // not a filesystem_error.
+  std::filesystem::path above = std::filesystem::absolute(o.output);
+  std::error_code ec;
+  while (!std::filesystem::exists(above, ec) && above.has_parent_path() &&
+         above != above.parent_path())
+    above = above.parent_path();
+  if (!std::filesystem::is_directory(above, ec))
+    throw UsageError("--output " + o.output + ": " + above.string() +
+                     " is a file, not a folder: choose a folder for the shards");
   // Shards inside the image folder would be read back as a class folder of no images.
   require_distinct_output({"--output", o.output}, {{"--input", o.input}});
   // An ImageNet root is packed into OUTPUT/train and OUTPUT/val, which may be links elsewhere.

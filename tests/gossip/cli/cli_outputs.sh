@@ -71,6 +71,8 @@ expect "pack: --output inside --input" "lies inside --input img/train" -- \
   "${G[@]}" pack --input img/train --output img/train/shards
 expect "pack: --output is --input" "is the same folder as --input" -- \
   "${G[@]}" pack --input img --output img
+expect "pack: --output under a file" "is a file, not a folder" -- \
+  "${G[@]}" pack --input img --output x.npy/shards
 mkdir pk && ln -s ../img/train pk/train
 expect "pack: --output/train is a link into --input" "pk/train lies inside --input img" -- \
   "${G[@]}" pack --input img --output pk
