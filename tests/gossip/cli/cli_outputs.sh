@@ -66,7 +66,7 @@ done
   >/dev/null || FAIL "infer or export to a path apart from the inputs"
 
 # Row 9: pack into its input; empty class folders at training.
-"$MAKE_IMAGES" img 3 4 1 || { echo "FAIL: make_images"; exit 1; }
+"$MAKE_IMAGES" img 3 8 1 || { echo "FAIL: make_images"; exit 1; }
 expect "pack: --output inside --input" "lies inside --input img/train" -- \
   "${G[@]}" pack --input img/train --output img/train/shards
 expect "pack: --output is --input" "is the same folder as --input" -- \
@@ -79,7 +79,7 @@ expect "pack: --output/train is a link into --input" "pk/train lies inside --inp
 [ ! -e img/train/shards ] && [ -z "$(ls img/train | grep -v '^n0')" ] || FAIL "pack wrote into its input"
 # Row 9, training: an empty class folder.
 mkdir img/train/n_empty
-IMG=(--data.source imagenet:img --data.crop 16 --data.resize 18 --train.batch 4 --data.shuffle_per_step 2 --train.max_steps 1)
+IMG=(--data.source imagenet:img --data.crop 16 --data.resize 18 --train.batch 8 --train.max_steps 1)
 expect "an empty class folder, printed once" "class folder img/train/n_empty holds no" -- \
   "${M2[@]}" "${T[@]}" "${IMG[@]}" --log.metrics m9.jsonl --checkpoint.dir ck9
 rmdir img/train/n_empty
