@@ -90,12 +90,13 @@ void check_init_from(const std::string& path) {
                        "they came from diverging?)");
 }
 
-// The data the run reads: its folder (not for synthetic data) and the ImageNet labels file.
+// The data the run reads that an output could change: an image folder, where every new folder
+// is read as a class (idx and shard folders are read by file name: outputs beside the data
+// change nothing), and the ImageNet labels file.
 std::vector<kernels::NamedPath> data_inputs(const Config& c) {
   std::vector<kernels::NamedPath> in;
   const shuffle::SourceSpec spec = shuffle::parse_source(c.data.source, c.data.dir);
-  if (spec.kind != shuffle::SourceSpec::Kind::Synthetic)
-    in.push_back({c.data.source == "fashion-mnist" ? "data.dir" : "data.source", spec.path});
+  if (spec.kind == shuffle::SourceSpec::Kind::ImageNet) in.push_back({"data.source", spec.path});
   if (c.data.val_labels != "auto") in.push_back({"data.val_labels", c.data.val_labels});
   return in;
 }
@@ -116,7 +117,7 @@ void check_outputs_apart(const Config& c) {
   if (!c.log.samples.empty()) files.push_back({"log.samples", c.log.samples + ".0"});
   const std::string& ck = c.checkpoint.dir;
   if (!ck.empty()) {
-    // Checkpoints in a data folder become a class folder, or overwrite the data.
+    // Checkpoints in an image folder become a class folder.
     for (const kernels::NamedPath& in : data_inputs(c))
       if (const std::string why = kernels::output_overlap({"checkpoint.dir", ck}, in); !why.empty())
         throw UsageError(why);
