@@ -5,9 +5,34 @@
 
 namespace gg::kernels {
 
+namespace {
+
+// The counts of a graph (elements, parameters, FLOPs) in 64 bits: a count that does not fit
+// throws std::overflow_error (not invalid_argument, which build_model reads as "input too
+// small"), never wraps into a negative number (issue 31: "-2077294073.705 GFLOPs").
+int64_t checked_mul(int64_t a, int64_t b) {
+  int64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r))
+    throw std::overflow_error("a count of this graph exceeds 2^63 (" + std::to_string(a) + " x " +
+                              std::to_string(b) + ")");
+  return r;
+}
+
+int64_t checked_add(int64_t a, int64_t b) {
+  int64_t r = 0;
+  if (__builtin_add_overflow(a, b, &r))
+    throw std::overflow_error("a count of this graph exceeds 2^63 (" + std::to_string(a) + " + " +
+                              std::to_string(b) + ")");
+  return r;
+}
+
+}  // namespace
+
 int64_t numel(const Dims& d) {
   int64_t n = 1;
-  for (int64_t v : d) n *= v;
+  for (int64_t v : d)
+    if (__builtin_mul_overflow(n, v, &n))
+      throw std::overflow_error("dims " + to_string(d) + " hold more than 2^63 elements");
   return n;
 }
 
@@ -84,6 +109,8 @@ namespace {
 int64_t window_out(int64_t in, int64_t k, int64_t s, int64_t p, const std::string& what) {
   if (k < 1 || s < 1 || p < 0)
     throw std::invalid_argument(what + ": invalid kernel/stride/padding");
+  if (in > (int64_t{1} << 40) || p > (int64_t{1} << 40))
+    throw std::overflow_error(what + ": input side " + std::to_string(in) + " too large");
   const int64_t out = (in + 2 * p - k) / s + 1;
   if (in + 2 * p < k || out < 1) throw std::invalid_argument(what + ": window larger than input");
   return out;
@@ -96,6 +123,8 @@ int64_t pool_out(int64_t in, const PoolAttr& a, const std::string& what) {
   if (!a.ceil_mode) return window_out(in, a.kernel, a.stride, a.pad, what);
   if (a.kernel < 1 || a.stride < 1 || a.pad < 0)
     throw std::invalid_argument(what + ": invalid kernel/stride/padding");
+  if (in > (int64_t{1} << 40) || a.pad > (int64_t{1} << 40))
+    throw std::overflow_error(what + ": input side " + std::to_string(in) + " too large");
   const int64_t span = in + 2 * a.pad - a.kernel + a.stride - 1;  // may be negative
   int64_t out = (span >= 0 ? span / a.stride : -((-span + a.stride - 1) / a.stride)) + 1;
   if (out >= 1 && (out - 1) * a.stride >= in + a.pad) --out;
@@ -131,14 +160,14 @@ int Graph::push(Node n) {
 
 int Graph::add_param(int node, const std::string& name, Dims dims) {
   TensorSpec t{name, std::move(dims), param_count_, node};
-  param_count_ += t.size();
+  param_count_ = checked_add(param_count_, t.size());
   params_.push_back(std::move(t));
   return static_cast<int>(params_.size()) - 1;
 }
 
 int Graph::add_buffer(int node, const std::string& name, Dims dims) {
   TensorSpec t{name, std::move(dims), buffer_count_, node};
-  buffer_count_ += t.size();
+  buffer_count_ = checked_add(buffer_count_, t.size());
   buffers_.push_back(std::move(t));
   return static_cast<int>(buffers_.size()) - 1;
 }
@@ -312,9 +341,10 @@ int64_t Graph::forward_macs() const {
   for (const Node& n : nodes_) {
     if (n.op == Op::Conv) {
       const int64_t cin = nodes_[n.inputs[0]].out[0];
-      macs += numel(n.out) * cin * n.conv.kernel * n.conv.kernel;
+      macs = checked_add(macs, checked_mul(checked_mul(numel(n.out), cin),
+                                           checked_mul(n.conv.kernel, n.conv.kernel)));
     } else if (n.op == Op::FullyConnected) {
-      macs += n.fc.out_features * numel(nodes_[n.inputs[0]].out);
+      macs = checked_add(macs, checked_mul(n.fc.out_features, numel(nodes_[n.inputs[0]].out)));
     }
   }
   return macs;
@@ -327,7 +357,8 @@ int64_t taps_inside(int64_t in, int64_t out, const ConvAttr& c) {
   int64_t taps = 0;
   for (int64_t o = 0; o < out; ++o) {
     const int64_t first = o * c.stride - c.pad;
-    taps += std::max<int64_t>(0, std::min(first + c.kernel, in) - std::max<int64_t>(first, 0));
+    taps = checked_add(
+        taps, std::max<int64_t>(0, std::min(first + c.kernel, in) - std::max<int64_t>(first, 0)));
   }
   return taps;
 }
@@ -337,16 +368,18 @@ int64_t taps_inside(int64_t in, int64_t out, const ConvAttr& c) {
 int64_t Graph::useful_macs(const Node& n) const {
   if (n.op == Op::Conv) {
     const Dims& in = nodes_[n.inputs[0]].out;
-    return n.out[0] * in[0] * taps_inside(in[1], n.out[1], n.conv) *
-           taps_inside(in[2], n.out[2], n.conv);
+    return checked_mul(
+        checked_mul(n.out[0], in[0]),
+        checked_mul(taps_inside(in[1], n.out[1], n.conv), taps_inside(in[2], n.out[2], n.conv)));
   }
-  if (n.op == Op::FullyConnected) return n.fc.out_features * numel(nodes_[n.inputs[0]].out);
+  if (n.op == Op::FullyConnected)
+    return checked_mul(n.fc.out_features, numel(nodes_[n.inputs[0]].out));
   return 0;
 }
 
 int64_t Graph::forward_useful_macs() const {
   int64_t macs = 0;
-  for (const Node& n : nodes_) macs += useful_macs(n);
+  for (const Node& n : nodes_) macs = checked_add(macs, useful_macs(n));
   return macs;
 }
 
@@ -354,7 +387,7 @@ int64_t Graph::training_useful_macs() const {
   int64_t macs = 0;
   for (const Node& n : nodes_) {
     const bool reads_input = !n.inputs.empty() && nodes_[n.inputs[0]].op == Op::Input;
-    macs += useful_macs(n) * (reads_input ? 2 : 3);
+    macs = checked_add(macs, checked_mul(useful_macs(n), reads_input ? 2 : 3));
   }
   return macs;
 }
@@ -368,30 +401,33 @@ int64_t Graph::flops(int id) const {
     case Op::Dropout:
       return 0;
     case Op::Conv: {
-      const int64_t fan_in = nodes_[n.inputs[0]].out[0] * n.conv.kernel * n.conv.kernel;
-      return out * (2 * fan_in + (n.conv.bias ? 1 : 0));
+      const int64_t fan_in =
+          checked_mul(nodes_[n.inputs[0]].out[0], checked_mul(n.conv.kernel, n.conv.kernel));
+      return checked_mul(out, checked_add(checked_mul(2, fan_in), n.conv.bias ? 1 : 0));
     }
     case Op::FullyConnected:
-      return out * (2 * numel(nodes_[n.inputs[0]].out) + (n.fc.bias ? 1 : 0));
+      return checked_mul(
+          out, checked_add(checked_mul(2, numel(nodes_[n.inputs[0]].out)), n.fc.bias ? 1 : 0));
     case Op::BatchNorm:
-      return 2 * out;
+      return checked_mul(2, out);
     case Op::Relu:
     case Op::Add:
       return out;
     case Op::MaxPool:
     case Op::AvgPool:
-      return out * n.pool.kernel * n.pool.kernel;
+      return checked_mul(out, checked_mul(n.pool.kernel, n.pool.kernel));
     case Op::GlobalAvgPool:
       return numel(nodes_[n.inputs[0]].out);
     case Op::Lrn:
-      return out * (2 * n.lrn.size + 3);
+      return checked_mul(out, checked_add(checked_mul(2, n.lrn.size), 3));
   }
   return 0;
 }
 
 int64_t Graph::forward_flops() const {
   int64_t total = 0;
-  for (size_t id = 0; id < nodes_.size(); ++id) total += flops(static_cast<int>(id));
+  for (size_t id = 0; id < nodes_.size(); ++id)
+    total = checked_add(total, flops(static_cast<int>(id)));
   return total;
 }
 

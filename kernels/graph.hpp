@@ -161,6 +161,8 @@ class Graph {
 
   WeightInit weight_init() const { return weight_init_; }
 
+  // The counts below are exact; one that exceeds 2^63 throws std::overflow_error (as adding a
+  // parameter tensor or shaping a tensor of more than 2^63 elements does), never wraps.
   // Forward multiply-accumulates per sample of convolutions and FC layers.
   int64_t forward_macs() const;
   // The same without the taps that fall on a convolution's zero padding: the multiply-adds a

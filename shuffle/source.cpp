@@ -201,15 +201,25 @@ std::unique_ptr<FileListSource> read_image_folders(const std::string& dir) {
                              " class folders, more than the " + std::to_string(kMaxClasses) +
                              " classes gossipgrad takes");
   std::vector<FileListSource::File> files;
+  std::string empty_class;  // the first class folder without images
   for (size_t c = 0; c < classes.size(); ++c) {
     const fs::path sub = fs::path(dir) / classes[c];
+    const size_t before = files.size();
     for (const std::string& f : sorted_entries(sub, is_jpeg_file))
       files.push_back({(sub / f).string(), static_cast<int32_t>(c)});
+    if (files.size() == before && empty_class.empty()) empty_class = classes[c];
   }
   if (files.empty())
     throw std::runtime_error("image folder " + dir +
                              ": no class folder holds .jpg/.jpeg files (expected "
                              "<class>/<name>.JPEG)");
+  // Every folder is a class: an empty one would be a class no sample teaches (issue 31: the
+  // shards folder of `gossipgrad pack --output DIR/shards`, counted as a class).
+  if (!empty_class.empty())
+    throw std::invalid_argument("image folder " + dir + ": the class folder " +
+                                (fs::path(dir) / empty_class).string() +
+                                " holds no .jpg/.jpeg files (every folder in " + dir +
+                                " is a class): remove it or add its images");
   return std::make_unique<FileListSource>(std::move(files), classes, dir);
 }
 

@@ -35,11 +35,15 @@ int cmd_export(const std::vector<std::string>& args) {
   if (!parse_options(args, d,
                      "usage: gossipgrad export --checkpoint DIR --output W.npz [--overwrite]", vm))
     return 0;
+  const std::string weights = (fs::path(dir) / kCheckpointModel).string();
+  const std::string meta_path = (fs::path(dir) / kCheckpointMeta).string();
+  // The checkpoint's files may be symlinks to elsewhere: each is checked, not only the folder.
+  require_distinct_output(
+      {"--output", output},
+      {{"--checkpoint", dir}, {"--checkpoint", weights}, {"--checkpoint", meta_path}});
   require_output_file(output, overwrite, "--output");
   const CheckpointMeta meta = read_checkpoint_meta(dir);
-  const std::string weights = (fs::path(dir) / kCheckpointModel).string();
   require_input_file(weights, "--checkpoint " + dir + ":");
-  const std::string meta_path = (fs::path(dir) / kCheckpointMeta).string();
   gg::kernels::Graph g = [&] {
     try {
       // A model shrunk by apoptosis: the base model at the widths meta.json records.

@@ -4,6 +4,7 @@
 #include <boost/program_options.hpp>
 #include <cstdio>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,7 @@ std::optional<InferRequest> parse_infer_args(const std::vector<std::string>& arg
   r.batch_norm_given = vm.count("batch_norm") > 0;
   require_input_file(r.weights, "--weights");
   require_input_file(r.input, "--input");
+  require_distinct_output({"--output", r.output}, {{"--weights", r.weights}, {"--input", r.input}});
   require_output_file(r.output, overwrite, "--output");
   if (r.batch < 1 || r.batch > 65536)
     throw UsageError("--batch " + std::to_string(r.batch) + " must be in [1, 65536]");
@@ -117,7 +119,15 @@ void complete_spec(InferRequest& r, const gk::NpzEntries& w) {
     r.spec.batch_norm = std::any_of(
         w.begin(), w.end(), [](const auto& e) { return e.first.ends_with(".running_var"); });
   if (!r.width_given) r.spec.width = width_from_weights(r.spec, w, r.spec.width);
-  if (!r.classes_given) r.spec.classes = classes_from_weights(r.spec, w, r.spec.classes);
+  if (!r.classes_given) {
+    r.spec.classes = classes_from_weights(r.spec, w, r.spec.classes);
+  } else if (const int64_t held = classes_from_weights(r.spec, w, -1);
+             held > 0 && held != r.spec.classes) {
+    // Found before the model is allocated: --classes 1000000000 is not a bad_alloc.
+    throw UsageError("--classes " + std::to_string(r.spec.classes) + ": the weights " + r.weights +
+                     " hold " + std::to_string(held) +
+                     " classes; leave --classes out to read it off them");
+  }
 }
 
 // The logits of the n images in x, `batch` at a time: n x classes floats.
@@ -161,6 +171,8 @@ int cmd_infer(const std::vector<std::string>& args) {
     infer(*r, x, w);
   } catch (const std::invalid_argument& e) {
     // An unknown model, an input it cannot take, or weights that do not fit it.
+    throw UsageError(e.what());
+  } catch (const std::overflow_error& e) {  // counts beyond 64 bits (--classes, the image size)
     throw UsageError(e.what());
   }
   return 0;

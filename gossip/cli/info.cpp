@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -80,11 +81,21 @@ std::optional<InfoRequest> parse_info_args(const std::vector<std::string>& args)
   return r;
 }
 
+// The model's graph, its counts checked: every count info prints fits in 64 bits (the per-layer
+// ones are parts of the totals), else one line instead of a wrapped, negative number.
 gk::Graph build_graph(const gk::ModelSpec& spec) {
   try {
-    return gk::build_model(spec);
+    gk::Graph g = gk::build_model(spec);
+    g.forward_flops();
+    g.forward_macs();
+    g.training_useful_macs();
+    return g;
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());  // an unknown model, or an input it cannot take
+  } catch (const std::overflow_error& e) {
+    throw UsageError(spec.name + " at input " + gk::to_string(spec.input) + " with " +
+                     std::to_string(spec.classes) + " classes: " + e.what() +
+                     ": choose a smaller --input or --classes");
   }
 }
 

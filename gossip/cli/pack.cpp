@@ -4,6 +4,7 @@
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -23,6 +24,7 @@ std::optional<shuffle::PackOptions> parse_pack_args(const std::vector<std::strin
   namespace po = boost::program_options;
   shuffle::PackOptions o;
   double shard_mb = 256;
+  std::string shuffle_seed = "0";
   o.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   po::options_description d("pack options");
   // clang-format off
@@ -34,7 +36,7 @@ std::optional<shuffle::PackOptions> parse_pack_args(const std::vector<std::strin
      "folder for shard-NNNNNN.tar (+ classes.txt); train/ and val/ for an ImageNet root")
     ("shard-size", po::value(&shard_mb)->default_value(shard_mb), "MB per shard (0.001 - 65536)")
     ("threads", po::value(&o.threads)->default_value(o.threads), "shards written in parallel")
-    ("shuffle", po::value(&o.shuffle_seed)->default_value(0),
+    ("shuffle", po::value(&shuffle_seed)->default_value(shuffle_seed),
      "seed of a random sample order across shards (0: sorted, the folder reader's ids)");
   // clang-format on
   po::variables_map vm;
@@ -48,6 +50,25 @@ std::optional<shuffle::PackOptions> parse_pack_args(const std::vector<std::strin
   if (o.threads < 1 || o.threads > 256)
     throw UsageError("--threads " + std::to_string(o.threads) + " must be in [1, 256]");
   o.shard_bytes = static_cast<int64_t>(shard_mb * 1e6);
+  o.shuffle_seed = parse_unsigned(shuffle_seed, "--shuffle");
+  // The output folder is made where missing, under a folder: a file on the way is a usage error,
+  // not a filesystem_error.
+  std::filesystem::path above = std::filesystem::absolute(o.output);
+  std::error_code ec;
+  while (!std::filesystem::exists(above, ec) && above.has_parent_path() &&
+         above != above.parent_path())
+    above = above.parent_path();
+  if (!std::filesystem::is_directory(above, ec))
+    throw UsageError("--output " + o.output + ": " + above.string() +
+                     " is a file, not a folder: choose a folder for the shards");
+  // Shards inside the image folder would be read back as a class folder of no images.
+  require_distinct_output({"--output", o.output}, {{"--input", o.input}});
+  // An ImageNet root is packed into OUTPUT/train and OUTPUT/val, which may be links elsewhere.
+  if (std::error_code ec;
+      std::filesystem::is_directory(std::filesystem::path(o.input) / "train", ec))
+    for (const char* split : {"train", "val"})
+      require_distinct_output({"--output", (std::filesystem::path(o.output) / split).string()},
+                              {{"--input", o.input}});
   return o;
 }
 

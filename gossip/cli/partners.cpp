@@ -28,18 +28,6 @@ struct PartnersRequest {
   bool json = false;
 };
 
-uint64_t parse_seed(const std::string& text) {
-  try {
-    size_t used = 0;
-    if (text.empty() || text[0] == '-') throw std::invalid_argument(text);
-    const uint64_t seed = std::stoull(text, &used);
-    if (used != text.size()) throw std::invalid_argument(text);
-    return seed;
-  } catch (const std::exception&) {
-    throw UsageError("--seed '" + text + "' must be a non-negative integer");
-  }
-}
-
 // The request the options name, checked, or nothing after printing --help.
 std::optional<PartnersRequest> parse_partners_args(const std::vector<std::string>& args) {
   int64_t ranks = 0;
@@ -69,7 +57,7 @@ std::optional<PartnersRequest> parse_partners_args(const std::vector<std::string
   PartnersRequest r;
   r.s.p = static_cast<int>(ranks);
   r.s.rotate = rotate;
-  r.s.seed = parse_seed(seed_text);
+  r.s.seed = parse_unsigned(seed_text, "--seed");
   try {
     r.s.kind = gp::parse_kind(kind);
     gp::validate(r.s);

@@ -339,7 +339,9 @@ void simulate_options(std::vector<Option>& o) {
 void log_options(std::vector<Option>& o) {
   o.insert(o.end(), {
     {GG_OPTION(log.metrics), Grammar{check_file_name},
-     "JSON Lines metrics file, written by rank 0 (a resumed run appends to it)"},
+     "JSON Lines metrics file, written by rank 0 (a resumed run appends to it); in a folder "
+     "named latest (the default) each run writes a fresh runs/<UTC time>/ and runs/latest links "
+     "to it"},
     {GG_OPTION(log.overwrite), {},
      "replace an existing metrics file, timeline and checkpoint instead of refusing to start"},
     {GG_OPTION(log.progress), {}, "print a live progress line"},

@@ -81,6 +81,7 @@ struct JobState {
   FailurePlan failures;
   std::vector<int> members;  // the live group: the job's original ranks, in order
   MetricsWriter metrics;
+  std::string metrics_path;  // log.metrics as this job writes it (a fresh run folder's file)
   std::unique_ptr<std::ofstream> samples;  // log.samples
   RunSummary summary;
   Clock::time_point t_start;

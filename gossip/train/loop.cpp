@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <thread>
 
@@ -162,15 +163,45 @@ void report_real_failure(Group& g, JobState& job) {
   job.real_failure.reset();
 }
 
+// log.metrics as this job writes it: for runs/latest/metrics.jsonl a fresh run folder, made by
+// rank 0 once the run has really started (nothing is left behind by a refused start) and told to
+// every rank (a survivor may take over the file); a run that continues from a checkpoint or its
+// states appends to the file runs/latest leads to. Other paths as given. A collective.
+std::string job_metrics_path(const Group& g, const JobState& job) {
+  const std::string& given = g.c.log.metrics;
+  if (!names_run_folder(given)) return given;
+  mpi::RankError error;
+  std::string path;
+  if (g.lead) {
+    try {
+      std::error_code ec;
+      const bool continuing = g.first > 0 || job.real_failure;
+      if (continuing && std::filesystem::exists(given, ec)) {
+        path = std::filesystem::canonical(given).string();
+      } else {
+        std::string moved;
+        path = start_run_folder(given, &moved);
+        if (!moved.empty()) std::printf("gossipgrad: %s\n", moved.c_str());
+      }
+    } catch (const std::exception& e) {
+      error = {e.what(), false};
+    }
+  }
+  throw_agreed(g.comm, error);
+  g.comm.broadcast(path, 0);
+  return path;
+}
+
 // The metrics file (rank 0 of the job, or of the survivors once it failed) and the job's first
 // lines: ranks, model, data, schedule.
 void announce_start(Group& g, JobState& job) {
   const Config& c = g.c;
   if (!job.started) {
+    job.metrics_path = job_metrics_path(g, job);
     if (g.lead)
-      job.metrics = MetricsWriter(c.log.metrics, c.log.overwrite, !c.checkpoint.resume.empty());
+      job.metrics = MetricsWriter(job.metrics_path, c.log.overwrite, !c.checkpoint.resume.empty());
   } else if (g.lead && !job.metrics.enabled()) {
-    job.metrics = MetricsWriter(c.log.metrics, false, true);  // appends to the same file
+    job.metrics = MetricsWriter(job.metrics_path, false, true);  // appends to the same file
   }
   if (emulated(c)) job.metrics.tag("emulated", true);
   report_recovery(g, job);
@@ -263,6 +294,17 @@ bool run_step(Group& g, StepHooks& hooks, int64_t s, shuffle::Batch& batch, Step
   return true;
 }
 
+// "final test top-1 X%", or, when the last steps went unevaluated, the step it was measured at.
+std::string format_top1(const RunSummary& s) {
+  char text[96];
+  if (s.eval_step == s.steps)
+    std::snprintf(text, sizeof text, "final test top-1 %.2f%%", 100 * s.final_top1);
+  else
+    std::snprintf(text, sizeof text, "test top-1 %.2f%% after step %lld (not evaluated since)",
+                  100 * s.final_top1, static_cast<long long>(s.eval_step));
+  return text;
+}
+
 // After the group's last step: the timeline, every rank's totals, and the summary on rank 0.
 void finish_group(Group& g, JobState& job, Timeline& timeline) {
   const mpi::Activity doing("the end of training");
@@ -270,6 +312,12 @@ void finish_group(Group& g, JobState& job, Timeline& timeline) {
   summary.wall_seconds = seconds_since(job.t_start);
   if (timeline.enabled()) {
     g.trainer.set_timeline(nullptr);
+    // Its folder is made, as log.metrics' and checkpoint.dir's are (preflight found it can be).
+    if (const auto folder = std::filesystem::path(g.c.log.timeline).parent_path();
+        g.lead && !folder.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(folder, ec);
+    }
     timeline.write(g.comm, g.c.log.timeline);
     if (g.lead) std::printf("gossipgrad: timeline written to %s\n", g.c.log.timeline.c_str());
   }
@@ -280,24 +328,29 @@ void finish_group(Group& g, JobState& job, Timeline& timeline) {
   summary.images_per_second = job.train_seconds > 0 ? job.images / job.train_seconds : 0;
   if (!g.lead) return;
   const double comm_share = job.train_seconds > 0 ? job.comm_seconds / job.train_seconds : 0;
-  char final_eval[64] = "no evaluation data";
+  // An accuracy only where one was measured: a run stopped before its first evaluation has none
+  // (issue 31: it said "final test top-1 0.00%").
+  const bool evaluated = summary.eval_step >= 0 && !emulated(g.c);
+  std::string final_eval = "not evaluated (no evaluation data)";
   if (emulated(g.c))
-    std::snprintf(final_eval, sizeof final_eval, "emulated compute: no accuracy");
+    final_eval = "emulated compute: no accuracy";
+  else if (evaluated)
+    final_eval = format_top1(summary);
   else if (g.data.eval_source())
-    std::snprintf(final_eval, sizeof final_eval, "final test top-1 %.2f%%",
-                  100 * summary.final_top1);
+    final_eval = "not evaluated: no epoch ended in this run";
   std::printf(
       "done: %lld steps in %s, %.0f img/s, exposed communication %.1f%% of step time, %s "
       "(metrics: %s)\n",
       static_cast<long long>(summary.steps), format_duration(summary.wall_seconds).c_str(),
-      summary.images_per_second, 100 * comm_share, final_eval, g.c.log.metrics.c_str());
+      summary.images_per_second, 100 * comm_share, final_eval.c_str(), job.metrics_path.c_str());
   job.metrics.write(
       {{"event", "summary"},
        {"steps", summary.steps},
        {"epochs", static_cast<double>(summary.steps) / static_cast<double>(g.per_epoch)},
        {"epochs_planned", g.planned_epochs},
-       {"top1", emulated(g.c) ? nlohmann::json() : nlohmann::json(summary.final_top1)},
-       {"top5", emulated(g.c) ? nlohmann::json() : nlohmann::json(summary.final_top5)},
+       {"top1", evaluated ? nlohmann::json(summary.final_top1) : nlohmann::json()},
+       {"top5", evaluated ? nlohmann::json(summary.final_top5) : nlohmann::json()},
+       {"eval_step", evaluated ? nlohmann::json(summary.eval_step) : nlohmann::json()},
        {"wall_s", summary.wall_seconds},
        {"images_per_s", summary.images_per_second},
        {"comm_s", job.comm_seconds},
@@ -325,6 +378,7 @@ Ending nothing_to_do(Group& g, JobState& job) {
     const EvalStats e = g.trainer.evaluate(*g.data.eval_source(), g.data.eval_options());
     job.summary.final_top1 = e.top1;
     job.summary.final_top5 = e.top5;
+    job.summary.eval_step = g.first;
     if (g.lead)
       job.metrics.write({{"event", "eval"},
                          {"epoch", g.epochs},
@@ -450,6 +504,9 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
     const std::string path = c.log.samples + "." + std::to_string(world.rank());
     // A resumed run goes on with the file of the run it continues.
     const auto mode = c.checkpoint.resume.empty() ? std::ios::trunc : std::ios::app;
+    std::error_code ec;  // its folder, like log.timeline's, is made (preflight checked it can be)
+    if (const auto folder = std::filesystem::path(path).parent_path(); !folder.empty())
+      std::filesystem::create_directories(folder, ec);
     job.samples = std::make_unique<std::ofstream>(path, mode);
     if (!*job.samples) throw std::runtime_error("log.samples: cannot write " + path);
   }

@@ -10,8 +10,11 @@
 namespace gg::gossip {
 
 struct RunSummary {
+  // The test accuracy of the last evaluation, after step eval_step (-1: never evaluated, e.g.
+  // stopped within the first epoch or no evaluation data: reported as "not evaluated", null).
   double final_top1 = 0;
   double final_top5 = 0;
+  int64_t eval_step = -1;
   double wall_seconds = 0;
   double images_per_second = 0;  // training images of all ranks per second of training
   int64_t steps = 0;

@@ -8,6 +8,17 @@
 
 namespace gg::gossip {
 
+// log.metrics in a folder named `latest` (the default, runs/latest/metrics.jsonl) asks for a
+// fresh run folder per run: runs/<UTC time>/metrics.jsonl, with runs/latest a symlink to it (as
+// Hydra and Lightning keep their runs), so that a second run never meets the first one's file.
+bool names_run_folder(const std::string& metrics_path);
+
+// Creates runs/<YYYYmmdd-HHMMSS>[-N]/ beside `latest` and points `latest` at it (replacing the
+// link in one rename); returns the metrics path inside the new folder. A `latest` that is a real
+// folder (written by an older gossipgrad) is first renamed to its own time, and `moved` says so;
+// one that is a file is refused. Throws std::runtime_error naming the path.
+std::string start_run_folder(const std::string& metrics_path, std::string* moved = nullptr);
+
 class MetricsWriter {
  public:
   MetricsWriter() = default;  // disabled: write() does nothing (ranks other than 0)

@@ -13,8 +13,9 @@
 
 namespace gg::gossip {
 
-RunLock::RunLock(const std::string& dir) {
+RunLock::RunLock(const std::string& dir) : dir_(dir) {
   std::error_code ec;
+  created_ = !std::filesystem::exists(dir, ec);
   std::filesystem::create_directories(dir, ec);
   const std::string path = (std::filesystem::path(dir) / "run.lock").string();
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -48,6 +49,19 @@ RunLock::RunLock(const std::string& dir) {
 }
 
 RunLock::~RunLock() {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  // Only run.lock in it: nothing of the run to keep. Unlinked while still locked, so no other run
+  // can take the lock on the file being removed.
+  if (fd_ >= 0 && created_) {
+    bool only_lock = true;
+    for (const fs::directory_entry& e : fs::directory_iterator(dir_, ec))
+      only_lock = only_lock && e.path().filename() == "run.lock";
+    if (!ec && only_lock) {
+      fs::remove(fs::path(dir_) / "run.lock", ec);
+      fs::remove(dir_, ec);  // only if empty
+    }
+  }
   if (fd_ >= 0) ::close(fd_);  // releases the lock
 }
 

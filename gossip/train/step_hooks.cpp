@@ -182,6 +182,7 @@ class Evaluation : public StepHook {
     }
     job_.summary.final_top1 = e.top1;
     job_.summary.final_top5 = e.top5;
+    job_.summary.eval_step = r.step + 1;
     if (g_.lead) report(r, e);
     const int64_t every = g_.c.checkpoint.every_epochs;
     if (!g_.c.checkpoint.dir.empty() && (r.last || (every > 0 && (r.epoch + 1) % every == 0)))

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -347,4 +348,24 @@ TEST_CASE("init follows torchvision: Kaiming fan-out for ResNet, truncated norma
     CHECK(std::get<1>(stats(s.params.data() + w.offset, w.size())) ==
           Approx(std::sqrt(2.0 / 288)).epsilon(0.05));
   }
+}
+
+TEST_CASE("graph counts that do not fit 64 bits throw instead of wrapping") {
+  // resnet50 at 3 x 10^7 x 10^7: about 1.6e19 FLOPs (issue 31: printed as -2.08e18).
+  ModelSpec big = default_spec("resnet50");
+  big.input = {3, 10000000, 10000000};
+  const Graph g = build_model(big);
+  CHECK_THROWS_AS(g.forward_flops(), std::overflow_error);
+  // An input of more than 2^63 elements, or a classifier of more than 2^63 weights.
+  CHECK_THROWS_AS(Graph(Dims{3, 8, 400000000000000000}), std::overflow_error);
+  ModelSpec wide = default_spec("resnet8");
+  wide.classes = 9000000000000000000;
+  CHECK_THROWS_AS(build_model(wide), std::overflow_error);
+  // Where they fit they are exact: the sum of the layers.
+  big.input = {3, 1000000, 1000000};
+  const Graph h = build_model(big);
+  int64_t sum = 0;
+  for (size_t i = 0; i < h.nodes().size(); ++i) sum += h.flops(static_cast<int>(i));
+  CHECK(h.forward_flops() == sum);
+  CHECK(sum > 0);
 }

@@ -58,7 +58,7 @@ expect "infer: input channels do not fit the weights" 2 "'conv1.weight' has shap
 expect "infer: input too small for the model" 2 "H,W >= 8" -- "${I[@]}" --input xtiny.npy --output y.npy
 expect "infer: weights of another width" 2 "'conv1.weight' has shape \[2,1,3,3\], the model expects \[8,1,3,3\]" -- "${I[@]}" --input x.npy --output y.npy --width 8
 expect "infer: weights of another model" 2 "w.npz: 'conv2.weight' is missing" -- infer --model cnn --weights w.npz --input x.npy --output y.npy
-expect "infer: wrong class count" 2 "'fc.weight' has shape \[10,8\], the model expects \[7,8\]" -- "${I[@]}" --input x.npy --output y.npy --classes 7
+expect "infer: wrong class count" 2 "--classes 7: the weights w.npz hold 10 classes" -- "${I[@]}" --input x.npy --output y.npy --classes 7
 expect "infer: corrupt zip" 1 "notzip.npz: not a zip archive" -- infer --model resnet8 --weights notzip.npz --input x.npy --output y.npy
 expect "infer: truncated zip" 1 "truncated.npz: not a zip archive" -- infer --model resnet8 --weights truncated.npz --input x.npy --output y.npy
 expect "infer: corrupt member" 1 "flipped.npz: member 'fc.weight.npy': CRC-32 mismatch" -- infer --model resnet8 --weights flipped.npz --input x.npy --output y.npy

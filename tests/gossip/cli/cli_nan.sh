@@ -3,9 +3,9 @@
 # `gossipgrad infer` answer NaN, as PyTorch does, on both CPU backends (one NaN weight, or a NaN
 # running variance, used to give finite logits: ReLU mapped NaN to 0); a NaN input pixel makes its
 # sample's logits NaN and no other's. `export` refuses weights that hold NaN. A run whose weights
-# go non-finite stops with one line naming the step (guard.nan_retries 0), also when the loss
-# stays finite (a NaN running variance, which training forwards never read), and writes no
-# checkpoint of them; so does a NaN loss (fault.nan).
+# go non-finite stops with one line naming the step (guard.nan_retries 0) and writes no checkpoint
+# of them; so does a NaN loss (fault.nan). train.init_from weights holding NaN are refused before
+# training.
 set -euo pipefail
 BIN="$1"; ROOT="$2"; MPIEXEC="$3"
 if ! /usr/bin/python3 -c 'import numpy' 2>/dev/null; then
@@ -95,17 +95,16 @@ train_fails() {
   one_line "$name.err" "$want"
   [ -z "$(ls "$name" 2> /dev/null | grep -v run.lock)" ] || fail "$name: a checkpoint was written: $(ls "$name")"
 }
-# The running variance is NaN from the start: the loss stays finite, the guard looks at the
-# weights before its first snapshot (step 10) and stops, or with retries finds no finite state
-# to go back to.
-train_fails V0 "error: the weights became non-finite at step 9; lower train.lr" "${SYNTH[@]}" \
-  --train.init_from w_var.npz --guard.nan_retries 0 --guard.snapshot_every 10 \
-  --train.max_steps 30 --checkpoint.every 20
-train_fails V3 "error: the weights became non-finite at step 0 after 0 restores" "${SYNTH[@]}" \
-  --train.init_from w_var.npz --train.max_steps 30
-# Between guard checks the full checkpoint at the end refuses them.
-train_fails VC "checkpoint: not written after step 7: rank 0's weights hold NaN or inf" \
-  "${SYNTH[@]}" --train.init_from w_var.npz --guard.nan_retries 0 --train.max_steps 7
+# Weights that hold NaN from the start are refused before training, one line naming the tensor,
+# exit 2 (issue 31: it used to train and stop at step 0 with "lower train.lr").
+set +e
+"$BIN" train "${COMMON[@]}" "${SYNTH[@]}" --train.init_from w_var.npz --train.max_steps 30 \
+  --log.metrics v.jsonl --checkpoint.dir V > v.log 2> v.err
+rc=$?
+set -e
+[ $rc = 2 ] || fail "init_from holding NaN: exited $rc: $(cat v.err)"
+one_line v.err "train.init_from = w_var.npz: 'layer1.0.bn1.running_var' holds NaN or inf"
+[ ! -e V ] && [ ! -e v.jsonl ] || fail "init_from holding NaN: files left behind"
 # A NaN loss (fault.nan: rank 0's weights all NaN before step 12), one rank and two.
 train_fails L1 "error: the loss became non-finite at step 12; lower train.lr" "${SYNTH[@]}" \
   --guard.nan_retries 0 --fault.nan 12 --train.max_steps 30 --checkpoint.every 20
