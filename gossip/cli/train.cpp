@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -16,6 +17,9 @@
 #include "gossip/train/loop.hpp"
 #include "gossip/train/preflight.hpp"
 #include "gossip/train/stop_signals.hpp"
+#include "gossip/train/trainer.hpp"
+#include "kernels/weights.hpp"
+#include "shuffle/source.hpp"
 
 namespace gg::gossip {
 namespace {
@@ -37,6 +41,34 @@ bool supervised_restart() {
 }
 int env_rank() { return std::max({0, env_int("PMI_RANK"), env_int("OMPI_COMM_WORLD_RANK")}); }
 
+// --dry-run: train.init_from against the model it must fit, as the real run finds it once the
+// data is open, where this machine holds both the file and the data; a usage error when not.
+void check_init_from_fits(const Config& c) {
+  if (c.train.init_from.empty() || emulated(c) ||
+      !std::filesystem::is_regular_file(c.train.init_from))
+    return;
+  shuffle::DataSplits data;
+  try {
+    const std::string labels = c.data.val_labels == "auto" ? "" : c.data.val_labels;
+    data = shuffle::open_splits(shuffle::parse_source(c.data.source, c.data.dir), labels);
+  } catch (const std::exception&) {
+    return;  // the data is another machine's: warned about by check_run_files
+  }
+  const shuffle::SampleSource& s = *data.train;
+  const auto [ch, h, w] = s.shape();
+  const kernels::Dims input = s.encoding() == shuffle::Encoding::Jpeg
+                                  ? kernels::Dims{3, c.data.crop, c.data.crop}
+                                  : kernels::Dims{ch, h, w};
+  const kernels::Graph g = kernels::build_model(model_spec(c, 0, input, s.classes()));
+  kernels::ParamStore store(g);
+  try {
+    kernels::load_weights(c.train.init_from, g, store);
+  } catch (const std::invalid_argument& e) {  // weights that do not fit the model
+    throw UsageError(std::string("train.init_from: ") + e.what());
+  } catch (const std::exception&) {  // an unreadable file: check_run_files names it
+  }
+}
+
 void warn_inert(const Config& c) {
   for (const std::string& what : inert_settings(c))
     std::fprintf(stderr, "gossipgrad: warning: %s\n", what.c_str());
@@ -52,6 +84,7 @@ int dry_run(std::vector<std::string> args) {
   try {
     const Config c = parse_train_args(args);
     check_ranks(c, env_ranks(), supervised_restart());
+    check_init_from_fits(c);
     if (!lead) return 0;
     warn_inert(c);
     try {

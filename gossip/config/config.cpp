@@ -68,6 +68,7 @@ void check_emulated(const Config& c) {
       {c.apoptosis.enable, "apoptosis.enable"},
       {!c.fault.inject.empty() || c.fault.mtbf_steps > 0, "fault.inject / fault.mtbf_steps"},
       {c.fault.nan >= 0, "fault.nan"},
+      {c.fault.nan_stats >= 0, "fault.nan_stats"},
       {c.train.backend == "cuda", "train.backend = cuda"}};
   for (const auto& [set, what] : refused)
     if (set)
@@ -229,6 +230,8 @@ std::vector<std::string> inert_settings(const Config& c) {
        "data.shuffle_per_step does nothing with data.shuffle = off");
   note(c.fault.strategy != d.fault.strategy, c.fault.inject.empty() && c.fault.mtbf_steps <= 0,
        "fault.strategy does nothing without fault.inject or fault.mtbf_steps");
+  note(c.fault.nan_stats >= 0, !c.model.batch_norm,
+       "fault.nan_stats does nothing with model.batch_norm = false (no running statistics)");
   note(c.log.timeline_steps != d.log.timeline_steps, c.log.timeline.empty(),
        "log.timeline_steps does nothing without log.timeline");
   note(c.train.nesterov != d.train.nesterov, c.train.momentum == 0,

@@ -107,9 +107,10 @@ struct Config {
   } guard;
   // Test hooks that inject failures; they fire only in a run that did not resume.
   struct {
-    std::string kill;   // "RANK:STEP": that rank raises SIGKILL at the start of that step
-    std::string stall;  // "RANK:STEP": that rank stops itself (SIGSTOP): a hung rank
-    int64_t nan = -1;   // rank 0's weights become NaN at that step (-1: never)
+    std::string kill;        // "RANK:STEP": that rank raises SIGKILL at the start of that step
+    std::string stall;       // "RANK:STEP": that rank stops itself (SIGSTOP): a hung rank
+    int64_t nan = -1;        // rank 0's weights become NaN at that step (-1: never)
+    int64_t nan_stats = -1;  // rank 0's batch-norm running statistics become NaN at that step
     // Simulated failures (gossip/resilience/faults.hpp): "RANK:STEP,..." and/or a random plan with
     // this mean number of steps between failures (0: none), recovered by `strategy`.
     std::string inject;

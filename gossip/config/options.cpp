@@ -271,6 +271,10 @@ void fault_options(std::vector<Option>& o) {
     {GG_OPTION(fault.nan), at_least(-1),
      "test hook: rank 0's weights become NaN at the start of this step (-1: never; same "
      "conditions as fault.kill)"},
+    {GG_OPTION(fault.nan_stats), at_least(-1),
+     "test hook: rank 0's batch-norm running statistics become NaN at the start of this step, "
+     "weights that went bad while the loss stays finite (training forwards do not read them; "
+     "-1: never; same conditions as fault.kill)"},
     {GG_OPTION(fault.inject), Grammar{check_inject},
      "simulated failures RANK:STEP[,RANK:STEP...]: that rank fails at the boundary before that "
      "step and is recovered by fault.strategy"},

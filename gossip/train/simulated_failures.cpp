@@ -204,6 +204,7 @@ Config without_test_hooks(const Config& c) {
   next.fault.kill.clear();
   next.fault.stall.clear();
   next.fault.nan = -1;
+  next.fault.nan_stats = -1;
   return next;
 }
 

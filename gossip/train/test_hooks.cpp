@@ -32,6 +32,11 @@ class TestHook : public StepHook {
     if (c_.fault.nan == s && rank_ == 0)
       std::fill(trainer_.store().params.begin(), trainer_.store().params.end(),
                 std::numeric_limits<float>::quiet_NaN());
+    // Bad weights that leave the loss finite: training forwards normalise with the batch's own
+    // statistics, so only the guard's look at the weights (and checkpoints) can catch these.
+    if (c_.fault.nan_stats == s && rank_ == 0)
+      std::fill(trainer_.store().buffers.begin(), trainer_.store().buffers.end(),
+                std::numeric_limits<float>::quiet_NaN());
   }
 
  private:
@@ -44,7 +49,8 @@ class TestHook : public StepHook {
 
 std::unique_ptr<StepHook> make_test_hook(const Config& c, const mpi::Comm& comm, Trainer& trainer,
                                          bool resumed) {
-  if (c.fault.kill.empty() && c.fault.stall.empty() && c.fault.nan < 0) return nullptr;
+  if (c.fault.kill.empty() && c.fault.stall.empty() && c.fault.nan < 0 && c.fault.nan_stats < 0)
+    return nullptr;
   const char* attempt = std::getenv("GG_SUPERVISE_ATTEMPT");
   if (resumed || (attempt != nullptr && std::string(attempt) != "0")) return nullptr;
   return std::make_unique<TestHook>(c, comm, trainer);

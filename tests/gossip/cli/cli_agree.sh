@@ -114,6 +114,14 @@ expect "simulate with hierarchy node" 2 "simulate does not model gossip.hierarch
 expect "resume with batch_norm false" 2 "model.batch_norm true there, false here" -- \
   "${M[@]}" -n 2 "$BIN" "${T[@]}" --checkpoint.dir ck --checkpoint.resume auto \
   --train.max_steps 8 --model.batch_norm false --log.metrics m2.jsonl
+# Row 8: weights of another model in train.init_from: the dry run's verdict is the real run's.
+[ -f ck/model.npz ] || { echo "FAIL: the first run wrote no ck/model.npz"; fail=1; }
+for run in dry real; do
+  extra=(--log.metrics "$TMP/m-$run.jsonl"); [ $run = dry ] && extra=(--dry-run)
+  expect "$run: init_from of another model" 2 "train.init_from: " -- \
+    "${M[@]}" -n 2 "$BIN" "${TB[@]}" --model.name resnet8 --train.init_from ck/model.npz \
+    "${extra[@]}"
+done
 
 [ $fail = 0 ] && echo "PASS: ranks agree on settings, dry-run verdicts, ignored options refused"
 exit $fail

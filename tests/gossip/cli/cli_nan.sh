@@ -105,6 +105,14 @@ set -e
 [ $rc = 2 ] || fail "init_from holding NaN: exited $rc: $(cat v.err)"
 one_line v.err "train.init_from = w_var.npz: 'layer1.0.bn1.running_var' holds NaN or inf"
 [ ! -e V ] && [ ! -e v.jsonl ] || fail "init_from holding NaN: files left behind"
+# Weights that go bad while the loss stays finite (fault.nan_stats: rank 0's running statistics
+# NaN before step 3): the guard looks at the weights before its first snapshot (step 10) and
+# stops; between guard checks the full checkpoint at the end refuses them.
+train_fails V0 "error: the weights became non-finite at step 9; lower train.lr" "${SYNTH[@]}" \
+  --fault.nan_stats 3 --guard.nan_retries 0 --guard.snapshot_every 10 --train.max_steps 30 \
+  --checkpoint.every 20
+train_fails VC "checkpoint: not written after step 7: rank 0's weights hold NaN or inf" \
+  "${SYNTH[@]}" --fault.nan_stats 3 --guard.nan_retries 0 --train.max_steps 7
 # A NaN loss (fault.nan: rank 0's weights all NaN before step 12), one rank and two.
 train_fails L1 "error: the loss became non-finite at step 12; lower train.lr" "${SYNTH[@]}" \
   --guard.nan_retries 0 --fault.nan 12 --train.max_steps 30 --checkpoint.every 20

@@ -82,7 +82,8 @@ rc_config=$?
 rc_missing=$?
 set -e
 [ $rc_model = 2 ] && [ "$(wc -l < e.err)" = 1 ] || fail "model mismatch: $rc_model $(cat e.err)"
-grep -q "Aids/ckpt-000000000080 holds a resnet8 .*; this run builds a resnet8" e.err
+grep -q "Aids/ckpt-000000000080 holds another model than this run builds: model.batch_norm true there, false here" e.err ||
+  fail "model mismatch: no line naming the setting: $(cat e.err)"
 [ $rc_config = 2 ] && [ "$(wc -l < f.err)" = 1 ] || fail "bad config: $rc_config"
 [ $rc_missing = 2 ] && grep -q "checkpoint.resume = nowhere is not a folder" g.err
 [ "$(find D -type f -not -name run.lock -exec md5sum {} + | sort)" = "$sum_before" ] || fail "D was touched"
