@@ -1,6 +1,7 @@
 // gossipgrad: the usage text and the dispatch to the commands, one file each (commands.hpp lists
 // them). Usage errors exit 2, runtime failures exit 1.
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -25,7 +26,8 @@ constexpr const char* kUsage =
     "  gossipgrad pack --input DIR --output DIR [--shard-size MB] [--threads N] [--shuffle SEED]\n"
     "  mpirun -n P gossipgrad layout [--config FILE] [--section.key value ...]\n"
     "  gossipgrad supervise [--max-restarts N] [--shrink-on-failure] [--min-ranks M]\n"
-    "                       [--stop-timeout S] [--emergency-dir DIR|none]\n"
+    "                       [--replace-lost] [--stop-timeout S] [--start-timeout S]\n"
+    "                       [--emergency-dir DIR|none]\n"
     "                       -- mpirun -n P gossipgrad train ...\n"
     "  gossipgrad help | --help | COMMAND --help\n\n"
     "commands:\n"
@@ -67,8 +69,13 @@ int main(int argc, char** argv) {
     if (cmd == "layout") return gg::gossip::cmd_layout(rest, argc, argv);
     if (cmd == "supervise") return gg::gossip::cmd_supervise(rest);
     // Internal: a training rank's saver under supervise (gossip/resilience/emergency.hpp).
-    if (cmd == "_emergency-saver" && rest.size() == 2)
-      return gg::gossip::run_emergency_saver(rest[0], std::stoi(rest[1]));
+    if (cmd == "_emergency-saver" && rest.size() == 2) {
+      char* end = nullptr;
+      const long rank = std::strtol(rest[1].c_str(), &end, 10);
+      if (rest[1].empty() || *end != '\0' || rank < 0 || rank > 1 << 24)
+        throw UsageError("_emergency-saver (internal): '" + rest[1] + "' is no rank");
+      return gg::gossip::run_emergency_saver(rest[0], static_cast<int>(rank));
+    }
     throw UsageError("unknown command '" + cmd + "' (try gossipgrad --help)");
   } catch (const UsageError& e) {
     std::fprintf(stderr, "gossipgrad: error: %s\n", e.what());
