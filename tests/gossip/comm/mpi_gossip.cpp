@@ -166,8 +166,10 @@ void run_stale(const mpi::Comm& world, const std::string& transport, bool skip, 
   for (float v : x) ok &= std::isfinite(v) && v >= 0.f && v <= 63.f;
   check(ok, name + ": values stay within the start range", rank);
   if (skip) check(late.late == 0, name + ": no bucket mixed from the step before", rank);
+  // Without skip a bucket is mixed at the latest one step late: an exchange that never mixes
+  // anything fails (with skip, a slow link may legitimately leave every bucket late).
   const int64_t n = static_cast<int64_t>(buckets.size());
-  check(late.unmixed < steps * n, name + ": partners' buckets were mixed", rank);
+  if (!skip) check(late.unmixed < steps * n, name + ": partners' buckets were mixed", rank);
   int64_t counts[2] = {late.late, late.unmixed};
   world.allreduce_sum(counts, 2);
   if (rank == 0)
