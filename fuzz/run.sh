@@ -16,6 +16,7 @@ CXX=(clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize
 # concerns this machine (gossip/train/preflight) is not part of it.
 "${CXX[@]}" fuzz/fuzz_config.cpp gossip/config/config.cpp gossip/config/options.cpp gossip/config/fault_spec.cpp \
   kernels/models.cpp kernels/graph.cpp shuffle/source.cpp shuffle/tar.cpp shuffle/image.cpp shuffle/idx.cpp \
+  partners/schedule.cpp \
   -lboost_program_options -larchive -lturbojpeg -lz -o "$OUT/fuzz_config"
 "${CXX[@]}" fuzz/fuzz_tar.cpp shuffle/tar.cpp shuffle/source.cpp shuffle/image.cpp shuffle/idx.cpp \
   -larchive -lturbojpeg -lz -o "$OUT/fuzz_tar"
