@@ -13,34 +13,13 @@ TMP=$(mktemp -d); trap 'kill -9 $(pgrep -f "$TMP/") 2>/dev/null || true; [ -n "$
 cd "$TMP"
 export OMP_NUM_THREADS=1
 fail() { echo "FAIL: $*"; exit 1; }
+. "$ROOT/tests/gossip/cli/job_watch.sh"
 RUN=(train --config "$ROOT/configs/laptop.ini" --data.dir /usr/share/datasets/fashion-mnist
      --model.width 4 --train.threads 1 --train.warmup_epochs 0 --train.epochs 1
      --train.eval_batch 1000 --log.progress false --gossip.consensus_every 0
      --gossip.timeout_s 60)
 py() { /usr/bin/python3 -c "$@"; }
 summary() { grep '"event":"summary"' "$1" | tail -1 | sed 's/.*"top1":\([0-9.]*\).*/\1/'; }
-last_step() {
-  { grep '"event":"step"' "$1" 2>/dev/null || true; } | tail -1 | grep -o '"step":[0-9]*' |
-    sed 's/.*://' || true
-}
-
-# The pid of rank $2 of the job whose command line names $1 (hydra gives each rank PMI_RANK).
-rank_pid() {
-  local p
-  for p in $(pgrep -f "gossipgrad train .*$1" || true); do
-    if tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "PMI_RANK=$2"; then
-      echo "$p"; return 0
-    fi
-  done
-  return 1
-}
-# Waits (at most 60 s) until the metrics file $1 shows step $2 done.
-wait_step() {
-  for _ in $(seq 600); do
-    s=$(last_step "$1"); [ -n "$s" ] && [ "$s" -ge "$2" ] && return 0; sleep 0.1
-  done
-  fail "step $2 not reached in 60 s: $(tail -3 "$1" 2>/dev/null)"
-}
 
 # 1. The failure-free run.
 timeout 120 "$MPIEXEC" -n 4 "$BIN" "${RUN[@]}" --log.metrics base.jsonl > base.log 2>&1 ||

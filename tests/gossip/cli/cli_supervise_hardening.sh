@@ -27,6 +27,7 @@ trap 'kill -9 $(pgrep -f "$TMP/") 2>/dev/null || true; [ -n "${GG_KEEP_TMP:-}" ]
 cd "$TMP"
 export OMP_NUM_THREADS=1
 fail() { echo "FAIL: $*"; exit 1; }
+. "$ROOT/tests/gossip/cli/job_watch.sh"
 py() { /usr/bin/python3 -c "$@"; }
 SECTIONS=" ${GG_SECTIONS:-args nodir resume pruned forward shrink saver simfwd afresh cleanup} "
 want() { [[ $SECTIONS == *" $1 "* ]]; }
@@ -35,25 +36,6 @@ CFG="$ROOT/configs/laptop.ini"
 T=(train --config "$CFG" --model.name cnn --model.width 4 --log.progress false
    --train.threads 1 --data.source synthetic:1x28x28:10:4000 --data.prefetch 2 --train.batch 32
    --gossip.consensus_every 0 --gossip.timeout_s 60)
-last_step() {
-  { grep '"event":"step"' "$1" 2>/dev/null || true; } | tail -1 | grep -o '"step":[0-9]*' |
-    sed 's/.*://' || true
-}
-wait_step() {  # metrics file, step: at most 60 s
-  for _ in $(seq 600); do
-    s=$(last_step "$1"); [ -n "$s" ] && [ "$s" -ge "$2" ] && return 0; sleep 0.1
-  done
-  fail "step $2 not reached in 60 s: $(tail -3 "$1" 2>/dev/null)"
-}
-rank_pid() {  # the pid of rank $2 of the job whose command line names $1
-  local p
-  for p in $(pgrep -f "gossipgrad train .*$1" || true); do
-    if tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "PMI_RANK=$2"; then
-      echo "$p"; return 0
-    fi
-  done
-  return 1
-}
 field() { grep "\"event\":\"$2\"" "$1" | tail -1 | py "import json,sys; print(json.loads(sys.stdin.read())['$3'])"; }
 
 # Row 12: out of range or malformed values name the option and the range; no job starts.
