@@ -49,15 +49,14 @@ std::string data_summary(const shuffle::SampleSource& train, const shuffle::Samp
 void agree_on_data(const mpi::Comm& world, const std::string& mine, const std::string& where) {
   std::string lead = mine;
   world.broadcast(lead, 0);
-  double other = lead == mine ? -world.size() : -world.rank();  // -max: the lowest that differs
-  world.allreduce_max(&other, 1);
-  const int first = static_cast<int>(-other);
-  if (first >= world.size()) return;
-  std::string theirs = world.rank() == first ? mine : std::string();
-  world.broadcast(theirs, first);
-  throw UsageError("data.source = " + where + ": the ranks read different data: rank 0 has " +
-                   lead + "; rank " + std::to_string(first) + " has " + theirs +
-                   ": give every node the same copy of the data set");
+  // Every rank whose copy differs fails; the lowest one's line is every rank's (throw_agreed).
+  mpi::RankError differs;
+  if (lead != mine)
+    differs = {"data.source = " + where + ": the ranks read different data: rank 0 has " + lead +
+                   "; rank " + std::to_string(world.rank()) + " has " + mine +
+                   ": give every node the same copy of the data set",
+               true};
+  throw_agreed(world, differs);
 }
 
 }  // namespace
