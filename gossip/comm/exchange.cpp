@@ -11,14 +11,6 @@
 
 namespace gg::gossip {
 
-Threading parse_threading(const std::string& name) {
-  if (name == "funneled") return Threading::Funneled;
-  if (name == "concurrent") return Threading::Concurrent;
-  if (name == "chained") return Threading::Chained;
-  throw std::invalid_argument("unknown threading '" + name +
-                              "' (expected funneled, concurrent or chained)");
-}
-
 AllreduceExchange::AllreduceExchange(const mpi::Comm& world, float* grads,
                                      std::vector<kernels::Bucket> buckets)
     : comm_(world.dup()),
@@ -100,129 +92,70 @@ void AllreduceExchange::loop() {
 
 namespace gg::gossip {
 
+namespace {
+// The options an exchange is built with, checked against the communicator's size.
+GossipOptions checked(GossipOptions o, int ranks) {
+  if (o.schedule.p != ranks)
+    throw std::invalid_argument("gossip schedule is for " + std::to_string(o.schedule.p) +
+                                " ranks but the job has " + std::to_string(ranks));
+  if (o.staleness != 0 && o.staleness != 1) throw std::invalid_argument("staleness must be 0 or 1");
+  if (o.skip_late && o.staleness != 1)
+    throw std::invalid_argument("skipping late buckets needs staleness 1");
+  partners::validate(o.schedule);
+  if (o.delayed && o.staleness != 0)
+    throw std::invalid_argument("delayed mixing needs staleness 0");
+  return o;
+}
+
+// The rule the options ask for, over the exchange's buffer.
+std::unique_ptr<MixingRule> make_rule(const GossipOptions& o, float* buffer,
+                                      const std::vector<kernels::Bucket>& buckets) {
+  if (o.delayed) return std::make_unique<DelayedAverage>(buffer, buckets);
+  if (o.staleness == 1) return std::make_unique<StaleAverage>(buffer, buckets, o.skip_late);
+  return std::make_unique<PairAverage>(buffer, buckets);
+}
+}  // namespace
+
 GossipExchange::GossipExchange(const mpi::Comm& world, float* buffer,
                                std::vector<kernels::Bucket> buckets, GossipOptions o)
     : comm_(world.dup()),
-      buffer_(buffer),
+      o_(checked(std::move(o), comm_.size())),
       buckets_(std::move(buckets)),
-      o_(std::move(o)),
-      rank_(world.rank()),
-      latest_step_(buckets_.size(), -1),
-      in_flight_(buckets_.size(), 0) {
-  if (o_.schedule.p != comm_.size())
-    throw std::invalid_argument("gossip schedule is for " + std::to_string(o_.schedule.p) +
-                                " ranks but the job has " + std::to_string(comm_.size()));
-  if (o_.staleness != 0 && o_.staleness != 1)
-    throw std::invalid_argument("staleness must be 0 or 1");
-  if (o_.skip_late && o_.staleness != 1)
-    throw std::invalid_argument("skipping late buckets needs staleness 1");
-  partners::validate(o_.schedule);
-  BufferLayout layout;
-  layout.count = buckets_.empty() ? 0 : buckets_.front().end;
-  layout.buckets = buckets_;
-  const bool bf16 = o_.wire == Wire::Bf16;
-  if (o_.error_feedback && !bf16) throw std::invalid_argument("error feedback needs the bf16 wire");
-  BufferLayout wire = layout;
-  if (bf16) {
-    // Bucket b travels as ceil(n / 2) floats' room, two bf16 values in each, laid out in the
-    // same order as the buckets (bucket 0 last).
-    wire_.resize(buckets_.size());
-    int64_t at = 0;
-    for (size_t b = buckets_.size(); b-- > 0;) {
-      wire_[b] = {at, at + wire_floats(o_.wire, buckets_[b].size())};
-      at = wire_[b].end;
-    }
-    wire.count = at;
-    wire.buckets = wire_;
-    packed_out_.assign(at, 0.f);
-    unpacked_.assign(layout.count, 0.f);
-    if (o_.error_feedback) residue_.assign(layout.count, 0.f);
-  }
+      codec_(o_.wire, o_.error_feedback, buckets_),
+      buffer_(buffer),
+      queue_(buckets_.size(), o_.threading, engine_limit()) {
+  const int64_t count = buckets_.empty() ? 0 : buckets_.front().end;
   // The bf16 wire never averages in place: the window holds packed buckets, not the buffer.
-  transport_ = make_transport(o_.transport, comm_, wire, buffer_ == nullptr && !bf16);
+  transport_ = make_transport(o_.transport, comm_, {codec_.floats(), codec_.layout()},
+                              buffer_ == nullptr && o_.wire == Wire::Fp32);
   transport_->set_timeout(o_.timeout_s);
+  if (!buffer_) buffer_ = transport_->shared_home();
   if (!buffer_) {
-    buffer_ = transport_->shared_home();
-    if (!buffer_) {
-      own_.assign(layout.count, 0.f);
-      buffer_ = own_.data();
-    }
+    own_.assign(static_cast<size_t>(count), 0.f);
+    buffer_ = own_.data();
   }
-  if (o_.staleness == 1) {
-    send_stage_.resize(layout.count);
-    latest_.resize(layout.count);
-  }
-  if (o_.delayed) {
-    if (o_.staleness != 0) throw std::invalid_argument("delayed mixing needs staleness 0");
-    send_stage_.resize(layout.count);
-    delta_.resize(layout.count);
-  }
+  rule_ = make_rule(o_, buffer_, buckets_);
   const int threads = o_.threading == Threading::Concurrent ? std::max(1, o_.comm_threads) : 1;
   for (int i = 0; i < threads; ++i) workers_.emplace_back([this, i] { worker(i); });
 }
 
 GossipExchange::~GossipExchange() {
-  {
-    std::unique_lock lock(mu_);
-    // Let exchanges already started finish: the partner is waiting for them. Bounded: a
-    // destructor that hangs keeps a failing job from ending.
-    try {
-      wait_with_progress(lock, cv_, progress_, engine_limit(), "the last queued buckets",
-                         [&] { return queue_.empty() || error_; });
-    } catch (const std::exception&) {
-    }
-    stop_ = true;
-  }
-  cv_.notify_all();
+  queue_.drain_and_stop();
   for (std::thread& t : workers_) t.join();
 }
 
 partners::Partners GossipExchange::partners_at(int64_t step) const {
-  return partners::partners(o_.schedule, rank_, step);
+  return partners::partners(o_.schedule, comm_.rank(), step);
 }
 
-void GossipExchange::begin_step(int64_t step) {
-  const partners::Partners peers = partners_at(step);
-  std::lock_guard lock(mu_);
-  step_ = step;
-  peers_ = peers;
-  done_ = 0;
-  next_chained_ = 0;
-}
+void GossipExchange::begin_step(int64_t step) { queue_.begin(step, partners_at(step)); }
 
 bool GossipExchange::in_place(const partners::Partners& peers) const {
-  return buffer_ == transport_->shared_home() && o_.staleness == 0 && !o_.delayed &&
+  return buffer_ == transport_->shared_home() && rule_->pair_average_in_place() &&
          peers.send_to == peers.recv_from && transport_->pairs_in_place(peers.send_to);
 }
 
-const float* GossipExchange::source(int b) const {
-  return (o_.staleness == 1 || o_.delayed ? send_stage_.data() : buffer_) + buckets_[b].begin;
-}
-
-const float* GossipExchange::outgoing(int b) {
-  const float* x = source(b);
-  if (o_.wire == Wire::Fp32) return x;
-  const kernels::Bucket& k = buckets_[b];
-  float* room = packed_out_.data() + wire_[b].begin;
-  const auto n = static_cast<size_t>(k.size());
-  pack_bf16({x, n},
-            residue_.empty() ? std::span<float>() : std::span<float>(residue_.data() + k.begin, n),
-            reinterpret_cast<uint16_t*>(room));
-  return room;
-}
-
-const float* GossipExchange::incoming(int b, const float* in) {
-  if (o_.wire == Wire::Fp32) return in;
-  const kernels::Bucket& k = buckets_[b];
-  float* x = unpacked_.data() + k.begin;
-  unpack_bf16(reinterpret_cast<const uint16_t*>(in), {x, static_cast<size_t>(k.size())});
-  return x;
-}
-
-BucketExchange::Lateness GossipExchange::lateness() const {
-  std::lock_guard lock(mu_);
-  return lateness_;
-}
+BucketExchange::Lateness GossipExchange::lateness() const { return rule_->lateness(); }
 
 int64_t GossipExchange::bytes_sent() const {
   int64_t bytes = 0;
@@ -232,22 +165,7 @@ int64_t GossipExchange::bytes_sent() const {
 }
 
 void GossipExchange::on_bucket_ready(int b) {
-  std::unique_lock lock(mu_);
-  if (o_.staleness == 1) {
-    // Bounded staleness: the previous exchange of this bucket must be over before its staging
-    // copy is reused. (Only one this exchange queued: after a resume or a rebuild there is none.)
-    wait_with_progress(lock, cv_, progress_, engine_limit(),
-                       "the previous exchange of bucket " + std::to_string(b) + " (step " +
-                           std::to_string(step_) + ")",
-                       [&] { return in_flight_[b] == 0 || error_; });
-    if (error_) std::rethrow_exception(error_);
-    const kernels::Bucket& k = buckets_[b];
-    std::copy(buffer_ + k.begin, buffer_ + k.end, send_stage_.begin() + k.begin);
-  }
-  queue_.push_back({step_, b, peers_});
-  ++in_flight_[b];
-  lock.unlock();
-  cv_.notify_all();
+  queue_.push(b, !rule_->waits(), [&] { rule_->capture(b); });
 }
 
 void GossipExchange::start(Job& j) {
@@ -255,27 +173,18 @@ void GossipExchange::start(Job& j) {
   const int64_t t = j.step - first_step_;
   if (in_place(j.peers)) return transport_->publish(j.peers.send_to, t, j.bucket);
   transport_->expect(j.peers.recv_from, t, j.bucket);
-  transport_->send(j.peers.send_to, t, j.bucket, outgoing(j.bucket));
+  transport_->send(j.peers.send_to, t, j.bucket,
+                   codec_.encode(j.bucket, rule_->outgoing(j.bucket)));
 }
 
 void GossipExchange::complete(const Job& j) {
   const int64_t t = j.step - first_step_;
   if (in_place(j.peers)) return transport_->average_in_place(j.peers.send_to, t, j.bucket);
-  const kernels::Bucket& k = buckets_[j.bucket];
-  const float* in = incoming(j.bucket, transport_->received(j.peers.recv_from, t, j.bucket));
+  const float* in = codec_.decode(j.bucket, transport_->received(j.peers.recv_from, t, j.bucket));
   // The outgoing bucket may still be read by MPI (p2p rendezvous) until the send completes:
   // only then may it be overwritten by the mix.
   transport_->finish_send(j.peers.send_to, t, j.bucket);
-  const auto n = static_cast<size_t>(k.size());
-  if (o_.delayed) {
-    mix_correction({send_stage_.data() + k.begin, n}, {in, n}, {delta_.data() + k.begin, n});
-  } else if (o_.staleness == 0) {
-    mix_pair({buffer_ + k.begin, n}, {in, n});
-  } else {
-    std::lock_guard lock(mu_);
-    std::copy(in, in + k.size(), latest_.begin() + k.begin);
-    latest_step_[j.bucket] = j.step;
-  }
+  rule_->received(j.bucket, j.step, in);
   transport_->release(j.peers.recv_from, t, j.bucket);
 }
 
@@ -286,113 +195,51 @@ void GossipExchange::mark_done(const Job& j) {
         "{\"step\":" + std::to_string(j.step) + ",\"send_to\":" + std::to_string(j.peers.send_to) +
             ",\"recv_from\":" + std::to_string(j.peers.recv_from) +
             ",\"in_place\":" + (in_place(j.peers) ? "true" : "false") + "}");
-  {
-    std::lock_guard lock(mu_);
-    --in_flight_[j.bucket];
-    ++progress_;
-    if (j.step == step_) ++done_;
-  }
-  cv_.notify_all();
+  queue_.done(j);
 }
 
-void GossipExchange::run_blocking(Job& j) {
-  start(j);
-  complete(j);
-  mark_done(j);
+void GossipExchange::run(std::vector<Job>& batch) {
+  // Funneled: every ready bucket is on the wire before the first one is waited for.
+  for (Job& j : batch) start(j);
+  for (const Job& j : batch) {
+    complete(j);
+    mark_done(j);
+  }
 }
 
 void GossipExchange::worker(int id) {
-  bool named = false;
+  bool named = false;  // the timeline is set after the threads start
   for (;;) {
-    std::vector<Job> batch;
-    {
-      std::unique_lock lock(mu_);
-      if (o_.threading == Threading::Chained) {
-        // Strictly in bucket order: wait for the next bucket even if later ones are ready.
-        cv_.wait(lock, [&] {
-          if (stop_) return true;
-          for (const Job& j : queue_)
-            if (j.step < step_ || j.bucket == next_chained_) return true;
-          return false;
-        });
-        if (stop_ && queue_.empty()) return;
-        auto it = std::find_if(queue_.begin(), queue_.end(), [&](const Job& j) {
-          return j.step < step_ || j.bucket == next_chained_;
-        });
-        if (it == queue_.end()) continue;
-        batch.push_back(*it);
-        queue_.erase(it);
-        if (batch[0].step == step_) ++next_chained_;
-      } else {
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        if (stop_ && queue_.empty()) return;
-        if (o_.threading == Threading::Funneled) {
-          batch.assign(queue_.begin(), queue_.end());
-          queue_.clear();
-        } else {
-          batch.push_back(queue_.front());
-          queue_.pop_front();
-        }
-      }
-    }
-    cv_.notify_all();  // the destructor may be waiting for an empty queue
+    std::vector<Job> batch = queue_.take();
+    if (batch.empty()) return;
     if (timeline_ && !named) {
       timeline_->name_thread("gossip comm " + std::to_string(id));
       named = true;
     }
     try {
-      if (batch.size() == 1) {
-        run_blocking(batch[0]);
-      } else {
-        // Funneled: every ready bucket is on the wire before the first one is waited for.
-        for (Job& j : batch) start(j);
-        for (const Job& j : batch) {
-          complete(j);
-          mark_done(j);
-        }
-      }
+      run(batch);
     } catch (const PartnerTimeout& e) {
       mpi::mark_peer_lost();
-      std::lock_guard lock(mu_);
       char what[384];
       std::snprintf(what, sizeof what,
                     "gossip: rank %d waited more than %g s for rank %d at step %lld, bucket %d "
                     "(%s); that rank died or hangs",
-                    rank_, o_.timeout_s, e.peer, static_cast<long long>(step_), e.bucket, e.what());
-      error_ = std::make_exception_ptr(std::runtime_error(what));
-      cv_.notify_all();
-      return;
+                    comm_.rank(), o_.timeout_s, e.peer, static_cast<long long>(queue_.step()),
+                    e.bucket, e.what());
+      return queue_.fail(std::make_exception_ptr(std::runtime_error(what)));
     } catch (...) {
-      std::lock_guard lock(mu_);
-      error_ = std::current_exception();
-      cv_.notify_all();
-      return;
+      return queue_.fail(std::current_exception());
     }
   }
 }
 
 double GossipExchange::finish_step() {
   const auto t0 = std::chrono::steady_clock::now();
-  std::unique_lock lock(mu_);
-  if (o_.staleness == 0) {
-    wait_with_progress(lock, cv_, progress_, engine_limit(),
-                       "the buckets of step " + std::to_string(step_),
-                       [&] { return done_ == buckets_.size() || error_; });
-    if (error_) std::rethrow_exception(error_);
-  } else {
-    if (error_) std::rethrow_exception(error_);
-    for (size_t b = 0; b < buckets_.size(); ++b) {
-      const Freshness f = freshness(latest_step_[b], step_, o_.skip_late);
-      if (f == Freshness::Unmixed) {
-        ++lateness_.unmixed;
-        continue;
-      }
-      if (f == Freshness::Late) ++lateness_.late;
-      const kernels::Bucket& k = buckets_[b];
-      const auto n = static_cast<size_t>(k.size());
-      mix_pair({buffer_ + k.begin, n}, {latest_.data() + k.begin, n});
-    }
-  }
+  if (rule_->waits())
+    queue_.wait_step();
+  else
+    queue_.check();
+  rule_->finish(queue_.step());
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -408,43 +255,49 @@ double GossipExchange::exchange_all(int64_t step) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+DelayedAverage& GossipExchange::delayed() {
+  auto* d = dynamic_cast<DelayedAverage*>(rule_.get());
+  if (!d) throw std::logic_error("a delayed exchange's call on an exchange built without delayed");
+  return *d;
+}
+
 void GossipExchange::start_delayed(int64_t step) {
-  if (!o_.delayed) throw std::logic_error("start_delayed on an exchange built without delayed");
   finish_delayed();
-  const int64_t n = static_cast<int64_t>(send_stage_.size());
-  std::copy(buffer_, buffer_ + n, send_stage_.begin());
+  delayed().snapshot();
   queue_all(step);
-  pending_ = true;
+  delayed().pending = true;
 }
 
 void GossipExchange::settle_delayed() {
-  if (!pending_ || settled_) return;
+  DelayedAverage& d = delayed();
+  if (!d.pending || d.settled) return;
   finish_step();
-  settled_ = true;
+  d.settled = true;
 }
 
 std::vector<float> GossipExchange::delayed_delta() {
-  if (!pending_) return {};
+  if (!delayed().pending) return {};
   settle_delayed();
-  return delta_;
+  return delayed().delta();
 }
 
 void GossipExchange::set_delayed_delta(const std::vector<float>& delta) {
-  if (!o_.delayed) throw std::logic_error("set_delayed_delta on an exchange built without delayed");
-  if (pending_) finish_delayed();
+  DelayedAverage& d = delayed();
+  if (d.pending) finish_delayed();
   if (delta.empty()) return;
-  if (delta.size() != delta_.size())
+  if (delta.size() != d.delta().size())
     throw std::invalid_argument("delayed correction of " + std::to_string(delta.size()) +
-                                " values for a buffer of " + std::to_string(delta_.size()));
-  delta_ = delta;
-  pending_ = settled_ = true;
+                                " values for a buffer of " + std::to_string(d.delta().size()));
+  d.delta() = delta;
+  d.pending = d.settled = true;
 }
 
 double GossipExchange::finish_delayed() {
-  if (!pending_) return 0;
-  const double waited = settled_ ? 0.0 : finish_step();
-  pending_ = settled_ = false;
-  apply_correction({buffer_, delta_.size()}, delta_);
+  DelayedAverage& d = delayed();
+  if (!d.pending) return 0;
+  const double waited = d.settled ? 0.0 : finish_step();
+  d.pending = d.settled = false;
+  d.apply();
   return waited;
 }
 

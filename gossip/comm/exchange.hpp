@@ -1,7 +1,9 @@
 // The exchange engine seam: the trainer announces each bucket as backward completes it and
 // waits for the mixed gradients before the optimizer step. Exchanges implement this interface
-// (gossip over the transports of transport.hpp, the allreduce baseline, the node hierarchy); the
-// arithmetic they run is mixing.hpp's, the wire codecs wire.hpp's.
+// (gossip over the transports of transport.hpp, the allreduce baseline, the node hierarchy).
+// GossipExchange is the engine alone: it queues buckets, drives the transport from its
+// communication threads and records the timeline; what it mixes is a rule's (rules.hpp), how the
+// values travel a codec's (wire.hpp).
 #pragma once
 
 #include <condition_variable>
@@ -13,7 +15,10 @@
 #include <thread>
 #include <vector>
 
+#include "gossip/comm/bucket_queue.hpp"
+#include "gossip/comm/exchange_options.hpp"
 #include "gossip/comm/mpi.hpp"
+#include "gossip/comm/rules.hpp"
 #include "gossip/comm/timeline.hpp"
 #include "gossip/comm/transport.hpp"
 #include "gossip/comm/wire.hpp"
@@ -44,11 +49,8 @@ class BucketExchange {
   void set_timeline(Timeline* t) { timeline_ = t; }
   // Bytes this rank has sent so far, every peer together (0 where MPI moves them: allreduce).
   virtual int64_t bytes_sent() const { return 0; }
-  // Staleness 1, since the start: buckets a step mixed from the partner's previous step (late:
-  // this step's had not arrived) and buckets it could not mix at all (nothing arrived yet).
-  struct Lateness {
-    int64_t late = 0, unmixed = 0;
-  };
+  // Staleness 1: what the steps could not mix fresh (rules.hpp).
+  using Lateness = gossip::Lateness;
   virtual Lateness lateness() const { return {}; }
 
  protected:
@@ -81,24 +83,6 @@ class AllreduceExchange final : public BucketExchange {
   bool stop_ = false;
   std::exception_ptr error_;
   std::thread worker_;
-};
-
-// Who drives a gossip exchange's transport (see GossipExchange).
-enum class Threading { Funneled, Concurrent, Chained };
-// "funneled" | "concurrent" | "chained"; throws std::invalid_argument otherwise.
-Threading parse_threading(const std::string& name);
-
-struct GossipOptions {
-  partners::Schedule schedule;     // p must equal the communicator's size
-  std::string transport = "auto";  // auto | shm | rma | p2p (make_transport)
-  Threading threading = Threading::Funneled;
-  int comm_threads = 2;    // concurrent only
-  int staleness = 0;       // 0: wait for the partner; 1: never wait, mix what has arrived
-  bool skip_late = false;  // staleness 1: a bucket not yet here this step stays unmixed
-  bool delayed = false;    // start_delayed/finish_delayed: mix as a correction applied later
-  double timeout_s = 0;    // a wait on a partner longer than this fails the step (0: never)
-  Wire wire = Wire::Fp32;
-  bool error_feedback = false;  // bf16 wire only
 };
 
 // Gossip: bucket b is averaged with the same bucket of this step's partner, x = (x + x_from) / 2,
@@ -156,57 +140,28 @@ class GossipExchange final : public BucketExchange {
   Lateness lateness() const override;
 
  private:
-  struct Job {
-    int64_t step;
-    int bucket;
-    partners::Partners peers;
-    Timeline::Clock::time_point started{};
-  };
+  using Job = BucketQueue::Job;
   void queue_all(int64_t step);  // begin_step, then every bucket ready
   void worker(int id);
-  void run_blocking(Job& j);
+  void run(std::vector<Job>& batch);
   void start(Job& j);
   void complete(const Job& j);
   void mark_done(const Job& j);
   // The bound of the compute thread's waits for the communication threads: longer than the
   // transports' own (timeout_s per wait on a partner), so that their more precise line wins.
   double engine_limit() const { return 2 * o_.timeout_s; }
-  const float* source(int bucket) const;
-  const float* outgoing(int bucket);  // source(), or its bf16 image on the wire
-  // The partner's bucket b as fp32 values: `in` itself, or unpacked from bf16 into unpacked_.
-  const float* incoming(int bucket, const float* in);
+  DelayedAverage& delayed();  // the rule of an exchange built with options.delayed
 
   mpi::Comm comm_;
-  float* buffer_;
-  std::vector<kernels::Bucket> buckets_;
   GossipOptions o_;
-  int rank_;
+  std::vector<kernels::Bucket> buckets_;
+  WireCodec codec_;
   std::unique_ptr<Transport> transport_;
+  float* buffer_;
   std::vector<float> own_;  // buffer() when asked for and not in shared memory
-  // bf16 wire: bucket b travels as wire_[b].size floats' room holding 2 bf16 values each.
-  std::vector<kernels::Bucket> wire_;  // bucket b's place in the packed (transport) layout
-  std::vector<float> packed_out_;      // this rank's outgoing buckets, packed
-  std::vector<float> unpacked_;        // the partner's buckets, unpacked to fp32
-  std::vector<float> residue_;         // error feedback: what rounding took off last time
-  std::vector<float> send_stage_;      // staleness 1: the bucket as it was when ready
-  std::vector<float> latest_;          // staleness 1: the partner's latest completed bucket
-  std::vector<int64_t> latest_step_;   // step of latest_[b], -1 = none yet
-  Lateness lateness_;                  // staleness 1: what finish_step could not mix fresh
-  std::vector<int> in_flight_;         // exchanges of bucket b queued and not yet finished
-  uint64_t progress_ = 0;              // exchanges finished, ever (bounds the engine's waits)
-  std::vector<float> delta_;           // delayed: (partner - snapshot) / 2, per element
-  bool pending_ = false;               // delayed: an exchange was started and not yet applied
-  bool settled_ = false;               // delayed: ... and its delta_ is already computed
-  int64_t first_step_ = 0;             // transports see step - first_step_
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Job> queue_;
-  int64_t step_ = 0;
-  partners::Partners peers_;
-  size_t done_ = 0;
-  int next_chained_ = 0;
-  bool stop_ = false;
-  std::exception_ptr error_;
+  std::unique_ptr<MixingRule> rule_;
+  int64_t first_step_ = 0;  // transports see step - first_step_
+  BucketQueue queue_;
   std::vector<std::thread> workers_;
 };
 

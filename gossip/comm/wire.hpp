@@ -6,6 +6,9 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
+
+#include "kernels/graph.hpp"
 
 namespace gg::gossip {
 
@@ -29,5 +32,29 @@ int64_t wire_floats(Wire w, int64_t n);
 void pack_bf16(std::span<const float> x, std::span<float> residue, uint16_t* out);
 // in[0, x.size()) -> x.
 void unpack_bf16(const uint16_t* in, std::span<float> x);
+
+// One flat buffer's buckets on a wire: where each bucket lies in the transport's layout, and the
+// rooms that hold this rank's packed buckets, the partner's unpacked ones and the error-feedback
+// residue. fp32 passes values through untouched. No MPI, no threads: bucket b is encoded and
+// decoded by one thread at a time.
+class WireCodec {
+ public:
+  WireCodec(Wire wire, bool error_feedback, std::vector<kernels::Bucket> buckets);
+  Wire wire() const { return wire_; }
+  // The buckets in the transport's layout (bf16: ceil(n / 2) floats each, bucket 0 last) and that
+  // layout's size in floats.
+  const std::vector<kernels::Bucket>& layout() const { return layout_; }
+  int64_t floats() const { return floats_; }
+  // Bucket b's values x as they go on the wire: x itself (fp32), or its packed image.
+  const float* encode(int b, const float* x);
+  // The partner's bucket b as it came off the wire, as fp32 values.
+  const float* decode(int b, const float* in);
+
+ private:
+  Wire wire_;
+  std::vector<kernels::Bucket> buckets_, layout_;
+  int64_t floats_ = 0;
+  std::vector<float> packed_, unpacked_, residue_;
+};
 
 }  // namespace gg::gossip
