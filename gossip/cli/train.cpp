@@ -138,6 +138,14 @@ int cmd_train(const std::vector<std::string>& args, int argc, char** argv) {
       return 0;
     }
   if (std::find(args.begin(), args.end(), "--dry-run") != args.end()) return dry_run(args);
+  // What the options say is refused before MPI starts: every rank parses the same arguments, and
+  // the launcher tells the rank count; one line, from the first rank.
+  try {
+    check_ranks(parse_train_args(args), env_ranks(), supervised_restart());
+  } catch (const UsageError& e) {
+    if (env_rank() == 0) std::fprintf(stderr, "gossipgrad: error: %s\n", e.what());
+    return 2;
+  }
   gg::mpi::Environment env(&argc, &argv);
   const gg::mpi::Comm world = gg::mpi::Comm::world();
   const int rank = world.rank();
