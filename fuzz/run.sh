@@ -14,7 +14,7 @@ CXX=(clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize
   -lxxhash -o "$OUT/fuzz_checkpoint"
 # The config reader with what it validates against (model names, data source grammar); what
 # concerns this machine (gossip/train/preflight) is not part of it.
-"${CXX[@]}" fuzz/fuzz_config.cpp gossip/config/config.cpp gossip/config/options.cpp gossip/config/fault_spec.cpp \
+"${CXX[@]}" fuzz/fuzz_config.cpp gossip/config/config.cpp gossip/config/options.cpp gossip/config/fault_spec.cpp gossip/config/algorithms.cpp \
   kernels/models.cpp kernels/graph.cpp shuffle/source.cpp shuffle/tar.cpp shuffle/image.cpp shuffle/idx.cpp \
   partners/schedule.cpp \
   -lboost_program_options -larchive -lturbojpeg -lz -o "$OUT/fuzz_config"

@@ -165,8 +165,9 @@ partners::Workload make_workload(const Config& c, const kernels::ModelSpec& spec
   w.batch_per_rank = c.train.batch;
   // What travels: bf16 buckets take half the bytes (the wire of the mode's exchange; model: the
   // weights', grad and both: the gradients').
-  const Mixing m = mixing_of(c);
-  const bool bf16 = (m.weights && !m.grads ? c.gossip.model_wire : c.gossip.wire) == "bf16";
+  const GossipPlan plan = gossip_plan(c);
+  const Algorithm& m = *plan.algorithm;
+  const bool bf16 = (m.weights && !m.grads ? plan.model_wire : plan.wire) == Wire::Bf16;
   for (const kernels::Bucket& b :
        kernels::make_buckets(g, std::max<int64_t>(1, c.gossip.bucket_kb * 256)))
     w.bucket_bytes.push_back(bf16 ? (b.size() + 1) / 2 * 4 : b.size() * 4);
@@ -310,7 +311,8 @@ void refuse_unmodelled(const Config& c) {
        "gossip.model_every = " + std::to_string(c.gossip.model_every)},
       {c.gossip.global_every != d.gossip.global_every,
        "gossip.global_every = " + std::to_string(c.gossip.global_every)},
-      {weights && !c.gossip.overlap_model, "gossip.overlap_model = false"}};
+      {weights && !c.gossip.overlap_model, "gossip.overlap_model = false"},
+      {mixing_of(c).momentum, "gossip.mode = " + c.gossip.mode + " (the momentum's exchange)"}};
   for (const auto& [set, what] : unmodelled)
     if (set)
       throw UsageError("simulate does not model " + what +

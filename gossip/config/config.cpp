@@ -81,7 +81,8 @@ void check_emulated(const Config& c) {
 // it does nothing, is refused (the user expects its effect); see inert_settings for the harmless.
 void check_exchange(const Config& c) {
   const std::string& mode = c.gossip.mode;
-  const auto [allreduce, grads, weights] = mixing_of(c);
+  const Algorithm& a = mixing_of(c);
+  const bool allreduce = a.allreduce, grads = a.grads, weights = a.weights;
   if (c.gossip.wire != "fp32" && !grads && !allreduce)
     throw UsageError(
         "gossip.wire = " + c.gossip.wire + " is the gradients' wire; gossip.mode = " + mode +
@@ -113,7 +114,7 @@ void check_exchange(const Config& c) {
         " exchanges no weights (use gossip.global_every for an average of the "
         "weights)");
   if (c.gossip.hierarchy == "node") {
-    if (mode != "grad")
+    if (!grads || weights)
       throw UsageError(
           "gossip.hierarchy = node mixes gradients only: set gossip.mode = grad (not " + mode +
           ")");
@@ -152,7 +153,7 @@ void check_combinations(const Config& c) {
     throw UsageError("data.val_labels = " + c.data.val_labels +
                      " labels a flat val/ folder of data.source = imagenet:DIR; " + c.data.source +
                      " carries its own labels: leave it out");
-  if (c.model.name != "resnet8" && c.model.name != "cnn" &&
+  if (!small_model(c) &&
       (c.model.width != d.model.width || c.model.batch_norm != d.model.batch_norm))
     throw UsageError("model.width and model.batch_norm shape the small nets (resnet8, cnn); " +
                      c.model.name + " is torchvision's and has neither: leave them out");
@@ -199,10 +200,23 @@ void check_ranks(const Config& c, int ranks, bool supervised_restart) {
     if (r >= ranks) throw UsageError(rank_out_of_range("emulate.slow", c.emulate.slow, r, ranks));
 }
 
-Mixing mixing_of(const Config& c) {
-  const std::string& m = c.gossip.mode;
-  return {m == "allreduce", m == "grad" || m == "both", m == "model" || m == "both"};
+const Algorithm& mixing_of(const Config& c) { return find_algorithm(c.gossip.mode); }
+
+GossipPlan gossip_plan(const Config& c) {
+  GossipPlan p;
+  p.algorithm = &mixing_of(c);
+  p.node_hierarchy = c.gossip.hierarchy == "node";
+  p.skip_late = c.gossip.late == "skip";
+  const std::string& t = c.gossip.threading;
+  p.threading = t == "concurrent" ? Threading::Concurrent
+                : t == "chained"  ? Threading::Chained
+                                  : Threading::Funneled;
+  p.wire = c.gossip.wire == "bf16" ? Wire::Bf16 : Wire::Fp32;
+  p.model_wire = c.gossip.model_wire == "bf16" ? Wire::Bf16 : Wire::Fp32;
+  return p;
 }
+
+bool small_model(const Config& c) { return c.model.name == "resnet8" || c.model.name == "cnn"; }
 
 std::vector<std::string> inert_settings(const Config& c) {
   const Config d;  // the defaults

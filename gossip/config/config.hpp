@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "gossip/comm/exchange_options.hpp"  // the exchanges' typed options
+#include "gossip/config/algorithms.hpp"
 #include "gossip/config/fault_spec.hpp"  // the grammar of the fault.* values
 
 namespace gg::gossip {
@@ -57,7 +59,7 @@ struct Config {
     int64_t stop_at = 0;    // stop after this step with a checkpoint, as if preempted (0: never)
   } train;
   struct {
-    std::string mode = "both";  // grad | model | both | allreduce
+    std::string mode = "both";  // algorithms.hpp: grad | model | both | gossipgrad | allreduce
     std::string schedule = "dissemination";
     bool rotate = true;
     std::string transport = "auto";
@@ -154,14 +156,26 @@ struct Config {
   } log;
 };
 
-// What gossip.mode exchanges, read once here: outside gossip/config no code compares the mode's
-// strings.
-struct Mixing {
-  bool allreduce = false;  // allreduce: the exact average of the gradients over all ranks
-  bool grads = false;      // grad, both: gradients with this step's partner during backward
-  bool weights = false;    // model, both: weights with the partner after the update
+// The algorithm gossip.mode names (algorithms.hpp): outside gossip/config no code compares the
+// option's strings.
+const Algorithm& mixing_of(const Config& c);
+
+// The [gossip] options the exchanges are built from, typed once here.
+struct GossipPlan {
+  const Algorithm* algorithm = nullptr;  // gossip.mode
+  bool node_hierarchy = false;           // gossip.hierarchy = node
+  bool skip_late = false;                // gossip.late = skip
+  Threading threading = Threading::Funneled;
+  Wire wire = Wire::Fp32, model_wire = Wire::Fp32;  // gradients', weights' (and momentum's)
 };
-Mixing mixing_of(const Config& c);
+GossipPlan gossip_plan(const Config& c);
+
+// train.weight_layout = plain: the weights stay in PyTorch's layout (not the backend's own).
+inline bool plain_weights(const Config& c) { return c.train.weight_layout == "plain"; }
+
+// The small nets (resnet8, cnn: 28x28 inputs, their width and batch-norm options) against
+// torchvision's.
+bool small_model(const Config& c);
 
 // Whether [emulate] replaces the training arithmetic by waiting.
 inline bool emulated(const Config& c) {

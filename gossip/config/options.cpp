@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "gossip/config/algorithms.hpp"
 #include "gossip/config/fault_spec.hpp"
 #include "kernels/models.hpp"
 #include "shuffle/source.hpp"
@@ -48,6 +49,22 @@ void check_strategy(const std::string&, const std::string& v) { parse_fault_stra
 void check_slow(const std::string&, const std::string& v) { parse_emulate_slow(v); }
 void check_file_name(const std::string& key, const std::string& v) {
   if (v.empty()) throw UsageError(key + " must name a file");
+}
+
+// gossip.mode: the algorithms' registry (algorithms.hpp) gives the values and their help.
+Choices mode_choices() {
+  Choices c;
+  for (const Algorithm& a : algorithms()) c.values.push_back(a.name);
+  return c;
+}
+std::string_view mode_help() {
+  static const std::string help = [] {
+    std::string h;
+    for (const Algorithm& a : algorithms())
+      h += (h.empty() ? "" : "; ") + std::string(a.name) + ": " + std::string(a.help);
+    return h;
+  }();
+  return help;
 }
 
 // clang-format off
@@ -143,10 +160,7 @@ void train_options(std::vector<Option>& o) {
 
 void gossip_options(std::vector<Option>& o) {
   o.insert(o.end(), {
-    {GG_OPTION(gossip.mode), Choices{{"grad", "model", "both", "allreduce"}},
-     "grad: average gradients with this step's partner; model: average weights with it after "
-     "the update; both: the two; allreduce: exact average of the gradients over all ranks (the "
-     "baseline)"},
+    {GG_OPTION(gossip.mode), mode_choices(), mode_help()},
     {GG_OPTION(gossip.schedule), Choices{{"dissemination", "hypercube", "ring", "random"}},
      "partners: dissemination, hypercube (power-of-two ranks), ring, random"},
     {GG_OPTION(gossip.rotate), {},

@@ -70,4 +70,19 @@ void EmulatedCompute::backward(double factor, const std::function<void(int)>& re
 
 void EmulatedCompute::update(double factor) const { wait_for(update_s_ * factor); }
 
+EmulatedExecutor::EmulatedExecutor(const Config& c, int rank,
+                                   const std::vector<kernels::Bucket>& buckets, const int64_t& step)
+    : kernels::Executor(c.train.batch), compute_(c, rank, buckets), step_(step) {}
+
+const float* EmulatedExecutor::forward(const float*, bool) {
+  compute_.forward(compute_.factor(step_));
+  return nullptr;
+}
+
+void EmulatedExecutor::backward(const float*, const kernels::BucketReady& ready) {
+  compute_.backward(compute_.factor(step_), ready);
+}
+
+void EmulatedExecutor::update() const { compute_.update(compute_.factor(step_)); }
+
 }  // namespace gg::gossip

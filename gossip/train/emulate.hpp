@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gossip/config/config.hpp"
+#include "kernels/executor.hpp"
 #include "kernels/graph.hpp"
 
 namespace gg::gossip {
@@ -40,6 +41,22 @@ class EmulatedCompute {
   uint64_t seed_;
   int rank_;
   std::vector<double> ready_share_;
+};
+
+// Emulated compute as the trainer's executor: forward and backward wait (with the factor of the
+// trainer's current step, read from `step`) and return no logits; update() is the optimizer's
+// wait. Nothing is computed, so no parameter changes.
+class EmulatedExecutor final : public kernels::Executor {
+ public:
+  EmulatedExecutor(const Config& c, int rank, const std::vector<kernels::Bucket>& buckets,
+                   const int64_t& step);
+  const float* forward(const float* x, bool train) override;
+  void backward(const float* dlogits, const kernels::BucketReady& ready) override;
+  void update() const;
+
+ private:
+  EmulatedCompute compute_;
+  const int64_t& step_;
 };
 
 }  // namespace gg::gossip

@@ -37,7 +37,7 @@ kernels::ModelSpec model_spec(const Config& c, int rank, kernels::Dims input, in
 }
 
 kernels::ModelSpec usual_model_spec(const Config& c, int rank) {
-  const bool small = c.model.name == "resnet8" || c.model.name == "cnn";
+  const bool small = small_model(c);
   const kernels::Dims input = small ? kernels::Dims{1, 28, 28} : kernels::Dims{3, 224, 224};
   return model_spec(c, rank, input, small ? 10 : 1000);
 }
@@ -83,8 +83,9 @@ Trainer::Trainer(const Config& c, const mpi::Comm& world, kernels::Dims input, i
   // One rank per GPU (CUDA backend): the rank on this node picks the device.
   if (net_.backend() == kernels::Backend::Cuda)
     kernels::bind_device(net_.backend(), world_.split_shared().rank());
-  if (emulated(c)) {  // no executor: nothing is computed
-    emulate_ = std::make_unique<EmulatedCompute>(c, world_.rank(), net_.buckets());
+  if (emulated(c)) {  // an executor that waits: nothing is computed
+    emulated_ = std::make_unique<EmulatedExecutor>(c, world_.rank(), net_.buckets(), step_);
+    train_exec_ = emulated_.get();
     return;
   }
   // Compiled only now: the gradient buffer may have moved into the exchange's shared memory.
@@ -93,7 +94,7 @@ Trainer::Trainer(const Config& c, const mpi::Comm& world, kernels::Dims input, i
 }
 
 void Trainer::choose_layout() {
-  if (c_.train.weight_layout == "plain") return;
+  if (plain_weights(c_)) return;
   // The exchanges mix the ranks' buffers element by element: every rank must hold the same layout.
   // The CPU decides it (oneDNN's blocks), so ranks on different CPUs may not agree; they then
   // all stay plain.
@@ -121,52 +122,43 @@ partners::Schedule gossip_schedule(const Config& c, int p) {
 }
 
 void Trainer::make_exchanges() {
-  const Config& c = c_;
   sent_bytes_ = 0;  // new exchanges count from 0
   lateness_ = {};
   kernels::ParamStore& store = net_.store();
   // Which combinations of exchange options are valid: check_exchange (gossip/config), before MPI.
-  const Mixing mixing = mixing_of(c);
-  if (mixing.allreduce) {
+  const GossipPlan plan = gossip_plan(c_);
+  const Algorithm& a = *plan.algorithm;
+  if (a.allreduce) {
     exchange_ = std::make_unique<AllreduceExchange>(world_, store.grads.data(), net_.buckets());
     return;
   }
-  GossipOptions o;
-  o.schedule = gossip_schedule(c, world_.size());
-  if (c.gossip.hierarchy == "node") {
+  const partners::Schedule schedule = gossip_schedule(c_, world_.size());
+  if (plan.node_hierarchy) {
     try {
       exchange_ = std::make_unique<HierarchicalExchange>(world_, store.grads.data(), net_.buckets(),
-                                                         o.schedule, c.gossip.timeout_s);
+                                                         schedule, c_.gossip.timeout_s);
     } catch (const std::invalid_argument& e) {
       throw UsageError(e.what());
     }
     return;
   }
-  o.transport = c.gossip.transport;
-  o.comm_threads = c.gossip.comm_threads;
-  o.staleness = c.gossip.staleness;
-  o.skip_late = c.gossip.late == "skip";
-  o.timeout_s = c.gossip.timeout_s;
   try {
-    o.threading = parse_threading(c.gossip.threading);
-    if (mixing.grads) {
+    if (a.grads) {
       // The exchange provides the gradient buffer: in shared memory, partners on this node that
       // pair up in a step average it in place, with no copy.
-      GossipOptions g = o;
-      g.wire = parse_wire(c.gossip.wire);
-      g.error_feedback = g.wire == Wire::Bf16 && c.gossip.error_feedback;
-      auto grads = std::make_unique<GossipExchange>(world_, nullptr, net_.buckets(), g);
+      auto grads = std::make_unique<GossipExchange>(world_, nullptr, net_.buckets(),
+                                                    exchange_options(plan, schedule, false));
       net_.share_grads(grads->buffer());
       exchange_ = std::move(grads);
     }
-    if (mixing.weights) {
-      GossipOptions m = o;
-      m.delayed = c.gossip.overlap_model;
-      m.wire = parse_wire(c.gossip.model_wire);
-      m.error_feedback = m.wire == Wire::Bf16 && c.gossip.error_feedback;
+    // After the update: the weights, and with them the momentum (the authors' GossipGraD).
+    const GossipOptions after = exchange_options(plan, schedule, true);
+    if (a.weights)
       model_exchange_ =
-          std::make_unique<GossipExchange>(world_, store.params.data(), net_.buckets(), m);
-    }
+          std::make_unique<GossipExchange>(world_, store.params.data(), net_.buckets(), after);
+    if (a.momentum)
+      momentum_exchange_ =
+          std::make_unique<GossipExchange>(world_, sgd_.velocity().data(), net_.buckets(), after);
   } catch (const std::invalid_argument& e) {
     throw UsageError(std::string("gossip: ") + e.what());
   }
@@ -175,24 +167,46 @@ void Trainer::make_exchanges() {
   set_first_step(step_);
 }
 
+GossipOptions Trainer::exchange_options(const GossipPlan& plan, const partners::Schedule& schedule,
+                                        bool after_update) const {
+  GossipOptions o;
+  o.schedule = schedule;
+  o.transport = c_.gossip.transport;
+  o.threading = plan.threading;
+  o.comm_threads = c_.gossip.comm_threads;
+  o.staleness = c_.gossip.staleness;
+  o.skip_late = plan.skip_late;
+  o.timeout_s = c_.gossip.timeout_s;
+  o.wire = after_update ? plan.model_wire : plan.wire;
+  o.error_feedback = o.wire == Wire::Bf16 && c_.gossip.error_feedback;
+  o.delayed = after_update && c_.gossip.overlap_model;
+  return o;
+}
+
 int64_t Trainer::model_round(int64_t step) const { return step / c_.gossip.model_every; }
 
 void Trainer::set_first_step(int64_t step) {
   if (exchange_) exchange_->set_first_step(step);
-  if (model_exchange_) model_exchange_->set_first_step(model_round(step));
+  for (GossipExchange* e : after_update()) e->set_first_step(model_round(step));
+}
+
+std::vector<GossipExchange*> Trainer::after_update() const {
+  std::vector<GossipExchange*> all;
+  for (GossipExchange* e : {model_exchange_.get(), momentum_exchange_.get()})
+    if (e) all.push_back(e);
+  return all;
 }
 
 std::vector<BucketExchange*> Trainer::exchanges() const {
   std::vector<BucketExchange*> all;
   if (exchange_) all.push_back(exchange_.get());
-  if (model_exchange_) all.push_back(model_exchange_.get());
+  for (GossipExchange* e : after_update()) all.push_back(e);
   return all;
 }
 
 void Trainer::set_timeline(Timeline* t) {
   timeline_ = t && t->enabled() ? t : nullptr;
   for (BucketExchange* e : exchanges()) e->set_timeline(timeline_);
-  if (!train_exec_) return;  // emulated compute: no layers
   if (!timeline_) return train_exec_->set_layer_trace({});
   timeline_->name_thread("compute");
   train_exec_->set_layer_trace([this](int node, bool backward, Timeline::Clock::time_point a,
@@ -204,16 +218,11 @@ void Trainer::set_timeline(Timeline* t) {
 StepStats Trainer::step(const float* x, const int32_t* y) {
   StepStats s;
   Timeline::Span whole(timeline_, "step " + std::to_string(step_), "step");
-  // With emulated compute: this rank's factor on every wait of the step (jitter, stragglers).
-  const double f = emulate_ ? emulate_->factor(step_) : 1;
-  const float* logits = nullptr;
   start_model_exchange();  // the last update's weights, behind this step's compute
+  const float* logits = nullptr;
   {
     Timeline::Span span(timeline_, "forward", "compute");
-    if (emulate_)
-      emulate_->forward(f);
-    else
-      logits = train_exec_->forward(x, true);
+    logits = train_exec_->forward(x, true);
   }
   if (logits) {  // emulated compute has no loss and no accuracy
     const auto loss = kernels::softmax_cross_entropy(logits, y, c_.train.batch, graph().classes(),
@@ -227,10 +236,7 @@ StepStats Trainer::step(const float* x, const int32_t* y) {
   if (exchange_) exchange_->begin_step(step_);
   {
     Timeline::Span span(timeline_, "backward", "compute");
-    if (emulate_)
-      emulate_->backward(f, ready);
-    else
-      train_exec_->backward(dlogits_.data(), ready);
+    train_exec_->backward(dlogits_.data(), ready);
   }
   if (exchange_) {
     Timeline::Span span(timeline_, "wait gradients", "wait");
@@ -241,54 +247,65 @@ StepStats Trainer::step(const float* x, const int32_t* y) {
     Timeline::Span span(timeline_, "wait weights", "wait");
     s.comm_seconds += flush_model();
   }
-  {
-    Timeline::Span span(timeline_, "optimizer", "optimizer");
-    if (emulate_)
-      emulate_->update(f);
-    else
-      sgd_.step(store().params.data(), store().grads.data(), static_cast<float>(s.lr));
-  }
-  if (model_exchange_ && (step_ + 1) % c_.gossip.model_every == 0) {
-    // The weight exchanges are numbered in rounds (one every gossip.model_every steps), so that
-    // the transports and the partner schedule see consecutive numbers.
-    // Overlapped: the exchange starts with the next step (start_model_exchange), after the
-    // collectives between steps, which would otherwise queue behind the weights' bytes on the
-    // partners' connections (over TCP, a whole exchange's worth).
-    if (c_.gossip.overlap_model)
-      model_due_ = model_round(step_);
-    else
-      s.comm_seconds += model_exchange_->exchange_all(model_round(step_));
-  }
-  const int64_t h = c_.gossip.global_every;
-  const bool gossip = !mixing_of(c_).allreduce;
-  if (gossip && h > 0 && (step_ + 1) % h == 0) {
-    const auto t0 = std::chrono::steady_clock::now();
-    flush_model();
-    average_over_ranks(store().params);
-    average_over_ranks(store().buffers);
-    s.comm_seconds += seconds_since(t0);
-  }
-  const int64_t n = c_.gossip.consensus_every;
-  if (n > 0 && (step_ + 1) % n == 0) s.consensus = consensus_distance();
-  if (gossip) {
-    int64_t sent = 0;
-    for (BucketExchange* e : exchanges()) sent += e->bytes_sent();
-    s.sent_bytes = sent - sent_bytes_;
-    sent_bytes_ = sent;
-  }
-  if (c_.gossip.staleness > 0 && gossip) {
-    BucketExchange::Lateness now;
-    for (BucketExchange* e : exchanges()) {
-      const BucketExchange::Lateness l = e->lateness();
-      now.late += l.late;
-      now.unmixed += l.unmixed;
-    }
-    s.late_buckets = now.late - lateness_.late;
-    s.unmixed_buckets = now.unmixed - lateness_.unmixed;
-    lateness_ = now;
-  }
+  update(static_cast<float>(s.lr));
+  s.comm_seconds += exchange_weights();
+  s.comm_seconds += average_globally();
+  account(s);
   ++step_;
   return s;
+}
+
+void Trainer::update(float lr) {
+  Timeline::Span span(timeline_, "optimizer", "optimizer");
+  if (emulated_)
+    emulated_->update();
+  else
+    sgd_.step(store().params.data(), store().grads.data(), lr);
+}
+
+double Trainer::exchange_weights() {
+  if (!model_exchange_ || (step_ + 1) % c_.gossip.model_every != 0) return 0;
+  // The weight exchanges are numbered in rounds (one every gossip.model_every steps), so that the
+  // transports and the partner schedule see consecutive numbers. Overlapped: the exchange starts
+  // with the next step (start_model_exchange), after the collectives between steps, which would
+  // otherwise queue behind the weights' bytes on the partners' connections (over TCP, a whole
+  // exchange's worth).
+  if (c_.gossip.overlap_model) {
+    model_due_ = model_round(step_);
+    return 0;
+  }
+  double seconds = 0;
+  for (GossipExchange* e : after_update()) seconds += e->exchange_all(model_round(step_));
+  return seconds;
+}
+
+double Trainer::average_globally() {
+  const int64_t h = c_.gossip.global_every;
+  if (mixing_of(c_).allreduce || h <= 0 || (step_ + 1) % h != 0) return 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  flush_model();
+  average_over_ranks(store().params);
+  average_over_ranks(store().buffers);
+  return seconds_since(t0);
+}
+
+void Trainer::account(StepStats& s) {
+  const int64_t n = c_.gossip.consensus_every;
+  if (n > 0 && (step_ + 1) % n == 0) s.consensus = consensus_distance();
+  if (mixing_of(c_).allreduce) return;
+  int64_t sent = 0;
+  BucketExchange::Lateness now;
+  for (BucketExchange* e : exchanges()) {
+    sent += e->bytes_sent();
+    now.late += e->lateness().late;
+    now.unmixed += e->lateness().unmixed;
+  }
+  s.sent_bytes = sent - sent_bytes_;
+  sent_bytes_ = sent;
+  if (c_.gossip.staleness == 0) return;
+  s.late_buckets = now.late - lateness_.late;
+  s.unmixed_buckets = now.unmixed - lateness_.unmixed;
+  lateness_ = now;
 }
 
 EvalStats Trainer::evaluate(const shuffle::SampleSource& data, shuffle::LoaderOptions o) {
@@ -344,9 +361,12 @@ void Trainer::capture_state(RankState& s) {
   // States leave the run in the plain layout (files, other ranks, other CPUs read them).
   s.params = net_.plain(store().params.data());
   s.buffers = store().buffers;
-  s.velocity = net_.plain(sgd_.velocity().data());
   s.delayed_delta.clear();
   start_model_exchange();  // the state holds the correction of the last update's exchange
+  // The momentum's correction is applied now: nothing reads or moves the momentum before the next
+  // update, so the numbers are those of an uninterrupted run.
+  if (momentum_exchange_ && c_.gossip.overlap_model) momentum_exchange_->finish_delayed();
+  s.velocity = net_.plain(sgd_.velocity().data());
   if (model_exchange_ && c_.gossip.overlap_model) {
     s.delayed_delta = model_exchange_->delayed_delta();
     if (!s.delayed_delta.empty()) s.delayed_delta = net_.plain(s.delayed_delta.data());
@@ -359,6 +379,7 @@ void Trainer::restore_model(const RankState& s) {
     throw std::invalid_argument("the saved state does not fit this model");
   // A weight exchange due or in flight completes (its partner waits for it) and is then replaced.
   start_model_exchange();
+  if (momentum_exchange_ && c_.gossip.overlap_model) momentum_exchange_->finish_delayed();
   if (model_exchange_ && c_.gossip.overlap_model)
     model_exchange_->set_delayed_delta(s.delayed_delta.empty() ? s.delayed_delta
                                                                : net_.from_plain(s.delayed_delta));
@@ -378,7 +399,8 @@ void Trainer::rewind(const RankState& s) {
   restore_model(s);
   const int64_t back = step_ - s.step;
   if (exchange_) exchange_->repeat_steps(back);
-  if (model_exchange_) model_exchange_->repeat_steps(model_round(step_) - model_round(s.step));
+  for (GossipExchange* e : after_update())
+    e->repeat_steps(model_round(step_) - model_round(s.step));
   step_ = s.step;
   if (train_exec_) train_exec_->set_dropout_step(s.dropout_step);
 }
@@ -408,24 +430,19 @@ void Trainer::average_model(std::vector<float>& params, std::vector<float>& buff
   }
 }
 
-EvalStats Trainer::evaluate(const shuffle::Dataset& data, float mean, float stddev) {
-  const shuffle::DatasetSource view(
-      std::shared_ptr<const shuffle::Dataset>(&data, [](const shuffle::Dataset*) {}), "dataset");
-  shuffle::LoaderOptions o;
-  o.norm = {mean, stddev};
-  return evaluate(view, o);
-}
-
 void Trainer::start_model_exchange() {
   if (model_due_ < 0) return;
   Timeline::Span span(timeline_, "start weight exchange", "comm");
-  model_exchange_->start_delayed(model_due_);
+  for (GossipExchange* e : after_update()) e->start_delayed(model_due_);
   model_due_ = -1;
 }
 
 double Trainer::flush_model() {
   start_model_exchange();
-  return model_exchange_ && c_.gossip.overlap_model ? model_exchange_->finish_delayed() : 0.0;
+  double waited = 0;
+  if (c_.gossip.overlap_model)
+    for (GossipExchange* e : after_update()) waited += e->finish_delayed();
+  return waited;
 }
 
 void Trainer::average_over_ranks(float* v, int64_t n) {
@@ -489,6 +506,7 @@ void Trainer::rebuild(kernels::Graph g, std::vector<float> params, std::vector<f
   flush_model();  // a weight exchange still due goes out over the old layout first
   exchange_.reset();
   model_exchange_.reset();
+  momentum_exchange_.reset();
   train_exec_ = eval_exec_ = nullptr;
   net_.rebuild(std::move(g), std::move(params), std::move(buffers));
   sgd_.set_velocity(net_.from_plain(velocity));  // in the rebuilt network's layout

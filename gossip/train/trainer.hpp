@@ -60,9 +60,6 @@ class Trainer {
   // gossip every rank holds its own model, and their average is what training converges to.
   // `o` gives the normalisation and transform; batch, ranks and order are set here.
   EvalStats evaluate(const shuffle::SampleSource& data, shuffle::LoaderOptions o);
-  // The same on an in-memory idx data set normalised with one mean/std (the idx-only signature,
-  // kept for callers written against it).
-  EvalStats evaluate(const shuffle::Dataset& data, float mean, float stddev);
 
   // Mean over ranks of ||w_r - mean_w||^2 (a collective: every rank must call it).
   double consensus_distance();
@@ -103,6 +100,14 @@ class Trainer {
  private:
   void choose_layout();   // before any executor is compiled
   void make_exchanges();  // before any executor is compiled
+  GossipOptions exchange_options(const GossipPlan& plan, const partners::Schedule& schedule,
+                                 bool after_update) const;
+  // The step's parts after backward: the optimizer (or its emulated wait), the weight exchange
+  // due, the exact global average due, and the step's measurements.
+  void update(float lr);
+  double exchange_weights();
+  double average_globally();
+  void account(StepStats& s);
   // The weight exchange due after `step`, or the next one after it, counted in rounds of
   // gossip.model_every steps (the step itself when 1).
   int64_t model_round(int64_t step) const;
@@ -126,12 +131,14 @@ class Trainer {
   const Config& c_;
   const mpi::Comm& world_;
   kernels::Net net_;
-  kernels::Executor* train_exec_ = nullptr;  // none with emulated compute
-  kernels::Executor* eval_exec_ = nullptr;
-  std::unique_ptr<EmulatedCompute> emulate_;        // [emulate]: waits instead of arithmetic
-  std::vector<BucketExchange*> exchanges() const;   // those of this run: gradients, weights
-  std::unique_ptr<BucketExchange> exchange_;        // gradients (grad, both, allreduce)
-  std::unique_ptr<GossipExchange> model_exchange_;  // weights after the update (model, both)
+  kernels::Executor* train_exec_ = nullptr;           // emulated compute: emulated_
+  kernels::Executor* eval_exec_ = nullptr;            // none with emulated compute
+  std::unique_ptr<EmulatedExecutor> emulated_;        // [emulate]: waits instead of arithmetic
+  std::vector<BucketExchange*> exchanges() const;     // those of this run
+  std::vector<GossipExchange*> after_update() const;  // the weights', the momentum's
+  std::unique_ptr<BucketExchange> exchange_;          // gradients (grad, both, allreduce)
+  std::unique_ptr<GossipExchange> model_exchange_;    // weights after the update (model, both, ...)
+  std::unique_ptr<GossipExchange> momentum_exchange_;  // SGD momentum with them (gossipgrad)
   kernels::Sgd sgd_;
   kernels::LrSchedule schedule_;
   std::vector<float> dlogits_;
