@@ -243,54 +243,69 @@ void HierarchicalExchange::loop() {
       }
       bool moved = false;
       for (Flight& f : flights) moved |= advance(f);
-      // The allgathers start in bucket order on every rank of the node (collectives on one
-      // communicator must), so a bucket mixed early waits for the ones handed over before it.
-      for (Flight& f : flights) {
-        if (f.phase < Flight::Mixed) break;
-        if (f.phase == Flight::Gather) continue;
-        const std::vector<int> c = counts(f.bucket), d = displs(f.bucket);
-        float* x = buffer_ + buckets_.at(static_cast<size_t>(f.bucket)).begin;
-        const std::vector<float>& slice = slice_[static_cast<size_t>(f.bucket)];
-        GG_MPI_CHECK(MPI_Iallgatherv(slice.data(), static_cast<int>(slice.size()), MPI_FLOAT, x,
-                                     c.data(), d.data(), MPI_FLOAT, gather_.get(), f.gather.out()));
-        f.phase = Flight::Gather;
-        f.since = Clock::now();
-        moved = true;
-      }
-      for (auto it = flights.begin(); it != flights.end();) {
-        if (it->phase != Flight::Gather || !it->gather.test()) {
-          check_time(*it);
-          ++it;
-          continue;
-        }
-        if (timeline_ && timeline_->enabled())
-          timeline_->record("bucket " + std::to_string(it->bucket), "comm", it->started,
-                            Timeline::Clock::now(), "{\"step\":" + std::to_string(it->step) + "}");
-        {
-          std::lock_guard lock(mu_);
-          --in_flight_;
-          ++progress_;
-          if (it->step == step_) ++done_;
-        }
-        cv_.notify_all();
-        it = flights.erase(it);
-        moved = true;
-      }
+      moved |= start_gathers(flights);
+      moved |= retire(flights);
       if (!moved) std::this_thread::yield();
     } catch (...) {
-      // The requests still open can never complete (a partner is lost): forget them rather
-      // than wait for them.
-      mpi::mark_peer_lost();
-      for (Flight& f : flights)
-        for (mpi::Request* r : {&f.reduce, &f.recv, &f.send, &f.gather}) r->abandon();
-      std::lock_guard lock(mu_);
-      error_ = std::current_exception();
-      queue_.clear();
-      in_flight_ = 0;
-      cv_.notify_all();
-      return;
+      return fail(flights);
     }
   }
+}
+
+bool HierarchicalExchange::start_gathers(std::deque<Flight>& flights) {
+  // The allgathers start in bucket order on every rank of the node (collectives on one
+  // communicator must), so a bucket mixed early waits for the ones handed over before it.
+  bool moved = false;
+  for (Flight& f : flights) {
+    if (f.phase < Flight::Mixed) break;
+    if (f.phase == Flight::Gather) continue;
+    const std::vector<int> c = counts(f.bucket), d = displs(f.bucket);
+    float* x = buffer_ + buckets_.at(static_cast<size_t>(f.bucket)).begin;
+    const std::vector<float>& slice = slice_[static_cast<size_t>(f.bucket)];
+    GG_MPI_CHECK(MPI_Iallgatherv(slice.data(), static_cast<int>(slice.size()), MPI_FLOAT, x,
+                                 c.data(), d.data(), MPI_FLOAT, gather_.get(), f.gather.out()));
+    f.phase = Flight::Gather;
+    f.since = Clock::now();
+    moved = true;
+  }
+  return moved;
+}
+
+bool HierarchicalExchange::retire(std::deque<Flight>& flights) {
+  bool moved = false;
+  for (auto it = flights.begin(); it != flights.end();) {
+    if (it->phase != Flight::Gather || !it->gather.test()) {
+      check_time(*it);
+      ++it;
+      continue;
+    }
+    if (timeline_ && timeline_->enabled())
+      timeline_->record("bucket " + std::to_string(it->bucket), "comm", it->started,
+                        Timeline::Clock::now(), "{\"step\":" + std::to_string(it->step) + "}");
+    {
+      std::lock_guard lock(mu_);
+      --in_flight_;
+      ++progress_;
+      if (it->step == step_) ++done_;
+    }
+    cv_.notify_all();
+    it = flights.erase(it);
+    moved = true;
+  }
+  return moved;
+}
+
+void HierarchicalExchange::fail(std::deque<Flight>& flights) {
+  // The requests still open can never complete (a partner is lost): forget them rather than
+  // wait for them.
+  mpi::mark_peer_lost();
+  for (Flight& f : flights)
+    for (mpi::Request* r : {&f.reduce, &f.recv, &f.send, &f.gather}) r->abandon();
+  std::lock_guard lock(mu_);
+  error_ = std::current_exception();
+  queue_.clear();
+  in_flight_ = 0;
+  cv_.notify_all();
 }
 
 }  // namespace gg::gossip

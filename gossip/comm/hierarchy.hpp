@@ -59,8 +59,11 @@ class HierarchicalExchange final : public BucketExchange {
   void loop();
   void start(Flight& f);    // its reduce-scatter
   bool advance(Flight& f);  // its next phase, if the one under way is over; true: progress
-  void check_time(const Flight& f) const;     // throws when a phase outlasts timeout_s_
-  std::vector<int> counts(int bucket) const;  // the node's slices of a bucket
+  bool start_gathers(std::deque<Flight>& flights);  // of the mixed buckets, in bucket order
+  bool retire(std::deque<Flight>& flights);         // the gathered buckets: done
+  void fail(std::deque<Flight>& flights);           // the current exception ends the exchange
+  void check_time(const Flight& f) const;           // throws when a phase outlasts timeout_s_
+  std::vector<int> counts(int bucket) const;        // the node's slices of a bucket
   std::vector<int> displs(int bucket) const;
 
   mpi::Comm node_, gather_, rail_;
