@@ -165,7 +165,7 @@ int check_against_config(const Config& c, const std::vector<Node>& nodes) {
         ++warnings;
       }
   }
-  if (c.train.backend == "cuda") {
+  if (backend_of(c) == kernels::Backend::Cuda) {
     if (!kernels::cuda_built()) {
       warn(name + " trains with train.backend cuda, but this gossipgrad was built without CUDA");
       ++warnings;
@@ -195,7 +195,8 @@ int check_against_config(const Config& c, const std::vector<Node>& nodes) {
     }
   if (warnings == 0)
     std::printf("config %s: matches (%d rank%s per node%s)\n", name.c_str(), want,
-                want == 1 ? "" : "s", c.train.backend == "cuda" ? ", one per GPU" : "");
+                want == 1 ? "" : "s",
+                backend_of(c) == kernels::Backend::Cuda ? ", one per GPU" : "");
   return warnings;
 }
 
@@ -236,7 +237,8 @@ int cmd_layout(const std::vector<std::string>& args, int argc, char** argv) {
     GG_MPI_CHECK(MPI_Comm_split_type(world.get(), MPI_COMM_TYPE_SHARED, world.rank(), MPI_INFO_NULL,
                                      &shared));
     const mpi::Comm node = mpi::Comm::adopt(shared);
-    report(world, describe_this_rank(world, node, c && c->train.backend == "cuda"), c);
+    report(world, describe_this_rank(world, node, c && backend_of(*c) == kernels::Backend::Cuda),
+           c);
     return 0;
   } catch (const UsageError& e) {
     // Every rank parsed the same arguments: one line from rank 0 is enough.

@@ -61,7 +61,8 @@ void measure(const Config& c, const kernels::ModelSpec& spec, partners::Workload
   const int threads =
       c.train.threads > 0 ? c.train.threads : std::max(1, cores / c.network.ranks_per_node);
   omp_set_num_threads(threads);
-  if (c.train.precision == "bf16" && c.train.backend == "onednn" && !kernels::bf16_supported())
+  if (precision_of(c) == kernels::Precision::Bf16 && backend_of(c) == kernels::Backend::OneDnn &&
+      !kernels::bf16_supported())
     throw UsageError(
         "simulate measures the compute here: train.precision = bf16 needs a CPU with AVX512_BF16 "
         "(or AMX); give the target's [simulate] forward_ms, backward_ms and update_ms, or use "

@@ -49,7 +49,7 @@ void check_init_from_fits(const Config& c) {
     return;
   shuffle::DataSplits data;
   try {
-    const std::string labels = c.data.val_labels == "auto" ? "" : c.data.val_labels;
+    const std::string labels = val_labels_file(c);
     data = shuffle::open_splits(shuffle::parse_source(c.data.source, c.data.dir), labels);
   } catch (const std::exception&) {
     return;  // the data is another machine's: warned about by check_run_files

@@ -217,6 +217,21 @@ GossipPlan gossip_plan(const Config& c) {
 }
 
 bool small_model(const Config& c) { return c.model.name == "resnet8" || c.model.name == "cnn"; }
+kernels::Backend backend_of(const Config& c) {
+  // Not kernels::parse_backend: it refuses cuda in a build without it, which preflight says.
+  const std::string& b = c.train.backend;
+  return b == "cuda"        ? kernels::Backend::Cuda
+         : b == "reference" ? kernels::Backend::Reference
+                            : kernels::Backend::OneDnn;
+}
+kernels::Precision precision_of(const Config& c) {
+  return kernels::parse_precision(c.train.precision);
+}
+bool fashion_mnist(const Config& c) { return c.data.source == "fashion-mnist"; }
+std::string val_labels_file(const Config& c) {
+  return c.data.val_labels == "auto" ? "" : c.data.val_labels;
+}
+bool resume_auto(const Config& c) { return c.checkpoint.resume == "auto"; }
 
 std::vector<std::string> inert_settings(const Config& c) {
   const Config d;  // the defaults

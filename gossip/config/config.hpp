@@ -12,6 +12,7 @@
 #include "gossip/comm/exchange_options.hpp"  // the exchanges' typed options
 #include "gossip/config/algorithms.hpp"
 #include "gossip/config/fault_spec.hpp"  // the grammar of the fault.* values
+#include "kernels/executor.hpp"
 
 namespace gg::gossip {
 
@@ -176,6 +177,13 @@ inline bool plain_weights(const Config& c) { return c.train.weight_layout == "pl
 // The small nets (resnet8, cnn: 28x28 inputs, their width and batch-norm options) against
 // torchvision's.
 bool small_model(const Config& c);
+
+// The other options' values that code outside gossip/config acts on, typed here.
+kernels::Backend backend_of(const Config& c);
+kernels::Precision precision_of(const Config& c);
+bool fashion_mnist(const Config& c);           // data.source = fashion-mnist (the idx files in dir)
+std::string val_labels_file(const Config& c);  // data.val_labels; "" for auto
+bool resume_auto(const Config& c);             // checkpoint.resume = auto
 
 // Whether [emulate] replaces the training arithmetic by waiting.
 inline bool emulated(const Config& c) {

@@ -67,7 +67,7 @@ TrainingData::TrainingData(const Config& c, const mpi::Comm& world) : c_(c), wor
   mpi::RankError error;
   try {
     const shuffle::SourceSpec spec = shuffle::parse_source(c.data.source, c.data.dir);
-    const std::string labels = c.data.val_labels == "auto" ? "" : c.data.val_labels;
+    const std::string labels = val_labels_file(c);
     shuffle::DataSplits splits = shuffle::open_splits(spec, labels);
     train_ = std::move(splits.train);
     if (!emulated(c)) eval_ = std::move(splits.eval);  // emulated compute reports no accuracy

@@ -28,7 +28,7 @@ namespace {
 void check_data_folder(const Config& c) {
   const shuffle::SourceSpec spec = shuffle::parse_source(c.data.source, c.data.dir);
   if (spec.kind == shuffle::SourceSpec::Kind::Synthetic) return;
-  if (c.data.source == "fashion-mnist" && !fs::is_directory(c.data.dir))
+  if (fashion_mnist(c) && !fs::is_directory(c.data.dir))
     throw UsageError("data.dir = " + c.data.dir +
                      " is not a folder (Debian's dataset-fashion-mnist package installs "
                      "/usr/share/datasets/fashion-mnist)");
@@ -97,7 +97,7 @@ std::vector<kernels::NamedPath> data_inputs(const Config& c) {
   std::vector<kernels::NamedPath> in;
   const shuffle::SourceSpec spec = shuffle::parse_source(c.data.source, c.data.dir);
   if (spec.kind == shuffle::SourceSpec::Kind::ImageNet) in.push_back({"data.source", spec.path});
-  if (c.data.val_labels != "auto") in.push_back({"data.val_labels", c.data.val_labels});
+  if (!val_labels_file(c).empty()) in.push_back({"data.val_labels", c.data.val_labels});
   return in;
 }
 
@@ -109,7 +109,7 @@ void check_outputs_apart(const Config& c) {
   std::vector<kernels::NamedPath> inputs = data_inputs(c);
   if (!c.config_path.empty()) inputs.push_back({"--config", c.config_path});
   if (!c.train.init_from.empty()) inputs.push_back({"train.init_from", c.train.init_from});
-  if (!c.checkpoint.resume.empty() && c.checkpoint.resume != "auto")
+  if (!c.checkpoint.resume.empty() && !resume_auto(c))
     inputs.push_back({"checkpoint.resume", c.checkpoint.resume});
   std::vector<kernels::NamedPath> files;  // the files the run writes
   if (!c.log.metrics.empty()) files.push_back({"log.metrics", c.log.metrics});
@@ -153,16 +153,17 @@ void check_outputs_apart(const Config& c) {
 }  // namespace
 
 void check_this_machine(const Config& c) {
-  if (c.train.backend == "cuda" && !kernels::cuda_built())
+  if (backend_of(c) == kernels::Backend::Cuda && !kernels::cuda_built())
     throw UsageError("train.backend = cuda: this gossipgrad was built without CUDA");
-  if (c.train.precision == "bf16" && c.train.backend == "onednn" && !kernels::bf16_supported())
+  if (precision_of(c) == kernels::Precision::Bf16 && backend_of(c) == kernels::Backend::OneDnn &&
+      !kernels::bf16_supported())
     throw UsageError("train.precision = bf16 needs a CPU with AVX512_BF16 (or AMX): use fp32");
 }
 
 void check_run_files(const Config& c) {
   check_data_folder(c);
   const bool resuming = !c.checkpoint.resume.empty();
-  if (resuming && c.checkpoint.resume != "auto" && !fs::is_directory(c.checkpoint.resume))
+  if (resuming && !resume_auto(c) && !fs::is_directory(c.checkpoint.resume))
     throw UsageError("checkpoint.resume = " + c.checkpoint.resume + " is not a folder");
   check_init_from(c.train.init_from);
   check_outputs_apart(c);
