@@ -197,7 +197,10 @@ run_point() { # p rate condition method K
     local link=$((rate / k))
     local fwd bwd upd
     fwd=$(times_k "$FWD" "$k") bwd=$(times_k "$BWD" "$k") upd=$(times_k "$UPD" "$k")
-    local name="p${p}-r${rate}-${cond}-${method}"
+    # Files are named without the method's + and @ (tools choke on them): grad+stale+lag ->
+    # grad_stale_lag, grad@rma -> grad_at_rma; points.csv keeps the method as written.
+    local plain=${method//+/_}
+    local name="p${p}-r${rate}-${cond}-${plain//@/_at_}"
     local jitter=1 slow=''
     [[ $cond == jitter ]] && jitter=$JITTER
     [[ $cond == straggler ]] && slow=1:1.5

@@ -50,14 +50,12 @@ last_step() {
         sed 's/.*://' || true
 }
 
+# 220 of the epoch's 312 steps (in steps of 3 ranks; about 240 more at 2 ranks after the loss at
+# step 60): enough to train past 70% top-1.
 TRAIN=(train --config "$ROOT/configs/laptop.ini" --data.dir /usr/share/datasets/fashion-mnist
     --model.width 4 --train.threads 1 --train.warmup_epochs 0 --train.epochs 1
-    --train.eval_batch 1000 --log.progress false --gossip.consensus_every 0
+    --train.max_steps 220 --train.eval_batch 1000 --log.progress false --gossip.consensus_every 0
     --gossip.timeout_s "$TIMEOUT")
-# The failure-free run, for its top-1.
-cluster_run 240 "$TMP/base.out" -- -n 3 -ppn 1 -- "$BIN" "${TRAIN[@]}" \
-    --log.metrics "$TMP/base.jsonl"
-
 timeout -k 5 240 "$BIN" supervise --max-restarts 2 -- "$TMP/mpiexec.hydra-cluster" -n 3 \
     "$BIN" "${TRAIN[@]}" --checkpoint.dir "$TMP/ck" --checkpoint.every 50 \
     --log.metrics "$TMP/m.jsonl" >"$TMP/out.log" 2>"$TMP/err.log" &
@@ -89,11 +87,9 @@ if [[ $HOW == cut ]]; then
     grep -q "rank(s) 2 timed out like the others, but the launcher's notice no longer reaches" \
         "$TMP/err.log" || fail "the cut-off node was not found: $(cat "$TMP/err.log")"
 fi
-python3 - "$TMP/m.jsonl" "$TMP/base.jsonl" "$killed_at" "$HOW" <<'PY'
+python3 - "$TMP/m.jsonl" "$killed_at" "$HOW" <<'PY'
 import json, sys
 ev = [json.loads(l) for l in open(sys.argv[1])]
-base = [json.loads(l) for l in open(sys.argv[2])]
-base = [e for e in base if e["event"] == "summary"][-1]["top1"]
 faults = [e for e in ev if e["event"] == "fault"]
 assert len(faults) == 1, faults
 f = faults[0]
@@ -101,9 +97,9 @@ assert f["real"] and f["rank"] == 2 and f["strategy"] == "forward", f
 assert f["ranks_before"] == 3 and f["ranks_after"] == 2 and f["steps_redone"] <= 1, f
 s = [e for e in ev if e["event"] == "summary"][-1]
 assert s["ranks"] == 2 and s["top1"] > 0.70, s
-print(f"node loss ({sys.argv[4]}): rank 2's node lost at step {f['step']}, {f['steps_redone']} step(s) redone, "
-      f"training again on 2 nodes {f['t_unix'] - float(sys.argv[3]):.1f} s after the kill; "
-      f"top-1 {s['top1']:.4f} vs {base:.4f} failure-free (3 nodes)")
+print(f"node loss ({sys.argv[3]}): rank 2's node lost at step {f['step']}, {f['steps_redone']} step(s) redone, "
+      f"training again on 2 nodes {f['t_unix'] - float(sys.argv[2]):.1f} s after the kill; "
+      f"top-1 {s['top1']:.4f}")
 PY
 cluster_down
 log "passed in $((SECONDS - CLUSTER_START)) s"

@@ -7,78 +7,10 @@ BIN="$1"
 TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
 fail=0
 
-check_json() {  # check_json ARGS... : run with --json and check the output in Python
-  if ! "$BIN" partners "$@" --json >"$TMP/out.json" 2>"$TMP/err"; then
-    echo "FAIL: partners $* --json exited non-zero: $(cat "$TMP/err")"; fail=1; return
-  fi
-  if ! python3 - "$TMP/out.json" "$@" <<'PY'
-import json, sys
-
-text = open(sys.argv[1]).read()
-args = sys.argv[2:]
-def opt(name, default):
-    return args[args.index(name) + 1] if name in args else default
-p = int(opt("--ranks", None))
-kind = opt("--schedule", "dissemination")
-rotate = "--rotate" in args
-R = max(1, (p - 1).bit_length())  # ceil(log2 p), at least 1
-steps = int(opt("--steps", R))
-
-assert text.endswith("\n") and text.count("\n") == 1, "one line of JSON"
-doc = json.loads(text)
-assert list(doc) == ["ranks", "schedule", "steps", "diffusion_steps"], list(doc)
-assert doc["ranks"] == p and doc["schedule"] == kind
-assert isinstance(doc["diffusion_steps"], int)
-assert len(doc["steps"]) == steps, (len(doc["steps"]), steps)
-for t, st in enumerate(doc["steps"]):
-    assert list(st) == ["step", "send_to", "recv_from"], list(st)
-    assert st["step"] == t
-    send, recv = st["send_to"], st["recv_from"]
-    assert sorted(send) == list(range(p)) and sorted(recv) == list(range(p)), "permutation"
-    for v in range(p):
-        assert recv[send[v]] == v, "recv_from inverts send_to"
-        assert p == 1 or send[v] != v, "self-send"
-    if kind == "hypercube":
-        assert send == recv
-    if not rotate:
-        k = t % R
-        for v in range(p):
-            if p == 1:
-                want = (0, 0)
-            elif kind == "dissemination":
-                want = ((v + 2**k) % p, (v - 2**k) % p)
-            elif kind == "hypercube":
-                want = (v ^ 2**k, v ^ 2**k)
-            elif kind == "ring":
-                want = ((v + 1) % p, (v - 1) % p)
-            else:
-                continue
-            assert (send[v], recv[v]) == want, (t, v, send[v], recv[v], want)
-
-# Diffusion from the printed schedule: reach[v] is a bitmask of the ranks whose start value has
-# arrived at v; x_v <- (x_v + x_recv_from(v)) / 2 merges the masks.
-full = (1 << p) - 1
-reach = [1 << v for v in range(p)]
-d = 0 if all(r == full for r in reach) else None
-for t, st in enumerate(doc["steps"]):
-    if d is not None:
-        break
-    reach = [reach[v] | reach[st["recv_from"][v]] for v in range(p)]
-    if all(r == full for r in reach):
-        d = t + 1
-if d is None:
-    assert doc["diffusion_steps"] == -1 or doc["diffusion_steps"] > steps, doc["diffusion_steps"]
-else:
-    assert doc["diffusion_steps"] == d, (doc["diffusion_steps"], d)
-if kind == "dissemination":
-    assert 0 <= doc["diffusion_steps"] <= (p - 1).bit_length()
-PY
-  then
-    echo "FAIL: partners $* --json"; fail=1
-  else
-    echo "ok: partners $* --json"
-  fi
-}
+# The JSON cases are collected (one line of arguments each) and run and checked by one Python
+# process: a Python start per case was half of this test's time.
+cases=()
+check_json() { cases+=("$*"); }
 
 for p in 1 2 3 5 8 12 16 31 64; do
   for s in dissemination ring random; do
@@ -94,6 +26,84 @@ check_json --ranks 13                                   # default: one round of 
 check_json --ranks 1 --schedule random
 check_json --ranks 200 --schedule ring --steps 250      # diffusion takes 199 steps
 check_json --ranks 1000 --schedule dissemination --steps 3
+printf '%s\n' "${cases[@]}" >"$TMP/cases.txt"
+python3 - "$BIN" "$TMP/cases.txt" <<'PY' || fail=1
+import json, subprocess, sys
+
+def check(text, args):
+    def opt(name, default):
+        return args[args.index(name) + 1] if name in args else default
+    p = int(opt("--ranks", None))
+    kind = opt("--schedule", "dissemination")
+    rotate = "--rotate" in args
+    R = max(1, (p - 1).bit_length())  # ceil(log2 p), at least 1
+    steps = int(opt("--steps", R))
+
+    assert text.endswith("\n") and text.count("\n") == 1, "one line of JSON"
+    doc = json.loads(text)
+    assert list(doc) == ["ranks", "schedule", "steps", "diffusion_steps"], list(doc)
+    assert doc["ranks"] == p and doc["schedule"] == kind
+    assert isinstance(doc["diffusion_steps"], int)
+    assert len(doc["steps"]) == steps, (len(doc["steps"]), steps)
+    for t, st in enumerate(doc["steps"]):
+        assert list(st) == ["step", "send_to", "recv_from"], list(st)
+        assert st["step"] == t
+        send, recv = st["send_to"], st["recv_from"]
+        assert sorted(send) == list(range(p)) and sorted(recv) == list(range(p)), "permutation"
+        for v in range(p):
+            assert recv[send[v]] == v, "recv_from inverts send_to"
+            assert p == 1 or send[v] != v, "self-send"
+        if kind == "hypercube":
+            assert send == recv
+        if not rotate:
+            k = t % R
+            for v in range(p):
+                if p == 1:
+                    want = (0, 0)
+                elif kind == "dissemination":
+                    want = ((v + 2**k) % p, (v - 2**k) % p)
+                elif kind == "hypercube":
+                    want = (v ^ 2**k, v ^ 2**k)
+                elif kind == "ring":
+                    want = ((v + 1) % p, (v - 1) % p)
+                else:
+                    continue
+                assert (send[v], recv[v]) == want, (t, v, send[v], recv[v], want)
+
+    # Diffusion from the printed schedule: reach[v] is a bitmask of the ranks whose start value has
+    # arrived at v; x_v <- (x_v + x_recv_from(v)) / 2 merges the masks.
+    full = (1 << p) - 1
+    reach = [1 << v for v in range(p)]
+    d = 0 if all(r == full for r in reach) else None
+    for t, st in enumerate(doc["steps"]):
+        if d is not None:
+            break
+        reach = [reach[v] | reach[st["recv_from"][v]] for v in range(p)]
+        if all(r == full for r in reach):
+            d = t + 1
+    if d is None:
+        assert doc["diffusion_steps"] == -1 or doc["diffusion_steps"] > steps, doc["diffusion_steps"]
+    else:
+        assert doc["diffusion_steps"] == d, (doc["diffusion_steps"], d)
+    if kind == "dissemination":
+        assert 0 <= doc["diffusion_steps"] <= (p - 1).bit_length()
+
+bad = 0
+for line in open(sys.argv[2]):
+    args = line.split()
+    r = subprocess.run([sys.argv[1], "partners", *args, "--json"], capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"FAIL: partners {line.strip()} --json exited non-zero: {r.stderr.strip()}")
+        bad = 1
+        continue
+    try:
+        check(r.stdout, args)
+        print(f"ok: partners {line.strip()} --json")
+    except Exception as e:  # a failed assertion, or output that is not the documented JSON
+        print(f"FAIL: partners {line.strip()} --json: {e!r}")
+        bad = 1
+sys.exit(bad)
+PY
 
 # Same seed, same schedule; another seed, another one.
 a=$("$BIN" partners --ranks 12 --schedule random --steps 6 --json)
