@@ -135,6 +135,55 @@ void Comm::broadcast(std::string& s, int root) const {
   if (len > 0) GG_MPI_CHECK(MPI_Bcast(s.data(), static_cast<int>(len), MPI_CHAR, root, c_));
 }
 
+void Comm::allgather(const double* mine, int count, double* all) const {
+  const WatchedWait wait("MPI_Allgather");
+  GG_MPI_CHECK(MPI_Allgather(mine, count, MPI_DOUBLE, all, count, MPI_DOUBLE, c_));
+}
+
+void Comm::send_bytes(const std::vector<uint8_t>& bytes, int to, int tag) const {
+  if (static_cast<int64_t>(bytes.size()) > kMaxCount)
+    throw std::logic_error("send_bytes: more than kMaxCount bytes in one message");
+  GG_MPI_CHECK(MPI_Send(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, to, tag, c_));
+}
+
+std::vector<uint8_t> Comm::recv_bytes(int from, int tag) const {
+  MPI_Status st;
+  const WatchedWait wait("MPI_Probe");
+  GG_MPI_CHECK(MPI_Probe(from, tag, c_, &st));
+  int bytes = 0;
+  GG_MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &bytes));
+  std::vector<uint8_t> out(static_cast<size_t>(bytes));
+  GG_MPI_CHECK(MPI_Recv(out.data(), bytes, MPI_BYTE, from, tag, c_, MPI_STATUS_IGNORE));
+  return out;
+}
+
+void Comm::send_empty(int to, int tag) const {
+  GG_MPI_CHECK(MPI_Send(nullptr, 0, MPI_BYTE, to, tag, c_));
+}
+
+Request Comm::irecv_empty(int tag) const {
+  Request r;
+  GG_MPI_CHECK(MPI_Irecv(nullptr, 0, MPI_BYTE, MPI_ANY_SOURCE, tag, c_, r.out()));
+  return r;
+}
+
+Comm Comm::without(const std::vector<int>& excluded, int tag) const {
+  MPI_Group all = MPI_GROUP_NULL, kept = MPI_GROUP_NULL;
+  GG_MPI_CHECK(MPI_Comm_group(c_, &all));
+  GG_MPI_CHECK(MPI_Group_excl(all, static_cast<int>(excluded.size()), excluded.data(), &kept));
+  MPI_Comm next = MPI_COMM_NULL;
+  const int rc = MPI_Comm_create_group(c_, kept, tag, &next);
+  MPI_Group_free(&kept);
+  MPI_Group_free(&all);
+  GG_MPI_CHECK(rc);
+  return Comm(next, true);
+}
+
+void abort_job(int code) {
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);  // MPI_Abort does not return
+}
+
 RankError agree_on_error(const Comm& comm, const RankError& mine) {
   // The max of the negated ranks is the lowest failing rank (size() when none failed).
   double lowest = -(mine.message.empty() ? comm.size() : comm.rank());

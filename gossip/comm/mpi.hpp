@@ -74,12 +74,29 @@ class Comm {
   Request iallreduce_max(double* data, int count) const;
   void broadcast(float* data, int64_t count, int root) const;
   void broadcast(std::string& s, int root) const;
+  // Every rank's `count` values, in rank order, into `all` (count * size() values).
+  void allgather(const double* mine, int count, double* all) const;
+
+  // Point to point: a message of bytes (at most kMaxCount) to rank `to`, and the next one from
+  // `from` with `tag`, whatever its length (bounded by the wait watchdog).
+  void send_bytes(const std::vector<uint8_t>& bytes, int to, int tag) const;
+  std::vector<uint8_t> recv_bytes(int from, int tag) const;
+  // An empty message to `to`, and a request for the next one from any rank with `tag`.
+  void send_empty(int to, int tag) const;
+  Request irecv_empty(int tag) const;
+
+  // The ranks of this communicator but `excluded`, over a new one that they alone make
+  // (MPI_Comm_create_group with `tag`: the excluded ranks take no part).
+  Comm without(const std::vector<int>& excluded, int tag) const;
 
  private:
   Comm(MPI_Comm c, bool owned) : c_(c), owned_(owned) {}
   MPI_Comm c_ = MPI_COMM_NULL;
   bool owned_ = false;
 };
+
+// Ends every rank of the job at once with `code` (MPI_Abort on the world); never returns.
+[[noreturn]] void abort_job(int code);
 
 // An error one rank met in work that every rank does together (opening the data, reading a
 // checkpoint); an empty message means none.
