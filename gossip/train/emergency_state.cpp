@@ -219,7 +219,7 @@ void EmergencyState::keep(Group& g) {
   scratch_.rank = rank_;
   scratch_.ranks = ranks_;
   scratch_.steps_per_epoch = g.per_epoch;
-  scratch_.nan_restores = g.recovery.nan_restores();
+  scratch_.nan_restores = g.recovery.guard().restores();
   scratch_.shuffle.clear();  // a relaunch reassigns the samples (forward recovery)
   reserve(encode_state_into(scratch_, nullptr));
   const uint32_t active = shared_->active.load(std::memory_order_acquire);
