@@ -29,8 +29,7 @@ std::vector<std::vector<double>> agreed_scores(const mpi::Comm& world, const ker
   std::vector<double> all(static_cast<size_t>(n) * p);
   // Gathered rather than allreduced: MPI does not promise an allreduce's bits are the same on
   // every rank, and the decision must be.
-  const mpi::WatchedWait wait("MPI_Allgather");
-  GG_MPI_CHECK(MPI_Allgather(flat.data(), n, MPI_DOUBLE, all.data(), n, MPI_DOUBLE, world.get()));
+  world.allgather(flat.data(), n, all.data());
   std::vector<std::vector<double>> mean(own.size());
   size_t at = 0;
   for (size_t i = 0; i < own.size(); ++i) {
