@@ -1,8 +1,8 @@
+// Apoptosis across ranks (gossip/train/apoptosis.hpp): the rule from the config, and every rank's
+// unit scores gathered so that all remove the same units.
 #include "gossip/train/apoptosis.hpp"
 
 #include <chrono>
-
-#include "gossip/comm/wait_watch.hpp"
 
 namespace gg::gossip {
 

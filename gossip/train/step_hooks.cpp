@@ -9,8 +9,7 @@
 #include "gossip/resilience/checkpoint.hpp"
 #include "gossip/train/agree.hpp"
 #include "gossip/train/apoptosis.hpp"
-#include "gossip/train/emergency_state.hpp"
-#include "gossip/train/simulated_failures.hpp"
+#include "gossip/train/fault_hooks.hpp"
 #include "gossip/train/stop_signals.hpp"
 #include "gossip/train/test_hooks.hpp"
 #include "kernels/apoptosis.hpp"
@@ -310,7 +309,7 @@ StepHooks make_step_hooks(Group& g, JobState& job) {
   hooks.add(std::make_unique<FullCheckpoints>(g.recovery, job));
   hooks.add(std::make_unique<StopOnSignal>(g, job));
   // Last: the state a real failure saves is that of a step whose agreements all completed.
-  if (job.emergency) hooks.add(make_emergency_hook(g, *job.emergency));
+  if (job.failures.emergency) hooks.add(make_emergency_hook(g, *job.failures.emergency));
   return hooks;
 }
 
