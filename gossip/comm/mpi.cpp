@@ -40,6 +40,7 @@ Comm& Comm::operator=(Comm&& o) noexcept {
     if (owned_ && c_ != MPI_COMM_NULL) MPI_Comm_free(&c_);
     c_ = std::exchange(o.c_, MPI_COMM_NULL);
     owned_ = o.owned_;
+    lost_ = std::move(o.lost_);
   }
   return *this;
 }
@@ -61,7 +62,7 @@ Comm Comm::dup() const {
   const WatchedWait wait("MPI_Comm_dup");  // a collective: bounded like the others
   GG_MPI_CHECK(MPI_Comm_dup(c_, &c));
   GG_MPI_CHECK(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
-  return Comm(c, true);
+  return Comm(c, true, lost_);
 }
 
 Comm Comm::split_shared() const {
@@ -81,7 +82,17 @@ Comm Comm::split_shared() const {
     GG_MPI_CHECK(MPI_Comm_split_type(c_, MPI_COMM_TYPE_SHARED, rank(), MPI_INFO_NULL, &c));
   }
   GG_MPI_CHECK(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
-  return Comm(c, true);
+  return Comm(c, true, lost_);
+}
+
+Comm Comm::split(int color, int key) const {
+  MPI_Comm c;
+  {
+    const WatchedWait wait("MPI_Comm_split");
+    GG_MPI_CHECK(MPI_Comm_split(c_, color, key, &c));
+  }
+  GG_MPI_CHECK(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
+  return Comm(c, true, lost_);
 }
 
 void Comm::barrier() const {
@@ -176,7 +187,7 @@ Comm Comm::without(const std::vector<int>& excluded, int tag) const {
   MPI_Group_free(&kept);
   MPI_Group_free(&all);
   GG_MPI_CHECK(rc);
-  return Comm(next, true);
+  return Comm(next, true, lost_);
 }
 
 void abort_job(int code) {
@@ -219,7 +230,8 @@ bool Request::test() {
   return done != 0;
 }
 
-Window::Window(const Comm& comm, int64_t bytes, Kind kind) : bytes_(bytes), kind_(kind) {
+Window::Window(const Comm& comm, int64_t bytes, Kind kind)
+    : lost_(comm.lost_), bytes_(bytes), kind_(kind) {
   const MPI_Aint size = static_cast<MPI_Aint>(bytes);
   if (kind == Kind::Shared) {
     // Non-contiguous: every rank's segment starts on its own page (and so its own cache line),
@@ -237,14 +249,20 @@ Window::Window(const Comm& comm, int64_t bytes, Kind kind) : bytes_(bytes), kind
 }
 
 namespace {
-std::atomic<bool> g_peer_lost{false};
+std::atomic<bool> g_peer_lost{false};  // transitional: see mark_peer_lost
 }  // namespace
 
 void mark_peer_lost() { g_peer_lost = true; }
 bool peer_lost() { return g_peer_lost; }
 
+void Comm::mark_peer_lost() const {
+  if (lost_) *lost_ = true;
+}
+
+bool Comm::peer_lost() const { return (lost_ && lost_->load()) || g_peer_lost; }
+
 Window::~Window() {
-  if (w_ != MPI_WIN_NULL && !peer_lost()) MPI_Win_free(&w_);
+  if (w_ != MPI_WIN_NULL && !((lost_ && lost_->load()) || g_peer_lost)) MPI_Win_free(&w_);
 }
 
 void* Window::shared_base(int rank) const {

@@ -458,15 +458,15 @@ Ending train_group_or_end(const Config& c, const mpi::Comm& comm, JobState& job,
     return train_group(c, comm, job, objects);
   } catch (const UsageError&) {  // every rank has it (agreed, or from the config alike)
     // Unwinding must not wait to free windows with a rank that left: the job is ending anyway.
-    if (!job.failures.parked.empty()) mpi::mark_peer_lost();
+    if (!job.failures.parked.empty()) job.world.mark_peer_lost();
     throw;
   } catch (const StopRequested&) {  // every rank stopped at the same step boundary
-    if (!job.failures.parked.empty()) mpi::mark_peer_lost();
+    if (!job.failures.parked.empty()) job.world.mark_peer_lost();
     throw;
   } catch (const std::exception& e) {
     // A partner timed out under supervise: a peer died without a notice (a lost link). This
     // rank saves its state and leaves the relaunch to the supervisor.
-    if (job.failures.emergency && mpi::peer_lost()) job.failures.emergency->save_and_wait();
+    if (job.failures.emergency && job.world.peer_lost()) job.failures.emergency->save_and_wait();
     // Maybe this rank's alone (a full disk, a failed read): unwinding would wait in collective
     // teardown for ranks that went on, so the job ends here, with this rank's line.
     if (job.world.size() > 1) abort_job(job.world, e.what());
