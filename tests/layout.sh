@@ -10,7 +10,7 @@ declare -A ALLOWED=(
   [shuffle]="partners"
   [gossip/comm]="partners kernels shuffle"
   [gossip/config]="partners kernels shuffle gossip/comm"
-  [gossip/resilience]="partners kernels shuffle gossip/config"
+  [gossip/resilience]="partners kernels shuffle gossip/comm gossip/config"
   [gossip/train]="partners kernels shuffle gossip/comm gossip/config gossip/resilience"
   [gossip/cli]="partners kernels shuffle gossip/comm gossip/config gossip/resilience gossip/train"
 )

@@ -6,8 +6,6 @@
 #include <string>
 #include <vector>
 
-#include "gossip/resilience/supervise.hpp"  // cmd_supervise: `gossipgrad supervise` lives there
-
 namespace gg::gossip {
 
 // train.cpp: train under mpirun (argc/argv go to MPI_Init), or --dry-run: print the resolved
@@ -27,5 +25,8 @@ int cmd_partners(const std::vector<std::string>& args);
 int cmd_simulate(const std::vector<std::string>& args);
 // pack.cpp: an image folder -> WebDataset tar shards, with a progress line on stderr.
 int cmd_pack(const std::vector<std::string>& args);
+// supervise.cpp: run a training job and start it again when it dies (from the survivors'
+// emergency states or its newest checkpoint).
+int cmd_supervise(const std::vector<std::string>& args);
 
 }  // namespace gg::gossip

@@ -41,7 +41,11 @@ constexpr const char* kUsage =
     "  layout  print the nodes and node-local ranks MPI reports, checked against a config\n"
     "  supervise  run a training job; when a rank dies, go on from every rank's state of the\n"
     "             last completed step (or its latest checkpoint); SIGTERM or Ctrl-C stops it\n"
-    "             with a checkpoint instead\n\n"
+    "             with a checkpoint instead. --replace-lost: after a real failure, relaunch at\n"
+    "             the job's size, a lost rank starting from the state of the survivor it last\n"
+    "             sent to (not with the survivors only); --start-timeout S: with emergency\n"
+    "             states, end a job whose ranks have not all started (MPI up) S seconds after\n"
+    "             launch (default 120; 0: wait)\n\n"
     "example: mpirun -n 2 gossipgrad train --config configs/laptop.ini\n";
 
 }  // namespace

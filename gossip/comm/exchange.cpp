@@ -219,7 +219,7 @@ void GossipExchange::worker(int id) {
     try {
       run(batch);
     } catch (const PartnerTimeout& e) {
-      mpi::mark_peer_lost();
+      comm_.mark_peer_lost();
       char what[384];
       std::snprintf(what, sizeof what,
                     "gossip: rank %d waited more than %g s for rank %d at step %lld, bucket %d "

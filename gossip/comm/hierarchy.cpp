@@ -59,13 +59,7 @@ HierarchicalExchange::HierarchicalExchange(const mpi::Comm& world, float* buffer
       buckets_(std::move(buckets)),
       timeout_s_(timeout_s) {
   // One rail per local rank: local rank l of every node, numbered by node.
-  MPI_Comm rail;
-  {
-    const mpi::WatchedWait wait("MPI_Comm_split");
-    GG_MPI_CHECK(MPI_Comm_split(world.get(), layout_.local, layout_.node, &rail));
-  }
-  GG_MPI_CHECK(MPI_Comm_set_errhandler(rail, MPI_ERRORS_RETURN));
-  rail_ = mpi::Comm::adopt(rail);
+  rail_ = world.split(layout_.local, layout_.node);
   schedule_ = schedule;
   schedule_.p = layout_.nodes;
   partners::validate(schedule_);  // e.g. hypercube needs a power of two of nodes
@@ -298,7 +292,7 @@ bool HierarchicalExchange::retire(std::deque<Flight>& flights) {
 void HierarchicalExchange::fail(std::deque<Flight>& flights) {
   // The requests still open can never complete (a partner is lost): forget them rather than
   // wait for them.
-  mpi::mark_peer_lost();
+  node_.mark_peer_lost();
   for (Flight& f : flights)
     for (mpi::Request* r : {&f.reduce, &f.recv, &f.send, &f.gather}) r->abandon();
   std::lock_guard lock(mu_);

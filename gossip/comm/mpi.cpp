@@ -40,6 +40,7 @@ Comm& Comm::operator=(Comm&& o) noexcept {
     if (owned_ && c_ != MPI_COMM_NULL) MPI_Comm_free(&c_);
     c_ = std::exchange(o.c_, MPI_COMM_NULL);
     owned_ = o.owned_;
+    lost_ = std::move(o.lost_);
   }
   return *this;
 }
@@ -61,7 +62,7 @@ Comm Comm::dup() const {
   const WatchedWait wait("MPI_Comm_dup");  // a collective: bounded like the others
   GG_MPI_CHECK(MPI_Comm_dup(c_, &c));
   GG_MPI_CHECK(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
-  return Comm(c, true);
+  return Comm(c, true, lost_);
 }
 
 Comm Comm::split_shared() const {
@@ -81,7 +82,17 @@ Comm Comm::split_shared() const {
     GG_MPI_CHECK(MPI_Comm_split_type(c_, MPI_COMM_TYPE_SHARED, rank(), MPI_INFO_NULL, &c));
   }
   GG_MPI_CHECK(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
-  return Comm(c, true);
+  return Comm(c, true, lost_);
+}
+
+Comm Comm::split(int color, int key) const {
+  MPI_Comm c;
+  {
+    const WatchedWait wait("MPI_Comm_split");
+    GG_MPI_CHECK(MPI_Comm_split(c_, color, key, &c));
+  }
+  GG_MPI_CHECK(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
+  return Comm(c, true, lost_);
 }
 
 void Comm::barrier() const {
@@ -135,6 +146,55 @@ void Comm::broadcast(std::string& s, int root) const {
   if (len > 0) GG_MPI_CHECK(MPI_Bcast(s.data(), static_cast<int>(len), MPI_CHAR, root, c_));
 }
 
+void Comm::allgather(const double* mine, int count, double* all) const {
+  const WatchedWait wait("MPI_Allgather");
+  GG_MPI_CHECK(MPI_Allgather(mine, count, MPI_DOUBLE, all, count, MPI_DOUBLE, c_));
+}
+
+void Comm::send_bytes(const std::vector<uint8_t>& bytes, int to, int tag) const {
+  if (static_cast<int64_t>(bytes.size()) > kMaxCount)
+    throw std::logic_error("send_bytes: more than kMaxCount bytes in one message");
+  GG_MPI_CHECK(MPI_Send(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, to, tag, c_));
+}
+
+std::vector<uint8_t> Comm::recv_bytes(int from, int tag) const {
+  MPI_Status st;
+  const WatchedWait wait("MPI_Probe");
+  GG_MPI_CHECK(MPI_Probe(from, tag, c_, &st));
+  int bytes = 0;
+  GG_MPI_CHECK(MPI_Get_count(&st, MPI_BYTE, &bytes));
+  std::vector<uint8_t> out(static_cast<size_t>(bytes));
+  GG_MPI_CHECK(MPI_Recv(out.data(), bytes, MPI_BYTE, from, tag, c_, MPI_STATUS_IGNORE));
+  return out;
+}
+
+void Comm::send_empty(int to, int tag) const {
+  GG_MPI_CHECK(MPI_Send(nullptr, 0, MPI_BYTE, to, tag, c_));
+}
+
+Request Comm::irecv_empty(int tag) const {
+  Request r;
+  GG_MPI_CHECK(MPI_Irecv(nullptr, 0, MPI_BYTE, MPI_ANY_SOURCE, tag, c_, r.out()));
+  return r;
+}
+
+Comm Comm::without(const std::vector<int>& excluded, int tag) const {
+  MPI_Group all = MPI_GROUP_NULL, kept = MPI_GROUP_NULL;
+  GG_MPI_CHECK(MPI_Comm_group(c_, &all));
+  GG_MPI_CHECK(MPI_Group_excl(all, static_cast<int>(excluded.size()), excluded.data(), &kept));
+  MPI_Comm next = MPI_COMM_NULL;
+  const int rc = MPI_Comm_create_group(c_, kept, tag, &next);
+  MPI_Group_free(&kept);
+  MPI_Group_free(&all);
+  GG_MPI_CHECK(rc);
+  return Comm(next, true, lost_);
+}
+
+void abort_job(int code) {
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);  // MPI_Abort does not return
+}
+
 RankError agree_on_error(const Comm& comm, const RankError& mine) {
   // The max of the negated ranks is the lowest failing rank (size() when none failed).
   double lowest = -(mine.message.empty() ? comm.size() : comm.rank());
@@ -170,7 +230,8 @@ bool Request::test() {
   return done != 0;
 }
 
-Window::Window(const Comm& comm, int64_t bytes, Kind kind) : bytes_(bytes), kind_(kind) {
+Window::Window(const Comm& comm, int64_t bytes, Kind kind)
+    : lost_(comm.lost_), bytes_(bytes), kind_(kind) {
   const MPI_Aint size = static_cast<MPI_Aint>(bytes);
   if (kind == Kind::Shared) {
     // Non-contiguous: every rank's segment starts on its own page (and so its own cache line),
@@ -187,15 +248,14 @@ Window::Window(const Comm& comm, int64_t bytes, Kind kind) : bytes_(bytes), kind
   GG_MPI_CHECK(MPI_Win_set_errhandler(w_, MPI_ERRORS_RETURN));
 }
 
-namespace {
-std::atomic<bool> g_peer_lost{false};
-}  // namespace
+void Comm::mark_peer_lost() const {
+  if (lost_) *lost_ = true;
+}
 
-void mark_peer_lost() { g_peer_lost = true; }
-bool peer_lost() { return g_peer_lost; }
+bool Comm::peer_lost() const { return lost_ && lost_->load(); }
 
 Window::~Window() {
-  if (w_ != MPI_WIN_NULL && !peer_lost()) MPI_Win_free(&w_);
+  if (w_ != MPI_WIN_NULL && !(lost_ && lost_->load())) MPI_Win_free(&w_);
 }
 
 void* Window::shared_base(int rank) const {

@@ -4,7 +4,9 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -38,14 +40,14 @@ class Environment {
   int provided_ = 0;
 };
 
-// Set once a partner is known to be dead or hung (a wait on it timed out): collective teardown
-// (MPI_Win_free) would block forever, so windows are then left to MPI_Abort instead of freed.
-void mark_peer_lost();
-bool peer_lost();
-
 class Request;
+class Window;
 
-// A communicator; owns (and frees) the ones it created by splitting or duplicating.
+// A communicator; owns (and frees) the ones it created by splitting or duplicating. It carries
+// the peer-lost state, shared with every communicator made from it (dup, split_shared, without):
+// set once a partner is known to be dead or hung (a wait on it timed out), when collective
+// teardown (MPI_Win_free, MPI_Win_unlock_all) would block forever, so windows are then left to
+// the job's end instead of freed.
 class Comm {
  public:
   static Comm world() { return Comm(MPI_COMM_WORLD, false); }
@@ -54,16 +56,21 @@ class Comm {
   static Comm adopt(MPI_Comm c) { return Comm(c, true); }
   Comm() = default;
   ~Comm();
-  Comm(Comm&& o) noexcept : c_(std::exchange(o.c_, MPI_COMM_NULL)), owned_(o.owned_) {}
+  Comm(Comm&& o) noexcept
+      : c_(std::exchange(o.c_, MPI_COMM_NULL)), owned_(o.owned_), lost_(std::move(o.lost_)) {}
   Comm& operator=(Comm&& o) noexcept;
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;
 
   MPI_Comm get() const { return c_; }
+  // The peer-lost state of this communicator's family (see above).
+  void mark_peer_lost() const;
+  bool peer_lost() const;
   int rank() const;
   int size() const;
   Comm dup() const;
-  Comm split_shared() const;  // the ranks on this node (MPI_COMM_TYPE_SHARED)
+  Comm split_shared() const;             // the ranks on this node (MPI_COMM_TYPE_SHARED)
+  Comm split(int color, int key) const;  // MPI_Comm_split, bounded by the wait watchdog
 
   void barrier() const;
   void allreduce_sum(float* data, int64_t count) const;  // in place
@@ -74,12 +81,33 @@ class Comm {
   Request iallreduce_max(double* data, int count) const;
   void broadcast(float* data, int64_t count, int root) const;
   void broadcast(std::string& s, int root) const;
+  // Every rank's `count` values, in rank order, into `all` (count * size() values).
+  void allgather(const double* mine, int count, double* all) const;
+
+  // Point to point: a message of bytes (at most kMaxCount) to rank `to`, and the next one from
+  // `from` with `tag`, whatever its length (bounded by the wait watchdog).
+  void send_bytes(const std::vector<uint8_t>& bytes, int to, int tag) const;
+  std::vector<uint8_t> recv_bytes(int from, int tag) const;
+  // An empty message to `to`, and a request for the next one from any rank with `tag`.
+  void send_empty(int to, int tag) const;
+  Request irecv_empty(int tag) const;
+
+  // The ranks of this communicator but `excluded`, over a new one that they alone make
+  // (MPI_Comm_create_group with `tag`: the excluded ranks take no part).
+  Comm without(const std::vector<int>& excluded, int tag) const;
 
  private:
+  using LostFlag = std::shared_ptr<std::atomic<bool>>;
+  friend class Window;  // keeps the flag: its teardown asks it
   Comm(MPI_Comm c, bool owned) : c_(c), owned_(owned) {}
+  Comm(MPI_Comm c, bool owned, LostFlag lost) : c_(c), owned_(owned), lost_(std::move(lost)) {}
   MPI_Comm c_ = MPI_COMM_NULL;
   bool owned_ = false;
+  LostFlag lost_ = std::make_shared<std::atomic<bool>>(false);
 };
+
+// Ends every rank of the job at once with `code` (MPI_Abort on the world); never returns.
+[[noreturn]] void abort_job(int code);
 
 // An error one rank met in work that every rank does together (opening the data, reading a
 // checkpoint); an empty message means none.
@@ -109,7 +137,8 @@ class Request {
 };
 
 // An RMA window over memory MPI allocates (MPI_Win_allocate or, on a node communicator,
-// MPI_Win_allocate_shared). Freed on destruction, which must happen before MPI_Finalize.
+// MPI_Win_allocate_shared). Freed on destruction, which must happen before MPI_Finalize, unless
+// its communicator's peer is lost (then left to the job's end).
 class Window {
  public:
   enum class Kind { Allocate, Shared };
@@ -124,6 +153,7 @@ class Window {
 
  private:
   MPI_Win w_ = MPI_WIN_NULL;
+  std::shared_ptr<std::atomic<bool>> lost_;  // its communicator's peer-lost state
   void* base_ = nullptr;
   int64_t bytes_ = 0;
   Kind kind_;

@@ -169,7 +169,7 @@ class RmaTransport final : public Transport {
     comm_.barrier();  // every rank's flags are set before anyone reads them
   }
   ~RmaTransport() override {
-    if (!mpi::peer_lost()) MPI_Win_unlock_all(window_->get());
+    if (!comm_.peer_lost()) MPI_Win_unlock_all(window_->get());
   }
   const char* name() const override { return "rma"; }
 

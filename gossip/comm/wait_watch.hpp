@@ -56,7 +56,7 @@ class Activity {
 
 // Replaces the MPI_Abort that ends a job whose wait outlasted the limit (after its line): a
 // function that does not return (a supervised rank saves its state and waits:
-// gossip/train/emergency_state.hpp). Null: MPI_Abort.
+// gossip/resilience/emergency.hpp). Null: MPI_Abort.
 using WaitTimeoutHandler = void (*)();
 void set_wait_timeout_handler(WaitTimeoutHandler handler);
 

@@ -232,6 +232,9 @@ std::string val_labels_file(const Config& c) {
   return c.data.val_labels == "auto" ? "" : c.data.val_labels;
 }
 bool resume_auto(const Config& c) { return c.checkpoint.resume == "auto"; }
+bool apoptosis_relative(const Config& c) { return c.apoptosis.criterion == "relative_norm"; }
+bool apoptosis_prunes_conv(const Config& c) { return c.apoptosis.layers != "fc"; }
+bool apoptosis_prunes_fc(const Config& c) { return c.apoptosis.layers != "conv"; }
 
 std::vector<std::string> inert_settings(const Config& c) {
   const Config d;  // the defaults

@@ -184,6 +184,10 @@ kernels::Precision precision_of(const Config& c);
 bool fashion_mnist(const Config& c);           // data.source = fashion-mnist (the idx files in dir)
 std::string val_labels_file(const Config& c);  // data.val_labels; "" for auto
 bool resume_auto(const Config& c);             // checkpoint.resume = auto
+// [apoptosis]: the criterion relative_norm (not norm); the layer kinds it may prune.
+bool apoptosis_relative(const Config& c);
+bool apoptosis_prunes_conv(const Config& c);
+bool apoptosis_prunes_fc(const Config& c);
 
 // Whether [emulate] replaces the training arithmetic by waiting.
 inline bool emulated(const Config& c) {

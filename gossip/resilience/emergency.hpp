@@ -10,13 +10,33 @@
 // supervisor watches the folder: at the first mark or state it sends the launcher SIGUSR1 (hydra
 // passes it to every rank, so a partner timeout on one rank reaches all), and once no save is in
 // flight it ends the job, scans the states and relaunches the survivors (forward recovery), or
-// falls back to the newest full checkpoint. No MPI here: the supervisor and the tests use it alone.
+// falls back to the newest full checkpoint. The saver, the scan and the recovery plan call no MPI:
+// the supervisor and the tests use them alone.
+//
+// The rank's side (EmergencyState): after every step this rank encodes its state into memory it
+// shares with its saver, a small process in a session of its own started with the job. When a
+// peer dies (the launcher's SIGUSR1: hydra under -disable-auto-cleanup) the signal handler itself
+// silences this process's output and tells the saver, which writes the newest complete state to
+// disk, while this rank makes no further MPI call and waits for the supervisor to end it. Hydra's
+// proxy kills a node's ranks, by process group, soon after it reaped a dead one (at its next
+// event): the saver is out of its reach, and the handler needs no thread to be scheduled. A
+// partner timeout (gossip.timeout_s) tells the saver the same way. Only active where
+// GG_EMERGENCY_DIR is set.
 #pragma once
+
+#include <sys/types.h>
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "gossip/comm/mpi.hpp"
+#include "gossip/resilience/rank_state.hpp"
+#include "partners/schedule.hpp"
 
 namespace gg::gossip {
 
@@ -120,5 +140,60 @@ struct RecoveryPlan {
 void write_recovery_plan(const std::string& folder, const RecoveryPlan& plan);
 // Throws std::runtime_error naming the file when it is missing or malformed.
 RecoveryPlan read_recovery_plan(const std::string& folder);
+
+// The rank's side of emergency states (above): its shared memory, its saver, the notice's handler.
+class EmergencyState {
+ public:
+  // nullptr unless GG_EMERGENCY_DIR is set; else the saver is started and the SIGUSR1 handler
+  // installed. `rank`, `ranks`: this process in the job (the file's name and fields).
+  static std::unique_ptr<EmergencyState> from_environment(int rank, int ranks);
+  EmergencyState(std::string folder, int rank, int ranks);
+  ~EmergencyState();
+  EmergencyState(const EmergencyState&) = delete;
+  EmergencyState& operator=(const EmergencyState&) = delete;
+
+  // At a step boundary (every step done, hooks included): the state `capture` fills (the
+  // trainer's, its steps per epoch and NaN restores) becomes the one to save. The capture may
+  // wait in MPI (a pending overlapped weight exchange settles).
+  void keep(const std::function<void(RankState&)>& capture);
+  // A partner timed out (no notice came): the saver writes the newest state, and this rank
+  // waits for the supervisor to end it, at most kEmergencyWaitSeconds, then exits with
+  // kEmergencyExit. Never calls MPI.
+  [[noreturn]] void save_and_wait();
+  // A peer's death is being handled: nothing else may end the process (MPI_Abort would kill the
+  // survivors before their states are on disk), nor call MPI, nor write output.
+  static bool handling();
+  // Parks the calling thread until the process ends.
+  [[noreturn]] static void park();
+
+ private:
+  // Room for states of `bytes` in both slots of the shared memory.
+  void reserve(size_t bytes);
+  // Starts the saver (a new pipe; the old one, if any, closed).
+  void start_saver();
+  // A saver that ended (killed) is said in one line and started again, up to kSaverRestarts.
+  void check_saver();
+  static constexpr int kSaverRestarts = 3;
+  int saver_restarts_ = 0;
+  std::string folder_;
+  int rank_, ranks_;
+  int memfd_ = -1;
+  EmergencyHeader* shared_ = nullptr;
+  size_t mapped_ = 0;
+  pid_t saver_ = -1;
+  RankState scratch_;
+};
+
+// A relaunch by the supervisor (GG_EMERGENCY_FROM): the recovery plan, and this rank's survivor
+// state to continue from at the plan's step. Every rank agrees; when any state is missing,
+// corrupt or does not fit, rank 0 says so in one line and the run takes checkpoint.resume
+// instead (nullopt). `schedule`: the gossip schedule at a rank count (--replace-lost starts a
+// lost rank from the survivor it last sent to).
+struct SurvivorState {
+  RankState state;
+  RecoveryPlan plan;
+};
+std::optional<SurvivorState> take_emergency_states(
+    const mpi::Comm& world, const std::function<partners::Schedule(int ranks)>& schedule);
 
 }  // namespace gg::gossip

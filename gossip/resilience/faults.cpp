@@ -1,14 +1,22 @@
+// The fault plan (gossip/resilience/faults.hpp): random failures from a counter-based generator,
+// the explicit ones merged in and checked; the rollback's state exchange.
 #include "gossip/resilience/faults.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <map>
 #include <set>
-
-#include "gossip/config/config.hpp"
+#include <stdexcept>
+#include <string>
 
 namespace gg::gossip {
 namespace {
+
+constexpr int kStateTag = 0x5254;  // rollback: a donor's state to a failed rank's replacement
+
+bool contains(const std::vector<int>& v, int x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
 
 // SplitMix64's finaliser over (seed, counter): draw k of stream `stream` is the same on every
 // rank and independent of how many draws came before.
@@ -96,6 +104,53 @@ std::vector<FaultEvent> make_fault_plan(const Config& c, int ranks, int64_t hori
                          to_string(strategy) + " needs a live rank");
   }
   return plan;
+}
+
+std::vector<int> FailurePlan::due(int64_t s) {
+  std::vector<int> ranks;
+  while (next < events.size() && events[next].step <= s) ranks.push_back(events[next++].rank);
+  return ranks;
+}
+
+void plan_failures(const Config& c, FailurePlan& plan, int ranks, int64_t total) {
+  if (plan.planned) return;
+  plan.strategy = parse_fault_strategy(c.fault.strategy);
+  plan.events = make_fault_plan(c, ranks, total);
+  plan.planned = true;
+}
+
+RankState replace_failed(const mpi::Comm& comm, const std::vector<int>& failed, RankState own) {
+  const int p = comm.size(), me = comm.rank();
+  auto donor_of = [&](int v) {
+    int d = (v + 1) % p;
+    while (contains(failed, d)) d = (d + 1) % p;
+    return d;
+  };
+  if (contains(failed, me)) {
+    // This rank's state is lost: nothing of it survives into what it trains next.
+    own = RankState{};
+    const std::vector<uint8_t> wire = comm.recv_bytes(donor_of(me), kStateTag);
+    return decode_state(wire.data(), wire.size(), "the donor's state");
+  }
+  std::vector<uint8_t> wire;
+  for (int v : failed) {
+    if (donor_of(v) != me) continue;
+    if (wire.empty()) wire = encode_state(own);
+    if (static_cast<int64_t>(wire.size()) > mpi::kMaxCount)
+      throw std::runtime_error("rollback: a state of " + std::to_string(wire.size()) +
+                               " bytes is too large for one message");
+    comm.send_bytes(wire, v, kStateTag);
+  }
+  return own;
+}
+
+Config without_test_hooks(const Config& c) {
+  Config next = c;
+  next.fault.kill.clear();
+  next.fault.stall.clear();
+  next.fault.nan = -1;
+  next.fault.nan_stats = -1;
+  return next;
 }
 
 }  // namespace gg::gossip

@@ -33,7 +33,7 @@ class LaggedMax {
   ~LaggedMax() {
     if (!running_) return;
     // A partner known to be lost never joins: the request is left to the job's end.
-    if (mpi::peer_lost()) {
+    if (comm_.peer_lost()) {
       request_.abandon();
       return;
     }

@@ -1,14 +1,14 @@
+// Apoptosis across ranks (gossip/train/apoptosis.hpp): the rule from the config, and every rank's
+// unit scores gathered so that all remove the same units.
 #include "gossip/train/apoptosis.hpp"
 
 #include <chrono>
-
-#include "gossip/comm/wait_watch.hpp"
 
 namespace gg::gossip {
 
 kernels::ApoptosisRule apoptosis_rule(const Config& c) {
   kernels::ApoptosisRule r;
-  r.relative = c.apoptosis.criterion == "relative_norm";
+  r.relative = apoptosis_relative(c);
   r.threshold = c.apoptosis.threshold;
   r.max_share = c.apoptosis.max_share;
   r.min_keep = c.apoptosis.min_keep;
@@ -16,7 +16,7 @@ kernels::ApoptosisRule apoptosis_rule(const Config& c) {
 }
 
 std::vector<kernels::PrunableLayer> apoptosis_layers(const Config& c, const kernels::Graph& g) {
-  return kernels::prunable_layers(g, c.apoptosis.layers != "fc", c.apoptosis.layers != "conv");
+  return kernels::prunable_layers(g, apoptosis_prunes_conv(c), apoptosis_prunes_fc(c));
 }
 
 std::vector<std::vector<double>> agreed_scores(const mpi::Comm& world, const kernels::Graph& g,
@@ -29,8 +29,7 @@ std::vector<std::vector<double>> agreed_scores(const mpi::Comm& world, const ker
   std::vector<double> all(static_cast<size_t>(n) * p);
   // Gathered rather than allreduced: MPI does not promise an allreduce's bits are the same on
   // every rank, and the decision must be.
-  const mpi::WatchedWait wait("MPI_Allgather");
-  GG_MPI_CHECK(MPI_Allgather(flat.data(), n, MPI_DOUBLE, all.data(), n, MPI_DOUBLE, world.get()));
+  world.allgather(flat.data(), n, all.data());
   std::vector<std::vector<double>> mean(own.size());
   size_t at = 0;
   for (size_t i = 0; i < own.size(); ++i) {

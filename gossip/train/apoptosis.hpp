@@ -22,7 +22,7 @@ kernels::ApoptosisRule apoptosis_rule(const Config& c);
 std::vector<kernels::PrunableLayer> apoptosis_layers(const Config& c, const kernels::Graph& g);
 
 // Per prunable layer and unit, the mean over ranks of the outgoing-weight norms of each rank's
-// own weights: one MPI_Allgather of every rank's scores, summed in rank order on every rank.
+// own weights: one allgather of every rank's scores, summed in rank order on every rank.
 // A collective.
 std::vector<std::vector<double>> agreed_scores(const mpi::Comm& world, const kernels::Graph& g,
                                                const std::vector<float>& params,

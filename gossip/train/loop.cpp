@@ -1,5 +1,6 @@
 // The training loop: one function that reads as the algorithm (train_group), the set-up of a
-// group of ranks around it, and the job over successive groups when simulated failures end one.
+// group of ranks around it, and the job over successive groups when simulated failures end one
+// (parking, the wake and the survivors' communicator: gossip/resilience/groups.hpp).
 #include "gossip/train/loop.hpp"
 
 #include <omp.h>
@@ -14,17 +15,14 @@
 
 #include "gossip/comm/wait_watch.hpp"
 #include "gossip/train/agree.hpp"
-#include "gossip/train/emergency_state.hpp"
+#include "gossip/train/fault_hooks.hpp"
 #include "gossip/train/job.hpp"
 #include "gossip/train/run_lock.hpp"
-#include "gossip/train/simulated_failures.hpp"
 #include "gossip/train/step_hooks.hpp"
 #include "gossip/train/stop_signals.hpp"
 
 namespace gg::gossip {
 namespace {
-
-constexpr int kWakeTag = 0x5755;  // the end of training, to the failed ranks
 
 // The data, the trainer and its recovery over `comm`, and where this group starts: a resumed
 // checkpoint, the state a forward recovery carried over, or step 0.
@@ -38,7 +36,7 @@ Group open_group(const Config& c, const mpi::Comm& comm, JobState& job, GroupObj
   // train.max_steps and train.stop_at count steps of the job as launched: over another rank count
   // (a forward recovery, a shrink) a step trains another number of samples, so they move to the
   // same point of the same epoch in this group's steps (rounded up: no planned sample left out).
-  const int64_t plan_per_epoch = data.steps_per_epoch_at(job.plan_ranks);
+  const int64_t plan_per_epoch = data.steps_per_epoch_at(job.failures.plan_ranks);
   const auto at_plan_point = [&](int64_t step) {
     if (plan_per_epoch == per_epoch || step / plan_per_epoch >= c.train.epochs) return step;
     return step / plan_per_epoch * per_epoch +
@@ -66,18 +64,18 @@ Group open_group(const Config& c, const mpi::Comm& comm, JobState& job, GroupObj
     std::printf(
         "gossipgrad: train.max_steps %lld counts steps of the %d ranks the job was launched "
         "with: at %d ranks its %.4g planned epochs end after step %lld\n",
-        static_cast<long long>(c.train.max_steps), job.plan_ranks, comm.size(), planned_epochs,
-        static_cast<long long>(total));
+        static_cast<long long>(c.train.max_steps), job.failures.plan_ranks, comm.size(),
+        planned_epochs, static_cast<long long>(total));
     std::fflush(stdout);
   }
   plan_failures(c, job, comm.size(), total);
-  if (job.carry) {
-    g.first = g.recovery.continue_from(*job.carry, job.carry_step, job.carry_per_epoch);
+  JobFailures& f = job.failures;
+  if (f.carry) {
+    g.first = g.recovery.continue_from(*f.carry, f.carry_step, f.carry_per_epoch);
     // Later failures happen at the same point of training, in the survivors' steps.
-    for (size_t i = job.failures.next; i < job.failures.events.size(); ++i)
-      job.failures.events[i].step =
-          g.recovery.same_point(job.failures.events[i].step, job.carry_per_epoch);
-    job.carry.reset();
+    for (size_t i = f.plan.next; i < f.plan.events.size(); ++i)
+      f.plan.events[i].step = g.recovery.same_point(f.plan.events[i].step, f.carry_per_epoch);
+    f.carry.reset();
   } else {
     g.first = g.recovery.resume();
   }
@@ -122,47 +120,6 @@ void check_checkpoint_space(const Group& g) {
   throw_agreed(g.comm, error);
 }
 
-// A relaunch after a real failure (take_emergency_states): a line, and a fault event per lost
-// rank (or one naming the first rank process gone, when every state was saved), with the seconds
-// from the first saver's notice of the failure to now (training again).
-void report_real_failure(Group& g, JobState& job) {
-  if (!job.real_failure) return;
-  const RecoveryPlan& p = *job.real_failure;
-  const double now_unix =
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  if (g.lead) {
-    std::string who;
-    for (int r : p.lost) who += (who.empty() ? "" : ", ") + std::to_string(r);
-    const std::string what = p.lost.empty()
-                                 ? "every rank's state was saved (rank " +
-                                       std::to_string(p.first_gone) + "'s process ended first)"
-                                 : "rank(s) " + who + " lost";
-    std::printf(
-        "gossipgrad: a real failure in step %lld of %d ranks: %s; %d ranks carry on from their "
-        "emergency states at step %lld of %lld (%s, %lld step(s) redone, %.1f s after the "
-        "failure)\n",
-        static_cast<long long>(p.step), p.ranks_before, what.c_str(), g.comm.size(),
-        static_cast<long long>(g.first), static_cast<long long>(g.total), p.strategy(),
-        static_cast<long long>(p.steps_redone), now_unix - p.failed_unix);
-    std::fflush(stdout);
-    std::vector<int> ranks = p.lost;
-    if (ranks.empty()) ranks.push_back(p.first_gone);
-    for (int r : ranks)
-      job.metrics.write({{"event", "fault"},
-                         {"real", true},
-                         {"step", p.step},
-                         {"rank", r},
-                         {"strategy", p.strategy()},
-                         {"steps_redone", p.steps_redone},
-                         {"ranks_before", p.ranks_before},
-                         {"ranks_after", g.comm.size()},
-                         {"first_step", g.first},
-                         {"recovery_s", now_unix - p.failed_unix},
-                         {"t_unix", now_unix}});
-  }
-  job.real_failure.reset();
-}
-
 // log.metrics as this job writes it: for runs/latest/metrics.jsonl a fresh run folder, made by
 // rank 0 once the run has really started (nothing is left behind by a refused start) and told to
 // every rank (a survivor may take over the file); a run that continues from a checkpoint or its
@@ -175,7 +132,7 @@ std::string job_metrics_path(const Group& g, const JobState& job) {
   if (g.lead) {
     try {
       std::error_code ec;
-      const bool continuing = g.first > 0 || job.real_failure;
+      const bool continuing = g.first > 0 || job.failures.real_failure;
       if (continuing && std::filesystem::exists(given, ec)) {
         path = std::filesystem::canonical(given).string();
       } else {
@@ -212,8 +169,8 @@ void announce_start(Group& g, JobState& job) {
           ? std::string("allreduce")
           : "gossip " + c.gossip.mode + " (" + c.gossip.schedule +
                 (c.gossip.rotate ? "+rotate" : "") + ", " +
-                (c.gossip.hierarchy == "node" ? std::string("node average, then across nodes")
-                                              : c.gossip.transport) +
+                (gossip_plan(c).node_hierarchy ? std::string("node average, then across nodes")
+                                               : c.gossip.transport) +
                 ")";
   const int64_t params = g.trainer.graph().param_count();
   std::printf("gossipgrad: %d ranks x %d threads, %s (%lld params), %s backend\n", g.comm.size(),
@@ -233,7 +190,7 @@ void announce_start(Group& g, JobState& job) {
       static_cast<long long>(g.global_batch), static_cast<long long>(g.per_epoch),
       static_cast<long long>(g.epochs), c.train.lr * g.global_batch / c.train.base_batch,
       mixing.c_str());
-  const FailurePlan& f = job.failures;
+  const FailurePlan& f = job.failures.plan;
   if (!f.events.empty())
     std::printf("gossipgrad: %zu simulated failure(s) planned, recovery: %s\n", f.events.size(),
                 to_string(f.strategy));
@@ -360,7 +317,7 @@ void finish_group(Group& g, JobState& job, Timeline& timeline) {
        {"skipped", data_totals[0]},
        {"shuffled_samples", data_totals[1]},
        {"ranks", g.comm.size()},
-       {"faults", job.failures.next}});
+       {"faults", job.failures.plan.next}});
 }
 
 // A run resumed from the checkpoint of its last step: the restored model is evaluated, not
@@ -403,7 +360,7 @@ Ending train_group(const Config& c, const mpi::Comm& comm, JobState& job, GroupO
   announce_start(g, job);
   comm.barrier();  // the ranks' timelines start together
   // A timeline spans one group of ranks: with failures planned there may be several, so none.
-  const bool failures = !job.failures.events.empty();
+  const bool failures = !job.failures.plan.events.empty();
   Timeline timeline(!c.log.timeline.empty() && !failures);
   if (g.lead && !c.log.timeline.empty() && failures && !job.started)
     std::printf("gossipgrad: log.timeline is not written in a run with simulated failures\n");
@@ -412,7 +369,8 @@ Ending train_group(const Config& c, const mpi::Comm& comm, JobState& job, GroupO
   if (g.first >= g.total) return nothing_to_do(g, job);
   StepHooks hooks = make_step_hooks(g, job);
   g.data.start(g.epochs, g.first);
-  if (job.emergency) job.emergency->keep(g);  // the state before the group's first step
+  // The state before the group's first step.
+  if (job.failures.emergency) keep_emergency_state(g, *job.failures.emergency);
   job.summary.steps = g.first;
   shuffle::Batch batch;
   StepRecord r;
@@ -431,34 +389,29 @@ Ending train_group(const Config& c, const mpi::Comm& comm, JobState& job, GroupO
   return Ending::Done;
 }
 
-// A rank that failed (simulated) waits, sleeping rather than polling MPI hard, until the
-// survivors are done, then frees the windows of the groups it was in, with them.
+// A rank that failed (simulated) waits until the survivors are done, then frees the windows of
+// the groups it was in, with them.
 RunSummary wait_as_failed(JobState& job) {
   job.metrics = MetricsWriter();
-  MPI_Request wake = MPI_REQUEST_NULL;
-  GG_MPI_CHECK(MPI_Irecv(nullptr, 0, MPI_BYTE, MPI_ANY_SOURCE, kWakeTag, job.world.get(), &wake));
-  for (int done = 0; !done;) {
-    GG_MPI_CHECK(MPI_Test(&wake, &done, MPI_STATUS_IGNORE));
+  wait_for_wake(job.world, [] {
     if (const int sig = StopSignals::requested())  // the survivors stop too, without waking it
       throw StopRequested(sig, std::string("stopped by ") + signal_name(sig));
-    if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  job.parked.clear();
+  });
+  job.failures.parked.clear();
   RunSummary gone;
   gone.steps = job.summary.steps;
   return gone;
 }
 
 [[noreturn]] void abort_job(const mpi::Comm& world, const char* what) {
-  // A peer died and this rank's state is being saved: MPI_Abort would kill every survivor.
+  // A peer died and this rank's state is being saved: aborting would kill every survivor.
   if (EmergencyState::handling()) EmergencyState::park();
   std::fprintf(stderr, "gossipgrad: rank %d: error: %s\n", world.rank(), what);
   std::fflush(stderr);
   std::fflush(stdout);
   // mpirun drops output still in flight when the abort tears the job down: give it a moment.
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  MPI_Abort(MPI_COMM_WORLD, 1);
-  std::_Exit(1);  // MPI_Abort does not return
+  mpi::abort_job(1);
 }
 
 // Rank 0 locks checkpoint.dir for the run (issue: two runs in one folder); every rank learns
@@ -479,27 +432,10 @@ std::unique_ptr<RunLock> lock_checkpoint_dir(const Config& c, const mpi::Comm& w
   return lock;
 }
 
-}  // namespace
-
-RunSummary run_training(const Config& c, const mpi::Comm& world) {
-  // SIGTERM, SIGINT: stop at a step boundary (step_hooks.cpp), or give up after the grace period.
-  StopSignals stop_signals(std::max(60.0, 2 * c.gossip.timeout_s));
-  // Every wait on other ranks is bounded by gossip.timeout_s (comm/wait_watch.hpp).
-  const mpi::WaitWatchdog watchdog(c.gossip.timeout_s, "gossip.timeout_s");
-  const std::unique_ptr<RunLock> lock = lock_checkpoint_dir(c, world);
-  JobState job(world);
-  job.stop_signals = &stop_signals;
-  // Under gossipgrad supervise: a real failure's notice saves this rank's state (emergency_state).
-  const std::unique_ptr<EmergencyState> emergency =
-      EmergencyState::from_environment(world.rank(), world.size());
-  job.emergency = emergency.get();
+// The job's state before its first group: the clock, log.samples, the first config, and the
+// survivors' states of a real failure when this is the supervisor's relaunch.
+void start_job(const Config& c, const mpi::Comm& world, JobState& job) {
   job.t_start = Clock::now();
-  job.plan_ranks = world.size();
-  if (const char* launched = std::getenv(kPlanRanksEnv)) {  // a relaunch by the supervisor
-    const int ranks = std::atoi(launched);
-    if (ranks >= 1 && ranks <= (1 << 24)) job.plan_ranks = ranks;
-  }
-  for (int r = 0; r < world.size(); ++r) job.members.push_back(r);
   if (!c.log.samples.empty()) {
     const std::string path = c.log.samples + "." + std::to_string(world.rank());
     // A resumed run goes on with the file of the run it continues.
@@ -510,58 +446,87 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
     job.samples = std::make_unique<std::ofstream>(path, mode);
     if (!*job.samples) throw std::runtime_error("log.samples: cannot write " + path);
   }
-  const mpi::Comm* comm = &world;
   job.configs.push_back(c);
-  take_emergency_states(c, world, job);  // a relaunch of the survivors of a real failure
+  take_survivor_states(c, world, job);  // a relaunch of the survivors of a real failure
+}
+
+// train_group, and where it throws, the end every rank agrees on (a usage error, a stop) or this
+// rank's own: an emergency save under supervise, else an abort of the job with this rank's line.
+Ending train_group_or_end(const Config& c, const mpi::Comm& comm, JobState& job,
+                          GroupObjects& objects) {
+  try {
+    return train_group(c, comm, job, objects);
+  } catch (const UsageError&) {  // every rank has it (agreed, or from the config alike)
+    // Unwinding must not wait to free windows with a rank that left: the job is ending anyway.
+    if (!job.failures.parked.empty()) job.world.mark_peer_lost();
+    throw;
+  } catch (const StopRequested&) {  // every rank stopped at the same step boundary
+    if (!job.failures.parked.empty()) job.world.mark_peer_lost();
+    throw;
+  } catch (const std::exception& e) {
+    // A partner timed out under supervise: a peer died without a notice (a lost link). This
+    // rank saves its state and leaves the relaunch to the supervisor.
+    if (job.failures.emergency && job.world.peer_lost()) job.failures.emergency->save_and_wait();
+    // Maybe this rank's alone (a full disk, a failed read): unwinding would wait in collective
+    // teardown for ranks that went on, so the job ends here, with this rank's line.
+    if (job.world.size() > 1) abort_job(job.world, e.what());
+    throw;
+  }
+}
+
+// After a group ended in a failure (restart or shrink): the next group's config, and its
+// communicator (the survivors' after a shrink).
+const mpi::Comm* next_group(const Config& c, const mpi::Comm* comm, JobState& job, Ending end,
+                            std::unique_ptr<GroupObjects> objects) {
+  JobFailures& f = job.failures;
+  Config next = without_test_hooks(c);
+  if (end == Ending::Restart) {
+    // Every rank is alive (the failed ones replaced): the objects go collectively, and a new
+    // set reloads the newest full checkpoint of this job, or starts afresh without one.
+    f.wrote_checkpoint |= objects->recovery->wrote_checkpoint();
+    next.checkpoint.resume = f.wrote_checkpoint ? "auto" : c.checkpoint.resume;
+    objects.reset();
+  } else {  // Shrink
+    f.parked.push_back(std::move(objects));
+    f.comms.push_back(survivors_comm(*comm, f));
+    comm = f.comms.back().get();
+    next.checkpoint.resume.clear();
+  }
+  job.configs.push_back(next);
+  return comm;
+}
+
+}  // namespace
+
+RunSummary run_training(const Config& c, const mpi::Comm& world) {
+  // SIGTERM, SIGINT: stop at a step boundary (step_hooks.cpp), or give up after the grace period.
+  StopSignals stop_signals(std::max(60.0, 2 * c.gossip.timeout_s));
+  // Every wait on other ranks is bounded by gossip.timeout_s (comm/wait_watch.hpp).
+  const mpi::WaitWatchdog watchdog(c.gossip.timeout_s, "gossip.timeout_s");
+  const std::unique_ptr<RunLock> lock = lock_checkpoint_dir(c, world);
+  JobState job(world);
+  job.stop_signals = &stop_signals;
+  // Under gossipgrad supervise: a real failure's notice saves this rank's state (emergency.hpp).
+  const std::unique_ptr<EmergencyState> emergency =
+      EmergencyState::from_environment(world.rank(), world.size());
+  job.failures.emergency = emergency.get();
+  start_job(c, world, job);
+  const mpi::Comm* comm = &world;
   for (;;) {
     auto objects = std::make_unique<GroupObjects>();
-    Ending end = Ending::Done;
-    try {
-      end = train_group(job.configs.back(), *comm, job, *objects);
-    } catch (const UsageError&) {  // every rank has it (agreed, or from the config alike)
-      // Unwinding must not wait in MPI_Win_free for a rank that left: the job is ending anyway.
-      if (!job.parked.empty()) mpi::mark_peer_lost();
-      throw;
-    } catch (const StopRequested&) {  // every rank stopped at the same step boundary
-      if (!job.parked.empty()) mpi::mark_peer_lost();
-      throw;
-    } catch (const std::exception& e) {
-      // A partner timed out under supervise: a peer died without a notice (a lost link). This
-      // rank saves its state and leaves the relaunch to the supervisor.
-      if (job.emergency && mpi::peer_lost()) job.emergency->save_and_wait();
-      // Maybe this rank's alone (a full disk, a failed read): unwinding would wait in collective
-      // teardown for ranks that went on, so the job ends here, with this rank's line.
-      if (world.size() > 1) abort_job(world, e.what());
-      throw;
-    }
+    const Ending end = train_group_or_end(job.configs.back(), *comm, job, *objects);
     if (end == Ending::Done) break;
     if (end == Ending::Left) {
-      job.parked.push_back(std::move(objects));
+      job.failures.parked.push_back(std::move(objects));
       return wait_as_failed(job);
     }
-    Config next = without_test_hooks(c);
-    if (end == Ending::Restart) {
-      // Every rank is alive (the failed ones replaced): the objects go collectively, and a new
-      // set reloads the newest full checkpoint of this job, or starts afresh without one.
-      job.wrote_checkpoint |= objects->recovery->wrote_checkpoint();
-      next.checkpoint.resume = job.wrote_checkpoint ? "auto" : c.checkpoint.resume;
-      objects.reset();
-    } else {  // Shrink
-      job.parked.push_back(std::move(objects));
-      job.comms.push_back(survivors_comm(*comm, job));
-      comm = job.comms.back().get();
-      next.checkpoint.resume.clear();
-    }
-    job.configs.push_back(next);
+    comm = next_group(c, comm, job, end, std::move(objects));
   }
   // The last group's objects went with the loop (over the survivors' communicator: a collective
   // among them). The failed ranks wait for the end of training; then the windows of the earlier
   // groups are freed, oldest first, on every rank that was in them.
-  if (comm->rank() == 0)
-    for (int r = 0; r < world.size(); ++r)
-      if (job.group_rank_of(r) < 0)
-        GG_MPI_CHECK(MPI_Send(nullptr, 0, MPI_BYTE, r, kWakeTag, world.get()));
-  job.parked.clear();
+  wake_failed(world, *comm, job.failures);
+  job.failures.parked.clear();
   return job.summary;
 }
 

@@ -1,3 +1,5 @@
+// Full checkpoints and resume (gossip/train/recovery.hpp): the folder and its files written in
+// turn, each step agreed by every rank; the newest valid checkpoint chosen and read back.
 #include "gossip/train/recovery.hpp"
 
 #include <unistd.h>
@@ -42,7 +44,7 @@ Recovery::Recovery(const Config& c, const mpi::Comm& world, Trainer& trainer, Tr
       trainer_(trainer),
       data_(data),
       model_(std::move(model)),
-      agreement_(std::make_unique<LaggedMax>(world)),
+      guard_(c, world, trainer, data),
       stop_at_(c.train.stop_at) {
   start_ = now_seconds();
 }
@@ -56,14 +58,13 @@ RankState Recovery::capture() {
   s.rank = world_.rank();
   s.ranks = world_.size();
   s.steps_per_epoch = data_.steps_per_epoch();
-  s.nan_restores = nan_restores_;
+  s.nan_restores = guard_.restores();
   return s;
 }
 
 int64_t Recovery::resume() {
   if (c_.checkpoint.resume.empty()) return 0;
-  const std::string where =
-      c_.checkpoint.resume == "auto" ? c_.checkpoint.dir : c_.checkpoint.resume;
+  const std::string where = resume_auto(c_) ? c_.checkpoint.dir : c_.checkpoint.resume;
   const std::string folder = choose_checkpoint(where);
   if (folder.empty()) {
     if (world_.rank() == 0)
@@ -120,7 +121,7 @@ std::string Recovery::choose_checkpoint(const std::string& where) {
       any_manifest |= fs::exists(fs::path(folder) / kManifest);
     if (found) {
       chosen = *found;
-    } else if (any_manifest || c_.checkpoint.resume != "auto") {
+    } else if (any_manifest || !resume_auto(c_)) {
       error = "checkpoint.resume: no valid checkpoint in " + where +
               (rejected.empty() ? "" : " (every one is corrupt or incomplete)");
     }
@@ -280,99 +281,9 @@ int64_t Recovery::continue_from(const RankState& own, int64_t old_step, int64_t 
 
 void Recovery::continue_at(int64_t step, const RankState& s) {
   trainer_.resume_at(step, s.dropout_step);
-  lr_scale_ = s.lr_scale;
-  nan_restores_ = s.nan_restores;
-  trainer_.set_lr_scale(lr_scale_);
+  guard_.continue_with(s.nan_restores, s.lr_scale);
   resumed_ = true;
   last_written_ = step;
-}
-
-bool Recovery::weights_finite() {
-  const kernels::FlatBuffer& params = trainer_.store().params;  // checked where it lies
-  return kernels::all_finite(params.data(), params.size()) &&
-         kernels::all_finite(trainer_.store().buffers);
-}
-
-void Recovery::before_step(int64_t s) {
-  if (c_.guard.nan_retries == 0 || (snapshot_ && s % c_.guard.snapshot_every != 0)) return;
-  // Weights that became non-finite are no state to go back to. after_step(s - 1) checked them
-  // (a collective) when this snapshot was due; the first snapshot checks them here, and a
-  // failure is after_step(s)'s to report.
-  if (weights_checked_for_ != s) {
-    double bad = weights_finite() ? 0 : 1;
-    world_.allreduce_max(&bad, 1);
-    if (bad != 0) {
-      weights_bad_ = true;
-      return;
-    }
-  }
-  RankState snap;
-  trainer_.capture_state(snap);
-  snap.step = s;
-  snapshot_ = std::move(snap);
-}
-
-bool Recovery::weights_due(int64_t s) const {
-  // Before every snapshot, every evaluation and average-model checkpoint (an epoch's end), and
-  // every full checkpoint by step count: a non-finite weight can hide from the loss (a weight
-  // that no sample's forward reads, or a NaN that arrived from a partner after the forward).
-  const int64_t done = s + 1;
-  return done % c_.guard.snapshot_every == 0 || done % data_.steps_per_epoch() == 0 ||
-         (c_.checkpoint.every > 0 && done % c_.checkpoint.every == 0) || done == stop_at_;
-}
-
-bool Recovery::after_step(int64_t s, double loss, bool last, MetricsWriter& metrics) {
-  // Every rank decides alike (a partner's NaN reaches this rank only a step later): the loss
-  // every step, the weights when due, in one collective. With guard.lag 1 it runs behind the
-  // next step, and that step acts on it; never before a snapshot, evaluation or checkpoint by
-  // step count (the weights are due then) nor after the last step.
-  const bool check = weights_due(s);
-  const bool weights_bad = weights_bad_ || (check && !weights_finite());
-  weights_bad_ = false;
-  if (agreement_->running()) {
-    const int64_t before = agreement_->step();
-    const double* bad = agreement_->finish();
-    // This step's own flags are dropped with it: the state it reached is not kept.
-    if (bad[0] != 0 || bad[1] != 0) return act_on(before, bad, metrics);
-  }
-  const bool behind = c_.guard.lag > 0 && !check && !last;
-  agreement_->start(s, {std::isfinite(loss) ? 0. : 1., weights_bad ? 1. : 0.}, behind);
-  if (behind) return false;
-  const double* bad = agreement_->finish();
-  if (check && bad[1] == 0) weights_checked_for_ = s + 1;
-  if (bad[0] == 0 && bad[1] == 0) return false;
-  return act_on(s, bad, metrics);
-}
-
-bool Recovery::act_on(int64_t s, const double* bad, MetricsWriter& metrics) {
-  const char* what = bad[0] != 0 ? "loss" : "weights";
-  if (c_.guard.nan_retries == 0 || nan_restores_ >= c_.guard.nan_retries || !snapshot_) {
-    std::string msg =
-        std::string("the ") + what + " became non-finite at step " + std::to_string(s);
-    if (c_.guard.nan_retries > 0)
-      msg += " after " + std::to_string(nan_restores_) + " restores (guard.nan_retries)";
-    throw std::runtime_error(msg + "; lower train.lr");
-  }
-  ++nan_restores_;
-  lr_scale_ *= c_.guard.lr_factor;
-  trainer_.restore_model(*snapshot_);
-  trainer_.set_lr_scale(lr_scale_);
-  weights_checked_for_ = -1;
-  if (world_.rank() == 0) {
-    std::printf(
-        "gossipgrad: non-finite %s at step %lld: restored the state of step %lld on every "
-        "rank, learning rate scaled by %g (restore %d of at most %d)\n",
-        what, static_cast<long long>(s), static_cast<long long>(snapshot_->step), lr_scale_,
-        nan_restores_, c_.guard.nan_retries);
-    std::fflush(stdout);
-    metrics.write({{"event", "guard"},
-                   {"cause", what},
-                   {"step", s},
-                   {"restored_step", snapshot_->step},
-                   {"lr_scale", lr_scale_},
-                   {"restores", nan_restores_}});
-  }
-  return true;
 }
 
 bool Recovery::time_due() {
@@ -412,17 +323,11 @@ std::string Recovery::checkpoint_now(int64_t done, int64_t epoch, MetricsWriter&
   return folder;
 }
 
-void Recovery::write_checkpoint(int64_t steps, int64_t epoch) {
-  const fs::path root(c_.checkpoint.dir);
-  const fs::path folder = root / checkpoint_folder_name(steps);
+void Recovery::make_folder(const std::string& folder) {
   std::string error;
-  // A model that diverged is no state to resume from: nothing is written, nothing removed.
-  if (!weights_finite())
-    error = "checkpoint: not written after step " + std::to_string(steps) + ": rank " +
-            std::to_string(world_.rank()) + "'s weights hold NaN or inf; lower train.lr";
-  throw_agreed(world_, {error, false});
   if (world_.rank() == 0) {
     try {
+      const fs::path root(c_.checkpoint.dir);
       std::error_code ec;
       fs::create_directories(root, ec);
       // A fresh run (log.overwrite) replaces the full checkpoints of an earlier run.
@@ -430,32 +335,37 @@ void Recovery::write_checkpoint(int64_t steps, int64_t epoch) {
         for (const auto& [step, old] : list_checkpoints(root.string())) fs::remove_all(old, ec);
       // A folder of this step left by an earlier attempt is set aside, never overwritten.
       if (fs::exists(folder))
-        fs::rename(folder, folder.string() + ".old-" + std::to_string(std::time(nullptr)));
+        fs::rename(folder, folder + ".old-" + std::to_string(std::time(nullptr)));
       fs::create_directories(folder);
     } catch (const std::exception& e) {
-      error = "checkpoint: cannot create " + folder.string() + ": " + e.what();
+      error = "checkpoint: cannot create " + folder + ": " + e.what();
     }
   }
   throw_agreed(world_, {error, false});
+}
 
+void Recovery::write_own_file(const std::string& folder, std::vector<int64_t>& digests) {
   const RankState s = [&] {
     RankState st = capture();
     st.shuffle = data_.save_shuffle();
     return st;
   }();
   const std::vector<uint8_t> bytes = encode_state(s);
-  std::vector<int64_t> digests(2 * world_.size(), 0);
+  std::string error;
   try {
-    const FileDigest d = write_file_durably((folder / rank_file_name(world_.rank())).string(),
-                                            bytes.data(), bytes.size());
+    const FileDigest d = write_file_durably(
+        (fs::path(folder) / rank_file_name(world_.rank())).string(), bytes.data(), bytes.size());
     digests[2 * world_.rank()] = static_cast<int64_t>(d.size);
     std::memcpy(&digests[2 * world_.rank() + 1], &d.hash, 8);
   } catch (const std::exception& e) {
     error = std::string("checkpoint: ") + e.what();
   }
   throw_agreed(world_, {error, false});
-  world_.allreduce_sum(digests.data(), static_cast<int64_t>(digests.size()));
+}
 
+void Recovery::write_manifest_of(const std::string& folder, int64_t steps, int64_t epoch,
+                                 const std::vector<int64_t>& digests) {
+  std::string error;
   if (world_.rank() == 0) {
     try {
       Manifest m;
@@ -473,14 +383,29 @@ void Recovery::write_checkpoint(int64_t steps, int64_t epoch) {
       }
       const std::string ini = to_ini(c_);
       m.files[kConfigFile] =
-          write_file_durably((folder / kConfigFile).string(), ini.data(), ini.size());
-      write_manifest(folder.string(), m);  // last: from here on the checkpoint counts
-      prune_checkpoints(root.string(), c_.checkpoint.keep);
+          write_file_durably((fs::path(folder) / kConfigFile).string(), ini.data(), ini.size());
+      write_manifest(folder, m);  // last: from here on the checkpoint counts
+      prune_checkpoints(c_.checkpoint.dir, c_.checkpoint.keep);
     } catch (const std::exception& e) {
       error = std::string("checkpoint: ") + e.what();
     }
   }
   throw_agreed(world_, {error, false});
+}
+
+void Recovery::write_checkpoint(int64_t steps, int64_t epoch) {
+  const std::string folder = (fs::path(c_.checkpoint.dir) / checkpoint_folder_name(steps)).string();
+  std::string error;
+  // A model that diverged is no state to resume from: nothing is written, nothing removed.
+  if (!weights_finite(trainer_))
+    error = "checkpoint: not written after step " + std::to_string(steps) + ": rank " +
+            std::to_string(world_.rank()) + "'s weights hold NaN or inf; lower train.lr";
+  throw_agreed(world_, {error, false});
+  make_folder(folder);
+  std::vector<int64_t> digests(2 * world_.size(), 0);
+  write_own_file(folder, digests);
+  world_.allreduce_sum(digests.data(), static_cast<int64_t>(digests.size()));
+  write_manifest_of(folder, steps, epoch, digests);
   wrote_any_ = true;
   last_written_ = steps;
   last_write_time_ = now_seconds() - start_;

@@ -1,5 +1,5 @@
-// Surviving failures: full checkpoints (every rank's exact state), resume (exact at the same rank
-// count, the ranks' average at another), and the NaN guard.
+// Full checkpoints (every rank's exact state) and resume (exact at the same rank count, the
+// ranks' average at another). The NaN guard, which a rank's state records, is nan_guard.hpp.
 //
 // A full checkpoint is a folder `<checkpoint.dir>/ckpt-<step>/`:
 //   rank-00000.bin ...  one per rank (RankState, encode_state), each written under a temporary
@@ -24,11 +24,11 @@
 #include "gossip/resilience/full_checkpoint.hpp"
 #include "gossip/resilience/rank_state.hpp"
 #include "gossip/train/metrics.hpp"
+#include "gossip/train/nan_guard.hpp"
 #include "kernels/models.hpp"
 
 namespace gg::gossip {
 
-class LaggedMax;
 class Trainer;
 class TrainingData;
 
@@ -36,7 +36,9 @@ class TrainingData;
 // false here, ..."), naming the settings to change; empty when they are the same model.
 std::string model_difference(const kernels::ModelSpec& saved, const kernels::ModelSpec& built);
 
-// The resilience side of `gossipgrad train`, driven by run_training at step boundaries.
+// The checkpoints of `gossipgrad train`: resume when a group of ranks starts, and full
+// checkpoints when due, driven by the step hooks (gossip/train/step_hooks.cpp) at step
+// boundaries. It owns the NaN guard, whose state a checkpoint keeps.
 class Recovery {
  public:
   Recovery(const Config& c, const mpi::Comm& world, Trainer& trainer, TrainingData& data,
@@ -60,22 +62,12 @@ class Recovery {
   // epoch: the same point of the same epoch.
   int64_t same_point(int64_t step, int64_t old_per_epoch) const;
   // train.stop_at in this run's steps (another rank count than the job was launched with).
-  void plan_stop_at(int64_t step) { stop_at_ = step; }
-  // The network changed shape (apoptosis): the NaN guard's snapshot is taken afresh.
-  void model_changed() { snapshot_.reset(); }
-  // The NaN guard's restores so far (part of a rank's state).
-  int nan_restores() const { return nan_restores_; }
+  void plan_stop_at(int64_t step) {
+    stop_at_ = step;
+    guard_.plan_stop_at(step);
+  }
+  NanGuard& guard() { return guard_; }
 
-  // Before step s: the NaN guard's snapshot, when one is due (a collective).
-  void before_step(int64_t s);
-  // After step s with this rank's loss (a collective, 16 bytes): a NaN/Inf loss on any rank, or
-  // a NaN/Inf weight or running statistic on any rank (looked for before every snapshot, epoch
-  // end and full checkpoint by step count), restores every rank's last snapshot and lowers the
-  // learning rate; returns true then. Throws std::runtime_error naming the step once
-  // guard.nan_retries restores are spent (at once with guard.nan_retries 0). With guard.lag 1
-  // the collective of step s runs behind step s + 1, whose after_step acts on it (except before
-  // a check of the weights and after the `last` step: then at once).
-  bool after_step(int64_t s, double loss, bool last, MetricsWriter& metrics);
   // After step s and its evaluation: a full checkpoint when one is due, and after the `last`
   // step of training (a collective). Returns true when training must stop here (train.stop_at).
   bool after_step_done(int64_t s, int64_t epoch, bool last, MetricsWriter& metrics);
@@ -101,12 +93,12 @@ class Recovery {
   RankState read_own_state(const std::string& folder, const Manifest& m) const;
   RankState average_states(const std::string& folder, const Manifest& m) const;
   bool time_due();
-  // The agreed flags {loss, weights} of step s, one of them bad: restore or stop.
-  bool act_on(int64_t s, const double* bad, MetricsWriter& metrics);
-  // This rank's parameters and running statistics are all finite.
-  bool weights_finite();
-  // Whether after_step(s) looks at the weights.
-  bool weights_due(int64_t s) const;
+  // write_checkpoint, step by step (collectives): the folder made (an earlier run's checkpoints
+  // removed), this rank's file written (its size and checksum into `digests`), the manifest.
+  void make_folder(const std::string& folder);
+  void write_own_file(const std::string& folder, std::vector<int64_t>& digests);
+  void write_manifest_of(const std::string& folder, int64_t steps, int64_t epoch,
+                         const std::vector<int64_t>& digests);
 
   const Config& c_;
   const mpi::Comm& world_;
@@ -118,13 +110,8 @@ class Recovery {
   int64_t last_written_ = -1;
   double last_write_time_ = 0;  // seconds since start_
   double start_ = 0;
-  std::optional<RankState> snapshot_;
-  std::unique_ptr<LaggedMax> agreement_;  // after_step's collective
-  bool weights_bad_ = false;          // before_step found them non-finite; after_step reports it
-  int64_t weights_checked_for_ = -1;  // after_step found them finite for the snapshot of this step
-  int nan_restores_ = 0;
+  NanGuard guard_;
   int64_t stop_at_ = 0;  // train.stop_at, in this run's steps
-  double lr_scale_ = 1;
 };
 
 }  // namespace gg::gossip

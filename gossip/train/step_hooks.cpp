@@ -9,8 +9,7 @@
 #include "gossip/resilience/checkpoint.hpp"
 #include "gossip/train/agree.hpp"
 #include "gossip/train/apoptosis.hpp"
-#include "gossip/train/emergency_state.hpp"
-#include "gossip/train/simulated_failures.hpp"
+#include "gossip/train/fault_hooks.hpp"
 #include "gossip/train/stop_signals.hpp"
 #include "gossip/train/test_hooks.hpp"
 #include "kernels/apoptosis.hpp"
@@ -51,16 +50,16 @@ class SampleLog : public StepHook {
 };
 
 // A NaN/Inf loss on any rank: every rank goes back to its last good state (or training stops).
-class NanGuard : public StepHook {
+class NanGuardHook : public StepHook {
  public:
-  NanGuard(Recovery& recovery, MetricsWriter& metrics) : recovery_(recovery), metrics_(metrics) {}
-  void before_step(int64_t s, shuffle::Batch&) override { recovery_.before_step(s); }
+  NanGuardHook(NanGuard& guard, MetricsWriter& metrics) : guard_(guard), metrics_(metrics) {}
+  void before_step(int64_t s, shuffle::Batch&) override { guard_.before_step(s); }
   void after_step(StepRecord& r) override {
-    r.restored = recovery_.after_step(r.step, r.stats.loss, r.last, metrics_);
+    r.restored = guard_.after_step(r.step, r.stats.loss, r.last, metrics_);
   }
 
  private:
-  Recovery& recovery_;
+  NanGuard& guard_;
   MetricsWriter& metrics_;
 };
 
@@ -83,7 +82,7 @@ class Apoptosis : public StepHook {
     for (const auto& e : metrics_.finish()) job_.metrics.write(e);
     metrics_.decided(a);
     if (a.params_after == a.params_before) return;
-    g_.recovery.model_changed();
+    g_.recovery.guard().model_changed();
     if (!g_.lead || !c.log.progress) return;
     std::string removed;
     for (const auto& [name, n] : a.removed)
@@ -301,7 +300,7 @@ StepHooks make_step_hooks(Group& g, JobState& job) {
   StepHooks hooks;
   if (auto rollback = make_rollback_hook(g, job)) hooks.add(std::move(rollback));
   if (job.samples) hooks.add(std::make_unique<SampleLog>(*job.samples));
-  hooks.add(std::make_unique<NanGuard>(g.recovery, job.metrics));
+  hooks.add(std::make_unique<NanGuardHook>(g.recovery.guard(), job.metrics));
   if (auto test = make_test_hook(g.c, g.comm, g.trainer, g.recovery.resumed()))
     hooks.add(std::move(test));
   hooks.add(std::make_unique<Apoptosis>(g, job));
@@ -310,7 +309,7 @@ StepHooks make_step_hooks(Group& g, JobState& job) {
   hooks.add(std::make_unique<FullCheckpoints>(g.recovery, job));
   hooks.add(std::make_unique<StopOnSignal>(g, job));
   // Last: the state a real failure saves is that of a step whose agreements all completed.
-  if (job.emergency) hooks.add(make_emergency_hook(g, *job.emergency));
+  if (job.failures.emergency) hooks.add(make_emergency_hook(g, *job.failures.emergency));
   return hooks;
 }
 

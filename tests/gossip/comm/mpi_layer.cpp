@@ -93,6 +93,21 @@ int main(int argc, char** argv) {
     check(ok, "allreduce exchange averages every bucket", rank);
   }
 
+  {  // The peer-lost state belongs to a communicator and every one made from it; another
+     // family (a second world object) keeps its own. Last: a lost family frees no window.
+    const mpi::Comm base = mpi::Comm::world(), other = mpi::Comm::world();
+    const mpi::Comm family = base.dup();
+    const mpi::Comm node = family.split_shared(), half = family.split(rank % 2, rank);
+    const mpi::Comm kept = rank < p - 1 ? family.without({p - 1}, 0x77) : mpi::Comm();
+    check(!base.peer_lost() && !node.peer_lost(), "no peer lost at first", rank);
+    half.mark_peer_lost();
+    check(base.peer_lost() && family.peer_lost() && node.peer_lost() && half.peer_lost(),
+          "a peer lost on one communicator is lost on its whole family", rank);
+    check(rank == p - 1 || kept.peer_lost(), "the survivors' communicator shares it", rank);
+    check(!other.peer_lost(), "another world object keeps its own peer-lost state", rank);
+    world.barrier();
+  }
+
   int bad = failures;
   MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   if (rank == 0) std::printf("mpi layer on %d ranks: %s\n", p, bad ? "FAIL" : "PASS");

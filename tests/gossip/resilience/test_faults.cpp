@@ -1,3 +1,5 @@
+// Simulated failures without MPI: the fault plan (gossip/resilience/faults.hpp) and what a failure
+// due at a step boundary does to a group of ranks (gossip/resilience/groups.hpp).
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <set>
@@ -6,6 +8,7 @@
 
 #include "gossip/config/config.hpp"
 #include "gossip/resilience/faults.hpp"
+#include "gossip/resilience/groups.hpp"
 
 using namespace gg::gossip;
 
@@ -96,4 +99,43 @@ TEST_CASE("bad fault specs are usage errors naming the problem") {
   CHECK_THROWS_AS(parse_fault_inject("1-2"), UsageError);
   CHECK_THROWS_AS(parse_fault_inject("-1:2"), UsageError);
   CHECK(parse_fault_inject("3:7") == std::vector<FaultEvent>{{7, 3}});
+}
+
+TEST_CASE(
+    "a planned failure ends the group at its step boundary: the failed rank leaves, the "
+    "others shrink carrying their state, or every rank restarts") {
+  const auto job = [](const std::string& strategy) {
+    JobFailures f(4);
+    plan_failures(faults("2:5", 0, strategy), f.plan, 4, 100);
+    return f;
+  };
+  int captured = 0;
+  const auto capture = [&](RankState& s) {
+    ++captured;
+    s.step = 5;
+  };
+  JobFailures f = job("forward");
+  CHECK(f.members == std::vector<int>{0, 1, 2, 3});
+  CHECK_FALSE(fail_at_boundary(f, 4, 0, 10, capture));  // not due yet: nothing captured
+  CHECK(captured == 0);
+  CHECK(fail_at_boundary(f, 5, 0, 10, capture) == Ending::Shrink);
+  REQUIRE(f.carry);
+  CHECK(f.carry->step == 5);
+  CHECK(f.carry_step == 5);
+  CHECK(f.carry_per_epoch == 10);
+  CHECK(f.pending->ranks == std::vector<int>{2});
+  CHECK_FALSE(fail_at_boundary(f, 5, 0, 10, capture));  // consumed: a redone step never fails
+  JobFailures failed = job("forward");
+  CHECK(fail_at_boundary(failed, 5, 2, 10, capture) == Ending::Left);
+  CHECK_FALSE(failed.carry);
+  JobFailures restart = job("restart");
+  CHECK(fail_at_boundary(restart, 5, 2, 10, capture) == Ending::Restart);
+  CHECK(captured == 3);  // every rank settles its last step before the group ends
+  JobFailures rollback = job("rollback");
+  CHECK_FALSE(fail_at_boundary(rollback, 5, 2, 10, capture));  // the rollback hook's to handle
+  CHECK(rollback.plan.due(5) == std::vector<int>{2});
+  CHECK(f.group_rank_of(3) == 3);
+  f.members = {0, 1, 3};
+  CHECK(f.group_rank_of(3) == 2);
+  CHECK(f.group_rank_of(2) == -1);
 }
