@@ -36,6 +36,11 @@ if ls gossip/*.cpp gossip/*.hpp >/dev/null 2>&1; then
   echo "layout: sources directly under gossip/: put them in comm, config, resilience, train or cli"
   bad=1
 fi
+# train/ reaches MPI through gossip/comm/mpi.hpp's wrappers only (checked calls, bounded waits).
+if grep -nE '\bMPI_[A-Za-z_]+' gossip/train/*.cpp gossip/train/*.hpp; then
+  echo "layout: raw MPI_ calls in gossip/train: use gossip/comm/mpi.hpp"
+  bad=1
+fi
 [ "$checked" -gt 0 ] || { echo "layout: no sources found under $PWD"; exit 1; }
 [ $bad = 0 ] && echo "layout: $checked files, every include follows the module order"
 exit $bad
