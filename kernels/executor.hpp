@@ -143,7 +143,8 @@ class Executor {
 };
 
 // The parameter layout the backend's kernels read without reorders (kernels/param_layout.hpp):
-// for oneDNN on AVX-512 CPUs, convolution weights in 16 x 16 blocks; plain otherwise.
+// for oneDNN, convolution weights in 16 x 16 blocks on AVX-512 CPUs and 8 x 8 on AVX2 ones;
+// plain otherwise.
 ParamLayout native_param_layout(const Graph& g, Backend backend);
 
 // Builds every primitive and buffer up front; forward/backward do not allocate.

@@ -1,10 +1,10 @@
 // Where each parameter's values sit inside its slice of the flat buffers. The plain layout is
 // PyTorch's (what checkpoints, exports and every other backend use). The oneDNN backend may keep
-// convolution weights in the blocked layout its kernels read (OIhw16i16o): the weights are then not
-// reordered into it before every step, nor their gradients back out of it after. Parameters, their
-// gradients and everything updated with them (momentum, gossip corrections) share one layout, so
-// that the optimizer and the exchanges still work element by element; only what leaves or enters a
-// run converts.
+// convolution weights in the blocked layout its kernels read (OIhw16i16o on AVX-512, OIhw8i8o on
+// AVX2): the weights are then not reordered into it before every step, nor their gradients back
+// out of it after. Parameters, their gradients and everything updated with them (momentum, gossip
+// corrections) share one layout, so that the optimizer and the exchanges still work element by
+// element; only what leaves or enters a run converts.
 #pragma once
 
 #include <cstdint>

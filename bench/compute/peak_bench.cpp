@@ -5,8 +5,8 @@
 // FLOPs are the direct count, 2 x N x K x C x R x S x P x Q per pass. Matmul: M = N = K = 2048.
 // Each case: the median of timed runs after warm-up, repeated for at least --seconds.
 // Also the arithmetic bound no kernel can pass: the instruction peak, every thread issuing
-// independent 512-bit FMAs (fp32) or bf16 dot products (vdpbf16ps: 2 multiply-adds per fp32
-// lane) on registers only, no memory traffic.
+// independent FMAs (fp32: 512-bit on AVX-512, 256-bit on AVX2) or bf16 dot products (vdpbf16ps:
+// 2 multiply-adds per fp32 lane) on registers only, no memory traffic.
 // Prints CSV rows: op,shape,precision,threads,gflops; row "instruction_peak" is the bound, the
 // last row (op "ceiling") the best training-convolution figure, the one run.sh divides by.
 // With --model: the floor of that model's training step on oneDNN's kernels instead (see
@@ -240,57 +240,111 @@ double matmul(const Args& a, const dnnl::engine& eng, dnnl::stream& s) {
   return g;
 }
 
-// Register-only FMA (fp32) or bf16 dot-product throughput on all threads: 12 independent
-// accumulators per thread hide the instruction latency. Returns 0 where the CPU lacks the
-// instructions (AVX-512F; AVX512_BF16 for bf16).
-__attribute__((target("avx512f,avx512bf16"))) double instruction_peak_avx512(bool bf16,
-                                                                             double seconds) {
-  constexpr int kAcc = 12;
-  const long iters = 1L << 22;  // a few milliseconds per round
-  double best = 0;
-  const auto start = Clock::now();
+// Register-only FMA (fp32) or bf16 dot-product rounds on all threads: kAcc independent
+// accumulators per thread hide the instruction latency (4 cycles on Zen 3 and 4, Ice Lake and
+// Sapphire Rapids, two FMA pipes: 8 in flight at least). Each returns a sum of the accumulators'
+// first lanes, which keeps them live. Built for the instructions they use and called only on CPUs
+// that have them (instruction_peak).
+constexpr int kAcc = 12;  // 12 accumulators + 2 operands: within AVX2's 16 ymm registers
+
+__attribute__((target("avx512f"))) float fma_round_zmm(long iters) {
   float sink = 0;
-  do {
-    const auto t0 = Clock::now();
 #pragma omp parallel reduction(+ : sink)
-    {
-      __m512 acc[kAcc];
-      for (__m512& v : acc) v = _mm512_setzero_ps();
-      const __m512 x = _mm512_set1_ps(1e-7f), y = _mm512_set1_ps(1.0f);
-      const __m512bh xb = (__m512bh)_mm512_set1_epi16(0x3380),
-                     yb = (__m512bh)_mm512_set1_epi16(0x3f80);
-      if (bf16) {
-        for (long k = 0; k < iters; ++k) {
+  {
+    __m512 acc[kAcc];
+    for (__m512& v : acc) v = _mm512_setzero_ps();
+    const __m512 x = _mm512_set1_ps(1e-7f), y = _mm512_set1_ps(1.0f);
+    for (long k = 0; k < iters; ++k) {
 #pragma GCC unroll 12
-          for (__m512& v : acc) v = _mm512_dpbf16_ps(v, xb, yb);
-        }
-      } else {
-        for (long k = 0; k < iters; ++k) {
-#pragma GCC unroll 12
-          for (__m512& v : acc) v = _mm512_fmadd_ps(x, y, v);
-        }
-      }
-      alignas(64) float lanes[16];
-      for (const __m512& v : acc) {
-        _mm512_store_ps(lanes, v);
-        sink += lanes[0];
-      }
+      for (__m512& v : acc) v = _mm512_fmadd_ps(x, y, v);
     }
-    const double t = std::chrono::duration<double>(Clock::now() - t0).count();
-    // FLOPs per instruction: 16 lanes x 2 (FMA), or 16 lanes x 2 products x 2 (dot product).
-    const double flops =
-        static_cast<double>(iters) * kAcc * omp_get_max_threads() * (bf16 ? 64 : 32);
-    best = std::max(best, flops / t / 1e9);
-  } while (std::chrono::duration<double>(Clock::now() - start).count() < seconds);
-  if (sink < 0) std::printf("#\n");  // keeps the accumulators live
-  return best;
+    alignas(64) float lanes[16];
+    for (const __m512& v : acc) {
+      _mm512_store_ps(lanes, v);
+      sink += lanes[0];
+    }
+  }
+  return sink;
 }
 
-double instruction_peak(const Args& a) {
-  if (!__builtin_cpu_supports("avx512f") ||
-      (a.precision == "bf16" && !__builtin_cpu_supports("avx512bf16")))
-    return 0;
-  return instruction_peak_avx512(a.precision == "bf16", a.seconds);
+__attribute__((target("avx512f,avx512bf16"))) float dpbf16_round_zmm(long iters) {
+  float sink = 0;
+#pragma omp parallel reduction(+ : sink)
+  {
+    __m512 acc[kAcc];
+    for (__m512& v : acc) v = _mm512_setzero_ps();
+    const __m512bh xb = (__m512bh)_mm512_set1_epi16(0x3380),
+                   yb = (__m512bh)_mm512_set1_epi16(0x3f80);
+    for (long k = 0; k < iters; ++k) {
+#pragma GCC unroll 12
+      for (__m512& v : acc) v = _mm512_dpbf16_ps(v, xb, yb);
+    }
+    alignas(64) float lanes[16];
+    for (const __m512& v : acc) {
+      _mm512_store_ps(lanes, v);
+      sink += lanes[0];
+    }
+  }
+  return sink;
+}
+
+__attribute__((target("avx2,fma"))) float fma_round_ymm(long iters) {
+  float sink = 0;
+#pragma omp parallel reduction(+ : sink)
+  {
+    __m256 acc[kAcc];
+    for (__m256& v : acc) v = _mm256_setzero_ps();
+    const __m256 x = _mm256_set1_ps(1e-7f), y = _mm256_set1_ps(1.0f);
+    for (long k = 0; k < iters; ++k) {
+#pragma GCC unroll 12
+      for (__m256& v : acc) v = _mm256_fmadd_ps(x, y, v);
+    }
+    alignas(32) float lanes[8];
+    for (const __m256& v : acc) {
+      _mm256_store_ps(lanes, v);
+      sink += lanes[0];
+    }
+  }
+  return sink;
+}
+
+struct InstructionPeak {
+  const char* name = "";  // the instruction, as the CSV row names it
+  double gflops = 0;      // 0: the CPU lacks it
+};
+
+// The best GFLOP/s of the widest FMA (fp32: AVX-512F, else AVX2 with FMA) or bf16 dot product
+// (AVX512_BF16 only: AVX2 has none) this CPU has, over rounds repeated for at least `seconds`.
+InstructionPeak instruction_peak(const Args& a) {
+  struct Kind {
+    bool present;
+    const char* name;
+    float (*round)(long);
+    int flops;  // per instruction: lanes x 2 (multiply-add), x 2 again for a dot product of pairs
+  };
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const std::vector<Kind> kinds =
+      a.precision == "bf16" ? std::vector<Kind>{{__builtin_cpu_supports("avx512bf16") != 0,
+                                                 "zmm vdpbf16ps", dpbf16_round_zmm, 16 * 4}}
+                            : std::vector<Kind>{{__builtin_cpu_supports("avx512f") != 0,
+                                                 "zmm vfmadd", fma_round_zmm, 16 * 2},
+                                                {avx2, "ymm vfmadd", fma_round_ymm, 8 * 2}};
+  const auto k = std::find_if(kinds.begin(), kinds.end(), [](const Kind& k) { return k.present; });
+  InstructionPeak p;
+  if (k == kinds.end()) return p;
+  p.name = k->name;
+  const long iters = 1L << 22;  // a few milliseconds per round
+  const double flops = static_cast<double>(iters) * kAcc * omp_get_max_threads() * k->flops;
+  float sink = 0;
+  const auto start = Clock::now();
+  do {
+    const auto t0 = Clock::now();
+    sink += k->round(iters);
+    const double t = std::chrono::duration<double>(Clock::now() - t0).count();
+    p.gflops = std::max(p.gflops, flops / t / 1e9);
+  } while (std::chrono::duration<double>(Clock::now() - start).count() < a.seconds);
+  if (sink < 0) std::printf("#\n");  // keeps the rounds' results live
+  return p;
 }
 
 // The best of oneDNN's algorithms for each pass of one convolution: direct, and in fp32 also
@@ -404,11 +458,11 @@ int main(int argc, char** argv) {
     dnnl::stream s(eng);
     if (!a.model.empty()) return model_floor(a, eng, s);
     std::printf("op,shape,precision,threads,gflops\n");
-    if (const double g = instruction_peak(a); g > 0)
-      print("instruction_peak", a.precision == "bf16" ? "zmm vdpbf16ps" : "zmm vfmadd", a, g);
+    if (const InstructionPeak p = instruction_peak(a); p.gflops > 0)
+      print("instruction_peak", p.name, a, p.gflops);
     else
-      std::fprintf(stderr, "gg_bench_peak: no instruction peak (needs AVX-512%s)\n",
-                   a.precision == "bf16" ? " with AVX512_BF16" : "");
+      std::fprintf(stderr, "gg_bench_peak: no instruction peak (needs %s)\n",
+                   a.precision == "bf16" ? "AVX512_BF16" : "AVX2 with FMA");
     matmul(a, eng, s);
     // ResNet-50's convolutions at batch 16 (224 input): the 3x3 of each stage and two 1x1.
     const std::vector<Conv> shapes = {

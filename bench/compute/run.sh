@@ -229,7 +229,8 @@ print("Ceiling: oneDNN's best training convolution (forward + backward-data + ba
       + ", ".join(f"{t} threads {p} {g:.0f} GFLOP/s" for (t, p), g in ceiling.items())
       + ". A model's share counts 3 x its forward FLOPs per image (direct count; Winograd does "
       "fewer, so a share can exceed what the direct count allows). Instruction peak (every thread "
-      "issuing independent 512-bit FMAs, or bf16 dot products, on registers): "
+      "issuing independent FMAs, 512-bit on AVX-512 and 256-bit on AVX2, or bf16 dot products, "
+      "on registers): "
       + ", ".join(f"{t} threads {p} {g:.0f} GFLOP/s" for (t, p), g in instr.items())
       + ". Bound vs best: the images/s of a step whose useful multiply-adds (forward, "
       "backward-weights and backward-data of every convolution and FC layer, without the taps on "

@@ -391,9 +391,9 @@ class OneDnnExecutor final : public Executor {
   }
 
   // Parameters live in the flat buffer in the store's layout (ParamLayout): plain, or for
-  // convolution weights the 16 x 16 blocks that the forward and backward-weights kernels read and
-  // write in place. A primitive that wants another layout gets a reordered copy refreshed each
-  // step (the weights change every step).
+  // convolution weights the 16 x 16 (AVX-512) or 8 x 8 (AVX2) blocks that the forward and
+  // backward-weights kernels read and write in place. A primitive that wants another layout gets a
+  // reordered copy refreshed each step (the weights change every step).
 
   // Whether kernels may read or write `m` in place: its layout is `md` and, if that is a blocked
   // layout (read with aligned vector loads), it starts on a cache line (an exchange's shared
@@ -479,12 +479,13 @@ class OneDnnExecutor final : public Executor {
     const memory::dims w_dims{n.conv.out_channels, xin[0], n.conv.kernel, n.conv.kernel};
     const memory::dims strides{n.conv.stride, n.conv.stride}, pad{n.conv.pad, n.conv.pad};
     const memory::desc src_any(src_dims, act_, tag::any), dst_any(dst_dims, act_, tag::any);
-    // The weights (and their gradients) as the flat buffers hold them: plain, or in 16 x 16
-    // blocks (ParamLayout), which is what the forward and backward-weights kernels want here.
+    // The weights (and their gradients) as the flat buffers hold them: plain, or in 16 x 16 or
+    // 8 x 8 blocks (ParamLayout), which is what the forward and backward-weights kernels want here.
     const int block = store_.layout.block_of(n.params[0]);
     const memory::desc w_any(w_dims, act_, tag::any),
         w_plain(w_dims, dt::f32,
                 block == 16  ? tag::OIhw16i16o
+                : block == 8 ? tag::OIhw8i8o
                 : block == 0 ? tag::oihw
                              : throw std::invalid_argument("unsupported parameter layout"));
     const memory::desc dw_any(w_dims, dt::f32, tag::any);  // gradients stay fp32
@@ -1186,12 +1187,27 @@ class OneDnnExecutor final : public Executor {
 
 }  // namespace
 
-ParamLayout onednn_param_layout(const Graph& g) {
+int onednn_weight_block() {
   using dnnl::cpu_isa;
-  const cpu_isa isa = dnnl::get_effective_cpu_isa();
-  const bool avx512 = isa == cpu_isa::avx512_core || isa == cpu_isa::avx512_core_vnni ||
-                      isa == cpu_isa::avx512_core_bf16 || isa == cpu_isa::avx512_core_amx;
-  return blocked_conv_layout(g, avx512 ? 16 : 0);
+  switch (dnnl::get_effective_cpu_isa()) {
+    case cpu_isa::avx512_core:
+    case cpu_isa::avx512_core_vnni:
+    case cpu_isa::avx512_core_bf16:
+    case cpu_isa::avx512_core_amx:
+      return 16;
+    // oneDNN 2.6's jit:avx2 and jit_1x1:avx2 read OIhw8i8o forward and write it backward-weights
+    // (backward-data reads OIhw8o8i, a reorder either way). Below AVX2 backward-weights is a
+    // plain GEMM: blocks would only move the reorder from the forward to the backward.
+    case cpu_isa::avx2:
+    case cpu_isa::avx2_vnni:
+      return 8;
+    default:
+      return 0;
+  }
+}
+
+ParamLayout onednn_param_layout(const Graph& g) {
+  return blocked_conv_layout(g, onednn_weight_block());
 }
 
 bool bf16_supported() {

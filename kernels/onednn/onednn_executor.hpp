@@ -13,8 +13,12 @@ std::unique_ptr<Executor> make_onednn_executor(const Graph& g, int64_t batch, Pa
                                                const std::vector<Bucket>& buckets,
                                                Precision precision);
 
-// Convolution weights in the blocks oneDNN's AVX-512 kernels read (OIhw16i16o) where their
-// channels allow; all plain on other CPUs.
+// The block of the convolution weights oneDNN's fp32 kernels read on this CPU (its effective ISA,
+// which ONEDNN_MAX_CPU_ISA may cap): 16 on AVX-512 (OIhw16i16o), 8 on AVX2 (OIhw8i8o), 0 (plain)
+// on others.
+int onednn_weight_block();
+
+// Convolution weights in onednn_weight_block()'s blocks where their channels allow.
 ParamLayout onednn_param_layout(const Graph& g);
 
 }  // namespace gg::kernels
