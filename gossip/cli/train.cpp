@@ -138,13 +138,16 @@ int cmd_train(const std::vector<std::string>& args, int argc, char** argv) {
       return 0;
     }
   if (std::find(args.begin(), args.end(), "--dry-run") != args.end()) return dry_run(args);
-  // What the options say is refused before MPI starts: every rank parses the same arguments, and
-  // the launcher tells the rank count; one line, from the first rank.
-  try {
-    check_ranks(parse_train_args(args), env_ranks(), supervised_restart());
-  } catch (const UsageError& e) {
-    if (env_rank() == 0) std::fprintf(stderr, "gossipgrad: error: %s\n", e.what());
-    return 2;
+  // One process: what the options say is refused before MPI starts. Several ranks agree on the
+  // verdict over MPI instead (agreed_config, the same checks): the parts of an MPMD launch line
+  // may differ, and a rank that left before MPI_Init would leave the others waiting in it.
+  if (env_ranks() == 1) {
+    try {
+      check_ranks(parse_train_args(args), 1, supervised_restart());
+    } catch (const UsageError& e) {
+      std::fprintf(stderr, "gossipgrad: error: %s\n", e.what());
+      return 2;
+    }
   }
   gg::mpi::Environment env(&argc, &argv);
   const gg::mpi::Comm world = gg::mpi::Comm::world();
