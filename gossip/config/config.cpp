@@ -225,7 +225,7 @@ kernels::Backend backend_of(const Config& c) {
                             : kernels::Backend::OneDnn;
 }
 kernels::Precision precision_of(const Config& c) {
-  return kernels::parse_precision(c.train.precision);
+  return c.train.precision == "bf16" ? kernels::Precision::Bf16 : kernels::Precision::Fp32;
 }
 bool fashion_mnist(const Config& c) { return c.data.source == "fashion-mnist"; }
 std::string val_labels_file(const Config& c) {
