@@ -60,6 +60,7 @@ int compute_threads(const Config& c, const mpi::Comm& world) {
 Trainer::Trainer(const Config& c, const mpi::Comm& world, kernels::Dims input, int64_t classes,
                  int64_t total_steps, int64_t steps_per_epoch)
     : c_(c),
+      algorithm_(mixing_of(c)),
       world_(world),
       net_(kernels::build_model(trained_model(c, world.rank(), std::move(input), classes)),
            kernels::parse_backend(c.train.backend), std::max<int64_t>(1, c.gossip.bucket_kb * 256),
@@ -281,7 +282,7 @@ double Trainer::exchange_weights() {
 
 double Trainer::average_globally() {
   const int64_t h = c_.gossip.global_every;
-  if (mixing_of(c_).allreduce || h <= 0 || (step_ + 1) % h != 0) return 0;
+  if (algorithm_.allreduce || h <= 0 || (step_ + 1) % h != 0) return 0;
   const auto t0 = std::chrono::steady_clock::now();
   flush_model();
   average_over_ranks(store().params);
@@ -292,7 +293,7 @@ double Trainer::average_globally() {
 void Trainer::account(StepStats& s) {
   const int64_t n = c_.gossip.consensus_every;
   if (n > 0 && (step_ + 1) % n == 0) s.consensus = consensus_distance();
-  if (mixing_of(c_).allreduce) return;
+  if (algorithm_.allreduce) return;
   int64_t sent = 0;
   BucketExchange::Lateness now;
   for (BucketExchange* e : exchanges()) {

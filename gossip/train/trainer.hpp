@@ -129,6 +129,7 @@ class Trainer {
   void load_initial_weights();  // train.init_from, read by rank 0
 
   const Config& c_;
+  const Algorithm& algorithm_;  // gossip.mode, looked up once (the step asks it)
   const mpi::Comm& world_;
   kernels::Net net_;
   kernels::Executor* train_exec_ = nullptr;           // emulated compute: emulated_
