@@ -1,88 +1,187 @@
 #!/usr/bin/env bash
-# Running the CUDA checks on a lent GPU machine that has no package registry (it has CUDA's
-# driver, nvcc, and PyTorch 2.x whose wheels bring cuDNN 9 and cuBLAS, but not our Debian
-# dependencies). Two steps:
+# The GPU checks on a lent GPU machine that has no package registry (it has CUDA's driver, nvcc,
+# and PyTorch 2.x whose wheels bring cuDNN 9 and cuBLAS 13, but none of our Debian libraries and
+# no MPI). Two steps:
 #
-#   1. here, where apt works:   bench/compute/gpu_device_run.sh prepare
-#      builds gg_cuda_tests and gg_bench_compute with GG_CUDA=ON (in $BUILD, default build-gpu),
-#      copies them into .deps/gpu/bin, and unpacks with `dpkg -x` the Debian packages of the
-#      shared libraries they need beyond CUDA and the base system (oneDNN and its OpenCL loader)
-#      into .deps/gpu/root. .deps/ is ignored by git; the whole of .deps/gpu is about 45 MB.
+#   1. here, where the build works:   bench/compute/gpu_device_run.sh prepare
+#      builds gossipgrad, gg_cuda_tests and gg_bench_compute with GG_CUDA=ON (in $BUILD, default
+#      build-gpu), and packs into .deps/gpu/bundle.tar.xz the binaries, MPICH's launcher
+#      (mpiexec.hydra, hydra_pmi_proxy) and every shared library they load beyond CUDA and glibc /
+#      libstdc++, copied from this machine's Debian packages and stripped; beside it
+#      .deps/gpu/fashion-mnist holds Debian's Fashion-MNIST files. .deps/ is ignored by git; the
+#      whole of .deps/gpu is about 57 MB (the device tool carries at most 64 MiB with the tree).
 #   2. on the GPU machine, with .deps/gpu carried along (device tool: carry [".deps/gpu"]):
 #        bench/compute/gpu_device_run.sh run [OUTDIR]
-#      points LD_LIBRARY_PATH at the unpacked libraries and at the cuDNN / cuBLAS that the
-#      machine has (/usr/local/cuda/lib64 or PyTorch's nvidia-* wheels), refuses to go on if
-#      `ldd` still misses a library (naming it), runs the GPU tests, then
-#      bench/compute/run.sh --backend cuda against PyTorch on the same GPU, and copies the test
-#      log and the benchmark's csv/md/txt into OUTDIR (default $OUT, else bench/results).
-#      Environment for the benchmark as in run.sh: REPEATS, STEPS, WARMUP, and SETTINGS (the
-#      MODEL:BATCH:RES:PRECISION list, default run.sh's).
+#      unpacks the bundle into a temporary folder, points LD_LIBRARY_PATH at it and at the
+#      machine's cuDNN / cuBLAS (/usr/local/cuda or PyTorch's nvidia-* wheels), refuses to go on
+#      if `ldd` still misses a library (naming it), then runs, each under its own time limit so
+#      that one failure or hang leaves time for the rest:
+#        a. gg_cuda_tests (every layer against the reference backend, ResNet-18 / GoogLeNet
+#           against oneDNN, device SGD, staging, resident training);
+#        b. mpirun -n 2 gossipgrad train --train.backend cuda on Fashion-MNIST (configs/laptop.ini,
+#           EPOCHS epochs, default 2; both ranks on the one GPU);
+#        c. mpirun -n 2 gossipgrad train --train.backend cuda, ResNet-50 on synthetic ImageNet-
+#           shaped data (3x224x224, 1000 classes), R50_STEPS steps (default 100) of R50_BATCH
+#           (default 64) per rank, gossip mode both: exposed communication and data wait in the
+#           metrics;
+#        d. bench/compute/run.sh --backend cuda against the machine's PyTorch, alternating.
+#      OUTDIR (default $OUT, else bench/results/gpu-<host>) gets at most 8 files: device.txt,
+#      cuda-tests.txt, fmnist.txt, fmnist-metrics.jsonl, r50.txt, r50-metrics.jsonl, bench.txt,
+#      bench.csv. Environment: STEPS_ONLY (a subset of "tests fmnist r50 bench", default all),
+#      BUDGET_S (seconds for the whole run, default 540: each part's limit is cut to what is
+#      left), and run.sh's REPEATS, STEPS, WARMUP, SETTINGS (MODEL:BATCH:RES:PRECISION list).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+. scripts/checks.sh
 GPU=.deps/gpu
 case "${1:-}" in
   prepare)
     BUILD=${BUILD:-build-gpu}
-    cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGG_CUDA=ON -DBUILD_TESTING=ON \
-      -DGG_BENCH=ON >/dev/null
-    cmake --build "$BUILD" -j "${JOBS:-2}" --target gg_cuda_tests gg_bench_compute
-    rm -rf "$GPU"
-    mkdir -p "$GPU/bin/bench" "$GPU/bin/tests" "$GPU/debs" "$GPU/root"
-    cp "$BUILD/tests/gg_cuda_tests" "$GPU/bin/tests/"
-    cp "$BUILD/bench/gg_bench_compute" "$GPU/bin/bench/"
-    # Packages of the libraries ldd resolves outside CUDA and glibc/libstdc++/libgomp (dpkg knows
-    # a file by its /usr path on merged-/usr systems).
-    pkgs=""
-    for f in $(ldd "$GPU/bin/tests/gg_cuda_tests" "$GPU/bin/bench/gg_bench_compute" |
+    [ -f "$BUILD/CMakeCache.txt" ] ||
+      cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGG_CUDA=ON -DBUILD_TESTING=ON \
+        -DGG_BENCH=ON >/dev/null
+    grep -q '^GG_CUDA:STRING=\(ON\|AUTO\)' "$BUILD/CMakeCache.txt" || {
+      echo "gpu_device_run: $BUILD is configured without CUDA (GG_CUDA=OFF)" >&2
+      exit 1
+    }
+    cmake --build "$BUILD" -j "${JOBS:-2}" --target gg_cuda_tests gg_bench_compute gossipgrad
+    stage=$(mktemp -d)
+    trap 'rm -rf "$stage"' EXIT
+    mkdir -p "$stage/gg/bin" "$stage/gg/lib/ucx"
+    bins=("$BUILD/tests/gg_cuda_tests" "$BUILD/bench/gg_bench_compute" "$BUILD/gossip/gossipgrad"
+      /usr/bin/mpiexec.hydra /usr/bin/hydra_pmi_proxy)
+    cp "${bins[@]}" "$stage/gg/bin/"
+    # UCX finds its transport modules in <libucs's folder>/ucx: cma (single-copy between
+    # processes) needs nothing more; the InfiniBand modules are left out (no such device there).
+    cp -L /usr/lib/x86_64-linux-gnu/ucx/libuct_cma.so.0 "$stage/gg/lib/ucx/"
+    # Every library ldd resolves outside CUDA and the C / C++ runtimes, for the binaries and the
+    # launcher.
+    for f in $(ldd "${bins[@]}" /usr/lib/x86_64-linux-gnu/ucx/libuct_cma.so.0 |
       awk '/=> \// {print $3}' | sort -u |
       grep -v -e /usr/local/cuda -e 'libc\.so' -e 'libm\.so' -e 'libstdc++' -e 'libgcc_s' \
-        -e 'libgomp' -e 'ld-linux' -e 'libdl\.' -e 'libpthread' -e 'librt\.'); do
-      for p in "$f" "/usr$f" "$(realpath "$f")"; do
-        owner=$(dpkg -S "$p" 2>/dev/null | head -1 | cut -d: -f1) && [ -n "$owner" ] && break
-      done
-      [ -n "$owner" ] || { echo "gpu_device_run: no package owns $f" >&2; exit 1; }
-      pkgs="$pkgs $owner"
+        -e 'ld-linux' -e 'libdl\.' -e 'libpthread' -e 'librt\.' -e 'libresolv\.'); do
+      cp -L "$f" "$stage/gg/lib/"
     done
-    pkgs=$(echo $pkgs | tr ' ' '\n' | sort -u | xargs)
-    echo "gpu_device_run: unpacking $pkgs"
-    (cd "$GPU/debs" && apt-get download $pkgs >/dev/null)
-    for d in "$GPU"/debs/*.deb; do dpkg -x "$d" "$GPU/root"; done
-    rm -rf "$GPU/debs"
+    strip --strip-unneeded "$stage"/gg/bin/* "$stage"/gg/lib/*.so* "$stage"/gg/lib/ucx/*
+    rm -rf "$GPU"
+    mkdir -p "$GPU/fashion-mnist"
+    echo "gpu_device_run: compressing $(du -sh "$stage/gg" | cut -f1) of binaries and libraries"
+    tar -C "$stage" -cf - gg | xz -T "${JOBS:-2}" -6 >"$GPU/bundle.tar.xz"
+    cp /usr/share/datasets/fashion-mnist/*.gz "$GPU/fashion-mnist/"
     du -sh "$GPU"
     echo "gpu_device_run: ready; carry .deps/gpu and run: bench/compute/gpu_device_run.sh run"
     ;;
   run)
-    OUTDIR=${2:-${OUT:-bench/results}}
+    OUTDIR=${2:-${OUT:-bench/results/gpu-$(hostname)}}
+    BUDGET_S=${BUDGET_S:-540}
+    gg_int BUDGET_S "$BUDGET_S" 60
+    EPOCHS=${EPOCHS:-2}
+    R50_STEPS=${R50_STEPS:-100}
+    R50_BATCH=${R50_BATCH:-64}
+    gg_int EPOCHS "$EPOCHS" 1 100
+    gg_int R50_STEPS "$R50_STEPS" 1
+    gg_int R50_BATCH "$R50_BATCH" 1 4096
+    PARTS=${STEPS_ONLY:-tests fmnist r50 bench}
+    for p in $PARTS; do
+      case "$p" in tests | fmnist | r50 | bench) ;; *)
+        echo "gpu_device_run: STEPS_ONLY takes tests, fmnist, r50, bench (not '$p')" >&2
+        exit 2
+        ;;
+      esac
+    done
+    start=$SECONDS
     mkdir -p "$OUTDIR"
-    [ -x "$GPU/bin/tests/gg_cuda_tests" ] || {
-      echo "gpu_device_run: $GPU is missing: run 'prepare' where apt works and carry it" >&2
+    [ -f "$GPU/bundle.tar.xz" ] || {
+      echo "gpu_device_run: $GPU/bundle.tar.xz is missing: run 'prepare' here and carry .deps/gpu" >&2
       exit 1
     }
-    libs="$PWD/$GPU/root/usr/lib/x86_64-linux-gnu:$PWD/$GPU/root/lib/x86_64-linux-gnu"
+    root=$(mktemp -d)
+    xz -dc -T 0 "$GPU/bundle.tar.xz" | tar -C "$root" -xf -
+    bin=$root/gg/bin
+    libs="$root/gg/lib"
     for d in /usr/local/cuda/lib64 /usr/local/cuda/lib; do [ -d "$d" ] && libs="$libs:$d"; done
     # PyTorch's wheels carry cuDNN 9 and cuBLAS 13 (the sonames our binaries link against).
     wheels=$(python3 -c 'import os, nvidia; print(" ".join(os.path.join(p, d, "lib") for p in nvidia.__path__ for d in os.listdir(p)))' 2>/dev/null || true)
     for d in $wheels; do [ -d "$d" ] && libs="$libs:$d"; done
     export LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    missing=$(ldd "$GPU/bin/tests/gg_cuda_tests" "$GPU/bin/bench/gg_bench_compute" | grep 'not found' | sort -u || true)
+    export PATH="$bin:$PATH"
+    {
+      echo "# $(date -u +%FT%TZ) $(uname -srm), $(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+      nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true
+      python3 -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, "cuDNN", torch.backends.cudnn.version())' || true
+      ldd "$bin"/gossipgrad "$bin"/gg_cuda_tests "$bin"/gg_bench_compute "$bin"/mpiexec.hydra |
+        grep -e cud -e cublas -e 'not found' | sort -u
+    } >"$OUTDIR/device.txt" 2>&1
+    cat "$OUTDIR/device.txt"
+    missing=$(ldd "$bin"/* | grep 'not found' | sort -u || true)
     if [ -n "$missing" ]; then
       echo "gpu_device_run: libraries not found: $(echo "$missing" | awk '{print $1}' | xargs)" >&2
       exit 1
     fi
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-    set +e
-    "$GPU/bin/tests/gg_cuda_tests" 2>&1 | tee "$OUTDIR/cuda-tests.txt"
-    tests_rc=${PIPESTATUS[0]}
-    set -e
-    echo "gpu_device_run: gg_cuda_tests exit $tests_rc"
-    # run.sh looks for $BUILD/bench/gg_bench_compute; REBUILD=0 keeps the carried binary.
-    read -r -a settings <<<"${SETTINGS:-}"
-    BUILD="$GPU/bin" REBUILD=0 PYTHON=python3 bench/compute/run.sh --backend cuda "${settings[@]}"
-    cp bench/results/compute-cuda-"$(hostname)".* "$OUTDIR/" 2>/dev/null || true
-    exit "$tests_rc"
+    # part NAME CAP_S LOG CMD...: runs CMD under the smaller of CAP_S and what is left of BUDGET_S,
+    # output into LOG, and records its exit status.
+    failed=""
+    part() {
+      local name="$1" cap="$2" log="$3" left rc
+      shift 3
+      left=$((BUDGET_S - (SECONDS - start) - 5))
+      ((left < cap)) && cap=$left
+      if ((cap < 10)); then
+        echo "gpu_device_run: $name: no time left in BUDGET_S=$BUDGET_S" | tee -a "$log"
+        failed="$failed $name"
+        return
+      fi
+      echo "gpu_device_run: $name (at most ${cap}s) at $((SECONDS - start))s"
+      set +e
+      timeout -k 5 "$cap" "$@" >>"$log" 2>&1
+      rc=$?
+      set -e
+      echo "gpu_device_run: $name exit $rc after $((SECONDS - start))s" | tee -a "$log"
+      ((rc == 0)) || failed="$failed $name"
+      tail -n "${TAIL:-8}" "$log"
+    }
+    data="$PWD/$GPU/fashion-mnist"
+    mpi=(mpiexec.hydra -n 2)
+    for p in $PARTS; do
+      case "$p" in
+        tests)
+          part tests 120 "$OUTDIR/cuda-tests.txt" "$bin/gg_cuda_tests" --durations yes
+          ;;
+        fmnist)
+          part fmnist 120 "$OUTDIR/fmnist.txt" "${mpi[@]}" "$bin/gossipgrad" train \
+            --config configs/laptop.ini --train.backend cuda --train.epochs "$EPOCHS" \
+            --data.dir "$data" --log.metrics "$OUTDIR/fmnist-metrics.jsonl" \
+            --log.overwrite true --log.interval 10
+          ;;
+        r50)
+          part r50 100 "$OUTDIR/r50.txt" "${mpi[@]}" "$bin/gossipgrad" train \
+            --config configs/laptop.ini --train.backend cuda --model.name resnet50 \
+            --data.source "synthetic:3x224x224:1000:$((R50_BATCH * 2 * R50_STEPS))" \
+            --train.batch "$R50_BATCH" --train.max_steps "$R50_STEPS" --gossip.bucket_kb 16384 \
+            --data.workers 4 --data.prefetch 4 --log.metrics "$OUTDIR/r50-metrics.jsonl" --log.overwrite true \
+            --log.interval 10
+          ;;
+        bench)
+          read -r -a settings <<<"${SETTINGS:-}"
+          # run.sh looks for $BUILD/bench/gg_bench_compute; REBUILD=0 keeps the carried binary.
+          mkdir -p "$root/b/bench"
+          ln -sf "$bin/gg_bench_compute" "$root/b/bench/gg_bench_compute"
+          TAIL=12 part bench 300 "$OUTDIR/bench.txt" env BUILD="$root/b" REBUILD=0 PYTHON=python3 \
+            bench/compute/run.sh --backend cuda "${settings[@]}"
+          h=bench/results/compute-cuda-$(hostname)
+          if [ -f "$h.csv" ]; then
+            cp "$h.csv" "$OUTDIR/bench.csv"
+            { echo; cat "$h.md" "$h.txt"; } >>"$OUTDIR/bench.txt" 2>/dev/null || true
+          fi
+          ;;
+      esac
+    done
+    rm -rf "$root"
+    echo "gpu_device_run: done in $((SECONDS - start))s; failed:${failed:- none}"
+    [ -z "$failed" ]
     ;;
   *)
-    sed -n 2,22p "$0" >&2
+    sed -n 2,34p "$0" >&2
     exit 2
     ;;
 esac

@@ -208,16 +208,18 @@ __global__ void avg_pool_bwd_k(T* dx, const T* dy, PoolShape p, bool acc) {
   }
 }
 
-// One warp per plane.
+// One warp per plane, striding over the planes (the grid is capped by blocks_for).
 template <typename T>
 __global__ void gap_fwd_k(T* y, const T* x, int64_t planes, int64_t plane) {
-  const int64_t warp = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
+  const int64_t first = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
+  const int64_t warps = gridDim.x * static_cast<int64_t>(blockDim.x) / 32;
   const int lane = threadIdx.x % 32;
-  if (warp >= planes) return;
-  float sum = 0.f;
-  for (int64_t k = lane; k < plane; k += 32) sum += ld(x, warp * plane + k);
-  for (int off = 16; off > 0; off /= 2) sum += __shfl_down_sync(0xffffffffu, sum, off);
-  if (lane == 0) st(y, warp, sum / static_cast<float>(plane));
+  for (int64_t w = first; w < planes; w += warps) {
+    float sum = 0.f;
+    for (int64_t k = lane; k < plane; k += 32) sum += ld(x, w * plane + k);
+    for (int off = 16; off > 0; off /= 2) sum += __shfl_down_sync(0xffffffffu, sum, off);
+    if (lane == 0) st(y, w, sum / static_cast<float>(plane));
+  }
 }
 
 template <typename T>

@@ -114,6 +114,10 @@ void DeviceBuffers::upload_bucket(int b) {
     GG_CUDA_CHECK(cudaStreamSynchronize(copy_));
     std::memcpy(staging_ + k.begin, host_grads_ + k.begin, k.size() * sizeof(float));
   }
+  // The device range may still be read by work queued on the compute stream (the last update,
+  // the memset at construction): the copy stream is non-blocking, so it waits for that first.
+  GG_CUDA_CHECK(cudaEventRecord(done_[b], compute_));
+  GG_CUDA_CHECK(cudaStreamWaitEvent(copy_, done_[b], 0));
   GG_CUDA_CHECK(cudaMemcpyAsync(grads_.get() + k.begin, host_bucket(b), k.size() * sizeof(float),
                                 cudaMemcpyHostToDevice, copy_));
   GG_CUDA_CHECK(cudaEventRecord(uploaded_[b], copy_));
