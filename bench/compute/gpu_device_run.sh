@@ -24,10 +24,12 @@
 #           shaped data (3x224x224, 1000 classes), R50_STEPS steps (default 100) of R50_BATCH
 #           (default 64) per rank, gossip mode both: exposed communication and data wait in the
 #           metrics;
-#        d. bench/compute/run.sh --backend cuda against the machine's PyTorch, alternating.
+#        d. profile: ResNet-50 at batch 256 in tf32 and bf16 with GG_CUDA_PROFILE=1 (the time per
+#           step by kind of layer, from CUDA events), into bench.txt;
+#        e. bench/compute/run.sh --backend cuda against the machine's PyTorch, alternating.
 #      OUTDIR (default $OUT, else bench/results/gpu-<host>) gets at most 8 files: device.txt,
 #      cuda-tests.txt, fmnist.txt, fmnist-metrics.jsonl, r50.txt, r50-metrics.jsonl, bench.txt,
-#      bench.csv. Environment: STEPS_ONLY (a subset of "tests fmnist r50 bench", default all),
+#      bench.csv. Environment: STEPS_ONLY (a subset of "tests fmnist r50 profile bench", default all),
 #      BUDGET_S (seconds for the whole run, default 540: each part's limit is cut to what is
 #      left), and run.sh's REPEATS, STEPS, WARMUP, SETTINGS (MODEL:BATCH:RES:PRECISION list).
 set -euo pipefail
@@ -81,10 +83,10 @@ case "${1:-}" in
     gg_int EPOCHS "$EPOCHS" 1 100
     gg_int R50_STEPS "$R50_STEPS" 1
     gg_int R50_BATCH "$R50_BATCH" 1 4096
-    PARTS=${STEPS_ONLY:-tests fmnist r50 bench}
+    PARTS=${STEPS_ONLY:-tests fmnist r50 profile bench}
     for p in $PARTS; do
-      case "$p" in tests | fmnist | r50 | bench) ;; *)
-        echo "gpu_device_run: STEPS_ONLY takes tests, fmnist, r50, bench (not '$p')" >&2
+      case "$p" in tests | fmnist | r50 | profile | bench) ;; *)
+        echo "gpu_device_run: STEPS_ONLY takes tests, fmnist, r50, profile, bench (not '$p')" >&2
         exit 2
         ;;
       esac
@@ -160,6 +162,14 @@ case "${1:-}" in
             --train.batch "$R50_BATCH" --train.max_steps "$R50_STEPS" --gossip.bucket_kb 16384 \
             --data.workers 4 --data.prefetch 4 --log.metrics "$OUTDIR/r50-metrics.jsonl" --log.overwrite true \
             --log.interval 10
+          ;;
+        profile)
+          # Where a step goes: per-layer CUDA events (GG_CUDA_PROFILE), ResNet-50 at batch 256.
+          for prec in tf32 bf16; do
+            GG_CUDA_PROFILE=1 part "profile $prec" 60 "$OUTDIR/bench.txt" "$bin/gg_bench_compute" \
+              --backend cuda --model resnet50 --batch 256 --res 224 --precision "$prec" --steps 5 \
+              --warmup 2
+          done
           ;;
         bench)
           read -r -a settings <<<"${SETTINGS:-}"

@@ -17,7 +17,7 @@
 # bench/compute/run.sh --backend cuda [MODEL:BATCH:RES:PRECISION ...]: the GPU comparison. The
 #   CUDA backend (resident: the step never leaves the GPU) against PyTorch 2.x on the same GPU
 #   (same model, batch and precision; PyTorch in channels_last, cudnn.benchmark on), alternating,
-#   REPEATS times. PRECISION: fp32 (TF32 off on both sides), tf32 (TF32 on on both), bf16 (ours:
+#   REPEATS times, and PyTorch in NCHW (our layout) once per setting. PRECISION: fp32 (TF32 off on both sides), tf32 (TF32 on on both), bf16 (ours:
 #   bf16 activations over fp32 master weights; PyTorch: autocast bf16). Default settings:
 #   resnet50:256:224:tf32 resnet50:256:224:bf16 googlenet:256:224:tf32 googlenet:256:224:bf16.
 #   PYTHON (default python3) must have torch 2.x with CUDA; nothing is installed (GPU machines
@@ -73,20 +73,29 @@ if [ "$BACKEND" = "cuda" ]; then
       "$BUILD/bench/gg_bench_compute" "${args[@]}" --backend cuda 2>>"$OUT.txt" | tee -a "$OUT.txt" >>"$OUT.csv"
       "$PYTHON" bench/compute/torch_bench.py "${args[@]}" --device cuda --channels-last 2>>"$OUT.txt" |
         tee -a "$OUT.txt" >>"$OUT.csv"
+      # PyTorch in NCHW (our layout) once per setting: how much of a gap is the layout.
+      if ((r == 1)); then
+        "$PYTHON" bench/compute/torch_bench.py "${args[@]}" --device cuda 2>>"$OUT.txt" |
+          tee -a "$OUT.txt" >>"$OUT.csv"
+      fi
     done
   done
   "$PYTHON" - "$OUT.csv" <<'PY' >"$OUT.md"
 import csv, statistics, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 key = lambda r: (r["model"], r["batch"], r["res"], r["precision"])
-print("| model | batch | res | precision | gossipgrad cuda img/s | PyTorch img/s | ratio of medians |")
-print("|---|---|---|---|---|---|---|")
+print("| model | batch | res | precision | gossipgrad cuda (NCHW) img/s | PyTorch channels_last img/s "
+      "| ratio of medians | PyTorch NCHW img/s | ratio to NCHW |")
+print("|---|---|---|---|---|---|---|---|---|")
 for k in dict.fromkeys(key(r) for r in rows):
-    ours = [float(r["images_per_s"]) for r in rows if key(r) == k and r["impl"].startswith("gossipgrad")]
-    theirs = [float(r["images_per_s"]) for r in rows if key(r) == k and r["impl"].startswith("pytorch")]
+    pick = lambda f: [float(r["images_per_s"]) for r in rows if key(r) == k and f(r["impl"])]
+    ours = pick(lambda i: i.startswith("gossipgrad"))
+    theirs = pick(lambda i: i.startswith("pytorch") and i.endswith("channels_last"))
+    nchw = pick(lambda i: i.startswith("pytorch") and not i.endswith("channels_last"))
     if ours and theirs:
         a, b = statistics.median(ours), statistics.median(theirs)
-        print(f"| {' | '.join(k)} | {a:.1f} | {b:.1f} | {a / b:.2f} |")
+        c = f"{statistics.median(nchw):.1f} | {a / statistics.median(nchw):.2f}" if nchw else " | "
+        print(f"| {' | '.join(k)} | {a:.1f} | {b:.1f} | {a / b:.2f} | {c} |")
 PY
   cat "$OUT.md"
   echo "bench/compute: wrote $OUT.csv, $OUT.md (raw output in $OUT.txt)"

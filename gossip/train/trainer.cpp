@@ -90,8 +90,9 @@ Trainer::Trainer(const Config& c, const mpi::Comm& world, kernels::Dims input, i
     return;
   }
   // Compiled only now: the gradient buffer may have moved into the exchange's shared memory.
+  // The evaluation's executor is compiled at the first evaluation (a run without evaluation data
+  // never holds one: on a GPU, ResNet-50's activations at eval_batch 500 take tens of GiB).
   train_exec_ = &net_.at_batch(c.train.batch);
-  eval_exec_ = &net_.at_batch(c.train.eval_batch);
 }
 
 void Trainer::choose_layout() {
@@ -329,6 +330,7 @@ EvalStats Trainer::evaluate(const shuffle::SampleSource& data, shuffle::LoaderOp
   shuffle::PrefetchLoader loader(data, o, 0, 1);
   shuffle::Batch b;
   double sums[4] = {0, 0, 0, 0};  // loss * n, correct, top5, n
+  if (!eval_exec_) eval_exec_ = &net_.at_batch(c_.train.eval_batch);
   while (loader.next(b)) {
     const float* logits = eval_exec_->forward(b.x.data(), false);
     const auto r =
@@ -513,7 +515,6 @@ void Trainer::rebuild(kernels::Graph g, std::vector<float> params, std::vector<f
   sgd_.set_velocity(net_.from_plain(velocity));  // in the rebuilt network's layout
   make_exchanges();
   train_exec_ = &net_.at_batch(c_.train.batch);
-  eval_exec_ = &net_.at_batch(c_.train.eval_batch);
   train_exec_->set_dropout_step(dropout_step);
 }
 

@@ -133,7 +133,7 @@ class Trainer {
   const mpi::Comm& world_;
   kernels::Net net_;
   kernels::Executor* train_exec_ = nullptr;           // emulated compute: emulated_
-  kernels::Executor* eval_exec_ = nullptr;            // none with emulated compute
+  kernels::Executor* eval_exec_ = nullptr;            // compiled by the first evaluation
   std::unique_ptr<EmulatedExecutor> emulated_;        // [emulate]: waits instead of arithmetic
   std::vector<BucketExchange*> exchanges() const;     // those of this run
   std::vector<GossipExchange*> after_update() const;  // the weights', the momentum's

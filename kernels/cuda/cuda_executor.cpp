@@ -1,8 +1,11 @@
 #include "kernels/cuda/cuda_executor.hpp"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -110,6 +113,65 @@ struct Conv {
   bool backward_ready = false;
 };
 
+// GG_CUDA_PROFILE=1 in the environment: CUDA events around every node's forward and backward,
+// and at the executor's end one table on stderr of the milliseconds per training step by kind of
+// layer. For finding where a step goes (the events cost a little), not for the speed figures.
+class OpProfile {
+ public:
+  explicit OpProfile(size_t nodes) : fwd_(2 * nodes), bwd_(2 * nodes) {
+    for (auto* events : {&fwd_, &bwd_})
+      for (cudaEvent_t& e : *events) GG_CUDA_CHECK(cudaEventCreate(&e));
+  }
+  ~OpProfile() {
+    for (auto* events : {&fwd_, &bwd_})
+      for (cudaEvent_t e : *events) cudaEventDestroy(e);
+  }
+  static bool wanted() {
+    const char* v = std::getenv("GG_CUDA_PROFILE");
+    return v && std::string(v) == "1";
+  }
+  void mark(bool backward, int id, bool end, cudaStream_t s) {
+    auto& events = backward ? bwd_ : fwd_;
+    GG_CUDA_CHECK(cudaEventRecord(events[2 * id + (end ? 1 : 0)], s));
+    (backward ? pending_bwd_ : pending_fwd_).push_back(id);
+  }
+  // Adds the timed nodes' milliseconds (waits for their events).
+  void collect(const Graph& g) {
+    for (bool backward : {false, true}) {
+      auto& events = backward ? bwd_ : fwd_;
+      auto& pending = backward ? pending_bwd_ : pending_fwd_;
+      for (size_t i = 0; i + 1 < pending.size(); i += 2) {
+        const int id = pending[i];
+        float ms = 0;
+        GG_CUDA_CHECK(cudaEventSynchronize(events[2 * id + 1]));
+        GG_CUDA_CHECK(cudaEventElapsedTime(&ms, events[2 * id], events[2 * id + 1]));
+        ms_[std::string(backward ? "backward " : "forward ") + op_name(g.nodes()[id].op)] += ms;
+      }
+      if (backward && !pending.empty()) ++steps_;
+      pending.clear();
+    }
+  }
+  void print(const char* what) const {
+    if (steps_ == 0) return;
+    double total = 0;
+    for (const auto& [k, v] : ms_) total += v;
+    std::vector<std::pair<double, std::string>> rows;
+    for (const auto& [k, v] : ms_) rows.emplace_back(v, k);
+    std::sort(rows.rbegin(), rows.rend());
+    std::fprintf(stderr, "GG_CUDA_PROFILE %s: %d training steps, %.2f ms per step in layers\n",
+                 what, steps_, total / steps_);
+    for (const auto& [v, k] : rows)
+      std::fprintf(stderr, "GG_CUDA_PROFILE   %-26s %9.3f ms  %5.1f%%\n", k.c_str(), v / steps_,
+                   100.0 * v / total);
+  }
+
+ private:
+  std::vector<cudaEvent_t> fwd_, bwd_;
+  std::vector<int> pending_fwd_, pending_bwd_;
+  std::map<std::string, double> ms_;
+  int steps_ = 0;
+};
+
 class CudaExecutorImpl final : public CudaExecutor {
  public:
   CudaExecutorImpl(const Graph& g, int64_t batch, ParamStore& store,
@@ -150,10 +212,19 @@ class CudaExecutorImpl final : public CudaExecutor {
     fire_at_ = bucket_completion(g, buckets, order_);
     grow_workspace();
     GG_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (OpProfile::wanted()) profile_ = std::make_unique<OpProfile>(nodes.size());
   }
 
   ~CudaExecutorImpl() override {
     if (stream_) cudaStreamSynchronize(stream_);
+    if (profile_) {
+      try {
+        profile_->collect(g_);
+        profile_->print(("batch " + std::to_string(batch_)).c_str());
+      } catch (const std::exception&) {
+      }
+      profile_.reset();
+    }
     dev_.reset();
     if (host_logits_) cudaFreeHost(host_logits_);
     if (host_loss_) cudaFreeHost(host_loss_);
@@ -204,7 +275,12 @@ class CudaExecutorImpl final : public CudaExecutor {
     if (act_ == DType::BF16 && g_.param_count() > 0)
       cuda::cast(params_lp_.get(), DType::BF16, dev_->params(), DType::F32, g_.param_count(),
                  stream_);
-    for (size_t id = 0; id < values_.size(); ++id) forward_node(static_cast<int>(id), train);
+    if (profile_) profile_->collect(g_);
+    for (size_t id = 0; id < values_.size(); ++id) {
+      if (profile_) profile_->mark(false, static_cast<int>(id), false, stream_);
+      forward_node(static_cast<int>(id), train);
+      if (profile_) profile_->mark(false, static_cast<int>(id), true, stream_);
+    }
     const Value& out = values_[g_.output()];
     cuda::cast(logits_.get(), DType::F32, out.y.get(), act_, out.elems, stream_);
     trained_ = train;
@@ -236,7 +312,9 @@ class CudaExecutorImpl final : public CudaExecutor {
     }
     std::vector<int> fired;
     for (size_t pos = 0; pos < order_.size(); ++pos) {
+      if (profile_) profile_->mark(true, order_[pos], false, stream_);
       backward_node(order_[pos]);
+      if (profile_) profile_->mark(true, order_[pos], true, stream_);
       for (int b : fire_at_[pos]) {
         if (resident_) {
           if (ready) ready(b);
@@ -344,11 +422,23 @@ class CudaExecutorImpl final : public CudaExecutor {
     return strict() ? CUDNN_FMA_MATH : chosen;
   }
 
+  // The most workspace one convolution algorithm may take: a quarter of the device memory free
+  // when it is chosen. Timing every candidate on what cuDNN asks for can take tens of GiB for a
+  // ResNet-50 layer, and ranks sharing one GPU choose at the same time; an algorithm that needs
+  // more than this is passed over for the next best.
+  static size_t workspace_cap() {
+    size_t free = 0, total = 0;
+    GG_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return free / 4;
+  }
   // The first usable candidate of a list cuDNN returned best-first.
   template <typename Perf>
-  Perf choose(const std::vector<Perf>& perf, int count, const Node& n, const char* what) const {
+  Perf choose(const std::vector<Perf>& perf, int count, const Node& n, const char* what,
+              size_t cap) const {
     for (int i = 0; i < count; ++i)
-      if (perf[i].status == CUDNN_STATUS_SUCCESS && math_allowed(perf[i].mathType)) return perf[i];
+      if (perf[i].status == CUDNN_STATUS_SUCCESS && math_allowed(perf[i].mathType) &&
+          perf[i].memory <= cap)
+        return perf[i];
     std::string m = "CUDA backend: cuDNN offers no ";
     m += what;
     m += " algorithm for ";
@@ -362,7 +452,7 @@ class CudaExecutorImpl final : public CudaExecutor {
     for (int i = 0; i < count; ++i)
       if (perf[i].status == CUDNN_STATUS_SUCCESS && math_allowed(perf[i].mathType))
         most = std::max(most, perf[i].memory);
-    return most;
+    return std::min(most, workspace_cap());
   }
   void note_workspace(size_t bytes) { workspace_need_ = std::max(workspace_need_, bytes); }
   // A scratch workspace for timing candidates, or none (then cuDNN's heuristics decide alone)
@@ -409,13 +499,14 @@ class CudaExecutorImpl final : public CudaExecutor {
     int count = 0;
     GG_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(cudnn_, c.x.d, c.w.d, c.conv.d, c.y.d,
                                                           max, &count, perf.data()));
+    const size_t cap = workspace_cap();
     DeviceArray<unsigned char> ws;
     if (opt_.find_algorithms && try_workspace(ws, most_memory(perf, count))) {
       GG_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
           cudnn_, c.x.d, y_of(in), c.w.d, weight_act(n, 0), c.conv.d, c.y.d, values_[id].y.get(),
           max, &count, perf.data(), ws.get(), static_cast<size_t>(ws.size())));
     }
-    const auto chosen = choose(perf, count, n, "forward convolution");
+    const auto chosen = choose(perf, count, n, "forward convolution", cap);
     c.fwd = chosen.algo;
     c.fwd_math = run_math(chosen.mathType);
     size_t bytes = 0;
@@ -474,13 +565,14 @@ class CudaExecutorImpl final : public CudaExecutor {
       int count = 0;
       GG_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
           cudnn_, c.x.d, c.y.d, c.conv.d, c.w.d, max, &count, perf.data()));
+      const size_t cap = workspace_cap();
       DeviceArray<unsigned char> ws;
       if (opt_.find_algorithms && try_workspace(ws, most_memory(perf, count))) {
         GG_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
             cudnn_, c.x.d, y_of(in), c.y.d, v.dy.get(), c.conv.d, c.w.d, weight_grad_act(n, 0), max,
             &count, perf.data(), ws.get(), static_cast<size_t>(ws.size())));
       }
-      const auto chosen = choose(perf, count, n, "filter-gradient convolution");
+      const auto chosen = choose(perf, count, n, "filter-gradient convolution", cap);
       c.bwd_filter = chosen.algo;
       c.filter_math = run_math(chosen.mathType);
       size_t bytes = 0;
@@ -498,13 +590,14 @@ class CudaExecutorImpl final : public CudaExecutor {
     GG_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnn_, c.w.d, c.y.d, c.conv.d,
                                                                c.x.d, max, &count, perf.data()));
     // Timing writes the input's gradient buffer, which backward overwrites anyway.
+    const size_t cap = workspace_cap();
     DeviceArray<unsigned char> ws;
     if (opt_.find_algorithms && try_workspace(ws, most_memory(perf, count))) {
       GG_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
           cudnn_, c.w.d, weight_act(n, 0), c.y.d, v.dy.get(), c.conv.d, c.x.d, values_[in].dy.get(),
           max, &count, perf.data(), ws.get(), static_cast<size_t>(ws.size())));
     }
-    const auto chosen = choose(perf, count, n, "data-gradient convolution");
+    const auto chosen = choose(perf, count, n, "data-gradient convolution", cap);
     c.bwd_data = chosen.algo;
     c.data_math = run_math(chosen.mathType);
     size_t bytes = 0;
@@ -777,6 +870,7 @@ class CudaExecutorImpl final : public CudaExecutor {
   bool backward_ready_ = false;
   bool trained_ = false;
   bool resident_ = false;
+  std::unique_ptr<OpProfile> profile_;
 };
 
 }  // namespace

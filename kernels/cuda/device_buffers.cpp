@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/cuda_kernels.hpp"
@@ -13,7 +14,16 @@ template <typename T>
 DeviceArray<T>::DeviceArray(int64_t n) : n_(n) {
   if (n <= 0) return;
   void* p = nullptr;
-  GG_CUDA_CHECK(cudaMalloc(&p, static_cast<size_t>(n) * sizeof(T)));
+  const size_t bytes = static_cast<size_t>(n) * sizeof(T);
+  if (cudaMalloc(&p, bytes) != cudaSuccess) {
+    (void)cudaGetLastError();
+    size_t free = 0, total = 0;
+    (void)cudaMemGetInfo(&free, &total);
+    throw std::runtime_error("CUDA backend: out of device memory: " + std::to_string(bytes >> 20) +
+                             " MiB asked for, " + std::to_string(free >> 20) + " of " +
+                             std::to_string(total >> 20) +
+                             " MiB free (a smaller train.batch, or fewer ranks on this GPU)");
+  }
   p_ = static_cast<T*>(p);
 }
 

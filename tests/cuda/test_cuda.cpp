@@ -7,9 +7,11 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/cuda_executor.hpp"
@@ -166,6 +168,35 @@ TEST_CASE("every layer kind agrees with the reference backend, forward and backw
   }
 }
 
+// ||got - want|| / ||want|| over the whole tensor.
+double relative_l2(const std::vector<float>& got, const std::vector<float>& want) {
+  double d = 0, w = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    d += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    w += double(want[i]) * want[i];
+  }
+  return std::sqrt(d / std::max(w, 1e-30));
+}
+
+// TF32 and bf16 against oneDNN in fp32, judged by each tensor's relative L2 error (printed). An
+// element-wise bound does not fit low precision in a deep net: batch norm over few values per
+// channel divides by their small spread and magnifies one element's rounding difference (seen on
+// an H100: at 32x32 and batch 4, one ResNet-18 gradient element off by 8% of the tensor's largest
+// with TF32). A wrong kernel is off by the order of the tensor itself.
+void close_in_norm(const char* what, const Outcome& gpu, const Outcome& ref, double tol) {
+  const std::pair<const char*, const std::vector<float> Outcome::*> parts[] = {
+      {"training logits", &Outcome::train_logits},
+      {"gradients", &Outcome::grads},
+      {"running statistics", &Outcome::buffers},
+      {"eval logits", &Outcome::eval_logits}};
+  for (const auto& [name, field] : parts) {
+    REQUIRE((gpu.*field).size() == (ref.*field).size());
+    const double e = relative_l2(gpu.*field, ref.*field);
+    std::printf("  %s %s: relative L2 error %.3g (bound %g)\n", what, name, e, tol);
+    CHECK(e <= tol);
+  }
+}
+
 TEST_CASE(
     "small ResNet and GoogLeNet agree with the oneDNN backend on the same weights and input") {
   for (const std::string name : {"resnet18", "googlenet"}) {
@@ -180,8 +211,15 @@ TEST_CASE(
         return compile(g, Backend::OneDnn, batch, s, b);
       };
       compare(g, batch, cuda_maker(g, batch, Precision::Fp32, false), onednn, 2e-3);
-      compare(g, batch, cuda_maker(g, batch, Precision::Fp32, true), onednn, 3e-2);
-      compare(g, batch, cuda_maker(g, batch, Precision::Bf16, false), onednn, 1e-1);
+      // Low precision at 64x64 and batch 8: more values per channel in the last stages.
+      spec.input = {3, 64, 64};
+      const Graph big = build_model(spec);
+      const Outcome ref = run(big, 8, [&](ParamStore& s, const std::vector<Bucket>& b) {
+        return compile(big, Backend::OneDnn, 8, s, b);
+      });
+      std::printf("%s, 64x64, batch 8, against oneDNN fp32:\n", name.c_str());
+      close_in_norm("tf32", run(big, 8, cuda_maker(big, 8, Precision::Fp32, true)), ref, 3e-2);
+      close_in_norm("bf16", run(big, 8, cuda_maker(big, 8, Precision::Bf16, false)), ref, 1e-1);
     }
   }
 }
