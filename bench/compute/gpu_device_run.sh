@@ -19,7 +19,7 @@
 #        a. gg_cuda_tests (every layer against the reference backend, ResNet-18 / GoogLeNet
 #           against oneDNN, device SGD, staging, resident training);
 #        b. mpirun -n 2 gossipgrad train --train.backend cuda on Fashion-MNIST (configs/laptop.ini,
-#           EPOCHS epochs, default 2; both ranks on the one GPU);
+#           EPOCHS epochs, default 2; both ranks on the one GPU; FMNIST_ARGS: more options);
 #        c. mpirun -n 2 gossipgrad train --train.backend cuda, ResNet-50 on synthetic ImageNet-
 #           shaped data (3x224x224, 1000 classes), R50_STEPS steps (default 100) of R50_BATCH
 #           (default 64) per rank, gossip mode both: exposed communication and data wait in the
@@ -153,7 +153,7 @@ case "${1:-}" in
           part fmnist 120 "$OUTDIR/fmnist.txt" "${mpi[@]}" "$bin/gossipgrad" train \
             --config configs/laptop.ini --train.backend cuda --train.epochs "$EPOCHS" \
             --data.dir "$data" --log.metrics "$OUTDIR/fmnist-metrics.jsonl" \
-            --log.overwrite true --log.interval 10
+            --log.overwrite true --log.interval 10 ${FMNIST_ARGS:-}
           ;;
         r50)
           part r50 100 "$OUTDIR/r50.txt" "${mpi[@]}" "$bin/gossipgrad" train \
