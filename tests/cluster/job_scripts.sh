@@ -108,7 +108,7 @@ check_layout() {
     for i in 0 1; do
         locals=''
         for ((r = 0; r < k; r++)); do locals+=" $((i * k + r))/$r"; done
-        grep -qx "node $i $P-n$i: $k rank$( ((k == 1)) || echo s) (global/local):$locals; cpus per rank [0-9]*" "$out" ||
+        grep -qx "node $i $P-n$i: $k rank$( ((k == 1)) || echo s) (global/local):$locals; cpus per rank [0-9]*\(; gpus [0-9]*\)\?" "$out" ||
             fail "$s: expected node $i $P-n$i with global/local$locals: $(cat "$out")"
     done
 }
