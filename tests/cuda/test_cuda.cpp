@@ -169,6 +169,15 @@ TEST_CASE("every layer kind agrees with the reference backend, forward and backw
   }
 }
 
+// A torchvision model at RESxRES with 10 classes.
+Graph small_model(const std::string& name, int res) {
+  ModelSpec spec;
+  spec.name = name;
+  spec.input = {3, res, res};
+  spec.classes = 10;
+  return build_model(spec);
+}
+
 // Relative L2 error ||got - want|| / ||want|| over the whole tensor.
 double relative_l2(const std::vector<float>& got, const std::vector<float>& want) {
   REQUIRE(got.size() == want.size());
@@ -184,11 +193,7 @@ TEST_CASE(
     "small ResNet and GoogLeNet agree with the oneDNN backend on the same weights and input") {
   for (const std::string name : {"resnet18", "googlenet"}) {
     SECTION(name) {
-      ModelSpec spec;
-      spec.name = name;
-      spec.input = {3, 32, 32};
-      spec.classes = 10;
-      const Graph g = build_model(spec);
+      const Graph g = small_model(name, 32);
       const int64_t batch = 4;
       const Maker onednn = [&](ParamStore& s, const std::vector<Bucket>& b) {
         return compile(g, Backend::OneDnn, batch, s, b);
@@ -223,11 +228,7 @@ TEST_CASE(
 TEST_CASE("TF32 and bf16 gradients train: SGD on one batch lowers its loss as fp32's do") {
   for (const std::string name : {"resnet18", "googlenet"}) {
     SECTION(name) {
-      ModelSpec spec;
-      spec.name = name;
-      spec.input = {3, 64, 64};
-      spec.classes = 10;
-      const Graph g = build_model(spec);
+      const Graph g = small_model(name, 64);
       const int64_t batch = 8;
       const std::vector<float> x = randoms(batch * numel(g.input_dims()), 21);
       std::vector<int32_t> labels(batch);
