@@ -123,6 +123,7 @@ case "${1:-}" in
     # part NAME CAP_S LOG CMD...: runs CMD under the smaller of CAP_S and what is left of BUDGET_S,
     # output into LOG, and records its exit status.
     failed=""
+    tail_lines=8
     part() {
       local name="$1" cap="$2" log="$3" left rc
       shift 3
@@ -140,7 +141,7 @@ case "${1:-}" in
       set -e
       echo "gpu_device_run: $name exit $rc after $((SECONDS - start))s" | tee -a "$log"
       ((rc == 0)) || failed="$failed $name"
-      tail -n "${TAIL:-8}" "$log"
+      tail -n "$tail_lines" "$log"
     }
     data="$PWD/$GPU/fashion-mnist"
     mpi=(mpiexec.hydra -n 2)
@@ -176,7 +177,8 @@ case "${1:-}" in
           # run.sh looks for $BUILD/bench/gg_bench_compute; REBUILD=0 keeps the carried binary.
           mkdir -p "$root/b/bench"
           ln -sf "$bin/gg_bench_compute" "$root/b/bench/gg_bench_compute"
-          TAIL=12 part bench 300 "$OUTDIR/bench.txt" env BUILD="$root/b" REBUILD=0 PYTHON=python3 \
+          tail_lines=12
+          part bench 300 "$OUTDIR/bench.txt" env BUILD="$root/b" REBUILD=0 PYTHON=python3 \
             bench/compute/run.sh --backend cuda "${settings[@]}"
           h=bench/results/compute-cuda-$(hostname)
           if [ -f "$h.csv" ]; then
