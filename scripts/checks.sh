@@ -29,3 +29,13 @@ gg_decimal() {
     exit 2
   fi
 }
+
+# gg_name NAME VALUE: VALUE is a plain file name (letters, digits, '.', '_', '-'; no '/', not '.'
+# or '..'), for a results file the script writes under a folder of its own.
+gg_name() {
+  local name="$1" value="$2"
+  if ! [[ $value =~ ^[A-Za-z0-9._-]{1,100}$ ]] || [[ $value == . || $value == .. ]]; then
+    echo "$(basename "$0"): $name = '$value' must be a file name of letters, digits, '.', '_' or '-'" >&2
+    exit 2
+  fi
+}

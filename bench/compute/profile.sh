@@ -15,7 +15,8 @@
 #   default: resnet50:16:64:2:bf16 resnet50:16:64:2:fp32 resnet50:16:224:2:fp32
 #   resnet50:16:224:2:bf16
 # Environment: STEPS (profiled steps after one warm-up step, default 2), BUILD (default build),
-#   TORCH (1: profile PyTorch beside, default; 0: gossipgrad only).
+#   TORCH (1: profile PyTorch beside, default; 0: gossipgrad only), NAME (the results' file name
+#   without .md, default compute-profile-<host>).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SETTINGS=("${@:-resnet50:16:64:2:bf16 resnet50:16:64:2:fp32 resnet50:16:224:2:fp32 resnet50:16:224:2:bf16}")
@@ -25,10 +26,11 @@ TORCH=${TORCH:-1}
 . scripts/checks.sh
 gg_int STEPS "$STEPS" 1
 gg_int TORCH "$TORCH" 0 1
+gg_name NAME "${NAME:=compute-profile-$(hostname)}"
 BUILD=${BUILD:-build}
 . bench/compute/common.sh
 build_bench "$BUILD" gg_bench_compute
-OUT=bench/results/compute-profile-$(hostname)
+OUT=bench/results/$NAME
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 {

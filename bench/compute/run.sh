@@ -12,7 +12,9 @@
 #   second table says what bounds each row: the instruction peak, and the floor of the step on
 #   oneDNN's kernels (gg_bench_peak --model: the model's own layer shapes alone, and the SGD
 #   update). Writes also bench/results/compute-<host>.{peak,flops,floor}.csv.
-# Environment: REPEATS (default 3), STEPS (timed steps, default 10), WARMUP (default 3).
+# Environment: REPEATS (default 3), STEPS (timed steps, default 10), WARMUP (default 3), NAME (the
+#   results' file name without extension, default compute-<host>: name runs on another CPU of the
+#   same host name apart, e.g. NAME=compute-avx2-vm, so that they do not replace earlier files).
 #
 # bench/compute/run.sh --backend cuda [MODEL:BATCH:RES:PRECISION ...]: the GPU comparison. The
 #   CUDA backend (resident: the step never leaves the GPU) against PyTorch 2.x on the same GPU
@@ -109,6 +111,7 @@ WARMUP=${WARMUP:-3}
 gg_int REPEATS "$REPEATS" 1
 gg_int STEPS "$STEPS" 1
 gg_int WARMUP "$WARMUP" 0
+gg_name NAME "${NAME:=compute-$(hostname)}"
 ./scripts/deps.sh
 if ! /usr/bin/python3 -c 'import torch, torchvision' 2>/dev/null; then
   apt-get update -qq
@@ -124,7 +127,7 @@ if ! dpkg-query -W -f '${Status}' libopenblas0-pthread 2>/dev/null | grep -q "ok
 fi
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DGG_BENCH=ON >/dev/null
 cmake --build build --target gg_bench_compute gg_bench_peak gossipgrad
-OUT=bench/results/compute-$(hostname)
+OUT=bench/results/$NAME
 mkdir -p bench/results
 echo "impl,model,batch,res,threads,precision,median_step_s,images_per_s,peak_rss_mb,params" >"$OUT.csv"
 {
