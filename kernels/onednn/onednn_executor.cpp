@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #include "kernels/memory_plan.hpp"
+#include "kernels/onednn/max_pool.hpp"
 
 namespace gg::kernels {
 namespace {
@@ -877,6 +878,10 @@ class OneDnnExecutor final : public Executor {
       alg = n.op == Op::MaxPool ? dnnl::algorithm::pooling_max
                                 : dnnl::algorithm::pooling_avg_include_padding;
     }
+    if (n.op == Op::MaxPool && n.pool.kernel * n.pool.kernel < 255)
+      for (const auto& [t, block] : {std::pair{tag::nChw8c, 8}, std::pair{tag::nChw16c, 16}})
+        if (src.md == memory::desc(batched(batch_, xin), dt::f32, t))
+          return compile_blocked_max_pool(id, n, t, block);
     const memory::desc dst_any(batched(batch_, n.out), src.md.data_type(), tag::any);
     dnnl::pooling_forward::primitive_desc fpd(
         {dnnl::prop_kind::forward_training, alg, src.md, dst_any, strides, kernel, pad, pad_r},
@@ -891,18 +896,70 @@ class OneDnnExecutor final : public Executor {
       fa[DNNL_ARG_WORKSPACE] = ws;
     }
     push_fwd(dnnl::pooling_forward(fpd), std::move(fa));
-    if (alg == dnnl::algorithm::pooling_max)
-      fwd_.push_back({Action{{},
-                             {},
-                             [this, id, x = src.mem, y = out.mem]() { max_pool_nan(id, x, y); },
-                             {src.mem, out.mem}},
-                      When::Always, [this, in]() { return may_hold_nan(in); }});
+    if (alg == dnnl::algorithm::pooling_max) push_max_pool_nan(id);
     if (in == 0) return;
     dnnl::pooling_backward::primitive_desc bpd({alg, src.md, out.md, strides, kernel, pad, pad_r},
                                                attr_, eng_, fpd);
     Args ba{{DNNL_ARG_DIFF_DST, diff_of(id)}, {DNNL_ARG_DIFF_SRC, edge(in)}};
     if (ws) ba[DNNL_ARG_WORKSPACE] = ws;
     bwd_[id].push_back(Action{dnnl::pooling_backward(bpd), std::move(ba), {}, {}});
+  }
+
+  // NaN in a max pool's window: see max_pool_nan (a rare path, only when the input may hold one).
+  void push_max_pool_nan(int id) {
+    const int in = g_.node(id).inputs[0];
+    fwd_.push_back(
+        {Action{{},
+                {},
+                [this, id, x = values_[in].mem, y = values_[id].mem]() { max_pool_nan(id, x, y); },
+                {values_[in].mem, values_[id].mem}},
+         When::Always, [this, in]() { return may_hold_nan(in); }});
+  }
+
+  // Max pooling of a channel-blocked f32 tensor by kernels/onednn/max_pool.hpp instead of
+  // oneDNN's pooling (slow on AVX2 for training); the same layout out, the argmax in a byte per
+  // output kept for backward.
+  void compile_blocked_max_pool(int id, const Node& n, tag t, int block) {
+    const int in = n.inputs[0];
+    const Value& src = values_[in];
+    const Dims& xin = g_.node(in).out;
+    Value& out = values_[id];
+    out.md = memory::desc(batched(batch_, n.out), dt::f32, t);
+    out.mem = fresh(out.md);
+    BlockedPool s;
+    s.n = batch_;
+    s.blocks = (xin[0] + block - 1) / block;
+    s.h = xin[1];
+    s.w = xin[2];
+    s.oh = n.out[1];
+    s.ow = n.out[2];
+    s.k = static_cast<int>(n.pool.kernel);
+    s.stride = static_cast<int>(n.pool.stride);
+    s.pad = static_cast<int>(n.pool.pad);
+    s.block = block;
+    const memory ws = fresh(memory::desc({s.n * s.blocks * s.oh * s.ow * block}, dt::u8, tag::x));
+    fwd_.push_back({Action{{},
+                           {},
+                           [x = src.mem, y = out.mem, ws, s]() {
+                             blocked_max_pool_forward(
+                                 static_cast<const float*>(x.get_data_handle()),
+                                 static_cast<float*>(y.get_data_handle()),
+                                 static_cast<uint8_t*>(ws.get_data_handle()), s);
+                           },
+                           {src.mem, out.mem, ws}},
+                    When::Always});
+    push_max_pool_nan(id);
+    if (in == 0) return;
+    const memory dy = diff_of(id), dx = edge(in);
+    bwd_[id].push_back(Action{{},
+                              {},
+                              [dy, dx, ws, s]() {
+                                blocked_max_pool_backward(
+                                    static_cast<const float*>(dy.get_data_handle()),
+                                    static_cast<const uint8_t*>(ws.get_data_handle()),
+                                    static_cast<float*>(dx.get_data_handle()), s);
+                              },
+                              {dy, dx, ws}});
   }
 
   void compile_add(int id, const Node& n) {

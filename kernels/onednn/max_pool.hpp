@@ -1,0 +1,27 @@
+// Max pooling for training over a channel-blocked f32 tensor (oneDNN's nChw8c / nChw16c: n,
+// channel block, h, w, `block` channels), with the window's argmax kept per output as a byte. On
+// AVX2, oneDNN 2.6's training max pool (with its workspace) takes about 3x its inference time and
+// its backward as long again: 19 + 20 ms for GoogLeNet's 3x3 pool over 16 x 256 x 28 x 28, where
+// these loops take 11 + 5 ms (bench/results/compute-avx2-layout-vm.md).
+#pragma once
+
+#include <cstdint>
+
+namespace gg::kernels {
+
+struct BlockedPool {
+  int64_t n = 0, blocks = 0;  // images, channel blocks (channels rounded up to `block`)
+  int64_t h = 0, w = 0, oh = 0, ow = 0;
+  int k = 0, stride = 0, pad = 0;  // square window; pad is the top / left padding
+  int block = 8;                   // 8 or 16
+};
+
+// y = the max over each window of x (positions outside the input are left out; the first of
+// equal maxima wins, as in oneDNN and PyTorch), `arg` = its position in the window (kh * k + kw),
+// or 255 where a window holds no input position.
+void blocked_max_pool_forward(const float* x, float* y, uint8_t* arg, const BlockedPool& s);
+// dx = the sum over outputs of dy routed to each window's argmax (dx is overwritten).
+void blocked_max_pool_backward(const float* dy, const uint8_t* arg, float* dx,
+                               const BlockedPool& s);
+
+}  // namespace gg::kernels
