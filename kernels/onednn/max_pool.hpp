@@ -2,7 +2,8 @@
 // channel block, h, w, `block` channels), with the window's argmax kept per output as a byte. On
 // AVX2, oneDNN 2.6's training max pool (with its workspace) takes about 3x its inference time and
 // its backward as long again: 19 + 20 ms for GoogLeNet's 3x3 pool over 16 x 256 x 28 x 28, where
-// these loops take 11 + 5 ms (bench/results/compute-avx2-layout-vm.md).
+// these loops take 8 + 3 ms (bench/results/compute-avx2.md). The executor uses them for 8-channel
+// blocks only: on AVX-512 oneDNN's pooling over 16-channel blocks is fast.
 #pragma once
 
 #include <cstdint>
