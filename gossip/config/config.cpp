@@ -268,6 +268,9 @@ std::vector<std::string> inert_settings(const Config& c) {
        "log.timeline_steps does nothing without log.timeline");
   note(c.train.nesterov != d.train.nesterov, c.train.momentum == 0,
        "train.nesterov does nothing with train.momentum = 0");
+  note(c.train.weight_layout != d.train.weight_layout, backend_of(c) != kernels::Backend::OneDnn,
+       "train.weight_layout does nothing with train.backend = " + c.train.backend +
+           " (it chooses oneDNN's weight layout)");
   const bool apoptosis_changed =
       c.apoptosis.criterion != d.apoptosis.criterion ||
       c.apoptosis.threshold != d.apoptosis.threshold ||

@@ -262,3 +262,18 @@ TEST_CASE("the bf16 wire is refused where it cannot apply, in one line") {
   CHECK(error_of({"--gossip.wire", "fp16"}) == "gossip.wire = fp16 is unknown: use fp32, bf16");
   CHECK(error_of({"--gossip.model_wire", "bf16", "--gossip.error_feedback", "true"}).empty());
 }
+
+TEST_CASE("train.weight_layout set for a backend other than onednn is reported as doing nothing") {
+  Config c;
+  c.train.weight_layout = "plain";
+  auto warned = [&c] {
+    for (const std::string& w : inert_settings(c))
+      if (w.find("train.weight_layout does nothing") != std::string::npos) return true;
+    return false;
+  };
+  CHECK_FALSE(warned());  // onednn: plain is a real choice
+  c.train.backend = "reference";
+  CHECK(warned());
+  c.train.weight_layout = "native";  // the default: nothing set, nothing said
+  CHECK_FALSE(warned());
+}
