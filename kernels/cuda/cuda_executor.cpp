@@ -133,15 +133,14 @@ class OpProfile {
   void mark(bool backward, int id, bool end, cudaStream_t s) {
     auto& events = backward ? bwd_ : fwd_;
     GG_CUDA_CHECK(cudaEventRecord(events[2 * id + (end ? 1 : 0)], s));
-    (backward ? pending_bwd_ : pending_fwd_).push_back(id);
+    if (end) (backward ? pending_bwd_ : pending_fwd_).push_back(id);
   }
   // Adds the timed nodes' milliseconds (waits for their events).
   void collect(const Graph& g) {
     for (bool backward : {false, true}) {
       auto& events = backward ? bwd_ : fwd_;
       auto& pending = backward ? pending_bwd_ : pending_fwd_;
-      for (size_t i = 0; i + 1 < pending.size(); i += 2) {
-        const int id = pending[i];
+      for (const int id : pending) {
         float ms = 0;
         GG_CUDA_CHECK(cudaEventSynchronize(events[2 * id + 1]));
         GG_CUDA_CHECK(cudaEventElapsedTime(&ms, events[2 * id], events[2 * id + 1]));
@@ -445,14 +444,15 @@ class CudaExecutorImpl final : public CudaExecutor {
     m += n.name;
     throw std::runtime_error(m);
   }
-  // The workspace to time candidates with: the most any usable heuristic candidate asks for.
+  // The workspace to time candidates with: the most any usable heuristic candidate asks for, at
+  // most `cap`.
   template <typename Perf>
-  size_t most_memory(const std::vector<Perf>& perf, int count) const {
+  size_t most_memory(const std::vector<Perf>& perf, int count, size_t cap) const {
     size_t most = 0;
     for (int i = 0; i < count; ++i)
       if (perf[i].status == CUDNN_STATUS_SUCCESS && math_allowed(perf[i].mathType))
         most = std::max(most, perf[i].memory);
-    return std::min(most, workspace_cap());
+    return std::min(most, cap);
   }
   void note_workspace(size_t bytes) { workspace_need_ = std::max(workspace_need_, bytes); }
   // A scratch workspace for timing candidates, or none (then cuDNN's heuristics decide alone)
@@ -501,7 +501,7 @@ class CudaExecutorImpl final : public CudaExecutor {
                                                           max, &count, perf.data()));
     const size_t cap = workspace_cap();
     DeviceArray<unsigned char> ws;
-    if (opt_.find_algorithms && try_workspace(ws, most_memory(perf, count))) {
+    if (opt_.find_algorithms && try_workspace(ws, most_memory(perf, count, cap))) {
       GG_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
           cudnn_, c.x.d, y_of(in), c.w.d, weight_act(n, 0), c.conv.d, c.y.d, values_[id].y.get(),
           max, &count, perf.data(), ws.get(), static_cast<size_t>(ws.size())));
@@ -567,7 +567,7 @@ class CudaExecutorImpl final : public CudaExecutor {
           cudnn_, c.x.d, c.y.d, c.conv.d, c.w.d, max, &count, perf.data()));
       const size_t cap = workspace_cap();
       DeviceArray<unsigned char> ws;
-      if (opt_.find_algorithms && try_workspace(ws, most_memory(perf, count))) {
+      if (opt_.find_algorithms && try_workspace(ws, most_memory(perf, count, cap))) {
         GG_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
             cudnn_, c.x.d, y_of(in), c.y.d, v.dy.get(), c.conv.d, c.w.d, weight_grad_act(n, 0), max,
             &count, perf.data(), ws.get(), static_cast<size_t>(ws.size())));
@@ -592,7 +592,7 @@ class CudaExecutorImpl final : public CudaExecutor {
     // Timing writes the input's gradient buffer, which backward overwrites anyway.
     const size_t cap = workspace_cap();
     DeviceArray<unsigned char> ws;
-    if (opt_.find_algorithms && try_workspace(ws, most_memory(perf, count))) {
+    if (opt_.find_algorithms && try_workspace(ws, most_memory(perf, count, cap))) {
       GG_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
           cudnn_, c.w.d, weight_act(n, 0), c.y.d, v.dy.get(), c.conv.d, c.x.d, values_[in].dy.get(),
           max, &count, perf.data(), ws.get(), static_cast<size_t>(ws.size())));

@@ -10,13 +10,18 @@
 namespace gg::kernels {
 namespace {
 
-// The window of output (oh, ow) clipped to the input: rows [h0, h1), columns [w0, w1).
+// The window of output (oh, ow): its corner (top, left), which padding may put outside the
+// input, and its part inside the input, rows [h0, h1), columns [w0, w1).
 struct Window {
-  int64_t h0, h1, w0, w1;
+  int64_t top, left, h0, h1, w0, w1;
 };
-Window clip(const BlockedPool& s, int64_t oh, int64_t ow) {
+Window window(const BlockedPool& s, int64_t oh, int64_t ow) {
   const int64_t top = oh * s.stride - s.pad, left = ow * s.stride - s.pad;
-  return {std::max<int64_t>(top, 0), std::min<int64_t>(top + s.k, s.h), std::max<int64_t>(left, 0),
+  return {top,
+          left,
+          std::max<int64_t>(top, 0),
+          std::min<int64_t>(top + s.k, s.h),
+          std::max<int64_t>(left, 0),
           std::min<int64_t>(left + s.k, s.w)};
 }
 
@@ -29,8 +34,7 @@ void forward_plane(const float* x, float* y, uint8_t* arg, const BlockedPool& s)
   const int64_t w = s.w, k = s.k;
   for (int64_t oh = 0; oh < s.oh; ++oh)
     for (int64_t ow = 0; ow < s.ow; ++ow) {
-      const Window win = clip(s, oh, ow);
-      const int64_t top = oh * s.stride - s.pad, left = ow * s.stride - s.pad;
+      const Window win = window(s, oh, ow);
       float* out = y + (oh * s.ow + ow) * B;
       uint8_t* where = arg + (oh * s.ow + ow) * B;
       if (win.h0 >= win.h1 || win.w0 >= win.w1) {  // no input position in the window
@@ -41,7 +45,8 @@ void forward_plane(const float* x, float* y, uint8_t* arg, const BlockedPool& s)
       // Start from the window's first position (comparing it with itself changes nothing).
       __m128 m[Q], a[Q];
       const float* first = x + (win.h0 * w + win.w0) * B;
-      const __m128 at0 = _mm_set1_ps(static_cast<float>((win.h0 - top) * k + (win.w0 - left)));
+      const __m128 at0 =
+          _mm_set1_ps(static_cast<float>((win.h0 - win.top) * k + (win.w0 - win.left)));
       for (int q = 0; q < Q; ++q) {
         m[q] = _mm_loadu_ps(first + 4 * q);
         a[q] = at0;
@@ -49,7 +54,7 @@ void forward_plane(const float* x, float* y, uint8_t* arg, const BlockedPool& s)
       for (int64_t ih = win.h0; ih < win.h1; ++ih)
         for (int64_t iw = win.w0; iw < win.w1; ++iw) {
           const float* v = x + (ih * w + iw) * B;
-          const __m128 at = _mm_set1_ps(static_cast<float>((ih - top) * k + (iw - left)));
+          const __m128 at = _mm_set1_ps(static_cast<float>((ih - win.top) * k + (iw - win.left)));
           for (int q = 0; q < Q; ++q) {
             const __m128 value = _mm_loadu_ps(v + 4 * q);
             const __m128 more = _mm_cmpgt_ps(value, m[q]);
@@ -70,8 +75,7 @@ template <int B>
 void forward_plane(const float* x, float* y, uint8_t* arg, const BlockedPool& s) {
   for (int64_t oh = 0; oh < s.oh; ++oh)
     for (int64_t ow = 0; ow < s.ow; ++ow) {
-      const Window win = clip(s, oh, ow);
-      const int64_t top = oh * s.stride - s.pad, left = ow * s.stride - s.pad;
+      const Window win = window(s, oh, ow);
       float m[B];
       uint8_t a[B];
       std::fill(m, m + B, 0.f);
@@ -80,7 +84,7 @@ void forward_plane(const float* x, float* y, uint8_t* arg, const BlockedPool& s)
       for (int64_t ih = win.h0; ih < win.h1; ++ih)
         for (int64_t iw = win.w0; iw < win.w1; ++iw) {
           const float* v = x + (ih * s.w + iw) * B;
-          const auto at = static_cast<uint8_t>((ih - top) * s.k + (iw - left));
+          const auto at = static_cast<uint8_t>((ih - win.top) * s.k + (iw - win.left));
           for (int l = 0; l < B; ++l)
             if (first || v[l] > m[l]) {
               m[l] = v[l];
@@ -103,7 +107,8 @@ void backward_plane(const float* dy, const uint8_t* arg, float* dx, const Blocke
     for (int64_t ow = 0; ow < s.ow; ++ow) {
       const float* g = dy + (oh * s.ow + ow) * B;
       const uint8_t* a = arg + (oh * s.ow + ow) * B;
-      float* corner = dx + ((oh * s.stride - s.pad) * s.w + (ow * s.stride - s.pad)) * B;
+      const Window win = window(s, oh, ow);
+      float* corner = dx + (win.top * s.w + win.left) * B;
       for (int l = 0; l < B; ++l)
         if (a[l] != 255) corner[offset[a[l]] * B + l] += g[l];
     }
