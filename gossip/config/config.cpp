@@ -174,7 +174,48 @@ std::string rank_out_of_range(const std::string& key, const std::string& value, 
 
 }  // namespace
 
+namespace {
+// train.virtual_ranks: what virtual ranks do not model (yet) is refused, not ignored.
+void check_virtual(const Config& c, int ranks) {
+  const std::string v = "train.virtual_ranks = " + std::to_string(c.train.virtual_ranks);
+  if (ranks != 1)
+    throw UsageError(v +
+                     " runs that many logical ranks in ONE process: launch it without mpirun "
+                     "(or with -n 1), not on " +
+                     std::to_string(ranks) + " ranks");
+  const Config d;
+  const auto refuse = [&](bool set, const std::string& what) {
+    if (set) throw UsageError(v + ": " + what);
+  };
+  refuse(emulated(c),
+         "[emulate] replaces the arithmetic by waiting; virtual ranks compute it "
+         "(leave [emulate] out, or run emulated compute on real ranks)");
+  refuse(c.train.backend == "cuda", "virtual ranks run on the CPU backends (onednn, reference)");
+  refuse(c.gossip.staleness != 0,
+         "gossip.staleness = 1 depends on when buckets arrive, which virtual ranks do not model "
+         "yet: use staleness 0");
+  refuse(c.gossip.hierarchy != d.gossip.hierarchy,
+         "gossip.hierarchy = node is not modelled by virtual ranks yet: use hierarchy none");
+  refuse(c.data.shuffle != "off",
+         "data.shuffle = " + c.data.shuffle +
+             " is not modelled by virtual ranks yet: use data.shuffle off");
+  refuse(!c.checkpoint.dir.empty() || !c.checkpoint.resume.empty() || c.train.stop_at > 0,
+         "checkpoints (checkpoint.dir, checkpoint.resume, train.stop_at) are not written by "
+         "virtual ranks yet: leave them out");
+  refuse(!c.fault.kill.empty() || !c.fault.stall.empty() || !c.fault.inject.empty() ||
+             c.fault.mtbf_steps > 0 || c.fault.nan >= 0 || c.fault.nan_stats >= 0,
+         "[fault] hooks need real ranks: leave them out");
+  refuse(c.apoptosis.enable, "apoptosis.enable is not modelled by virtual ranks yet");
+  refuse(!c.log.timeline.empty(), "log.timeline records real ranks' threads: leave it out");
+  refuse(!c.log.samples.empty(), "log.samples is written by real ranks only (log.losses works)");
+}
+}  // namespace
+
 void check_ranks(const Config& c, int ranks, bool supervised_restart) {
+  if (c.train.virtual_ranks > 0) {
+    check_virtual(c, ranks);
+    ranks = c.train.virtual_ranks;
+  }
   if (!mixing_of(c).allreduce && c.gossip.hierarchy == "none") {
     try {
       partners::validate({partners::parse_kind(c.gossip.schedule), ranks, c.gossip.rotate,
@@ -246,6 +287,19 @@ std::vector<std::string> inert_settings(const Config& c) {
     if (set && inert) out.push_back(what);
   };
   const std::string allreduce = " does nothing with gossip.mode = allreduce (no partners)";
+  const bool guard_set = c.guard.nan_retries != d.guard.nan_retries ||
+                         c.guard.snapshot_every != d.guard.snapshot_every ||
+                         c.guard.lr_factor != d.guard.lr_factor || c.guard.lag != d.guard.lag;
+  note(guard_set, c.train.virtual_ranks > 0,
+       "[guard] does nothing with train.virtual_ranks: a NaN or inf loss stops the virtual run");
+  note(c.gossip.transport != d.gossip.transport || c.gossip.threading != d.gossip.threading ||
+           c.gossip.timeout_s != d.gossip.timeout_s,
+       c.train.virtual_ranks > 0,
+       "gossip.transport, threading and timeout_s do nothing with train.virtual_ranks: no bytes "
+       "move between processes (what is mixed does not depend on them)");
+  note(c.train.rank_eval_samples != d.train.rank_eval_samples, c.train.virtual_ranks == 0,
+       "train.rank_eval_samples does nothing without train.virtual_ranks (real ranks evaluate "
+       "their average model only)");
   note(c.gossip.schedule != d.gossip.schedule, !gossip, "gossip.schedule" + allreduce);
   note(c.gossip.rotate != d.gossip.rotate, !gossip, "gossip.rotate" + allreduce);
   note(c.gossip.transport != d.gossip.transport, !gossip,

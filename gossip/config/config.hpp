@@ -58,6 +58,9 @@ struct Config {
     int64_t eval_batch = 500;
     std::string init_from;  // .npz with torchvision names; empty: initialise from the seed
     int64_t stop_at = 0;    // stop after this step with a checkpoint, as if preempted (0: never)
+    int virtual_ranks =
+        0;  // > 0: that many logical ranks in this one process (gossip/train/virtual)
+    int64_t rank_eval_samples = 2000;  // virtual ranks: test samples of each rank's own top-1
   } train;
   struct {
     std::string mode = "both";  // algorithms.hpp: grad | model | both | gossipgrad | allreduce
@@ -154,6 +157,7 @@ struct Config {
     std::string timeline;          // Chrome trace events of the run (empty: none)
     int64_t timeline_steps = 100;  // steps recorded from the start (then it stops recording)
     std::string samples;           // debug: PATH.<rank> gets every step's sample ids (empty: none)
+    std::string losses;            // debug: PATH.<rank> gets every step's loss, exactly (hex)
   } log;
 };
 

@@ -155,6 +155,15 @@ void train_options(std::vector<Option>& o) {
     {GG_OPTION(train.stop_at), at_least(0),
      "stop after this many steps with a full checkpoint, as if preempted; the learning-rate "
      "schedule still spans the whole run (0: never)"},
+    {GG_OPTION(train.virtual_ranks), in(0, 4096),
+     "VIRTUAL ranks: this one process (launched without mpirun) runs this many logical ranks, "
+     "each with its own weights, momentum, gradients, batch-norm statistics, wire residues and "
+     "data shard, mixed by the same rules and partner schedule as real ranks, one after the other "
+     "on one network (memory: ranks x the per-rank state); what p ranks would learn, without p "
+     "machines (0: off, the ranks are mpirun's)"},
+    {GG_OPTION(train.rank_eval_samples), at_least(0),
+     "virtual ranks: each rank's own model is also evaluated on the first this many test samples, "
+     "for the min / median / max top-1 over ranks in each evaluation (0: only the average model)"},
   });
 }
 
@@ -375,6 +384,10 @@ void log_options(std::vector<Option>& o) {
      "debug: each rank writes every step's sample ids to PATH.<rank> (\"step epoch id ...\"), "
      "to check that failures conserve the samples; a fresh run starts the file anew, a resumed "
      "one (checkpoint.resume) appends to it (empty: none)"},
+    {GG_OPTION(log.losses), {},
+     "debug: each rank (real or virtual) writes every step's loss to PATH.<rank> (\"step loss\", "
+     "the loss in C's exact hexadecimal %a), so that two runs can be compared bit for bit "
+     "(empty: none)"},
   });
 }
 // clang-format on

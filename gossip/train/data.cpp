@@ -61,6 +61,22 @@ void agree_on_data(const mpi::Comm& world, const std::string& mine, const std::s
 
 }  // namespace
 
+shuffle::LoaderOptions rank_loader_options(const Config& c, const shuffle::SampleSource& train,
+                                           int rank, int ranks) {
+  shuffle::LoaderOptions o;
+  o.batch = c.train.batch;
+  o.rank = rank;
+  o.ranks = ranks;
+  o.seed = c.train.seed;
+  o.augment.enabled = c.data.augment;
+  o.prefetch = c.data.prefetch;
+  o.norm = pixel_statistics(train);
+  o.jpeg.crop = c.data.crop;
+  o.jpeg.resize = c.data.resize;
+  o.workers = c.data.workers > 0 ? c.data.workers : 1;
+  return o;
+}
+
 TrainingData::TrainingData(const Config& c, const mpi::Comm& world) : c_(c), world_(world) {
   const int rank = world.rank(), ranks = world.size();
   // Every rank opens the data; if any fails, all stop with the first failing rank's message.
@@ -76,22 +92,13 @@ TrainingData::TrainingData(const Config& c, const mpi::Comm& world) : c_(c), wor
   }
   throw_agreed(world, error);
 
-  lo_.batch = c.train.batch;
-  lo_.rank = rank;
-  lo_.ranks = ranks;
-  lo_.seed = c.train.seed;
-  lo_.augment.enabled = c.data.augment;
-  lo_.prefetch = c.data.prefetch;
-  lo_.norm = pixel_statistics(*train_);
+  lo_ = rank_loader_options(c, *train_, rank, ranks);
   agree_on_data(world, data_summary(*train_, eval_.get(), lo_.norm), c.data.source);
-  lo_.jpeg.crop = c.data.crop;
-  lo_.jpeg.resize = c.data.resize;
-  const bool jpeg = train_->encoding() == shuffle::Encoding::Jpeg;
-  lo_.workers = c.data.workers;
-  if (lo_.workers == 0) {
+  if (c.data.workers == 0) {
     mpi::Comm node = world.split_shared();
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    lo_.workers = jpeg ? std::clamp(cores / node.size(), 2, 8) : 1;
+    if (train_->encoding() == shuffle::Encoding::Jpeg)
+      lo_.workers = std::clamp(cores / node.size(), 2, 8);
   }
 
   const shuffle::ShuffleMode mode = shuffle::parse_shuffle_mode(c.data.shuffle);

@@ -17,6 +17,12 @@
 
 namespace gg::gossip {
 
+// The loader options of rank `rank` of `ranks` on the configured training data: batch, seed,
+// augmentation, the normalisation from the training pixels, data.workers (0: one thread; a job
+// of JPEG data shares its nodes' cores instead, TrainingData).
+shuffle::LoaderOptions rank_loader_options(const Config& c, const shuffle::SampleSource& train,
+                                           int rank, int ranks);
+
 // Opens the configured training and evaluation data on every rank. A missing or unreadable data
 // path, or data whose splits disagree (image shapes, labels outside the classes), becomes a
 // UsageError with one line on every rank (the first failing rank's message), so all ranks stop

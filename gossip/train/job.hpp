@@ -51,6 +51,7 @@ struct JobState {
   MetricsWriter metrics;
   std::string metrics_path;  // log.metrics as this job writes it (a fresh run folder's file)
   std::unique_ptr<std::ofstream> samples;  // log.samples
+  std::unique_ptr<std::ofstream> losses;   // log.losses
   RunSummary summary;
   Clock::time_point t_start;
   double train_seconds = 0, comm_seconds = 0, images = 0, last_print = 0;

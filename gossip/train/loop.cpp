@@ -432,20 +432,24 @@ std::unique_ptr<RunLock> lock_checkpoint_dir(const Config& c, const mpi::Comm& w
   return lock;
 }
 
+// log.samples, log.losses: PATH.<rank> (nullptr when PATH is empty). A resumed run goes on with
+// the file of the run it continues.
+std::unique_ptr<std::ofstream> open_rank_log(const Config& c, const std::string& key,
+                                             const std::string& path, int rank) {
+  if (path.empty()) return nullptr;
+  const std::string file = rank_log_path(path, rank);
+  const auto mode = c.checkpoint.resume.empty() ? std::ios::trunc : std::ios::app;
+  auto out = std::make_unique<std::ofstream>(file, mode);
+  if (!*out) throw std::runtime_error(key + ": cannot write " + file);
+  return out;
+}
+
 // The job's state before its first group: the clock, log.samples, the first config, and the
 // survivors' states of a real failure when this is the supervisor's relaunch.
 void start_job(const Config& c, const mpi::Comm& world, JobState& job) {
   job.t_start = Clock::now();
-  if (!c.log.samples.empty()) {
-    const std::string path = c.log.samples + "." + std::to_string(world.rank());
-    // A resumed run goes on with the file of the run it continues.
-    const auto mode = c.checkpoint.resume.empty() ? std::ios::trunc : std::ios::app;
-    std::error_code ec;  // its folder, like log.timeline's, is made (preflight checked it can be)
-    if (const auto folder = std::filesystem::path(path).parent_path(); !folder.empty())
-      std::filesystem::create_directories(folder, ec);
-    job.samples = std::make_unique<std::ofstream>(path, mode);
-    if (!*job.samples) throw std::runtime_error("log.samples: cannot write " + path);
-  }
+  job.samples = open_rank_log(c, "log.samples", c.log.samples, world.rank());
+  job.losses = open_rank_log(c, "log.losses", c.log.losses, world.rank());
   job.configs.push_back(c);
   take_survivor_states(c, world, job);  // a relaunch of the survivors of a real failure
 }

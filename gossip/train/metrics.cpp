@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -41,6 +42,20 @@ fs::path make_fresh_folder(const fs::path& base, const std::string& stamp) {
 bool names_run_folder(const std::string& metrics_path) {
   const fs::path p(metrics_path);
   return p.has_filename() && p.parent_path().filename() == "latest";
+}
+
+std::string rank_log_path(const std::string& path, int rank) {
+  const std::string file = path + "." + std::to_string(rank);
+  std::error_code ec;
+  if (const auto folder = fs::path(file).parent_path(); !folder.empty())
+    fs::create_directories(folder, ec);
+  return file;
+}
+
+std::string loss_line(int64_t step, double loss) {
+  char line[64];
+  std::snprintf(line, sizeof line, "%lld %a\n", static_cast<long long>(step), loss);
+  return line;
 }
 
 std::string start_run_folder(const std::string& metrics_path, std::string* moved) {

@@ -2,6 +2,7 @@
 // flushed as written so a run that dies still leaves its history.
 #pragma once
 
+#include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -18,6 +19,13 @@ bool names_run_folder(const std::string& metrics_path);
 // folder (written by an older gossipgrad) is first renamed to its own time, and `moved` says so;
 // one that is a file is refused. Throws std::runtime_error naming the path.
 std::string start_run_folder(const std::string& metrics_path, std::string* moved = nullptr);
+
+// PATH.<rank>, the file of one rank's debug log (log.samples, log.losses), with its folder made
+// (preflight checked that it can be).
+std::string rank_log_path(const std::string& path, int rank);
+// One line of log.losses: "step loss\n", the loss in C's exact hexadecimal (%a), so that two
+// runs compare bit for bit.
+std::string loss_line(int64_t step, double loss);
 
 class MetricsWriter {
  public:

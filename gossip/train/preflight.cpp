@@ -103,8 +103,8 @@ std::vector<kernels::NamedPath> data_inputs(const Config& c) {
 
 // No output of the run is one of its inputs or another output, or lies inside an input folder
 // (issue 31: outputs written over inputs). Inputs: the config file, the data, train.init_from,
-// checkpoint.resume. Outputs: log.metrics, log.timeline, log.samples (PATH.<rank>), and
-// checkpoint.dir's own files (model.npz, meta.json, run.lock, ckpt-*/).
+// checkpoint.resume. Outputs: log.metrics, log.timeline, log.samples and log.losses (PATH.<rank>),
+// and checkpoint.dir's own files (model.npz, meta.json, run.lock, ckpt-*/).
 void check_outputs_apart(const Config& c) {
   std::vector<kernels::NamedPath> inputs = data_inputs(c);
   if (!c.config_path.empty()) inputs.push_back({"--config", c.config_path});
@@ -115,6 +115,7 @@ void check_outputs_apart(const Config& c) {
   if (!c.log.metrics.empty()) files.push_back({"log.metrics", c.log.metrics});
   if (!c.log.timeline.empty()) files.push_back({"log.timeline", c.log.timeline});
   if (!c.log.samples.empty()) files.push_back({"log.samples", c.log.samples + ".0"});
+  if (!c.log.losses.empty()) files.push_back({"log.losses", c.log.losses + ".0"});
   const std::string& ck = c.checkpoint.dir;
   if (!ck.empty()) {
     // Checkpoints in an image folder become a class folder.
@@ -180,9 +181,10 @@ void check_run_files(const Config& c) {
     check_writable("log.timeline", c.log.timeline, fs::absolute(c.log.timeline).parent_path());
   if (!c.log.timeline.empty() && !c.log.overwrite)
     check_not_clobbered("log.timeline", c.log.timeline);
-  // log.samples writes PATH.<rank>: its folder is made at the start if missing.
-  if (!c.log.samples.empty())
-    check_writable("log.samples", c.log.samples, fs::absolute(c.log.samples).parent_path());
+  // log.samples and log.losses write PATH.<rank>: the folder is made at the start if missing.
+  for (const auto& [key, path] :
+       {std::pair{"log.samples", c.log.samples}, {"log.losses", c.log.losses}})
+    if (!path.empty()) check_writable(key, path, fs::absolute(path).parent_path());
   if (c.log.metrics.empty()) return;
   // runs/latest/metrics.jsonl: each run writes into a fresh runs/<time>/ (metrics.hpp), made
   // beside `latest`. Another path is written as named: a resumed run appends to it.

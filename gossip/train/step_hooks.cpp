@@ -49,6 +49,19 @@ class SampleLog : public StepHook {
   std::ostream& out_;
 };
 
+// log.losses: every step's loss on this rank, exactly, once per time the step ran.
+class LossLog : public StepHook {
+ public:
+  explicit LossLog(std::ostream& out) : out_(out) {}
+  void after_step(StepRecord& r) override {
+    out_ << loss_line(r.step, r.stats.loss);
+    if (!out_) throw std::runtime_error("log.losses: cannot write the loss log (disk full?)");
+  }
+
+ private:
+  std::ostream& out_;
+};
+
 // A NaN/Inf loss on any rank: every rank goes back to its last good state (or training stops).
 class NanGuardHook : public StepHook {
  public:
@@ -300,6 +313,7 @@ StepHooks make_step_hooks(Group& g, JobState& job) {
   StepHooks hooks;
   if (auto rollback = make_rollback_hook(g, job)) hooks.add(std::move(rollback));
   if (job.samples) hooks.add(std::make_unique<SampleLog>(*job.samples));
+  if (job.losses) hooks.add(std::make_unique<LossLog>(*job.losses));
   hooks.add(std::make_unique<NanGuardHook>(g.recovery.guard(), job.metrics));
   if (auto test = make_test_hook(g.c, g.comm, g.trainer, g.recovery.resumed()))
     hooks.add(std::move(test));

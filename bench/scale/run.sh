@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# bench/scale: does gossip keep accuracy at scale? Top-1 against the rank count p on Fashion-MNIST
+# (resnet8), each p run on VIRTUAL ranks (train.virtual_ranks: p logical ranks in one process,
+# each with its own weights, momentum, statistics and shard, mixing exactly as p real ranks would;
+# tests/gossip/cli/virtual_ranks.sh checks them bit for bit against mpirun at p = 4).
+# Recipe: weak scaling, a fixed per-rank batch (BATCH, default 8: at p = 256 the global batch is
+# 2048, 29 steps per epoch of the 60,000 images), the learning rate scaled linearly from
+# configs/laptop.ini's 0.2 per 256 samples, warm-up over the first half epoch, cosine decay; the
+# same EPOCHS at every p, so every run trains on the same number of samples.
+# Writes bench/results/scale-<NAME>.{csv,md,png}: per run the final top-1 of the ranks' average
+# model, each rank's own top-1 (min / median / max over the ranks, on RANK_EVAL test samples), the
+# consensus distance at the end, the wall time, and the bytes each rank sends per step beside a
+# ring allreduce's 2 (p - 1) / p x the model.
+# Usage: bench/scale/run.sh [P...]   (default 8 16 32 64 128 256)
+# Environment: NAME (default the host name), EPOCHS (default 2), BATCH (8), SEEDS (default "1";
+# "1 2" for two seeds), RANK_EVAL (500), EXTRA (more train options), MODES, a subset of:
+#   allreduce     exact average of the gradients (the baseline)
+#   both          gradients and weights with the partner (the default mode)
+#   model         weights after the update (D-PSGD)
+#   model-bf16    model with the bf16 wire and error feedback
+#   gossipgrad    weights and momentum after the update (the authors' GossipGraD)
+#   grad          gradients only (the abstract's reading)
+#   *-global<H>   any of the above with an exact global average every H steps, e.g.
+#                 gossipgrad-global50 (Gossip-PGA)
+# (default: allreduce both model-bf16 gossipgrad).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. scripts/checks.sh
+PS=("${@:-8 16 32 64 128 256}")
+read -r -a PS <<<"${PS[*]}"
+EPOCHS=${EPOCHS:-2}
+BATCH=${BATCH:-8}
+RANK_EVAL=${RANK_EVAL:-500}
+NAME=${NAME:-$(hostname)}
+read -r -a SEEDS <<<"${SEEDS:-1}"
+read -r -a MODES <<<"${MODES:-allreduce both model-bf16 gossipgrad}"
+read -r -a EXTRA <<<"${EXTRA:-}"
+gg_name NAME "$NAME"
+gg_int EPOCHS "$EPOCHS" 1 1000
+gg_int BATCH "$BATCH" 1 4096
+gg_int RANK_EVAL "$RANK_EVAL" 0 10000
+gg_ints P 2 4096 "${PS[@]}"
+gg_ints SEEDS 0 1000000 "${SEEDS[@]}"
+options_of() { # mode -> its train options
+  local mode=$1 global=""
+  if [[ $mode =~ ^(.*)-global([0-9]+)$ ]]; then mode=${BASH_REMATCH[1]}; global=${BASH_REMATCH[2]}; fi
+  case $mode in
+    allreduce | both | model | gossipgrad | grad) echo "--gossip.mode $mode" ;;
+    model-bf16) echo "--gossip.mode model --gossip.model_wire bf16 --gossip.error_feedback true" ;;
+    *) echo "bench/scale: unknown mode '$1' (see the usage at the top of $0)" >&2; exit 2 ;;
+  esac
+  [ -z "$global" ] || echo "--gossip.global_every $global"
+}
+for m in "${MODES[@]}"; do options_of "$m" >/dev/null; done
+./scripts/deps.sh
+command -v gnuplot >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gnuplot-nox >/dev/null; }
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF >/dev/null
+cmake --build build --target gossipgrad >/dev/null
+OUT=bench/results/scale-$NAME
+RUNS=$OUT.runs
+mkdir -p "$RUNS"
+total=$((${#PS[@]} * ${#MODES[@]} * ${#SEEDS[@]})); n=0
+for seed in "${SEEDS[@]}"; do
+  for p in "${PS[@]}"; do
+    for mode in "${MODES[@]}"; do
+      n=$((n + 1)); run="p$p-$mode-s$seed"
+      read -r -a opts <<<"$(options_of "$mode" | tr '\n' ' ')"
+      echo "bench/scale: [$n/$total] $run" >&2
+      start=$(date +%s)
+      build/gossip/gossipgrad train --config configs/laptop.ini --train.virtual_ranks "$p" \
+        --train.batch "$BATCH" --train.epochs "$EPOCHS" --train.seed "$seed" \
+        --train.rank_eval_samples "$RANK_EVAL" --gossip.consensus_every 0 --log.progress false \
+        --log.metrics "$RUNS/$run.jsonl" --log.overwrite true "${opts[@]}" "${EXTRA[@]}" \
+        >"$RUNS/$run.log" 2>&1 || { echo "bench/scale: $run failed: $(tail -2 "$RUNS/$run.log")" >&2; exit 1; }
+      echo "  $(grep '^done' "$RUNS/$run.log" | cut -c1-150) ($(($(date +%s) - start)) s)" >&2
+    done
+  done
+done
+python3 bench/scale/table.py "$RUNS" "$OUT" "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)" \
+  "bench/scale/run.sh ${PS[*]} (EPOCHS=$EPOCHS BATCH=$BATCH SEEDS='${SEEDS[*]}' MODES='${MODES[*]}' RANK_EVAL=$RANK_EVAL${EXTRA:+ EXTRA='${EXTRA[*]}'})"
+echo "bench/scale: $OUT.md, $OUT.csv, $OUT.png" >&2

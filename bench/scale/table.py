@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""bench/scale: the table and plot of the runs in RUNS (p<P>-<mode>-s<seed>.jsonl from run.sh).
+
+Usage: table.py RUNS OUT CPU COMMAND  -> OUT.csv, OUT.md, OUT.png (gnuplot, when installed).
+Bytes per step are what one rank sends in a step: the gossip exchanges' payload as the run
+counted it, plus, with -global<H>, an exact global average every H steps priced as a ring
+allreduce of the weights (2 (p - 1) / p x 4 bytes per parameter); allreduce is the ring's own.
+"""
+import json, os, re, shutil, statistics, subprocess, sys
+
+runs, out, cpu, command = sys.argv[1:5]
+rows = []
+for name in sorted(os.listdir(runs)):
+    m = re.fullmatch(r"p(\d+)-(.+)-s(\d+)\.jsonl", name)
+    if not m:
+        continue
+    p, mode, seed = int(m[1]), m[2], int(m[3])
+    events = [json.loads(l) for l in open(os.path.join(runs, name))]
+    start = next(e for e in events if e["event"] == "start")
+    summary = next((e for e in events if e["event"] == "summary"), None)
+    evals = [e for e in events if e["event"] == "eval"]
+    if summary is None or not evals:
+        print(f"table.py: {name} did not finish: left out", file=sys.stderr)
+        continue
+    last = evals[-1]
+    params = start["params"]
+    ring = 2 * (p - 1) / p * 4 * params
+    g = re.search(r"-global(\d+)$", mode)
+    if mode.startswith("allreduce"):
+        sent = ring
+    else:
+        sent = summary["sent_bytes_per_step"] + (ring / int(g[1]) if g else 0)
+    rt = last.get("rank_top1", {})
+    rows.append(dict(p=p, mode=mode, seed=seed, top1=last["top1"], rank_min=rt.get("min"),
+                     rank_median=rt.get("median"), rank_max=rt.get("max"),
+                     rank_samples=rt.get("samples"), consensus=last["consensus"],
+                     steps=summary["steps"], wall_s=summary["wall_s"], bytes_per_step=sent,
+                     ring_bytes=ring, global_batch=start["global_batch"]))
+if not rows:
+    sys.exit("table.py: no finished run in " + runs)
+cols = list(rows[0])
+with open(out + ".csv", "w") as f:
+    f.write(",".join(cols) + "\n")
+    for r in rows:
+        f.write(",".join("" if r[c] is None else str(r[c]) for c in cols) + "\n")
+
+modes = list(dict.fromkeys(r["mode"] for r in rows))
+ps = sorted({r["p"] for r in rows})
+def cell(p, mode):
+    return [r for r in rows if r["p"] == p and r["mode"] == mode]
+def mean(v):
+    return statistics.mean(v) if v else None
+pct = lambda v: "–" if v is None else f"{100 * v:.2f}"
+lines = [f"# Accuracy against the rank count on virtual ranks ({os.path.basename(out)})", "",
+         f"Machine: {cpu}. Command: `{command}`.",
+         "Fashion-MNIST, resnet8 (configs/laptop.ini), every p on VIRTUAL ranks (one process; "
+         "exact: tests/gossip/cli/virtual_ranks.sh). Top-1 of the ranks' average model after the "
+         "last epoch (mean over seeds when several, each seed's in the CSV); 'own' is each rank's "
+         "own model on the first test samples (min / median / max over the ranks); consensus: mean "
+         "squared distance of the ranks' weights to their average; bytes: what one rank sends per "
+         "step, beside a ring allreduce's.", "",
+         "| p | global batch | steps | mode | top-1 % | vs allreduce | own top-1 % min / median / max | consensus | MB / step / rank | x ring allreduce | wall s |",
+         "|---|---|---|---|---|---|---|---|---|---|---|"]
+for p in ps:
+    base = mean([r["top1"] for r in cell(p, "allreduce")])
+    for mode in modes:
+        c = cell(p, mode)
+        if not c:
+            continue
+        t = mean([r["top1"] for r in c])
+        gap = "–" if base is None or mode == "allreduce" else f"{100 * (t - base):+.2f}"
+        own = " / ".join(pct(mean([r[k] for r in c if r[k] is not None]))
+                         for k in ("rank_min", "rank_median", "rank_max"))
+        seeds = "" if len(c) == 1 else f" ({len(c)} seeds)"
+        lines.append(f"| {p} | {c[0]['global_batch']} | {c[0]['steps']} | {mode}{seeds} | {pct(t)} | {gap} | {own} | "
+                     f"{mean([r['consensus'] for r in c]):.3g} | {mean([r['bytes_per_step'] for r in c]) / 1e6:.3f} | "
+                     f"{mean([r['bytes_per_step'] for r in c]) / c[0]['ring_bytes']:.2f} | {mean([r['wall_s'] for r in c]):.0f} |")
+open(out + ".md", "w").write("\n".join(lines) + "\n")
+print("\n".join(lines))
+
+if shutil.which("gnuplot"):
+    data = out + ".plot.dat"
+    with open(data, "w") as f:
+        for mode in modes:
+            f.write(f'"{mode}"\n')
+            for p in ps:
+                c = cell(p, mode)
+                if c:
+                    f.write(f"{p} {100 * mean([r['top1'] for r in c])} {mean([r['consensus'] for r in c])}\n")
+            f.write("\n\n")
+    script = f"""set terminal pngcairo size 1200,480
+set output '{out}.png'
+set multiplot layout 1,2
+set logscale x 2
+set xlabel 'ranks p (virtual)'
+set key bottom left
+set ylabel 'test top-1 (%)'
+set title 'Top-1 of the average model'
+plot for [i=0:{len(modes) - 1}] '{data}' index i using 1:2 with linespoints title columnheader(1)
+set logscale y
+set ylabel 'consensus distance'
+set title 'Consensus distance at the end'
+set key top left
+plot for [i=0:{len(modes) - 1}] '{data}' index i using 1:3 with linespoints title columnheader(1)
+unset multiplot
+"""
+    subprocess.run(["gnuplot"], input=script, text=True, check=True)
+    os.remove(data)

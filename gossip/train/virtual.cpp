@@ -1,0 +1,645 @@
+#include "gossip/train/virtual.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <span>
+#include <thread>
+#include <vector>
+
+#include "gossip/comm/mixing.hpp"
+#include "gossip/comm/wire.hpp"
+#include "gossip/train/data.hpp"
+#include "gossip/train/job.hpp"
+#include "gossip/train/metrics.hpp"
+#include "gossip/train/step_hooks.hpp"
+#include "gossip/train/trainer.hpp"
+#include "kernels/loss.hpp"
+#include "kernels/net.hpp"
+#include "kernels/optimizer.hpp"
+#include "kernels/weights.hpp"
+#include "shuffle/loader.hpp"
+
+namespace gg::gossip {
+namespace {
+
+std::span<float> part(float* base, const kernels::Bucket& k) {
+  return {base + k.begin, static_cast<size_t>(k.size())};
+}
+
+// One flat buffer (gradients, weights or momentum) of every virtual rank, exchanged as the real
+// ranks' GossipExchange does it: each rank's bucket goes through its own wire codec (bf16 and its
+// residue), and the receiver mixes what recv_from sent with its own values, by the pair average
+// or, delayed (gossip.overlap_model), as the correction (partner - sent) / 2 applied before the
+// next update. Every rank's image is taken before any rank mixes: what a rank sends is its buffer
+// as it was when the exchange started, as on real ranks.
+class VirtualExchange {
+ public:
+  VirtualExchange(int ranks, Wire wire, bool error_feedback,
+                  const std::vector<kernels::Bucket>& buckets, bool delayed)
+      : buckets_(buckets), delayed_(delayed) {
+    for (int r = 0; r < ranks; ++r) codecs_.emplace_back(wire, error_feedback, buckets);
+    wire_.assign(static_cast<size_t>(ranks) * static_cast<size_t>(codecs_[0].floats()), 0.f);
+    if (delayed_) delta_.assign(static_cast<size_t>(ranks), std::vector<float>(count(), 0.f));
+  }
+  size_t count() const { return buckets_.empty() ? 0 : static_cast<size_t>(buckets_[0].end); }
+  // Bytes one rank sends in one exchange (the transports' payload).
+  int64_t bytes_per_rank() const {
+    return codecs_[0].floats() * static_cast<int64_t>(sizeof(float));
+  }
+
+  void exchange(const std::vector<float*>& x, const partners::Schedule& s, int64_t step) {
+    const size_t floats = static_cast<size_t>(codecs_[0].floats());
+    const auto& layout = codecs_[0].layout();
+    const int ranks = static_cast<int>(x.size());
+    for (int r = 0; r < ranks; ++r)
+      for (size_t b = 0; b < buckets_.size(); ++b) {
+        const float* image = codecs_[r].encode(static_cast<int>(b), x[r] + buckets_[b].begin);
+        std::copy(image, image + layout[b].size(), wire_.data() + r * floats + layout[b].begin);
+      }
+    for (int r = 0; r < ranks; ++r) {
+      const int from = partners::partners(s, r, step).recv_from;
+      for (size_t b = 0; b < buckets_.size(); ++b) {
+        const kernels::Bucket& k = buckets_[b];
+        const float* in =
+            codecs_[r].decode(static_cast<int>(b), wire_.data() + from * floats + layout[b].begin);
+        const std::span<const float> partner(in, static_cast<size_t>(k.size()));
+        if (delayed_)
+          mix_correction(part(x[r], k), partner, part(delta_[r].data(), k));
+        else
+          mix_pair(part(x[r], k), partner);
+      }
+    }
+    pending_ = delayed_;
+  }
+  // Delayed: the corrections of the last exchange added to the buffers.
+  void apply(const std::vector<float*>& x) {
+    if (!pending_) return;
+    for (size_t r = 0; r < x.size(); ++r) apply_correction({x[r], count()}, delta_[r]);
+    pending_ = false;
+  }
+
+ private:
+  std::vector<kernels::Bucket> buckets_;
+  std::vector<WireCodec> codecs_;
+  std::vector<float> wire_;  // every rank's outgoing image, ranks x the codec's floats
+  bool delayed_, pending_ = false;
+  std::vector<std::vector<float>> delta_;
+};
+
+// One logical rank's own state.
+struct Rank {
+  Rank(int64_t params, int64_t buffers, const kernels::SgdOptions& o)
+      : params(static_cast<size_t>(params)),
+        grads(static_cast<size_t>(params)),
+        buffers(static_cast<size_t>(buffers)),
+        sgd(params, o) {}
+  std::vector<float> params, grads, buffers;
+  kernels::Sgd sgd;
+  std::unique_ptr<shuffle::PrefetchLoader> loader;
+  shuffle::Batch batch;
+  std::ofstream losses;  // log.losses
+  double loss = 0;
+};
+
+struct RankTop1 {
+  double min = 0, median = 0, max = 0;
+  int64_t samples = 0;
+};
+
+// The sum over ranks in the order of MPICH's allreduce for a commutative operation (recursive
+// doubling, and its reduce-scatter + allgather for long vectors, add in the same tree): ranks
+// beyond the largest power of two below p are first folded into their even neighbours, then
+// partners 1, 2, 4, ... apart are added pairwise. The result overwrites x[0]'s room in `sum`.
+void tree_sum(const std::vector<float*>& x, size_t n, std::vector<float>& sum) {
+  const int p = static_cast<int>(x.size());
+  int pof2 = 1;
+  while (pof2 * 2 <= p) pof2 *= 2;
+  const int rem = p - pof2;
+  std::vector<std::vector<float>> part(static_cast<size_t>(pof2));
+  for (int r = 0, k = 0; r < p; ++r) {
+    if (r < 2 * rem && r % 2 == 0) continue;  // folded into r + 1
+    std::vector<float>& v = part[static_cast<size_t>(k++)];
+    v.assign(x[r], x[r] + n);
+    if (r < 2 * rem)
+      for (size_t i = 0; i < n; ++i) v[i] = x[r - 1][i] + v[i];
+  }
+  for (int mask = 1; mask < pof2; mask *= 2)
+    for (int k = 0; k < pof2; k += 2 * mask)
+      for (size_t i = 0; i < n; ++i) part[k][i] = part[k][i] + part[k + mask][i];
+  sum = std::move(part[0]);
+}
+
+class VirtualRun {
+ public:
+  explicit VirtualRun(const Config& c);
+  RunSummary run();
+
+ private:
+  struct StepOut {
+    double loss_mean = 0, loss_min = 0, loss_max = 0, lr = 0, consensus = -1;
+    int64_t sent_bytes = 0;
+  };
+  void make_ranks();
+  StepOut step(int64_t s);
+  void announce();
+  void record(int64_t s, const StepOut& out, double seconds);
+  void evaluate_and_report(int64_t s);
+  void finish();
+  std::vector<float*> params() { return pointers(&Rank::params); }
+  std::vector<float*> grads() { return pointers(&Rank::grads); }
+  std::vector<float*> velocities();
+  std::vector<float*> pointers(std::vector<float> Rank::*member);
+  void start_model_exchange(StepOut& out);  // the overlapped exchange due, if any
+  void flush_model(StepOut& out);           // ... started and its correction applied
+  void exchange_after_update(int64_t round, StepOut& out);
+  // Sum over ranks in rank order, then the mean (an allreduce's result, up to its order).
+  void average(std::vector<float*> x, size_t n);
+  double consensus();
+  EvalStats evaluate();
+  RankTop1 rank_top1();
+  void load(const Rank& r);  // its weights and statistics into the network
+  int64_t model_round(int64_t step) const { return step / c_.gossip.model_every; }
+
+  const Config& c_;
+  const Algorithm& algorithm_;
+  const int ranks_;
+  shuffle::DataSplits data_;
+  shuffle::LoaderOptions lo_;
+  kernels::Net net_;
+  kernels::Executor* train_ = nullptr;
+  partners::Schedule schedule_;
+  std::vector<Rank> rank_;
+  std::unique_ptr<VirtualExchange> grad_x_, weight_x_, momentum_x_;
+  int64_t per_epoch_ = 0, total_ = 0, epochs_ = 0;
+  int64_t model_due_ = -1;
+  std::unique_ptr<kernels::LrSchedule> lr_;
+  std::vector<float> dlogits_;
+  MetricsWriter metrics_;
+  std::string metrics_path_;
+  Clock::time_point t_start_ = Clock::now();
+  RunSummary summary_;
+  double train_seconds_ = 0, last_print_ = -1e9, loss_avg_ = 0;
+  int64_t sent_total_ = 0;
+};
+
+// The compute threads, set before anything is compiled (oneDNN's primitives are made for them):
+// train.threads, or every core of this machine.
+shuffle::DataSplits open_data(const Config& c) {
+  omp_set_num_threads(c.train.threads > 0
+                          ? c.train.threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  try {
+    return shuffle::open_splits(shuffle::parse_source(c.data.source, c.data.dir),
+                                val_labels_file(c));
+  } catch (const std::exception& e) {
+    throw UsageError("data.source = " + c.data.source + ": " + e.what());
+  }
+}
+
+kernels::Dims input_of(const Config& c, const shuffle::SampleSource& s) {
+  if (s.encoding() == shuffle::Encoding::Jpeg) return {3, c.data.crop, c.data.crop};
+  const auto [ch, h, w] = s.shape();
+  return {ch, h, w};
+}
+
+VirtualRun::VirtualRun(const Config& c)
+    : c_(c),
+      algorithm_(mixing_of(c)),
+      ranks_(c.train.virtual_ranks),
+      data_(open_data(c)),
+      lo_(rank_loader_options(c, *data_.train, 0, ranks_)),
+      net_(
+          kernels::build_model(model_spec(c, 0, input_of(c, *data_.train), data_.train->classes())),
+          kernels::parse_backend(c.train.backend), std::max<int64_t>(1, c.gossip.bucket_kb * 256),
+          kernels::parse_precision(c.train.precision)),
+      schedule_(gossip_schedule(c, ranks_)),
+      dlogits_(static_cast<size_t>(c.train.batch * data_.train->classes())) {
+  const kernels::Graph& g = net_.graph();
+  for (const kernels::Node& node : g.nodes())
+    if (node.op == kernels::Op::Dropout)
+      throw UsageError("train.virtual_ranks: " + c.model.name +
+                       " has dropout, whose masks are seeded per rank; virtual ranks share one "
+                       "network and do not reproduce them: use a model without dropout");
+  // The ranks' shards: rank r's loader takes slice r of P of each epoch's permutation.
+  per_epoch_ = shuffle::batches_per_epoch(data_.train->size(), lo_);
+  if (per_epoch_ < 1)
+    throw UsageError("train.batch = " + std::to_string(c.train.batch) +
+                     " is too large: " + std::to_string(data_.train->size()) + " samples over " +
+                     std::to_string(ranks_) + " virtual ranks give no full batch");
+  total_ = per_epoch_ * c.train.epochs;
+  if (c.train.max_steps > 0) total_ = std::min(total_, c.train.max_steps);
+  epochs_ = (total_ + per_epoch_ - 1) / per_epoch_;
+  lr_ = std::make_unique<kernels::LrSchedule>(kernels::LrScheduleOptions{
+      c.train.lr, c.train.base_batch, c.train.batch * ranks_,
+      static_cast<int64_t>(std::llround(c.train.warmup_epochs * static_cast<double>(per_epoch_))),
+      total_, 0.0});
+  make_ranks();
+  train_ = &net_.at_batch(c.train.batch);
+}
+
+// Every rank starts from the same initial weights (real ranks: rank 0's, broadcast), with its own
+// momentum, log.losses file and exchanges' codecs.
+void VirtualRun::make_ranks() {
+  const Config& c = c_;
+  const kernels::Graph& g = net_.graph();
+  kernels::ParamStore& store = net_.store();
+  kernels::init_params(g, store, c.train.seed);
+  if (!c.train.init_from.empty()) {
+    try {
+      kernels::load_weights(c.train.init_from, g, store);
+    } catch (const std::exception& e) {
+      throw UsageError(std::string("train.init_from: ") + e.what());
+    }
+  }
+  if (!plain_weights(c)) net_.use_native_layout();
+  const kernels::SgdOptions so{static_cast<float>(c.train.momentum),
+                               static_cast<float>(c.train.weight_decay), c.train.nesterov};
+  rank_.reserve(static_cast<size_t>(ranks_));
+  for (int r = 0; r < ranks_; ++r) {
+    Rank& k = rank_.emplace_back(g.param_count(), g.buffer_count(), so);
+    std::copy(store.params.data(), store.params.data() + store.params.size(), k.params.begin());
+    k.buffers = store.buffers;
+    if (!c.log.losses.empty()) {
+      const std::string path = rank_log_path(c.log.losses, r);
+      k.losses.open(path, std::ios::trunc);
+      if (!k.losses) throw std::runtime_error("log.losses: cannot write " + path);
+    }
+  }
+  const GossipPlan plan = gossip_plan(c);
+  const auto& buckets = net_.buckets();
+  const bool ef = c.gossip.error_feedback;
+  if (algorithm_.grads)
+    grad_x_ = std::make_unique<VirtualExchange>(ranks_, plan.wire, ef && plan.wire == Wire::Bf16,
+                                                buckets, false);
+  const bool ef_model = ef && plan.model_wire == Wire::Bf16;
+  if (algorithm_.weights)
+    weight_x_ = std::make_unique<VirtualExchange>(ranks_, plan.model_wire, ef_model, buckets,
+                                                  c.gossip.overlap_model);
+  if (algorithm_.momentum)
+    momentum_x_ = std::make_unique<VirtualExchange>(ranks_, plan.model_wire, ef_model, buckets,
+                                                    c.gossip.overlap_model);
+}
+
+std::vector<float*> VirtualRun::pointers(std::vector<float> Rank::*member) {
+  std::vector<float*> x;
+  for (Rank& r : rank_) x.push_back((r.*member).data());
+  return x;
+}
+
+std::vector<float*> VirtualRun::velocities() {
+  std::vector<float*> x;
+  for (Rank& r : rank_) x.push_back(r.sgd.velocity().data());
+  return x;
+}
+
+void VirtualRun::load(const Rank& r) {
+  kernels::ParamStore& store = net_.store();
+  std::copy(r.params.begin(), r.params.end(), store.params.data());
+  std::copy(r.buffers.begin(), r.buffers.end(), store.buffers.begin());
+}
+
+void VirtualRun::start_model_exchange(StepOut& out) {
+  if (model_due_ < 0) return;
+  if (weight_x_) weight_x_->exchange(params(), schedule_, model_due_);
+  if (momentum_x_) momentum_x_->exchange(velocities(), schedule_, model_due_);
+  for (VirtualExchange* e : {weight_x_.get(), momentum_x_.get()})
+    if (e) out.sent_bytes += e->bytes_per_rank();
+  model_due_ = -1;
+}
+
+void VirtualRun::flush_model(StepOut& out) {
+  start_model_exchange(out);
+  if (weight_x_) weight_x_->apply(params());
+  if (momentum_x_) momentum_x_->apply(velocities());
+}
+
+void VirtualRun::exchange_after_update(int64_t round, StepOut& out) {
+  if (c_.gossip.overlap_model) {
+    model_due_ = round;  // behind the next step's compute: it starts with that step
+    return;
+  }
+  model_due_ = round;
+  flush_model(out);
+}
+
+void VirtualRun::average(std::vector<float*> x, size_t n) {
+  std::vector<float> sum;
+  tree_sum(x, n, sum);
+  mean_of_sum(sum, ranks_);
+  for (float* v : x) std::copy(sum.begin(), sum.end(), v);
+}
+
+double VirtualRun::consensus() {
+  const size_t n = rank_[0].params.size();
+  std::vector<float> avg;
+  tree_sum(params(), n, avg);
+  mean_of_sum(avg, ranks_);
+  double d = 0;
+  for (const Rank& r : rank_)
+    for (size_t i = 0; i < n; ++i) {
+      const double diff = static_cast<double>(r.params[i]) - avg[i];
+      d += diff * diff;
+    }
+  return d / ranks_;
+}
+
+VirtualRun::StepOut VirtualRun::step(int64_t s) {
+  StepOut out;
+  start_model_exchange(out);  // the last update's weights (overlap_model), as on real ranks
+  // Every rank's forward and backward on its own batch, its weights and statistics swapped in.
+  kernels::ParamStore& store = net_.store();
+  const int64_t classes = net_.graph().classes();
+  for (Rank& r : rank_) {
+    if (!r.loader->next(r.batch))
+      throw std::logic_error("virtual ranks: a rank's data ended before step " + std::to_string(s));
+    load(r);
+    train_->set_dropout_step(static_cast<uint64_t>(s));
+    const float* logits = train_->forward(r.batch.x.data(), true);
+    r.loss = kernels::softmax_cross_entropy(logits, r.batch.y.data(), c_.train.batch, classes,
+                                            dlogits_.data())
+                 .loss;
+    train_->backward(dlogits_.data(), {});
+    std::copy(store.grads.data(), store.grads.data() + store.grads.size(), r.grads.begin());
+    std::copy(store.buffers.begin(), store.buffers.end(), r.buffers.begin());
+  }
+  if (algorithm_.allreduce) {
+    average(grads(), rank_[0].grads.size());
+  } else if (grad_x_) {
+    grad_x_->exchange(grads(), schedule_, s);
+    out.sent_bytes += grad_x_->bytes_per_rank();
+  }
+  out.lr = lr_->at(s);
+  flush_model(out);
+  for (Rank& r : rank_) r.sgd.step(r.params.data(), r.grads.data(), static_cast<float>(out.lr));
+  if (weight_x_ && (s + 1) % c_.gossip.model_every == 0) exchange_after_update(model_round(s), out);
+  const int64_t h = c_.gossip.global_every;
+  if (!algorithm_.allreduce && h > 0 && (s + 1) % h == 0) {
+    flush_model(out);
+    average(params(), rank_[0].params.size());
+    average(pointers(&Rank::buffers), rank_[0].buffers.size());
+  }
+  const int64_t n = c_.gossip.consensus_every;
+  if (n > 0 && (s + 1) % n == 0) out.consensus = consensus();
+  out.loss_min = out.loss_max = rank_[0].loss;
+  for (const Rank& r : rank_) {
+    out.loss_mean += r.loss / ranks_;
+    out.loss_min = std::min(out.loss_min, r.loss);
+    out.loss_max = std::max(out.loss_max, r.loss);
+  }
+  return out;
+}
+
+shuffle::LoaderOptions eval_loader(const Config& c, shuffle::LoaderOptions o) {
+  o.batch = c.train.eval_batch;
+  o.rank = 0;
+  o.ranks = 1;
+  o.augment.enabled = false;
+  o.shuffle = false;
+  o.drop_last = false;
+  o.prefetch = 2;
+  return o;
+}
+
+EvalStats VirtualRun::evaluate() {
+  StepOut ignored;
+  flush_model(ignored);  // as Trainer::evaluate: a pending weight exchange completes first
+  // The average model, evaluated over the whole test set (real ranks split it and add up).
+  std::vector<float> avg_params, avg_buffers;
+  tree_sum(params(), rank_[0].params.size(), avg_params);
+  tree_sum(pointers(&Rank::buffers), rank_[0].buffers.size(), avg_buffers);
+  mean_of_sum(avg_params, ranks_);
+  mean_of_sum(avg_buffers, ranks_);
+  kernels::ParamStore& store = net_.store();
+  std::copy(avg_params.begin(), avg_params.end(), store.params.data());
+  store.buffers = avg_buffers;
+  kernels::Executor& exec = net_.at_batch(c_.train.eval_batch);
+  shuffle::PrefetchLoader loader(*data_.eval, eval_loader(c_, lo_), 0, 1);
+  shuffle::Batch b;
+  double sums[4] = {0, 0, 0, 0};  // loss * n, correct, top5, n
+  while (loader.next(b)) {
+    const float* logits = exec.forward(b.x.data(), false);
+    const auto r = kernels::softmax_cross_entropy(logits, b.y.data(), c_.train.eval_batch,
+                                                  net_.graph().classes(), nullptr);
+    int64_t n = 0;
+    for (int32_t v : b.y) n += v >= 0;
+    sums[0] += r.loss * n;
+    sums[1] += r.correct;
+    sums[2] += r.top5;
+    sums[3] += n;
+  }
+  EvalStats e;
+  e.samples = static_cast<int64_t>(sums[3]);
+  if (e.samples > 0) {
+    e.loss = sums[0] / sums[3];
+    e.top1 = sums[1] / sums[3];
+    e.top5 = sums[2] / sums[3];
+  }
+  e.consensus = consensus();
+  return e;
+}
+
+RankTop1 VirtualRun::rank_top1() {
+  RankTop1 t;
+  if (c_.train.rank_eval_samples <= 0) return t;
+  kernels::Executor& exec = net_.at_batch(c_.train.eval_batch);
+  shuffle::PrefetchLoader loader(*data_.eval, eval_loader(c_, lo_), 0, 1);
+  shuffle::Batch b;
+  std::vector<int64_t> correct(rank_.size(), 0);
+  // Whole evaluation batches, until at least rank_eval_samples samples.
+  while (t.samples < c_.train.rank_eval_samples && loader.next(b)) {
+    for (size_t r = 0; r < rank_.size(); ++r) {
+      load(rank_[r]);
+      const float* logits = exec.forward(b.x.data(), false);
+      correct[r] += kernels::softmax_cross_entropy(logits, b.y.data(), c_.train.eval_batch,
+                                                   net_.graph().classes(), nullptr)
+                        .correct;
+    }
+    for (int32_t v : b.y) t.samples += v >= 0;
+  }
+  if (t.samples == 0) return t;
+  std::vector<double> top1;
+  for (int64_t k : correct) top1.push_back(static_cast<double>(k) / static_cast<double>(t.samples));
+  std::sort(top1.begin(), top1.end());
+  const size_t m = top1.size();
+  t.min = top1.front();
+  t.max = top1.back();
+  t.median = m % 2 ? top1[m / 2] : 0.5 * (top1[m / 2 - 1] + top1[m / 2]);
+  return t;
+}
+
+void VirtualRun::announce() {
+  const int threads = omp_get_max_threads();  // set before the network was compiled
+  metrics_path_ = c_.log.metrics;
+  if (names_run_folder(metrics_path_)) metrics_path_ = start_run_folder(metrics_path_);
+  if (!metrics_path_.empty()) metrics_ = MetricsWriter(metrics_path_, c_.log.overwrite);
+  metrics_.tag("virtual", true);
+  const kernels::Graph& g = net_.graph();
+  const int64_t global_batch = c_.train.batch * ranks_;
+  const std::string mixing = algorithm_.allreduce
+                                 ? std::string("allreduce (summed in MPICH's order)")
+                                 : "gossip " + c_.gossip.mode + " (" + c_.gossip.schedule +
+                                       (c_.gossip.rotate ? "+rotate" : "") + ")";
+  const double state_mb =
+      static_cast<double>(ranks_) *
+      (3.0 * static_cast<double>(g.param_count()) + static_cast<double>(g.buffer_count())) *
+      sizeof(float) / 1e6;
+  std::printf(
+      "gossipgrad: %d VIRTUAL ranks in one process (%d threads; one after another on one "
+      "network), %s (%lld params), %s backend; their state %.0f MB\n",
+      ranks_, threads, c_.model.name.c_str(), static_cast<long long>(g.param_count()),
+      c_.train.backend.c_str(), state_mb);
+  std::printf(
+      "gossipgrad: %lld train / %lld test samples, global batch %lld, %lld steps/epoch, %lld "
+      "epochs, peak lr %.4g, mixing: %s\n",
+      static_cast<long long>(data_.train->size()),
+      static_cast<long long>(data_.eval ? data_.eval->size() : 0),
+      static_cast<long long>(global_batch), static_cast<long long>(per_epoch_),
+      static_cast<long long>(epochs_), lr_->peak(), mixing.c_str());
+  std::fflush(stdout);
+  metrics_.write({{"event", "start"},
+                  {"ranks", ranks_},
+                  {"threads", threads},
+                  {"model", c_.model.name},
+                  {"params", g.param_count()},
+                  {"global_batch", global_batch},
+                  {"steps", total_},
+                  {"epochs_planned", epochs_},
+                  {"first_step", 0},
+                  {"mode", c_.gossip.mode},
+                  {"backend", c_.train.backend}});
+}
+
+// The step's losses (log.losses), metrics event and progress line.
+void VirtualRun::record(int64_t s, const StepOut& out, double seconds) {
+  train_seconds_ += seconds;
+  sent_total_ += out.sent_bytes;
+  summary_.steps = s + 1;
+  if (!std::isfinite(out.loss_mean))
+    throw std::runtime_error("virtual ranks: a loss is NaN or inf at step " + std::to_string(s) +
+                             ": lower train.lr");
+  for (Rank& r : rank_) {
+    if (!r.losses.is_open()) continue;
+    r.losses << loss_line(s, r.loss);
+    if (!r.losses) throw std::runtime_error("log.losses: cannot write (disk full?)");
+  }
+  const int64_t global_batch = c_.train.batch * ranks_;
+  metrics_.write(
+      {{"event", "step"},
+       {"step", s},
+       {"epoch", s / per_epoch_},
+       {"loss", out.loss_mean},
+       {"loss_min", out.loss_min},
+       {"loss_max", out.loss_max},
+       {"lr", out.lr},
+       {"images_per_s", static_cast<double>(global_batch) / seconds},
+       {"step_s", seconds},
+       {"sent_bytes", algorithm_.allreduce ? nlohmann::json() : nlohmann::json(out.sent_bytes)}});
+  if (out.consensus >= 0)
+    metrics_.write({{"event", "consensus"}, {"step", s + 1}, {"consensus", out.consensus}});
+  loss_avg_ = s == 0 ? out.loss_mean : 0.95 * loss_avg_ + 0.05 * out.loss_mean;
+  const double now = seconds_since(t_start_);
+  if (!c_.log.progress || (now - last_print_ < c_.log.interval && s + 1 < total_)) return;
+  last_print_ = now;
+  const double done = static_cast<double>(s + 1);
+  std::printf("VIRTUAL step %6lld/%lld  epoch %lld/%lld  loss %.4f  lr %.4f  %.0f img/s  ETA %s\n",
+              static_cast<long long>(s + 1), static_cast<long long>(total_),
+              static_cast<long long>(s / per_epoch_ + 1), static_cast<long long>(epochs_),
+              loss_avg_, out.lr, static_cast<double>(global_batch) * done / train_seconds_,
+              format_duration(static_cast<double>(total_ - s - 1) * train_seconds_ / done).c_str());
+  std::fflush(stdout);
+}
+
+void VirtualRun::evaluate_and_report(int64_t s) {
+  const EvalStats e = evaluate();
+  const RankTop1 rt = rank_top1();
+  const int64_t epoch = s / per_epoch_;
+  summary_.final_top1 = e.top1;
+  summary_.final_top5 = e.top5;
+  summary_.eval_step = s + 1;
+  std::printf(
+      "epoch %lld: test top-1 %.2f%%  top-5 %.2f%%  loss %.4f  (%lld samples; average of %d "
+      "VIRTUAL ranks, consensus distance %.3g)",
+      static_cast<long long>(epoch + 1), 100 * e.top1, 100 * e.top5, e.loss,
+      static_cast<long long>(e.samples), ranks_, e.consensus);
+  if (rt.samples > 0)
+    std::printf("; each rank's own top-1 on %lld samples: min %.2f%% median %.2f%% max %.2f%%",
+                static_cast<long long>(rt.samples), 100 * rt.min, 100 * rt.median, 100 * rt.max);
+  std::printf("\n");
+  std::fflush(stdout);
+  nlohmann::json event = {
+      {"event", "eval"},          {"epoch", epoch + 1}, {"step", s + 1},
+      {"top1", e.top1},           {"top5", e.top5},     {"loss", e.loss},
+      {"consensus", e.consensus}, {"ranks", ranks_},    {"wall_s", seconds_since(t_start_)}};
+  if (rt.samples > 0)
+    event["rank_top1"] = {
+        {"min", rt.min}, {"median", rt.median}, {"max", rt.max}, {"samples", rt.samples}};
+  metrics_.write(event);
+}
+
+void VirtualRun::finish() {
+  RunSummary& summary = summary_;
+  summary.wall_seconds = seconds_since(t_start_);
+  const double steps = static_cast<double>(summary.steps);
+  summary.images_per_second =
+      train_seconds_ > 0 ? static_cast<double>(c_.train.batch * ranks_) * steps / train_seconds_
+                         : 0;
+  const double bytes_per_step = steps > 0 ? static_cast<double>(sent_total_) / steps : 0;
+  const bool evaluated = summary.eval_step >= 0;
+  char top1[64] = "not evaluated (no evaluation data)";
+  if (evaluated)
+    std::snprintf(top1, sizeof top1, "final test top-1 %.2f%%", 100 * summary.final_top1);
+  std::printf(
+      "done: %lld steps of %d VIRTUAL ranks in %s (%.0f img/s in this one process), %s "
+      "(metrics: %s)\n",
+      static_cast<long long>(summary.steps), ranks_, format_duration(summary.wall_seconds).c_str(),
+      summary.images_per_second, top1, metrics_path_.c_str());
+  const auto number_or_null = [](bool known, double v) {
+    return known ? nlohmann::json(v) : nlohmann::json();
+  };
+  metrics_.write({{"event", "summary"},
+                  {"steps", summary.steps},
+                  {"epochs", steps / static_cast<double>(per_epoch_)},
+                  {"top1", number_or_null(evaluated, summary.final_top1)},
+                  {"top5", number_or_null(evaluated, summary.final_top5)},
+                  {"eval_step", number_or_null(evaluated, static_cast<double>(summary.eval_step))},
+                  {"wall_s", summary.wall_seconds},
+                  {"images_per_s", summary.images_per_second},
+                  {"sent_bytes_per_step", number_or_null(!algorithm_.allreduce, bytes_per_step)},
+                  {"params", net_.graph().param_count()},
+                  {"ranks", ranks_}});
+}
+
+RunSummary VirtualRun::run() {
+  t_start_ = Clock::now();
+  for (int r = 0; r < ranks_; ++r) {
+    shuffle::LoaderOptions o = lo_;
+    o.rank = r;
+    o.prefetch = std::min(o.prefetch, 2);  // P loaders: keep the queued batches few
+    rank_[static_cast<size_t>(r)].loader =
+        std::make_unique<shuffle::PrefetchLoader>(*data_.train, o, 0, epochs_);
+  }
+  announce();
+  for (int64_t s = 0; s < total_; ++s) {
+    const auto t0 = Clock::now();
+    const StepOut out = step(s);
+    record(s, out, seconds_since(t0));
+    if (data_.eval && ((s + 1) % per_epoch_ == 0 || s + 1 == total_)) evaluate_and_report(s);
+  }
+  finish();
+  return summary_;
+}
+
+}  // namespace
+
+RunSummary run_virtual(const Config& c) {
+  VirtualRun run(c);
+  return run.run();
+}
+
+}  // namespace gg::gossip

@@ -1,0 +1,31 @@
+// Virtual ranks (train.virtual_ranks = P): P logical ranks trained in this one process, each with
+// what a real rank holds (weights, SGD momentum, gradients, batch-norm running statistics, the
+// wire codecs' error-feedback residues, its data shard and augmentation stream) and mixing through
+// the same rules (comm/mixing.hpp), wire codecs (comm/wire.hpp) and partner schedule as `mpirun -n
+// P` would, so that what P ranks learn is known without P machines. One network computes every
+// rank's forward and backward in turn (its buffers swapped in and out): the compute is about that
+// of one rank training the same epochs, the memory P times the per-rank state.
+//
+// What it models, in a real rank's order within a step: the overlapped weight exchange of the
+// previous update (its correction applied before this update), forward and backward, the
+// gradients' exchange (grad, both; allreduce as a sum over ranks in rank order), the update, the
+// weights' and momentum's exchange (model, both, gossipgrad; every gossip.model_every updates),
+// the exact global average (gossip.global_every), the consensus distance. Staleness 1 (whose
+// result depends on when buckets arrive), the node hierarchy, the distributed shuffle,
+// checkpoints and fault hooks are refused at the start (gossip/config: check_ranks).
+// Its proof: tests/mpi/virtual_ranks.sh compares its per-rank losses (log.losses) with a real
+// `mpirun -n 4` run's, bit for bit.
+#pragma once
+
+#include "gossip/config/config.hpp"
+#include "gossip/train/loop.hpp"
+
+namespace gg::gossip {
+
+// The whole job on train.virtual_ranks logical ranks: progress, metrics (every event tagged
+// "virtual": true), evaluation of the ranks' average model plus each rank's own top-1 on
+// train.rank_eval_samples test samples (min / median / max), and the summary. Throws UsageError
+// for what the user must change.
+RunSummary run_virtual(const Config& c);
+
+}  // namespace gg::gossip

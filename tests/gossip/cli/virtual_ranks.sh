@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Virtual ranks are exact: `gossipgrad train --train.virtual_ranks 4` (one process) and the same
+# job under `mpirun -n 4` (one thread per rank on both sides) write the same per-rank losses
+# (log.losses, the exact %a form) for every step, bit for bit, in the gossip modes: both (the
+# overlapped weight exchange), model with the bf16 wire and error feedback, the authors'
+# gossipgrad (weights and momentum, exchanged after each update); allreduce (an MPI sum in
+# MPICH's order against a sum in rank order) within 1e-5 relative. Then what virtual ranks do not
+# model is refused in one line, exit 2.
+set -euo pipefail
+BIN="$1"; ROOT="$2"; MPIEXEC="$3"; STEPS="${4:-200}"
+TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
+export OMP_NUM_THREADS=1
+common=(train --config "$ROOT/configs/laptop.ini" --model.width 8 --train.batch 16
+        --train.threads 1 --train.max_steps "$STEPS" --log.progress false
+        --gossip.consensus_every 0 --train.rank_eval_samples 0)
+cases=(
+  "both|--gossip.mode both"
+  "model-bf16-ef|--gossip.mode model --gossip.model_wire bf16 --gossip.error_feedback true"
+  "gossipgrad|--gossip.mode gossipgrad --gossip.overlap_model false"
+  "allreduce|--gossip.mode allreduce"
+)
+for c in "${cases[@]}"; do
+  name=${c%%|*}; read -r -a opts <<<"${c#*|}"
+  "$MPIEXEC" -n 4 "$BIN" "${common[@]}" "${opts[@]}" --log.losses "$TMP/$name/real/loss" \
+    --log.metrics "$TMP/$name-real.jsonl" >"$TMP/$name-real.out" 2>&1 ||
+    { cat "$TMP/$name-real.out"; exit 1; }
+  "$BIN" "${common[@]}" "${opts[@]}" --train.virtual_ranks 4 \
+    --log.losses "$TMP/$name/virtual/loss" --log.metrics "$TMP/$name-virtual.jsonl" \
+    >"$TMP/$name-virtual.out" 2>&1 || { cat "$TMP/$name-virtual.out"; exit 1; }
+  grep -q "4 VIRTUAL ranks" "$TMP/$name-virtual.out"
+  tol=0; [ "$name" = allreduce ] && tol=1e-5
+  python3 - "$TMP/$name" "$STEPS" "$tol" "$name" "$TMP/$name-virtual.jsonl" <<'PY'
+import json, sys
+root, steps, tol, name, metrics = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5]
+worst = 0.0
+for r in range(4):
+    real = [l.split() for l in open(f"{root}/real/loss.{r}")]
+    virt = [l.split() for l in open(f"{root}/virtual/loss.{r}")]
+    assert len(real) == len(virt) == steps, (name, r, len(real), len(virt))
+    for (s1, a), (s2, b) in zip(real, virt):
+        assert s1 == s2
+        if tol == 0:
+            assert a == b, f"{name}: rank {r} step {s1}: real loss {float.fromhex(a)!r} virtual {float.fromhex(b)!r}"
+        else:
+            x, y = float.fromhex(a), float.fromhex(b)
+            worst = max(worst, abs(x - y) / abs(x))
+            assert abs(x - y) <= tol * abs(x), f"{name}: rank {r} step {s1}: {x!r} vs {y!r}"
+events = [json.loads(l) for l in open(metrics)]
+assert all(e.get("virtual") is True for e in events), "an event without virtual: true"
+print(f"{name}: 4 ranks x {steps} steps, " +
+      ("bit-identical" if tol == 0 else f"largest relative difference {worst:.2e} (<= {tol:g})"))
+PY
+done
+
+# What virtual ranks do not model: one line naming it, exit 2, nothing run.
+refused() {
+  local want="$1"; shift
+  set +e; out=$("$@" 2>&1); rc=$?; set -e
+  [ "$rc" = 2 ] || { echo "expected exit 2, got $rc: $*"; echo "$out"; exit 1; }
+  [ "$(echo "$out" | grep -c "error:")" = 1 ] && echo "$out" | grep -q -- "$want" ||
+    { echo "expected one line naming '$want': $out"; exit 1; }
+}
+refused "launch it without mpirun" "$MPIEXEC" -n 2 "$BIN" "${common[@]}" --train.virtual_ranks 4
+refused "gossip.staleness" "$BIN" "${common[@]}" --train.virtual_ranks 4 --gossip.staleness 1 \
+  --gossip.overlap_model false
+refused "data.shuffle" "$BIN" "${common[@]}" --train.virtual_ranks 4 --data.shuffle ids
+refused "checkpoints" "$BIN" "${common[@]}" --train.virtual_ranks 4 --checkpoint.dir "$TMP/ck"
+refused "hypercube" "$BIN" "${common[@]}" --train.virtual_ranks 6 --gossip.schedule hypercube
+[ ! -e "$TMP/ck" ]
+echo "virtual ranks: refusals ok"
