@@ -162,8 +162,9 @@ void train_options(std::vector<Option>& o) {
      "on one network (memory: ranks x the per-rank state); what p ranks would learn, without p "
      "machines (0: off, the ranks are mpirun's)"},
     {GG_OPTION(train.rank_eval_samples), at_least(0),
-     "virtual ranks: each rank's own model is also evaluated on the first this many test samples, "
-     "for the min / median / max top-1 over ranks in each evaluation (0: only the average model)"},
+     "virtual ranks: after the last step each rank's own model is also evaluated on the first "
+     "this many test samples (whole evaluation batches), for the min / median / max top-1 over "
+     "the ranks (0: only the ranks' average model)"},
   });
 }
 
