@@ -107,14 +107,14 @@ GossipOptions checked(GossipOptions o, int ranks) {
   return o;
 }
 
-// The rule the options ask for, over the exchange's buffer.
+}  // namespace
+
 std::unique_ptr<MixingRule> make_rule(const GossipOptions& o, float* buffer,
                                       const std::vector<kernels::Bucket>& buckets) {
   if (o.delayed) return std::make_unique<DelayedAverage>(buffer, buckets);
   if (o.staleness == 1) return std::make_unique<StaleAverage>(buffer, buckets, o.skip_late);
   return std::make_unique<PairAverage>(buffer, buckets);
 }
-}  // namespace
 
 GossipExchange::GossipExchange(const mpi::Comm& world, float* buffer,
                                std::vector<kernels::Bucket> buckets, GossipOptions o)

@@ -85,6 +85,12 @@ class AllreduceExchange final : public BucketExchange {
   std::thread worker_;
 };
 
+// The mixing rule an exchange with options `o` runs over `buffer` (rules.hpp): the overlapped
+// correction (delayed), the partner's latest bucket (staleness 1) or the pair average. The engine
+// below and virtual ranks (gossip/train/virtual.hpp) both take their rules from here.
+std::unique_ptr<MixingRule> make_rule(const GossipOptions& o, float* buffer,
+                                      const std::vector<kernels::Bucket>& buckets);
+
 // Gossip: bucket b is averaged with the same bucket of this step's partner, x = (x + x_from) / 2,
 // where the schedule says who sends to whom. Transports move the bytes; threading decides who
 // drives them:

@@ -8,7 +8,6 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <span>
 #include <thread>
 #include <vector>
 
@@ -28,68 +27,69 @@
 namespace gg::gossip {
 namespace {
 
-std::span<float> part(float* base, const kernels::Bucket& k) {
-  return {base + k.begin, static_cast<size_t>(k.size())};
-}
-
-// One flat buffer (gradients, weights or momentum) of every virtual rank, exchanged as the real
-// ranks' GossipExchange does it: each rank's bucket goes through its own wire codec (bf16 and its
-// residue), and the receiver mixes what recv_from sent with its own values, by the pair average
-// or, delayed (gossip.overlap_model), as the correction (partner - sent) / 2 applied before the
-// next update. Every rank's image is taken before any rank mixes: what a rank sends is its buffer
-// as it was when the exchange started, as on real ranks.
+// One flat buffer (gradients, weights or momentum) of every virtual rank, exchanged as the
+// engine (GossipExchange) exchanges it on real ranks, with the same parts: each rank's mixing
+// rule (make_rule: the pair average, or, overlapped, the correction (partner - sent) / 2 applied
+// before the next update) and its wire codec (bf16 and its residue). Every rank's outgoing image
+// is taken before any rank mixes, as on real ranks, where a bucket is sent before the partner's
+// arrives.
 class VirtualExchange {
  public:
-  VirtualExchange(int ranks, Wire wire, bool error_feedback,
+  VirtualExchange(const std::vector<float*>& x, Wire wire, bool error_feedback,
                   const std::vector<kernels::Bucket>& buckets, bool delayed)
-      : buckets_(buckets), delayed_(delayed) {
-    for (int r = 0; r < ranks; ++r) codecs_.emplace_back(wire, error_feedback, buckets);
-    wire_.assign(static_cast<size_t>(ranks) * static_cast<size_t>(codecs_[0].floats()), 0.f);
-    if (delayed_) delta_.assign(static_cast<size_t>(ranks), std::vector<float>(count(), 0.f));
+      : buckets_(buckets) {
+    GossipOptions o;
+    o.wire = wire;
+    o.error_feedback = error_feedback;
+    o.delayed = delayed;
+    for (float* v : x) {
+      codecs_.emplace_back(wire, error_feedback, buckets);
+      rules_.push_back(make_rule(o, v, buckets));
+    }
+    wire_.assign(x.size() * static_cast<size_t>(codecs_[0].floats()), 0.f);
   }
-  size_t count() const { return buckets_.empty() ? 0 : static_cast<size_t>(buckets_[0].end); }
   // Bytes one rank sends in one exchange (the transports' payload).
   int64_t bytes_per_rank() const {
     return codecs_[0].floats() * static_cast<int64_t>(sizeof(float));
   }
 
-  void exchange(const std::vector<float*>& x, const partners::Schedule& s, int64_t step) {
+  // Every rank sends its buffer to send_to and mixes what recv_from sent, in exchange `step`.
+  void exchange(const partners::Schedule& s, int64_t step) {
     const size_t floats = static_cast<size_t>(codecs_[0].floats());
     const auto& layout = codecs_[0].layout();
-    const int ranks = static_cast<int>(x.size());
-    for (int r = 0; r < ranks; ++r)
-      for (size_t b = 0; b < buckets_.size(); ++b) {
-        const float* image = codecs_[r].encode(static_cast<int>(b), x[r] + buckets_[b].begin);
+    const int buckets = static_cast<int>(buckets_.size());
+    for (size_t r = 0; r < rules_.size(); ++r) {
+      if (auto* d = dynamic_cast<DelayedAverage*>(rules_[r].get())) d->snapshot();
+      for (int b = 0; b < buckets; ++b) {
+        rules_[r]->capture(b);
+        const float* image = codecs_[r].encode(b, rules_[r]->outgoing(b));
         std::copy(image, image + layout[b].size(), wire_.data() + r * floats + layout[b].begin);
       }
-    for (int r = 0; r < ranks; ++r) {
-      const int from = partners::partners(s, r, step).recv_from;
-      for (size_t b = 0; b < buckets_.size(); ++b) {
-        const kernels::Bucket& k = buckets_[b];
-        const float* in =
-            codecs_[r].decode(static_cast<int>(b), wire_.data() + from * floats + layout[b].begin);
-        const std::span<const float> partner(in, static_cast<size_t>(k.size()));
-        if (delayed_)
-          mix_correction(part(x[r], k), partner, part(delta_[r].data(), k));
-        else
-          mix_pair(part(x[r], k), partner);
-      }
     }
-    pending_ = delayed_;
+    for (size_t r = 0; r < rules_.size(); ++r) {
+      const size_t from =
+          static_cast<size_t>(partners::partners(s, static_cast<int>(r), step).recv_from);
+      for (int b = 0; b < buckets; ++b)
+        rules_[r]->received(b, step,
+                            codecs_[r].decode(b, wire_.data() + from * floats + layout[b].begin));
+      rules_[r]->finish(step);
+    }
+    pending_ = true;
   }
-  // Delayed: the corrections of the last exchange added to the buffers.
-  void apply(const std::vector<float*>& x) {
+  // Overlapped: the corrections of the last exchange added to the buffers.
+  void apply() {
     if (!pending_) return;
-    for (size_t r = 0; r < x.size(); ++r) apply_correction({x[r], count()}, delta_[r]);
+    for (auto& rule : rules_)
+      if (auto* d = dynamic_cast<DelayedAverage*>(rule.get())) d->apply();
     pending_ = false;
   }
 
  private:
   std::vector<kernels::Bucket> buckets_;
   std::vector<WireCodec> codecs_;
+  std::vector<std::unique_ptr<MixingRule>> rules_;
   std::vector<float> wire_;  // every rank's outgoing image, ranks x the codec's floats
-  bool delayed_, pending_ = false;
-  std::vector<std::vector<float>> delta_;
+  bool pending_ = false;
 };
 
 // One logical rank's own state.
@@ -275,15 +275,15 @@ void VirtualRun::make_ranks() {
   const auto& buckets = net_.buckets();
   const bool ef = c.gossip.error_feedback;
   if (algorithm_.grads)
-    grad_x_ = std::make_unique<VirtualExchange>(ranks_, plan.wire, ef && plan.wire == Wire::Bf16,
+    grad_x_ = std::make_unique<VirtualExchange>(grads(), plan.wire, ef && plan.wire == Wire::Bf16,
                                                 buckets, false);
   const bool ef_model = ef && plan.model_wire == Wire::Bf16;
   if (algorithm_.weights)
-    weight_x_ = std::make_unique<VirtualExchange>(ranks_, plan.model_wire, ef_model, buckets,
+    weight_x_ = std::make_unique<VirtualExchange>(params(), plan.model_wire, ef_model, buckets,
                                                   c.gossip.overlap_model);
   if (algorithm_.momentum)
-    momentum_x_ = std::make_unique<VirtualExchange>(ranks_, plan.model_wire, ef_model, buckets,
-                                                    c.gossip.overlap_model);
+    momentum_x_ = std::make_unique<VirtualExchange>(velocities(), plan.model_wire, ef_model,
+                                                    buckets, c.gossip.overlap_model);
 }
 
 std::vector<float*> VirtualRun::pointers(std::vector<float> Rank::*member) {
@@ -306,8 +306,8 @@ void VirtualRun::load(const Rank& r) {
 
 void VirtualRun::start_model_exchange(StepOut& out) {
   if (model_due_ < 0) return;
-  if (weight_x_) weight_x_->exchange(params(), schedule_, model_due_);
-  if (momentum_x_) momentum_x_->exchange(velocities(), schedule_, model_due_);
+  if (weight_x_) weight_x_->exchange(schedule_, model_due_);
+  if (momentum_x_) momentum_x_->exchange(schedule_, model_due_);
   for (VirtualExchange* e : {weight_x_.get(), momentum_x_.get()})
     if (e) out.sent_bytes += e->bytes_per_rank();
   model_due_ = -1;
@@ -315,8 +315,8 @@ void VirtualRun::start_model_exchange(StepOut& out) {
 
 void VirtualRun::flush_model(StepOut& out) {
   start_model_exchange(out);
-  if (weight_x_) weight_x_->apply(params());
-  if (momentum_x_) momentum_x_->apply(velocities());
+  if (weight_x_) weight_x_->apply();
+  if (momentum_x_) momentum_x_->apply();
 }
 
 void VirtualRun::exchange_after_update(int64_t round, StepOut& out) {
@@ -371,7 +371,7 @@ VirtualRun::StepOut VirtualRun::step(int64_t s) {
   if (algorithm_.allreduce) {
     average(grads(), rank_[0].grads.size());
   } else if (grad_x_) {
-    grad_x_->exchange(grads(), schedule_, s);
+    grad_x_->exchange(schedule_, s);
     out.sent_bytes += grad_x_->bytes_per_rank();
   }
   out.lr = lr_->at(s);
