@@ -3,7 +3,7 @@
 # and PyTorch DDP over gloo, on the cluster in a box (cluster.sh: one network namespace per node,
 # links shaped with tc), with compute emulated from a measured GPU profile ([emulate]).
 #
-# usage: bench/cluster/study.sh [--plan quick|session|check|ten|late|lag|tcp|fill|hier|lean|full] [--out DIR] [--profile p100|h100]
+# usage: bench/cluster/study.sh [--plan quick|session|check|ten|late|lag|tcp|fill|hier|lean|authors|full] [--out DIR] [--profile p100|h100]
 #
 # Every point runs p ranks on p nodes (one rank per node) at a link rate R with ResNet-50's real
 # gradient (102 MB, gossipgrad's buckets of gossip.bucket_kb) and the profile's forward/backward/
@@ -51,7 +51,7 @@ PROFILE=p100
 die() { echo "study.sh: $*" >&2 && exit 1; }
 while (($#)); do
     case $1 in
-    --plan) PLAN=${2:?--plan needs quick, session, check, ten, late, lag, tcp, fill, hier, lean or full} && shift 2 ;;
+    --plan) PLAN=${2:?--plan needs quick, session, check, ten, late, lag, tcp, fill, hier, lean, authors or full} && shift 2 ;;
     --out) OUT=${2:?--out needs a folder} && shift 2 ;;
     --profile) PROFILE=${2:?--profile needs p100 or h100} && shift 2 ;;
     -h | --help) sed -n '2,/^set -euo/{/^#/s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}" && exit 0 ;;
@@ -151,6 +151,11 @@ points() {
         for c in quiet jitter straggler; do echo "16 1000 $c model+bf16"; done
         echo "16 1000 quiet both+every4+bf16"
         ;;
+    authors)
+        # GossipGraD as its authors ran it (weights and momentum mixed after the update:
+        # gossip.mode gossipgrad), beside model + bf16 and DDP in the same session.
+        for m in gossipgrad gossipgrad+bf16 model+bf16 ddp; do echo "16 1000 quiet $m"; done
+        ;;
     hier)
         # Two ranks per node (8 nodes of 2 at p = 16): every rank gossiping with its own partner
         # (two buckets' worth on each node's link) against the node-then-network hierarchy
@@ -167,7 +172,7 @@ points() {
             for m in grad allreduce ddp; do echo "$p 500 quiet $m"; done
         done
         ;;
-    *) echo "study.sh: --plan $PLAN: use quick, session, check, ten, late, lag, tcp, fill, hier, lean or full" >&2 && exit 2 ;;
+    *) echo "study.sh: --plan $PLAN: use quick, session, check, ten, late, lag, tcp, fill, hier, lean, authors or full" >&2 && exit 2 ;;
     esac
 }
 
@@ -227,13 +232,18 @@ run_point() { # p rate condition method K
         [[ $method == *+hier* ]] && hier=node
         [[ $method == *+every4* ]] && every=4
         [[ $method == *+bf16* ]] && wire=bf16
+        # Each wire only where the mode sends that buffer (a wire for a buffer the mode never
+        # sends is refused): the gradients' in grad and both, the weights' in the others.
+        local grad_wire=fp32 model_wire=fp32
+        [[ $mode == grad || $mode == both ]] && grad_wire=$wire
+        [[ $mode == model || $mode == both || $mode == gossipgrad ]] && model_wire=$wire
         [[ $method == *+stale* ]] && stale=1
         [[ $method == *+lag* ]] && lag=1
         "$CLUSTER" --prefix "$PREFIX" run -n "$p" -ppn "$ppn" -- "$BIN" train \
             --config "$BASE" --model.name resnet50 --train.batch "$BATCH" \
             --train.threads 1 --data.augment false --train.max_steps $((WARMUP + STEPS)) \
             --gossip.mode "$mode" --gossip.transport "$transport" \
-            --gossip.wire "$wire" --gossip.model_wire "$wire" --gossip.bucket_kb $BUCKET_KB \
+            --gossip.wire "$grad_wire" --gossip.model_wire "$model_wire" --gossip.bucket_kb $BUCKET_KB \
             --gossip.consensus_every 0 --gossip.staleness $stale --guard.lag $lag \
             --gossip.hierarchy $hier --gossip.model_every $every \
             --gossip.timeout_s 1200 --emulate.forward_ms "$fwd" \

@@ -93,7 +93,11 @@ timeout 150 "$BIN" supervise --max-restarts 2 -- "$MPIEXEC" -n 4 "$BIN" "${RUN[@
 sup=$!
 wait_step m2.jsonl 60
 victim=$(rank_pid "$TMP/ck2" 1) || fail "rank 1 not found"
-kill -STOP $sup
+# $sup is timeout's pid: SIGSTOP to it would stop timeout alone (it forwards only the signals it
+# can catch), and the supervisor would race the damage below. Its only child is the supervisor.
+supv=$(pgrep -P "$sup") || fail "the supervisor under timeout not found"
+kill -STOP "$supv"
+[[ $(ps -o stat= -p "$supv") == T* ]] || fail "the supervisor did not stop"
 kill -9 "$victim"
 for _ in $(seq 300); do
   [ "$(ls ck2/emergency/attempt-0/rank-*.bin 2>/dev/null | wc -l)" = 4 ] &&
@@ -104,7 +108,7 @@ done
 py "
 f = open('ck2/emergency/attempt-0/rank-00003.bin', 'r+b'); f.seek(100); b = f.read(1)
 f.seek(100); f.write(bytes([b[0] ^ 0x40]))"
-kill -CONT $sup
+kill -CONT "$supv"
 wait $sup || fail "corrupt state: supervise exited $?: $(tail -8 err2.log)"
 [ "$(grep -c 'rank-00003.bin: checksum mismatch (corrupt or truncated): restarting from the newest full checkpoint instead' err2.log)" = 1 ] ||
   fail "no one-line fallback: $(cat err2.log)"

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Virtual ranks are exact: `gossipgrad train --train.virtual_ranks 4` (one process) and the same
 # job under `mpirun -n 4` (one thread per rank on both sides) write the same per-rank losses
-# (log.losses, the exact %a form) for every step, bit for bit, in the gossip modes: both (the
-# overlapped weight exchange), model with the bf16 wire and error feedback, the authors'
-# gossipgrad (weights and momentum, exchanged after each update); allreduce (an MPI sum in
-# MPICH's order against a sum in rank order) within 1e-5 relative. Then what virtual ranks do not
-# model is refused in one line, exit 2.
+# (log.losses, the exact %a form) for every step, bit for bit, and the same bytes sent per step
+# (metrics: sent_bytes), in the gossip modes: both (the overlapped weight exchange), model with
+# the bf16 wire and error feedback, the authors' gossipgrad (weights and momentum, exchanged
+# after each update); allreduce within 1e-5 relative (virtual ranks add in MPICH's recursive-
+# doubling order, which makes it exact with Debian's MPICH; another MPI may add otherwise). A
+# mixing weight mutated in the virtual path alone (0.501 / 0.499) fails it at step 1. Then what
+# virtual ranks do not model is refused in one line, exit 2.
 set -euo pipefail
 BIN="$1"; ROOT="$2"; MPIEXEC="$3"; STEPS="${4:-200}"
 TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
@@ -29,9 +31,9 @@ for c in "${cases[@]}"; do
     >"$TMP/$name-virtual.out" 2>&1 || { cat "$TMP/$name-virtual.out"; exit 1; }
   grep -q "4 VIRTUAL ranks" "$TMP/$name-virtual.out"
   tol=0; [ "$name" = allreduce ] && tol=1e-5
-  python3 - "$TMP/$name" "$STEPS" "$tol" "$name" "$TMP/$name-virtual.jsonl" <<'PY'
+  python3 - "$TMP/$name" "$STEPS" "$tol" "$name" "$TMP/$name-virtual.jsonl" "$TMP/$name-real.jsonl" <<'PY'
 import json, sys
-root, steps, tol, name, metrics = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5]
+root, steps, tol, name, metrics, real_metrics = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6]
 worst = 0.0
 for r in range(4):
     real = [l.split() for l in open(f"{root}/real/loss.{r}")]
@@ -47,6 +49,10 @@ for r in range(4):
             assert abs(x - y) <= tol * abs(x), f"{name}: rank {r} step {s1}: {x!r} vs {y!r}"
 events = [json.loads(l) for l in open(metrics)]
 assert all(e.get("virtual") is True for e in events), "an event without virtual: true"
+# The bytes a rank sends each step: the virtual count against rank 0's transports' count.
+sent = lambda evs: [e["sent_bytes"] for e in evs if e["event"] == "step"]
+real_events = [json.loads(l) for l in open(real_metrics)]
+assert sent(events) == sent(real_events), f"{name}: sent bytes differ: {sent(events)[:4]} vs {sent(real_events)[:4]}"
 print(f"{name}: 4 ranks x {steps} steps, " +
       ("bit-identical" if tol == 0 else f"largest relative difference {worst:.2e} (<= {tol:g})"))
 PY
