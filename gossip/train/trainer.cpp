@@ -310,6 +310,43 @@ void Trainer::account(StepStats& s) {
   lateness_ = now;
 }
 
+EvalSums evaluation_sums(kernels::Executor& exec, int64_t classes,
+                         const shuffle::SampleSource& data, shuffle::LoaderOptions o, int rank,
+                         int ranks) {
+  o.batch = exec.batch();
+  o.rank = rank;
+  o.ranks = ranks;
+  o.augment.enabled = false;
+  o.shuffle = false;
+  o.drop_last = false;
+  o.prefetch = 2;
+  shuffle::PrefetchLoader loader(data, o, 0, 1);
+  shuffle::Batch b;
+  EvalSums sums = {0, 0, 0, 0};
+  while (loader.next(b)) {
+    const float* logits = exec.forward(b.x.data(), false);
+    const auto r = kernels::softmax_cross_entropy(logits, b.y.data(), o.batch, classes, nullptr);
+    int64_t n = 0;
+    for (int32_t v : b.y) n += v >= 0;
+    sums[0] += r.loss * static_cast<double>(n);
+    sums[1] += static_cast<double>(r.correct);
+    sums[2] += static_cast<double>(r.top5);
+    sums[3] += static_cast<double>(n);
+  }
+  return sums;
+}
+
+EvalStats eval_stats(const EvalSums& sums) {
+  EvalStats e;
+  e.samples = static_cast<int64_t>(sums[3]);
+  if (e.samples > 0) {
+    e.loss = sums[0] / sums[3];
+    e.top1 = sums[1] / sums[3];
+    e.top5 = sums[2] / sums[3];
+  }
+  return e;
+}
+
 EvalStats Trainer::evaluate(const shuffle::SampleSource& data, shuffle::LoaderOptions o) {
   // Evaluate the average model, then give every rank its own weights back.
   flush_model();
@@ -320,36 +357,11 @@ EvalStats Trainer::evaluate(const shuffle::SampleSource& data, shuffle::LoaderOp
   }
   const double consensus =
       distance_to_average(own_params.data(), store().params.data(), store().params.size());
-  o.batch = c_.train.eval_batch;
-  o.rank = world_.rank();
-  o.ranks = world_.size();
-  o.augment.enabled = false;
-  o.shuffle = false;
-  o.drop_last = false;
-  o.prefetch = 2;
-  shuffle::PrefetchLoader loader(data, o, 0, 1);
-  shuffle::Batch b;
-  double sums[4] = {0, 0, 0, 0};  // loss * n, correct, top5, n
   if (!eval_exec_) eval_exec_ = &net_.at_batch(c_.train.eval_batch);
-  while (loader.next(b)) {
-    const float* logits = eval_exec_->forward(b.x.data(), false);
-    const auto r =
-        kernels::softmax_cross_entropy(logits, b.y.data(), o.batch, graph().classes(), nullptr);
-    int64_t n = 0;
-    for (int32_t v : b.y) n += v >= 0;
-    sums[0] += r.loss * n;
-    sums[1] += r.correct;
-    sums[2] += r.top5;
-    sums[3] += n;
-  }
-  world_.allreduce_sum(sums, 4);
-  EvalStats e;
-  e.samples = static_cast<int64_t>(sums[3]);
-  if (e.samples > 0) {
-    e.loss = sums[0] / sums[3];
-    e.top1 = sums[1] / sums[3];
-    e.top5 = sums[2] / sums[3];
-  }
+  EvalSums sums =
+      evaluation_sums(*eval_exec_, graph().classes(), data, o, world_.rank(), world_.size());
+  world_.allreduce_sum(sums.data(), static_cast<int64_t>(sums.size()));
+  EvalStats e = eval_stats(sums);
   store().params = own_params;
   store().buffers = own_buffers;
   e.consensus = consensus;

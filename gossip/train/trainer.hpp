@@ -2,6 +2,7 @@
 // engine as they complete, the optimizer step, evaluation, metrics and progress.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -43,6 +44,15 @@ struct EvalStats {
   double consensus = 0;  // mean squared distance of the ranks' weights to their average
   int64_t samples = 0;
 };
+
+// The evaluation pass of one process over its share (rank of ranks) of `data`, in order, without
+// augmentation, the last batch padded: {loss x samples, top-1 hits, top-5 hits, samples}, to be
+// added over ranks; eval_stats makes the means. `o` gives the normalisation and transform.
+using EvalSums = std::array<double, 4>;
+EvalSums evaluation_sums(kernels::Executor& exec, int64_t classes,
+                         const shuffle::SampleSource& data, shuffle::LoaderOptions o, int rank,
+                         int ranks);
+EvalStats eval_stats(const EvalSums& sums);
 
 class Trainer {
  public:

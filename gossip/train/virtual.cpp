@@ -418,28 +418,8 @@ EvalStats VirtualRun::evaluate() {
   kernels::ParamStore& store = net_.store();
   std::copy(avg_params.begin(), avg_params.end(), store.params.data());
   store.buffers = avg_buffers;
-  kernels::Executor& exec = net_.at_batch(c_.train.eval_batch);
-  shuffle::PrefetchLoader loader(*data_.eval, eval_loader(c_, lo_), 0, 1);
-  shuffle::Batch b;
-  double sums[4] = {0, 0, 0, 0};  // loss * n, correct, top5, n
-  while (loader.next(b)) {
-    const float* logits = exec.forward(b.x.data(), false);
-    const auto r = kernels::softmax_cross_entropy(logits, b.y.data(), c_.train.eval_batch,
-                                                  net_.graph().classes(), nullptr);
-    int64_t n = 0;
-    for (int32_t v : b.y) n += v >= 0;
-    sums[0] += r.loss * n;
-    sums[1] += r.correct;
-    sums[2] += r.top5;
-    sums[3] += n;
-  }
-  EvalStats e;
-  e.samples = static_cast<int64_t>(sums[3]);
-  if (e.samples > 0) {
-    e.loss = sums[0] / sums[3];
-    e.top1 = sums[1] / sums[3];
-    e.top5 = sums[2] / sums[3];
-  }
+  EvalStats e = eval_stats(evaluation_sums(net_.at_batch(c_.train.eval_batch),
+                                           net_.graph().classes(), *data_.eval, lo_, 0, 1));
   e.consensus = consensus();
   return e;
 }
