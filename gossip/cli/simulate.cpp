@@ -312,6 +312,8 @@ void refuse_unmodelled(const Config& c) {
        "gossip.model_every = " + std::to_string(c.gossip.model_every)},
       {c.gossip.global_every != d.gossip.global_every,
        "gossip.global_every = " + std::to_string(c.gossip.global_every)},
+      {c.gossip.consensus_bound != d.gossip.consensus_bound,
+       "gossip.consensus_bound (its global averages depend on the training)"},
       {weights && !c.gossip.overlap_model, "gossip.overlap_model = false"},
       {mixing_of(c).momentum, "gossip.mode = " + c.gossip.mode + " (the momentum's exchange)"}};
   for (const auto& [set, what] : unmodelled)

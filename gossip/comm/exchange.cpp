@@ -111,9 +111,15 @@ GossipOptions checked(GossipOptions o, int ranks) {
 
 std::unique_ptr<MixingRule> make_rule(const GossipOptions& o, float* buffer,
                                       const std::vector<kernels::Bucket>& buckets) {
-  if (o.delayed) return std::make_unique<DelayedAverage>(buffer, buckets);
-  if (o.staleness == 1) return std::make_unique<StaleAverage>(buffer, buckets, o.skip_late);
-  return std::make_unique<PairAverage>(buffer, buckets);
+  std::unique_ptr<MixingRule> rule;
+  if (o.delayed)
+    rule = std::make_unique<DelayedAverage>(buffer, buckets);
+  else if (o.staleness == 1)
+    rule = std::make_unique<StaleAverage>(buffer, buckets, o.skip_late);
+  else
+    rule = std::make_unique<PairAverage>(buffer, buckets);
+  rule->measure_distance(o.measure_distance);
+  return rule;
 }
 
 GossipExchange::GossipExchange(const mpi::Comm& world, float* buffer,

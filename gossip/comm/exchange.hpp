@@ -144,6 +144,12 @@ class GossipExchange final : public BucketExchange {
   std::vector<TransportTraffic> transport_counters() const { return transport_->traffic(); }
   int64_t bytes_sent() const override;
   Lateness lateness() const override;
+  // With options.measure_distance: sum of ||x - partner||^2 over the buckets mixed since the last
+  // call (rules.hpp, take_distance).
+  double take_distance() { return rule_->take_distance(); }
+  // The sum not taken yet, and its replacement by a restored state's (resume, rollback).
+  double distance() const { return rule_->distance(); }
+  void restore_distance(double d) { rule_->reset_distance(d); }
 
  private:
   using Job = BucketQueue::Job;

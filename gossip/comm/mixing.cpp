@@ -27,6 +27,22 @@ void apply_correction(std::span<float> x, std::span<const float> delta) {
   for (size_t i = 0; i < x.size(); ++i) x[i] += delta[i];
 }
 
+double squared_distance(std::span<const float> a, std::span<const float> b) {
+  same_size(a.size(), b.size(), "squared_distance");
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double diff = static_cast<double>(a[i]) - static_cast<double>(b[i]);
+    d += diff * diff;
+  }
+  return d;
+}
+
+double squared_norm(std::span<const float> a) {
+  double d = 0;
+  for (float v : a) d += static_cast<double>(v) * static_cast<double>(v);
+  return d;
+}
+
 void mean_of_sum(std::span<float> x, int ranks) {
   if (ranks < 1) throw std::invalid_argument("mean_of_sum: ranks must be >= 1");
   const float inv = 1.f / static_cast<float>(ranks);

@@ -18,6 +18,11 @@ void mix_correction(std::span<const float> sent, std::span<const float> partner,
                     std::span<float> delta);
 void apply_correction(std::span<float> x, std::span<const float> delta);
 
+// sum_i (a_i - b_i)^2 in double: how far apart two ranks' values are (consensus control).
+double squared_distance(std::span<const float> a, std::span<const float> b);
+// sum_i a_i^2 in double.
+double squared_norm(std::span<const float> a);
+
 // A sum over `ranks` ranks -> their mean (allreduce, the node average).
 void mean_of_sum(std::span<float> x, int ranks);
 

@@ -21,7 +21,9 @@ const float* PairAverage::outgoing(int b) const { return x_ + buckets_[b].begin;
 
 void PairAverage::received(int b, int64_t, const float* partner) {
   const kernels::Bucket& k = buckets_[b];
-  mix_pair(span_of(x_, k), {partner, static_cast<size_t>(k.size())});
+  const std::span<const float> p(partner, static_cast<size_t>(k.size()));
+  if (measuring()) add_distance(squared_distance(span_of(x_, k), p));
+  mix_pair(span_of(x_, k), p);
 }
 
 StaleAverage::StaleAverage(float* buffer, std::vector<kernels::Bucket> buckets, bool skip_late)
@@ -54,6 +56,9 @@ void StaleAverage::finish(int64_t step) {
       continue;
     }
     if (f == Freshness::Late) ++lateness_.late;
+    if (measuring())
+      add_distance(
+          squared_distance(span_of(x_, buckets_[b]), span_of(latest_.data(), buckets_[b])));
     mix_pair(span_of(x_, buckets_[b]), span_of(latest_.data(), buckets_[b]));
   }
 }
@@ -77,6 +82,7 @@ void DelayedAverage::received(int b, int64_t, const float* partner) {
   const kernels::Bucket& k = buckets_[b];
   mix_correction(span_of(sent_.data(), k), {partner, static_cast<size_t>(k.size())},
                  span_of(delta_.data(), k));
+  if (measuring()) add_distance(4 * squared_norm(span_of(delta_.data(), k)));
 }
 
 void DelayedAverage::apply() { apply_correction({x_, delta_.size()}, delta_); }

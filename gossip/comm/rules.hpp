@@ -45,6 +45,36 @@ class MixingRule {
   // rule sends the buffer itself and writes the pair average into it on arrival.
   virtual bool pair_average_in_place() const { return false; }
   virtual Lateness lateness() const { return {}; }
+  // Consensus control (gossip.consensus_bound): with measure_distance(true) a rule adds up
+  // ||x - partner||^2 over the buckets it mixes, before mixing them; take_distance() returns the
+  // sum since its last call and starts a new one. Off by default (a pass over every bucket).
+  // distance() reads the sum without taking it (a rank's state carries it across a checkpoint);
+  // reset_distance(d) replaces it (a restored state) and returns what it was.
+  void measure_distance(bool on) { measure_ = on; }
+  bool measuring() const { return measure_; }
+  double take_distance() { return reset_distance(0); }
+  double distance() const {
+    std::lock_guard lock(distance_mu_);
+    return distance_;
+  }
+  double reset_distance(double d) {
+    std::lock_guard lock(distance_mu_);
+    const double was = distance_;
+    distance_ = d;
+    return was;
+  }
+
+ protected:
+  // A rule adds what it measured (a communication thread).
+  void add_distance(double d) {
+    std::lock_guard lock(distance_mu_);
+    distance_ += d;
+  }
+
+ private:
+  bool measure_ = false;
+  double distance_ = 0;
+  mutable std::mutex distance_mu_;
 };
 
 // Staleness 0: x = (x + partner) / 2 as each bucket arrives.

@@ -113,6 +113,13 @@ void check_exchange(const Config& c) {
         mode +
         " exchanges no weights (use gossip.global_every for an average of the "
         "weights)");
+  if (c.gossip.consensus_bound > 0 && !weights)
+    throw UsageError(
+        "gossip.consensus_bound estimates the ranks' distance from the partner's "
+        "weights; gossip.mode = " +
+        mode +
+        " exchanges none: use model, both or gossipgrad (or "
+        "gossip.global_every for a fixed period)");
   if (c.gossip.hierarchy == "node") {
     if (!grads || weights)
       throw UsageError(

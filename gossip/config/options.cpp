@@ -200,9 +200,21 @@ void gossip_options(std::vector<Option>& o) {
     {GG_OPTION(gossip.overlap_model), {},
      "model/both: exchange the weights behind the next step and apply the correction "
      "(w_partner - w_sent) / 2 before its update, instead of waiting after each update"},
+  });
+}
+
+// [gossip], continued: how often and how exactly the ranks are brought together, and the wire.
+void gossip_mixing_options(std::vector<Option>& o) {
+  o.insert(o.end(), {
     {GG_OPTION(gossip.global_every), at_least(0),
      "grad/model/both: exact global average of the weights (and batch-norm statistics) every H "
      "steps (0: never)"},
+    {GG_OPTION(gossip.consensus_bound), at_least(0),
+     "model/both/gossipgrad, consensus control: after each weight exchange every rank adds up "
+     "||w - w_partner||^2 over what it received, the ranks sum it (one 8-byte allreduce), and "
+     "when the estimate sum / (2 p) of the consensus distance (the units of the logged "
+     "consensus) exceeds this bound they take an exact global average of the weights and "
+     "batch-norm statistics, counted in the metrics (0: off)"},
     {GG_OPTION(gossip.model_every), in(1, 1000000),
      "model/both: the weights are exchanged with the partner every k-th step only (the "
      "gradients of both still every step); 1: every step"},
@@ -453,9 +465,10 @@ void check_range(const Option& o, const Range& r, const Config& c, bool cross) {
 const std::vector<Option>& options() {
   static const std::vector<Option> all = [] {
     std::vector<Option> o;
-    for (auto section : {data_options, model_options, train_options, gossip_options,
-                         apoptosis_options, checkpoint_options, guard_options, fault_options,
-                         network_options, emulate_options, simulate_options, log_options})
+    for (auto section :
+         {data_options, model_options, train_options, gossip_options, gossip_mixing_options,
+          apoptosis_options, checkpoint_options, guard_options, fault_options, network_options,
+          emulate_options, simulate_options, log_options})
       section(o);
     return o;
   }();

@@ -101,6 +101,7 @@ size_t encode_state_into(const RankState& s, uint8_t* dst) {
   out.array(s.velocity);
   out.array(s.delayed_delta);
   out.array(s.shuffle);
+  out.put<double>(s.consensus_distance);
   // The file checks itself too.
   out.put<uint64_t>(dst != nullptr ? checksum(dst, out.n) : 0);
   return out.n;
@@ -134,6 +135,7 @@ RankState decode_state(const uint8_t* data, size_t size, const std::string& what
   s.velocity = c.get_array<float>();
   s.delayed_delta = c.get_array<float>();
   s.shuffle = c.get_array<uint8_t>();
+  if (c.left >= sizeof(double)) s.consensus_distance = c.get<double>();  // absent: older files
   if (c.left != 0) throw std::runtime_error(what + ": trailing bytes in the rank state");
   if (s.step < 0 || s.steps_per_epoch < 1 || s.ranks < 1 || s.rank < 0 || s.rank >= s.ranks ||
       !(s.lr_scale > 0 && s.lr_scale <= 1) || s.velocity.size() != s.params.size() ||

@@ -20,6 +20,9 @@ struct RankState {
   // The overlapped weight exchange's correction, computed but not applied yet (empty: none).
   std::vector<float> delayed_delta;
   std::vector<uint8_t> shuffle;  // DistributedShuffle::save (empty with data.shuffle = off)
+  // gossip.consensus_bound: ||w - w_partner||^2 measured by the weight exchange and not taken by
+  // a check yet (an exchange completed by an evaluation or a global average between steps).
+  double consensus_distance = 0;
 };
 
 // The state as bytes (little-endian, the host's float format) and back. decode_state throws

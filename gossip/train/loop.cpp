@@ -317,6 +317,7 @@ void finish_group(Group& g, JobState& job, Timeline& timeline) {
        {"skipped", data_totals[0]},
        {"shuffled_samples", data_totals[1]},
        {"ranks", g.comm.size()},
+       {"consensus_averages", g.trainer.consensus_averages()},
        {"faults", job.failures.plan.next}});
 }
 

@@ -142,6 +142,10 @@ class Progress : public StepHook {
                         {"sent_bytes", count_or_null(r.stats.sent_bytes)},
                         {"late_buckets", count_or_null(r.stats.late_buckets)},
                         {"unmixed_buckets", count_or_null(r.stats.unmixed_buckets)},
+                        {"consensus_estimate", r.stats.consensus_estimate >= 0
+                                                   ? nlohmann::json(r.stats.consensus_estimate)
+                                                   : nlohmann::json()},
+                        {"consensus_average", r.stats.consensus_average},
                         {"data_wait_s", r.data_wait},
                         {"shuffle_s", r.shuffle_wait},
                         {"skipped", g_.data.skipped()}});

@@ -155,9 +155,11 @@ void Trainer::make_exchanges() {
     }
     // After the update: the weights, and with them the momentum (the authors' GossipGraD).
     const GossipOptions after = exchange_options(plan, schedule, true);
+    GossipOptions weights = after;  // consensus control measures the weights' distance
+    weights.measure_distance = c_.gossip.consensus_bound > 0;
     if (a.weights)
       model_exchange_ =
-          std::make_unique<GossipExchange>(world_, store.params.data(), net_.buckets(), after);
+          std::make_unique<GossipExchange>(world_, store.params.data(), net_.buckets(), weights);
     if (a.momentum)
       momentum_exchange_ =
           std::make_unique<GossipExchange>(world_, sgd_.velocity().data(), net_.buckets(), after);
@@ -252,6 +254,7 @@ StepStats Trainer::step(const float* x, const int32_t* y) {
   update(static_cast<float>(s.lr));
   s.comm_seconds += exchange_weights();
   s.comm_seconds += average_globally();
+  s.comm_seconds += control_consensus(s);
   account(s);
   ++step_;
   return s;
@@ -288,6 +291,33 @@ double Trainer::average_globally() {
   flush_model();
   average_over_ranks(store().params);
   average_over_ranks(store().buffers);
+  forget_distance();
+  return seconds_since(t0);
+}
+
+void Trainer::forget_distance() {
+  // The ranks' weights are equal now: what the exchange completed by flush_model measured before
+  // the average is no evidence for the next check of gossip.consensus_bound.
+  if (model_exchange_) model_exchange_->take_distance();
+}
+
+double Trainer::control_consensus(StepStats& s) {
+  const double bound = c_.gossip.consensus_bound;
+  if (bound <= 0 || !model_exchange_ || (step_ + 1) % c_.gossip.model_every != 0) return 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  // What the weight exchange applied in this step found (overlapped: the last update's weights,
+  // corrected before this update; otherwise this update's), summed over the ranks.
+  double d = model_exchange_->take_distance();
+  world_.allreduce_sum(&d, 1);
+  s.consensus_estimate = d / (2.0 * world_.size());  // E||w_i - w_j||^2 = 2 x the distance
+  if (s.consensus_estimate > bound) {
+    flush_model();
+    average_over_ranks(store().params);
+    average_over_ranks(store().buffers);
+    forget_distance();
+    s.consensus_average = true;
+    ++consensus_averages_;
+  }
   return seconds_since(t0);
 }
 
@@ -386,6 +416,8 @@ void Trainer::capture_state(RankState& s) {
     s.delayed_delta = model_exchange_->delayed_delta();
     if (!s.delayed_delta.empty()) s.delayed_delta = net_.plain(s.delayed_delta.data());
   }
+  // After the settling above: it may have measured the pending exchange.
+  s.consensus_distance = model_exchange_ ? model_exchange_->distance() : 0;
 }
 
 void Trainer::restore_model(const RankState& s) {
@@ -398,6 +430,7 @@ void Trainer::restore_model(const RankState& s) {
   if (model_exchange_ && c_.gossip.overlap_model)
     model_exchange_->set_delayed_delta(s.delayed_delta.empty() ? s.delayed_delta
                                                                : net_.from_plain(s.delayed_delta));
+  if (model_exchange_) model_exchange_->restore_distance(s.consensus_distance);
   net_.from_plain(s.params, store().params.data());
   std::copy(s.buffers.begin(), s.buffers.end(), store().buffers.begin());
   net_.from_plain(s.velocity, sgd_.velocity().data());

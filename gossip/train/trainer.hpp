@@ -35,6 +35,10 @@ struct StepStats {
   // gossip.staleness 1: buckets this step mixed from the partner's previous step, and buckets
   // it could not mix (nothing had arrived); -1 otherwise.
   int64_t late_buckets = -1, unmixed_buckets = -1;
+  // gossip.consensus_bound: the estimated consensus distance after this step's weight exchange
+  // (-1: none this step), and whether it took the ranks to a global average.
+  double consensus_estimate = -1;
+  bool consensus_average = false;
 };
 
 struct EvalStats {
@@ -93,6 +97,8 @@ class Trainer {
   const kernels::Graph& graph() const { return net_.graph(); }
   kernels::ParamStore& store() { return net_.store(); }
   int64_t steps_done() const { return step_; }
+  // Global averages gossip.consensus_bound has taken so far.
+  int64_t consensus_averages() const { return consensus_averages_; }
 
   // Recovery (gossip/train/recovery.hpp). capture_state fills the model part of a RankState
   // (weights, running statistics, momentum, a pending weight exchange's correction, counters)
@@ -117,6 +123,8 @@ class Trainer {
   void update(float lr);
   double exchange_weights();
   double average_globally();
+  double control_consensus(StepStats& s);  // gossip.consensus_bound
+  void forget_distance();                  // after a global average
   void account(StepStats& s);
   // The weight exchange due after `step`, or the next one after it, counted in rounds of
   // gossip.model_every steps (the step itself when 1).
@@ -158,6 +166,7 @@ class Trainer {
   int64_t sent_bytes_ = 0;  // by the exchanges, until the last step
   BucketExchange::Lateness lateness_;  // by the exchanges, until the last step
   double lr_scale_ = 1;                // the NaN guard lowers it
+  int64_t consensus_averages_ = 0;
 };
 
 // The partner schedule a config describes for `p` participants (ranks, or nodes with

@@ -36,12 +36,14 @@ namespace {
 class VirtualExchange {
  public:
   VirtualExchange(const std::vector<float*>& x, Wire wire, bool error_feedback,
-                  const std::vector<kernels::Bucket>& buckets, bool delayed)
+                  const std::vector<kernels::Bucket>& buckets, bool delayed,
+                  bool measure_distance = false)
       : buckets_(buckets) {
     GossipOptions o;
     o.wire = wire;
     o.error_feedback = error_feedback;
     o.delayed = delayed;
+    o.measure_distance = measure_distance;
     for (float* v : x) {
       codecs_.emplace_back(wire, error_feedback, buckets);
       rules_.push_back(make_rule(o, v, buckets));
@@ -75,6 +77,12 @@ class VirtualExchange {
       rules_[r]->finish(step);
     }
     pending_ = true;
+  }
+  // Consensus control: every rank's ||x - partner||^2 since the last call, summed in rank order.
+  double take_distance() {
+    double d = 0;
+    for (auto& rule : rules_) d += rule->take_distance();
+    return d;
   }
   // Overlapped: the corrections of the last exchange added to the buffers.
   void apply() {
@@ -143,6 +151,8 @@ class VirtualRun {
  private:
   struct StepOut {
     double loss_mean = 0, loss_min = 0, loss_max = 0, lr = 0, consensus = -1;
+    double consensus_estimate = -1;  // gossip.consensus_bound (as StepStats)
+    bool consensus_average = false;
     int64_t sent_bytes = 0;
   };
   void make_ranks();
@@ -157,6 +167,7 @@ class VirtualRun {
   std::vector<float*> pointers(std::vector<float> Rank::*member);
   void start_model_exchange(StepOut& out);  // the overlapped exchange due, if any
   void flush_model(StepOut& out);           // ... started and its correction applied
+  void control_consensus(int64_t s, StepOut& out);
   void exchange_after_update(int64_t round, StepOut& out);
   // Sum over ranks in rank order, then the mean (an allreduce's result, up to its order).
   void average(std::vector<float*> x, size_t n);
@@ -185,7 +196,7 @@ class VirtualRun {
   Clock::time_point t_start_ = Clock::now();
   RunSummary summary_;
   double train_seconds_ = 0, last_print_ = -1e9, loss_avg_ = 0;
-  int64_t sent_total_ = 0;
+  int64_t sent_total_ = 0, consensus_averages_ = 0;
 };
 
 // The compute threads, set before anything is compiled (oneDNN's primitives are made for them):
@@ -279,8 +290,9 @@ void VirtualRun::make_ranks() {
                                                 buckets, false);
   const bool ef_model = ef && plan.model_wire == Wire::Bf16;
   if (algorithm_.weights)
-    weight_x_ = std::make_unique<VirtualExchange>(params(), plan.model_wire, ef_model, buckets,
-                                                  c.gossip.overlap_model);
+    weight_x_ =
+        std::make_unique<VirtualExchange>(params(), plan.model_wire, ef_model, buckets,
+                                          c.gossip.overlap_model, c.gossip.consensus_bound > 0);
   if (algorithm_.momentum)
     momentum_x_ = std::make_unique<VirtualExchange>(velocities(), plan.model_wire, ef_model,
                                                     buckets, c.gossip.overlap_model);
@@ -311,6 +323,21 @@ void VirtualRun::start_model_exchange(StepOut& out) {
   for (VirtualExchange* e : {weight_x_.get(), momentum_x_.get()})
     if (e) out.sent_bytes += e->bytes_per_rank();
   model_due_ = -1;
+}
+
+// As Trainer::control_consensus: after the step's weight exchange, the estimate from what the
+// ranks received; over the bound, an exact global average.
+void VirtualRun::control_consensus(int64_t s, StepOut& out) {
+  const double bound = c_.gossip.consensus_bound;
+  if (bound <= 0 || !weight_x_ || (s + 1) % c_.gossip.model_every != 0) return;
+  out.consensus_estimate = weight_x_->take_distance() / (2.0 * ranks_);
+  if (out.consensus_estimate <= bound) return;
+  flush_model(out);
+  average(params(), rank_[0].params.size());
+  average(pointers(&Rank::buffers), rank_[0].buffers.size());
+  weight_x_->take_distance();  // as Trainer::forget_distance
+  out.consensus_average = true;
+  ++consensus_averages_;
 }
 
 void VirtualRun::flush_model(StepOut& out) {
@@ -383,7 +410,9 @@ VirtualRun::StepOut VirtualRun::step(int64_t s) {
     flush_model(out);
     average(params(), rank_[0].params.size());
     average(pointers(&Rank::buffers), rank_[0].buffers.size());
+    if (weight_x_) weight_x_->take_distance();  // as Trainer::forget_distance
   }
+  control_consensus(s, out);
   const int64_t n = c_.gossip.consensus_every;
   if (n > 0 && (s + 1) % n == 0) out.consensus = consensus();
   out.loss_min = out.loss_max = rank_[0].loss;
@@ -519,7 +548,10 @@ void VirtualRun::record(int64_t s, const StepOut& out, double seconds) {
        {"lr", out.lr},
        {"images_per_s", static_cast<double>(global_batch) / seconds},
        {"step_s", seconds},
-       {"sent_bytes", algorithm_.allreduce ? nlohmann::json() : nlohmann::json(out.sent_bytes)}});
+       {"sent_bytes", algorithm_.allreduce ? nlohmann::json() : nlohmann::json(out.sent_bytes)},
+       {"consensus_estimate",
+        out.consensus_estimate >= 0 ? nlohmann::json(out.consensus_estimate) : nlohmann::json()},
+       {"consensus_average", out.consensus_average}});
   if (out.consensus >= 0)
     metrics_.write({{"event", "consensus"}, {"step", s + 1}, {"consensus", out.consensus}});
   loss_avg_ = s == 0 ? out.loss_mean : 0.95 * loss_avg_ + 0.05 * out.loss_mean;
@@ -593,6 +625,7 @@ void VirtualRun::finish() {
                   {"images_per_s", summary.images_per_second},
                   {"sent_bytes_per_step", number_or_null(!algorithm_.allreduce, bytes_per_step)},
                   {"params", net_.graph().param_count()},
+                  {"consensus_averages", consensus_averages_},
                   {"ranks", ranks_}});
 }
 

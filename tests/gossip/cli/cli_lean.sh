@@ -7,7 +7,8 @@
 #   due (every rank's state file identical byte for byte to an uninterrupted run's);
 # - gossip.late = skip: with a 3x straggler (emulated compute) the fast rank never mixes a
 #   bucket from the step before (late_buckets 0) and counts the ones it left unmixed, while
-#   late = previous mixes them late.
+#   late = previous mixes them late;
+# - gossip.consensus_bound: the same global averages, and the same state files, resumed or not.
 set -euo pipefail
 BIN="$1"; ROOT="$2"; MPIEXEC="$3"
 TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
@@ -64,6 +65,43 @@ done
 [ "$n" = 2 ] || fail "$n rank files at step 16"
 echo "exact resume with model_every 4: ok"
 
+# Consensus control: resume is exact across the global averages it takes. The bound is the
+# median of the estimates of a run whose bound is never reached, so that some checks average
+# and some do not; checkpoints every 4 steps settle the overlapped exchange in both runs.
+CC=(--gossip.mode model --checkpoint.every 4 --train.max_steps 16)
+train "${CC[@]}" --gossip.consensus_bound 1e300 --checkpoint.dir E --log.metrics est.jsonl \
+  > est.log 2>&1 ||
+  fail "consensus estimates"
+bound=$(/usr/bin/python3 -c '
+import json, statistics
+e = [json.loads(l)["consensus_estimate"] for l in open("est.jsonl") if "\"event\":\"step\"" in l]
+print(statistics.median([v for v in e if v]))')
+train "${CC[@]}" --gossip.consensus_bound "$bound" --checkpoint.dir C --log.metrics c.jsonl \
+  > c.log 2>&1 || fail "consensus control, uninterrupted"
+# Stopped just before the first step whose check averages: the resumed run must carry over what
+# the stopped run's last checkpoint measured (the settled weight exchange) to decide alike.
+stop=$(/usr/bin/python3 -c '
+import json
+print(min(e["step"] for e in map(json.loads, open("c.jsonl")) if e["event"] == "step" and e["consensus_average"]))')
+train "${CC[@]}" --gossip.consensus_bound "$bound" --checkpoint.dir D --log.metrics d.jsonl \
+  --train.stop_at "$stop" > d1.log 2>&1 || fail "consensus control, stopped run"
+train "${CC[@]}" --gossip.consensus_bound "$bound" --checkpoint.dir D --log.metrics d.jsonl \
+  --checkpoint.resume auto > d2.log 2>&1 || fail "consensus control, resumed run"
+for a in C/ckpt-000000000016/rank-*.bin; do
+  cmp -s "$a" "D/${a#C/}" || fail "consensus control: $a and D/${a#C/} differ"
+done
+/usr/bin/python3 - <<'PY' || fail "consensus control averages"
+import json
+def averaged(path):
+    return [e["step"] for e in map(json.loads, open(path)) if e["event"] == "step" and e["consensus_average"]]
+c, d = averaged("c.jsonl"), averaged("d.jsonl")
+assert 0 < len(c) < 15 and c[0] > 0, c
+assert c == d, (c, d)
+summary = [json.loads(l) for l in open("c.jsonl") if '"event":"summary"' in l][0]
+assert summary["consensus_averages"] == len(c), summary
+print(f"consensus control: global averages after steps {c}, the same resumed at step {c[0]}")
+PY
+
 # Late partners: rank 1 computes 3x slower; staleness 1 never waits for it.
 SLOW=(--gossip.mode grad --gossip.staleness 1 --guard.lag 1 --train.max_steps 10
       --emulate.forward_ms 10 --emulate.backward_ms 20 --emulate.update_ms 2 --emulate.slow 1:3)
@@ -83,4 +121,4 @@ assert skip[0] == 0, skip        # skip never mixes last step's bucket
 assert skip[1] > 0, skip         # ... and leaves the ones not here unmixed
 assert prev[0] > 0, prev         # previous mixes them late instead
 PY
-echo "PASS: model_every bytes, exact resume, late = skip"
+echo "PASS: model_every bytes, exact resume, consensus control, late = skip"

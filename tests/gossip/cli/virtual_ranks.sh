@@ -3,7 +3,8 @@
 # job under `mpirun -n 4` (one thread per rank on both sides) write the same per-rank losses
 # (log.losses, the exact %a form) for every step, bit for bit, and the same bytes sent per step
 # (metrics: sent_bytes), in the gossip modes: both (the overlapped weight exchange), model with
-# the bf16 wire and error feedback, the authors' gossipgrad (weights and momentum, exchanged
+# the bf16 wire, error feedback and consensus control (the same steps end in a global average,
+# some of the 200 but not all), the authors' gossipgrad (weights and momentum, exchanged
 # after each update); allreduce within 1e-5 relative (virtual ranks add in MPICH's recursive-
 # doubling order, which makes it exact with Debian's MPICH; another MPI may add otherwise). A
 # mixing weight mutated in the virtual path alone (0.501 / 0.499) fails it at step 1. Then what
@@ -17,7 +18,7 @@ common=(train --config "$ROOT/configs/laptop.ini" --model.width 8 --train.batch 
         --gossip.consensus_every 0 --train.rank_eval_samples 0)
 cases=(
   "both|--gossip.mode both"
-  "model-bf16-ef|--gossip.mode model --gossip.model_wire bf16 --gossip.error_feedback true"
+  "model-bf16-ef-cc|--gossip.mode model --gossip.model_wire bf16 --gossip.error_feedback true --gossip.consensus_bound 3e-3"
   "gossipgrad|--gossip.mode gossipgrad --gossip.overlap_model false"
   "allreduce|--gossip.mode allreduce"
 )
@@ -53,6 +54,11 @@ assert all(e.get("virtual") is True for e in events), "an event without virtual:
 sent = lambda evs: [e["sent_bytes"] for e in evs if e["event"] == "step"]
 real_events = [json.loads(l) for l in open(real_metrics)]
 assert sent(events) == sent(real_events), f"{name}: sent bytes differ: {sent(events)[:4]} vs {sent(real_events)[:4]}"
+# Consensus control (the -cc case): the same steps end in a global average, some but not all.
+averaged = lambda evs: [e["step"] for e in evs if e["event"] == "step" and e["consensus_average"]]
+assert averaged(events) == averaged(real_events), f"{name}: global averages at {averaged(events)[:5]} vs {averaged(real_events)[:5]}"
+if name.endswith("-cc"):
+    assert 0 < len(averaged(events)) < steps, f"{name}: {len(averaged(events))} global averages in {steps} steps"
 print(f"{name}: 4 ranks x {steps} steps, " +
       ("bit-identical" if tol == 0 else f"largest relative difference {worst:.2e} (<= {tol:g})"))
 PY

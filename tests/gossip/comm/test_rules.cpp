@@ -111,3 +111,44 @@ TEST_CASE("the fp32 wire passes values through, the bf16 wire halves them and ca
   CHECK(std::vector<float>(back, back + 3) ==
         std::vector<float>{v + 1.f / 256, v + 1.f / 256, v + 1.f / 256});
 }
+
+TEST_CASE("consensus control: each rule adds up ||x - partner||^2 of what it mixes, when asked") {
+  const std::vector<float> p0 = {7, -4, 1}, p1 = {-1, 2};
+  // Bucket 0: x = {3, 4, 5} against {7, -4, 1}: 16 + 64 + 16; bucket 1: {1, 2} against {-1, 2}: 4.
+  const double want = 16 + 64 + 16 + 4;
+  SECTION("the pair average, before mixing") {
+    std::vector<float> x = {1, 2, 3, 4, 5};
+    PairAverage r(x.data(), kBuckets);
+    r.received(0, 0, p0.data());
+    CHECK(r.take_distance() == 0);  // not asked: nothing measured
+    r.measure_distance(true);
+    x = {1, 2, 3, 4, 5};
+    r.received(0, 0, p0.data());
+    r.received(1, 0, p1.data());
+    CHECK(r.take_distance() == want);
+    CHECK(r.take_distance() == 0);  // taken: a new sum starts
+  }
+  SECTION("staleness 1, at the step's end") {
+    std::vector<float> x = {1, 2, 3, 4, 5};
+    StaleAverage r(x.data(), kBuckets, false);
+    r.measure_distance(true);
+    r.received(0, 0, p0.data());
+    r.received(1, 0, p1.data());
+    CHECK(r.take_distance() == 0);
+    r.finish(0);
+    CHECK(r.take_distance() == want);
+  }
+  SECTION("the delayed average, from the correction; a state reads and restores the sum") {
+    std::vector<float> x = {1, 2, 3, 4, 5};
+    DelayedAverage r(x.data(), kBuckets);
+    r.measure_distance(true);
+    r.snapshot();
+    x = {2, 2, 2, 2, 2};  // an update meanwhile does not change what was measured
+    r.received(0, 0, p0.data());
+    r.received(1, 0, p1.data());
+    CHECK(r.distance() == want);  // read, not taken
+    CHECK(r.reset_distance(7) == want);
+    CHECK(r.take_distance() == 7);
+    CHECK(r.take_distance() == 0);
+  }
+}
