@@ -12,7 +12,8 @@
 # consensus distance at the end, the wall time, and the bytes each rank sends per step beside a
 # ring allreduce's 2 (p - 1) / p x the model.
 # Usage: bench/scale/run.sh [P...]   (default 8 16 32 64 128 256)
-# Environment: NAME (default the host name), EPOCHS (default 2), BATCH (8), SEEDS (default "1";
+# Environment: GG_BIN (a gossipgrad built from this checkout; default: build it in build/), NAME
+# (default the host name), EPOCHS (default 2), BATCH (8), SEEDS (default "1";
 # "1 2" for two seeds), RANK_EVAL (500), EXTRA (more train options), MODES, a subset of:
 #   allreduce     exact average of the gradients (the baseline)
 #   both          gradients and weights with the partner (the default mode)
@@ -52,10 +53,16 @@ options_of() { # mode -> its train options
   [ -z "$global" ] || echo "--gossip.global_every $global"
 }
 for m in "${MODES[@]}"; do options_of "$m" >/dev/null; done
-./scripts/deps.sh
 command -v gnuplot >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gnuplot-nox >/dev/null; }
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF >/dev/null
-cmake --build build --target gossipgrad >/dev/null
+# GG_BIN: a gossipgrad already built (of this checkout: it must accept configs/laptop.ini).
+BIN=${GG_BIN:-}
+if [ -z "$BIN" ]; then
+  ./scripts/deps.sh
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF >/dev/null
+  cmake --build build --target gossipgrad >/dev/null
+  BIN=build/gossip/gossipgrad
+fi
+[ -x "$BIN" ] || { echo "bench/scale: GG_BIN = $BIN is not an executable" >&2; exit 2; }
 OUT=bench/results/scale-$NAME
 RUNS=$OUT.runs
 mkdir -p "$RUNS"
@@ -67,7 +74,7 @@ for seed in "${SEEDS[@]}"; do
       read -r -a opts <<<"$(options_of "$mode" | tr '\n' ' ')"
       echo "bench/scale: [$n/$total] $run" >&2
       start=$(date +%s)
-      build/gossip/gossipgrad train --config configs/laptop.ini --train.virtual_ranks "$p" \
+      "$BIN" train --config configs/laptop.ini --train.virtual_ranks "$p" \
         --train.batch "$BATCH" --train.epochs "$EPOCHS" --train.seed "$seed" \
         --train.rank_eval_samples "$RANK_EVAL" --gossip.consensus_every 0 --log.progress false \
         --log.metrics "$RUNS/$run.jsonl" --log.overwrite true "${opts[@]}" "${EXTRA[@]}" \
