@@ -211,9 +211,9 @@ void gossip_mixing_options(std::vector<Option>& o) {
      "steps (0: never)"},
     {GG_OPTION(gossip.consensus_bound), at_least(0),
      "model/both/gossipgrad, consensus control: after each weight exchange every rank adds up "
-     "||w - w_partner||^2 over what it received, the ranks sum it (one 8-byte allreduce), and "
-     "when the estimate sum / (2 p) of the consensus distance (the units of the logged "
-     "consensus) exceeds this bound they take an exact global average of the weights and "
+     "||w - w_partner||^2 over what it received and its own ||w||^2, the ranks sum both (one "
+     "16-byte allreduce), and when the relative estimate sum ||w - w_partner||^2 / (2 sum "
+     "||w||^2) exceeds this bound they take an exact global average of the weights and "
      "batch-norm statistics, counted in the metrics (0: off)"},
     {GG_OPTION(gossip.model_every), in(1, 1000000),
      "model/both: the weights are exchanged with the partner every k-th step only (the "

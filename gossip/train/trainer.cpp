@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "gossip/comm/hierarchy.hpp"
+#include "gossip/comm/mixing.hpp"
 #include "gossip/train/agree.hpp"
 #include "kernels/loss.hpp"
 #include "kernels/weights.hpp"
@@ -307,9 +308,11 @@ double Trainer::control_consensus(StepStats& s) {
   const auto t0 = std::chrono::steady_clock::now();
   // What the weight exchange applied in this step found (overlapped: the last update's weights,
   // corrected before this update; otherwise this update's), summed over the ranks.
-  double d = model_exchange_->take_distance();
-  world_.allreduce_sum(&d, 1);
-  s.consensus_estimate = d / (2.0 * world_.size());  // E||w_i - w_j||^2 = 2 x the distance
+  // Relative to the weights' size (the ranks' mean ||w||^2), so that one bound fits any model,
+  // rank count and learning rate: E||w_i - w_j||^2 is twice the consensus distance.
+  double d[2] = {model_exchange_->take_distance(), squared_norm({store().params.data(), static_cast<size_t>(store().params.size())})};
+  world_.allreduce_sum(d, 2);
+  s.consensus_estimate = d[1] > 0 ? d[0] / (2 * d[1]) : 0;
   if (s.consensus_estimate > bound) {
     flush_model();
     average_over_ranks(store().params);

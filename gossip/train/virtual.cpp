@@ -330,7 +330,10 @@ void VirtualRun::start_model_exchange(StepOut& out) {
 void VirtualRun::control_consensus(int64_t s, StepOut& out) {
   const double bound = c_.gossip.consensus_bound;
   if (bound <= 0 || !weight_x_ || (s + 1) % c_.gossip.model_every != 0) return;
-  out.consensus_estimate = weight_x_->take_distance() / (2.0 * ranks_);
+  double norm = 0;  // as Trainer::control_consensus: relative to the ranks' mean ||w||^2
+  for (const Rank& r : rank_) norm += squared_norm(r.params);
+  const double d = weight_x_->take_distance();
+  out.consensus_estimate = norm > 0 ? d / (2 * norm) : 0;
   if (out.consensus_estimate <= bound) return;
   flush_model(out);
   average(params(), rank_[0].params.size());

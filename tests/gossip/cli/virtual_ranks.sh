@@ -18,7 +18,7 @@ common=(train --config "$ROOT/configs/laptop.ini" --model.width 8 --train.batch 
         --gossip.consensus_every 0 --train.rank_eval_samples 0)
 cases=(
   "both|--gossip.mode both"
-  "model-bf16-ef-cc|--gossip.mode model --gossip.model_wire bf16 --gossip.error_feedback true --gossip.consensus_bound 3e-3"
+  "model-bf16-ef-cc|--gossip.mode model --gossip.model_wire bf16 --gossip.error_feedback true --gossip.consensus_bound 1.5e-5"
   "gossipgrad|--gossip.mode gossipgrad --gossip.overlap_model false"
   "allreduce|--gossip.mode allreduce"
 )
