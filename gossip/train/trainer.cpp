@@ -310,7 +310,8 @@ double Trainer::control_consensus(StepStats& s) {
   // corrected before this update; otherwise this update's), summed over the ranks.
   // Relative to the weights' size (the ranks' mean ||w||^2), so that one bound fits any model,
   // rank count and learning rate: E||w_i - w_j||^2 is twice the consensus distance.
-  double d[2] = {model_exchange_->take_distance(), squared_norm({store().params.data(), static_cast<size_t>(store().params.size())})};
+  double d[2] = {model_exchange_->take_distance(),
+                 squared_norm({store().params.data(), static_cast<size_t>(store().params.size())})};
   world_.allreduce_sum(d, 2);
   s.consensus_estimate = d[1] > 0 ? d[0] / (2 * d[1]) : 0;
   if (s.consensus_estimate > bound) {
