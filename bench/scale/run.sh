@@ -23,6 +23,9 @@
 #   grad          gradients only (the abstract's reading)
 #   *-global<H>   any of the above with an exact global average every H steps, e.g.
 #                 gossipgrad-global50 (Gossip-PGA)
+#   *-cc<B>       any gossip mode with consensus control, gossip.consensus_bound B (a global
+#                 average when the ranks' relative distance estimate exceeds B), e.g.
+#                 model-bf16-cc1e-4
 # (default: allreduce both model-bf16 gossipgrad).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -43,7 +46,8 @@ gg_int RANK_EVAL "$RANK_EVAL" 0 10000
 gg_ints P 2 4096 "${PS[@]}"
 gg_ints SEEDS 0 1000000 "${SEEDS[@]}"
 options_of() { # mode -> its train options
-  local mode=$1 global=""
+  local mode=$1 global="" bound=""
+  if [[ $mode =~ ^(.*)-cc([0-9.]+(e-?[0-9]+)?)$ ]]; then mode=${BASH_REMATCH[1]}; bound=${BASH_REMATCH[2]}; fi
   if [[ $mode =~ ^(.*)-global([0-9]+)$ ]]; then mode=${BASH_REMATCH[1]}; global=${BASH_REMATCH[2]}; fi
   case $mode in
     allreduce | both | model | gossipgrad | grad) echo "--gossip.mode $mode" ;;
@@ -51,6 +55,7 @@ options_of() { # mode -> its train options
     *) echo "bench/scale: unknown mode '$1' (see the usage at the top of $0)" >&2; exit 2 ;;
   esac
   [ -z "$global" ] || echo "--gossip.global_every $global"
+  [ -z "$bound" ] || echo "--gossip.consensus_bound $bound"
 }
 for m in "${MODES[@]}"; do options_of "$m" >/dev/null; done
 command -v gnuplot >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gnuplot-nox >/dev/null; }

@@ -4,7 +4,8 @@
 Usage: table.py RUNS OUT CPU COMMAND  -> OUT.csv, OUT.md, OUT.png (gnuplot, when installed).
 Bytes per step are what one rank sends in a step: the gossip exchanges' payload as the run
 counted it, plus, with -global<H>, an exact global average every H steps priced as a ring
-allreduce of the weights (2 (p - 1) / p x 4 bytes per parameter); allreduce is the ring's own.
+allreduce of the weights (2 (p - 1) / p x 4 bytes per parameter), and so each global average
+consensus control took (-cc<B>), spread over the steps; allreduce is the ring's own.
 """
 import json, os, re, shutil, statistics, subprocess, sys
 
@@ -25,17 +26,20 @@ for name in sorted(os.listdir(runs)):
     last = evals[-1]
     params = start["params"]
     ring = 2 * (p - 1) / p * 4 * params
-    g = re.search(r"-global(\d+)$", mode)
+    g = re.search(r"-global(\d+)", mode)
+    averages = summary.get("consensus_averages", 0)  # consensus control's global averages
     if mode.startswith("allreduce"):
         sent = ring
     else:
-        sent = summary["sent_bytes_per_step"] + (ring / int(g[1]) if g else 0)
+        sent = (summary["sent_bytes_per_step"] + (ring / int(g[1]) if g else 0) +
+                ring * averages / summary["steps"])
     rt = last.get("rank_top1", {})
     rows.append(dict(p=p, mode=mode, seed=seed, top1=last["top1"], rank_min=rt.get("min"),
                      rank_median=rt.get("median"), rank_max=rt.get("max"),
                      rank_samples=rt.get("samples"), consensus=last["consensus"],
                      steps=summary["steps"], wall_s=summary["wall_s"], bytes_per_step=sent,
-                     ring_bytes=ring, global_batch=start["global_batch"]))
+                     ring_bytes=ring, global_batch=start["global_batch"],
+                     consensus_averages=averages))
 if not rows:
     sys.exit("table.py: no finished run in " + runs)
 cols = list(rows[0])
@@ -72,6 +76,8 @@ for p in ps:
         own = " / ".join(pct(mean([r[k] for r in c if r[k] is not None]))
                          for k in ("rank_min", "rank_median", "rank_max"))
         seeds = "" if len(c) == 1 else f" ({len(c)} seeds)"
+        if any(r["consensus_averages"] for r in c):
+            seeds += f" ({mean([r['consensus_averages'] for r in c]):.0f} global averages)"
         lines.append(f"| {p} | {c[0]['global_batch']} | {c[0]['steps']} | {mode}{seeds} | {pct(t)} | {gap} | {own} | "
                      f"{mean([r['consensus'] for r in c]):.3g} | {mean([r['bytes_per_step'] for r in c]) / 1e6:.3f} | "
                      f"{mean([r['bytes_per_step'] for r in c]) / c[0]['ring_bytes']:.2f} | {mean([r['wall_s'] for r in c]):.0f} |")
