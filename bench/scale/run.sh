@@ -88,6 +88,7 @@ for seed in "${SEEDS[@]}"; do
     done
   done
 done
-python3 bench/scale/table.py "$RUNS" "$OUT" "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)" \
+cpu="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) (family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | xargs) model $(grep -m1 '^model' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores, $(grep -qw avx512f /proc/cpuinfo && echo AVX-512 || echo 'AVX2, no AVX-512'))"
+python3 bench/scale/table.py "$RUNS" "$OUT" "$cpu" \
   "bench/scale/run.sh ${PS[*]} (EPOCHS=$EPOCHS BATCH=$BATCH SEEDS='${SEEDS[*]}' MODES='${MODES[*]}' RANK_EVAL=$RANK_EVAL${EXTRA:+ EXTRA='${EXTRA[*]}'})"
 echo "bench/scale: $OUT.md, $OUT.csv, $OUT.png" >&2
