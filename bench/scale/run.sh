@@ -71,6 +71,8 @@ fi
 OUT=bench/results/scale-$NAME
 RUNS=$OUT.runs
 mkdir -p "$RUNS"
+# Every invocation's command, for the table (several invocations fill one runs folder).
+echo "bench/scale/run.sh ${PS[*]} (EPOCHS=$EPOCHS BATCH=$BATCH SEEDS='${SEEDS[*]}' MODES='${MODES[*]}' RANK_EVAL=$RANK_EVAL${EXTRA:+ EXTRA='${EXTRA[*]}'})" >>"$RUNS/commands.txt"
 total=$((${#PS[@]} * ${#MODES[@]} * ${#SEEDS[@]})); n=0
 for seed in "${SEEDS[@]}"; do
   for p in "${PS[@]}"; do
@@ -89,6 +91,5 @@ for seed in "${SEEDS[@]}"; do
   done
 done
 cpu="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) (family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | xargs) model $(grep -m1 '^model' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores, $(grep -qw avx512f /proc/cpuinfo && echo AVX-512 || echo 'AVX2, no AVX-512'))"
-python3 bench/scale/table.py "$RUNS" "$OUT" "$cpu" \
-  "bench/scale/run.sh ${PS[*]} (EPOCHS=$EPOCHS BATCH=$BATCH SEEDS='${SEEDS[*]}' MODES='${MODES[*]}' RANK_EVAL=$RANK_EVAL${EXTRA:+ EXTRA='${EXTRA[*]}'})"
+python3 bench/scale/table.py "$RUNS" "$OUT" "$cpu"
 echo "bench/scale: $OUT.md, $OUT.csv, $OUT.png" >&2

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """bench/scale: the table and plot of the runs in RUNS (p<P>-<mode>-s<seed>.jsonl from run.sh).
 
-Usage: table.py RUNS OUT CPU COMMAND  -> OUT.csv, OUT.md, OUT.png (gnuplot, when installed).
+Usage: table.py RUNS OUT CPU  -> OUT.csv, OUT.md, OUT.png (gnuplot, when installed); the
+commands that made the runs are RUNS/commands.txt (run.sh appends each invocation's).
 Bytes per step are what one rank sends in a step: the gossip exchanges' payload as the run
 counted it, plus, with -global<H>, an exact global average every H steps priced as a ring
 allreduce of the weights (2 (p - 1) / p x 4 bytes per parameter), and so each global average
@@ -9,7 +10,9 @@ consensus control took (-cc<B>), spread over the steps; allreduce is the ring's 
 """
 import json, os, re, shutil, statistics, subprocess, sys
 
-runs, out, cpu, command = sys.argv[1:5]
+runs, out, cpu = sys.argv[1:4]
+commands_file = os.path.join(runs, "commands.txt")
+commands = [l.strip() for l in open(commands_file)] if os.path.exists(commands_file) else []
 rows = []
 for name in sorted(os.listdir(runs)):
     m = re.fullmatch(r"p(\d+)-(.+)-s(\d+)\.jsonl", name)
@@ -56,7 +59,8 @@ def mean(v):
     return statistics.mean(v) if v else None
 pct = lambda v: "–" if v is None else f"{100 * v:.2f}"
 lines = [f"# Accuracy against the rank count on virtual ranks ({os.path.basename(out)})", "",
-         f"Machine: {cpu}. Command: `{command}`.",
+         f"Machine: {cpu}. Commands (each appends its runs to {os.path.basename(runs)}/):", ""] + \
+        [f"- `{c}`" for c in commands] + ["",
          "Fashion-MNIST, resnet8 (configs/laptop.ini), every p on VIRTUAL ranks (one process; "
          "exact: tests/gossip/cli/virtual_ranks.sh). Top-1 of the ranks' average model after the "
          "last epoch (mean over seeds when several, each seed's in the CSV); 'own' is each rank's "
