@@ -76,6 +76,9 @@ def predict(binary, p, rate_mbit, method, factor, profile, latency_s, cache={}):
     # +stale: the same exchange (its waiting is in the compute factor)
     half = "+bf16" in method or "+fp16" in method
     method = method.split("@")[0].split("+")[0]
+    if method == "gossipgrad":  # the momentum's exchange: simulate refuses what it cannot model
+        cache[key] = None
+        return None
     mode = method if method in ("grad", "model", "both") else "grad"
     bucket_kb = 25600 if method == "ddp" else 4096
     args = [binary, "simulate", "--config", os.path.join(ROOT, "configs/laptop.ini"), "--ranks",
@@ -85,8 +88,9 @@ def predict(binary, p, rate_mbit, method, factor, profile, latency_s, cache={}):
             "--network.inter_bandwidth_gbs", str(rate_mbit / 8000),
             "--simulate.forward_ms", str(fwd * factor), "--simulate.backward_ms",
             str(bwd * factor), "--simulate.update_ms", str(upd * factor),
-            "--gossip.wire", "bf16" if half else "fp32",
-            "--gossip.model_wire", "bf16" if half else "fp32"]
+            # each wire only where the mode sends that buffer (gossipgrad refuses the others)
+            "--gossip.wire", "bf16" if half and mode in ("grad", "both") else "fp32",
+            "--gossip.model_wire", "bf16" if half and mode in ("model", "both") else "fp32"]
     out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
     row = json.loads(out)["rows"][0]
     col = {"allreduce": "rabenseifner_allreduce", "ddp": "ring_allreduce"}.get(method, "gossip")
@@ -178,7 +182,8 @@ def main():
                     "method": r["method"], "dilation": int(r["dilation"]), "step_s": step,
                     "exposed_s": max(0.0, step - compute), "efficiency": compute / step,
                     "images_per_s": profile[3] * p / step,
-                    "predicted_nominal_s": nominal, "error_nominal": step / nominal - 1,
+                    "predicted_nominal_s": nominal,
+                    "error_nominal": step / nominal - 1 if nominal else None,
                     "testbed_latency_s": lat, "predicted_step_s": pred,
                     "error": step / pred - 1 if pred else None})
     by = {(o["p"], o["rate_mbit"], o["condition"], o["method"]): o for o in out}
@@ -207,7 +212,7 @@ def main():
             f"| {o['step_s']:.3f} | {o['exposed_s']:.3f} | {o['efficiency']:.2f} "
             f"| {o['images_per_s']:.0f} | {num(o['vs_allreduce'], '{:.2f}x')} "
             f"| {num(o['vs_ddp'], '{:.2f}x')} | {num(o['efficiency_loss'], '{:+.3f}')} "
-            f"| {o['predicted_nominal_s']:.3f} | {o['error_nominal']:+.0%} "
+            f"| {num(o['predicted_nominal_s'], '{:.3f}')} | {num(o['error_nominal'], '{:+.0%}')} "
             f"| {num(o['testbed_latency_s'] and o['testbed_latency_s'] * 1e3, '{:.2f}')} "
             f"| {num(o['predicted_step_s'], '{:.3f}')} | {num(o['error'], '{:+.0%}')} |")
     # The link, not this CPU, sets the pace: half the rate, about twice the exposed communication.
@@ -240,8 +245,9 @@ def plot(dir_, out):
         pts = sorted((o["p"], o["images_per_s"], o["predicted_step_s"] or o["predicted_nominal_s"])
                      for o in quiet if o["method"] == m)
         line, = left.plot([x[0] for x in pts], [x[1] for x in pts], "o-", label=m)
-        left.plot([x[0] for x in pts], [PROFILES["p100"][3] * x[0] / x[2] for x in pts], "x:",
-                  color=line.get_color())
+        modelled = [x for x in pts if x[2]]  # simulate models every method but gossipgrad
+        left.plot([x[0] for x in modelled], [PROFILES["p100"][3] * x[0] / x[2] for x in modelled],
+                  "x:", color=line.get_color())
     left.set_xlabel("ranks (one per node)")
     left.set_ylabel("images/s")
     left.set_title("1 Gbit/s, quiet (o measured, x predicted)")

@@ -23,6 +23,8 @@
 #   grad          gradients only (the abstract's reading)
 #   *-global<H>   any of the above with an exact global average every H steps, e.g.
 #                 gossipgrad-global50 (Gossip-PGA)
+#   *-nooverlap   a mode that exchanges weights, with gossip.overlap_model false (the weights
+#                 mixed before the next forward, not behind it), e.g. gossipgrad-nooverlap
 #   *-cc<B>       any gossip mode with consensus control, gossip.consensus_bound B (a global
 #                 average when the ranks' relative distance estimate exceeds B), e.g.
 #                 model-bf16-cc1e-4
@@ -49,6 +51,7 @@ options_of() { # mode -> its train options
   local mode=$1 global="" bound=""
   if [[ $mode =~ ^(.*)-cc([0-9.]+(e-?[0-9]+)?)$ ]]; then mode=${BASH_REMATCH[1]}; bound=${BASH_REMATCH[2]}; fi
   if [[ $mode =~ ^(.*)-global([0-9]+)$ ]]; then mode=${BASH_REMATCH[1]}; global=${BASH_REMATCH[2]}; fi
+  if [[ $mode =~ ^(.*)-nooverlap$ ]]; then mode=${BASH_REMATCH[1]}; echo "--gossip.overlap_model false"; fi
   case $mode in
     allreduce | both | model | gossipgrad | grad) echo "--gossip.mode $mode" ;;
     model-bf16) echo "--gossip.mode model --gossip.model_wire bf16 --gossip.error_feedback true" ;;
