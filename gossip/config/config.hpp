@@ -75,7 +75,7 @@ struct Config {
     bool overlap_model = true;      // model/both: weight averaging overlapped with the next step
     int64_t global_every = 0;
     double consensus_bound = 0;  // > 0: a global average when the estimated distance exceeds it
-    int64_t model_every = 1;  // model/both: the weights are exchanged every k-th step
+    int64_t model_every = 1;     // model/both: the weights are exchanged every k-th step
     int64_t consensus_every = 50;
     int64_t bucket_kb = 512;
     std::string wire = "fp32";        // gradients on the wire: fp32 | bf16
