@@ -13,12 +13,12 @@ set -euo pipefail
 BIN="$1"; ROOT="$2"; MPIEXEC="$3"; STEPS="${4:-200}"
 TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
 export OMP_NUM_THREADS=1
-common=(train --config "$ROOT/configs/laptop.ini" --model.width 8 --train.batch 16
+common=(train --config "$ROOT/configs/laptop.ini" --model.width 8 --train.batch 8
         --train.threads 1 --train.max_steps "$STEPS" --log.progress false
         --gossip.consensus_every 0 --train.rank_eval_samples 0)
 cases=(
   "both|--gossip.mode both"
-  "model-bf16-ef-cc|--gossip.mode model --gossip.model_wire bf16 --gossip.error_feedback true --gossip.consensus_bound 1.5e-5"
+  "model-bf16-ef-cc|--gossip.mode model --gossip.model_wire bf16 --gossip.error_feedback true --gossip.consensus_bound 5e-6"
   "gossipgrad|--gossip.mode gossipgrad --gossip.overlap_model false"
   "allreduce|--gossip.mode allreduce"
 )
