@@ -344,16 +344,22 @@ void Trainer::account(StepStats& s) {
   lateness_ = now;
 }
 
-EvalSums evaluation_sums(kernels::Executor& exec, int64_t classes,
-                         const shuffle::SampleSource& data, shuffle::LoaderOptions o, int rank,
-                         int ranks) {
-  o.batch = exec.batch();
+shuffle::LoaderOptions evaluation_loader(shuffle::LoaderOptions o, int64_t batch, int rank,
+                                         int ranks) {
+  o.batch = batch;
   o.rank = rank;
   o.ranks = ranks;
   o.augment.enabled = false;
   o.shuffle = false;
   o.drop_last = false;
   o.prefetch = 2;
+  return o;
+}
+
+EvalSums evaluation_sums(kernels::Executor& exec, int64_t classes,
+                         const shuffle::SampleSource& data, shuffle::LoaderOptions o, int rank,
+                         int ranks) {
+  o = evaluation_loader(o, exec.batch(), rank, ranks);
   shuffle::PrefetchLoader loader(data, o, 0, 1);
   shuffle::Batch b;
   EvalSums sums = {0, 0, 0, 0};
@@ -510,11 +516,8 @@ double Trainer::consensus_distance() {
 }
 
 double Trainer::distance_to_average(const float* w, const float* avg, int64_t n) {
-  double d = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double diff = static_cast<double>(w[i]) - avg[i];
-    d += diff * diff;
-  }
+  const auto count = static_cast<size_t>(n);
+  double d = squared_distance({w, count}, {avg, count});
   world_.allreduce_sum(&d, 1);
   return d / world_.size();
 }

@@ -53,6 +53,10 @@ struct EvalStats {
 // augmentation, the last batch padded: {loss x samples, top-1 hits, top-5 hits, samples}, to be
 // added over ranks; eval_stats makes the means. `o` gives the normalisation and transform.
 using EvalSums = std::array<double, 4>;
+// The loader options of that pass: `batch` samples, rank of ranks, in order, no augmentation,
+// the last batch padded.
+shuffle::LoaderOptions evaluation_loader(shuffle::LoaderOptions o, int64_t batch, int rank,
+                                         int ranks);
 EvalSums evaluation_sums(kernels::Executor& exec, int64_t classes,
                          const shuffle::SampleSource& data, shuffle::LoaderOptions o, int rank,
                          int ranks);

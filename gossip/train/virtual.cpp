@@ -123,7 +123,7 @@ struct RankTop1 {
 // The sum over ranks in the order of MPICH's allreduce for a commutative operation (recursive
 // doubling, and its reduce-scatter + allgather for long vectors, add in the same tree): ranks
 // beyond the largest power of two below p are first folded into their even neighbours, then
-// partners 1, 2, 4, ... apart are added pairwise. The result overwrites x[0]'s room in `sum`.
+// partners 1, 2, 4, ... apart are added pairwise. The total goes into `sum`.
 void tree_sum(const std::vector<float*>& x, size_t n, std::vector<float>& sum) {
   const int p = static_cast<int>(x.size());
   int pof2 = 1;
@@ -169,9 +169,10 @@ class VirtualRun {
   void flush_model(StepOut& out);           // ... started and its correction applied
   void control_consensus(int64_t s, StepOut& out);
   void exchange_after_update(int64_t round, StepOut& out);
-  // Sum over ranks in rank order, then the mean (an allreduce's result, up to its order).
+  // Every rank's x becomes the mean over the ranks (tree_sum: an allreduce's result).
   void average(std::vector<float*> x, size_t n);
-  double consensus();
+  std::vector<float> mean_of(std::vector<float> Rank::*member);  // over the ranks, tree_sum
+  double consensus(const std::vector<float>& avg);  // mean over ranks of ||w_r - avg||^2
   EvalStats evaluate();
   RankTop1 rank_top1();
   void load(const Rank& r);  // its weights and statistics into the network
@@ -350,12 +351,8 @@ void VirtualRun::flush_model(StepOut& out) {
 }
 
 void VirtualRun::exchange_after_update(int64_t round, StepOut& out) {
-  if (c_.gossip.overlap_model) {
-    model_due_ = round;  // behind the next step's compute: it starts with that step
-    return;
-  }
-  model_due_ = round;
-  flush_model(out);
+  model_due_ = round;  // overlapped: behind the next step's compute, which starts it
+  if (!c_.gossip.overlap_model) flush_model(out);
 }
 
 void VirtualRun::average(std::vector<float*> x, size_t n) {
@@ -365,17 +362,16 @@ void VirtualRun::average(std::vector<float*> x, size_t n) {
   for (float* v : x) std::copy(sum.begin(), sum.end(), v);
 }
 
-double VirtualRun::consensus() {
-  const size_t n = rank_[0].params.size();
+std::vector<float> VirtualRun::mean_of(std::vector<float> Rank::*member) {
   std::vector<float> avg;
-  tree_sum(params(), n, avg);
+  tree_sum(pointers(member), (rank_[0].*member).size(), avg);
   mean_of_sum(avg, ranks_);
+  return avg;
+}
+
+double VirtualRun::consensus(const std::vector<float>& avg) {
   double d = 0;
-  for (const Rank& r : rank_)
-    for (size_t i = 0; i < n; ++i) {
-      const double diff = static_cast<double>(r.params[i]) - avg[i];
-      d += diff * diff;
-    }
+  for (const Rank& r : rank_) d += squared_distance(r.params, avg);
   return d / ranks_;
 }
 
@@ -417,7 +413,7 @@ VirtualRun::StepOut VirtualRun::step(int64_t s) {
   }
   control_consensus(s, out);
   const int64_t n = c_.gossip.consensus_every;
-  if (n > 0 && (s + 1) % n == 0) out.consensus = consensus();
+  if (n > 0 && (s + 1) % n == 0) out.consensus = consensus(mean_of(&Rank::params));
   out.loss_min = out.loss_max = rank_[0].loss;
   for (const Rank& r : rank_) {
     out.loss_mean += r.loss / ranks_;
@@ -427,32 +423,17 @@ VirtualRun::StepOut VirtualRun::step(int64_t s) {
   return out;
 }
 
-shuffle::LoaderOptions eval_loader(const Config& c, shuffle::LoaderOptions o) {
-  o.batch = c.train.eval_batch;
-  o.rank = 0;
-  o.ranks = 1;
-  o.augment.enabled = false;
-  o.shuffle = false;
-  o.drop_last = false;
-  o.prefetch = 2;
-  return o;
-}
-
 EvalStats VirtualRun::evaluate() {
   StepOut ignored;
   flush_model(ignored);  // as Trainer::evaluate: a pending weight exchange completes first
   // The average model, evaluated over the whole test set (real ranks split it and add up).
-  std::vector<float> avg_params, avg_buffers;
-  tree_sum(params(), rank_[0].params.size(), avg_params);
-  tree_sum(pointers(&Rank::buffers), rank_[0].buffers.size(), avg_buffers);
-  mean_of_sum(avg_params, ranks_);
-  mean_of_sum(avg_buffers, ranks_);
+  const std::vector<float> avg_params = mean_of(&Rank::params);
   kernels::ParamStore& store = net_.store();
   std::copy(avg_params.begin(), avg_params.end(), store.params.data());
-  store.buffers = avg_buffers;
+  store.buffers = mean_of(&Rank::buffers);
   EvalStats e = eval_stats(evaluation_sums(net_.at_batch(c_.train.eval_batch),
                                            net_.graph().classes(), *data_.eval, lo_, 0, 1));
-  e.consensus = consensus();
+  e.consensus = consensus(avg_params);
   return e;
 }
 
@@ -460,7 +441,7 @@ RankTop1 VirtualRun::rank_top1() {
   RankTop1 t;
   if (c_.train.rank_eval_samples <= 0) return t;
   kernels::Executor& exec = net_.at_batch(c_.train.eval_batch);
-  shuffle::PrefetchLoader loader(*data_.eval, eval_loader(c_, lo_), 0, 1);
+  shuffle::PrefetchLoader loader(*data_.eval, evaluation_loader(lo_, exec.batch(), 0, 1), 0, 1);
   shuffle::Batch b;
   std::vector<int64_t> correct(rank_.size(), 0);
   // Whole evaluation batches, until at least rank_eval_samples samples.
