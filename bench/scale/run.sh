@@ -6,14 +6,17 @@
 # Recipe: weak scaling, a fixed per-rank batch (BATCH, default 8: at p = 256 the global batch is
 # 2048, 29 steps per epoch of the 60,000 images), the learning rate scaled linearly from
 # configs/laptop.ini's 0.2 per 256 samples, warm-up over the first half epoch, cosine decay; the
-# same EPOCHS at every p, so every run trains on the same number of samples.
+# same EPOCHS at every p, so every run trains on the same number of samples, unless MIN_STEPS
+# raises a p's epochs until it takes at least that many steps (at large p the global batch is so
+# large that EPOCHS leave too few steps for any mode, allreduce included).
 # Writes bench/results/scale-<NAME>.{csv,md,png}: per run the final top-1 of the ranks' average
 # model, each rank's own top-1 (min / median / max over the ranks, on RANK_EVAL test samples), the
 # consensus distance at the end, the wall time, and the bytes each rank sends per step beside a
 # ring allreduce's 2 (p - 1) / p x the model.
 # Usage: bench/scale/run.sh [P...]   (default 8 16 32 64 128 256)
 # Environment: GG_BIN (a gossipgrad built from this checkout; default: build it in build/), NAME
-# (default the host name), EPOCHS (default 2), BATCH (8), SEEDS (default "1";
+# (default the host name), EPOCHS (default 2), MIN_STEPS (default 0: EPOCHS at every p), BATCH
+# (8), SEEDS (default "1";
 # "1 2" for two seeds), RANK_EVAL (500), EXTRA (more train options), MODES, a subset of:
 #   allreduce     exact average of the gradients (the baseline)
 #   both          gradients and weights with the partner (the default mode)
@@ -36,6 +39,7 @@ PS=("${@:-8 16 32 64 128 256}")
 read -r -a PS <<<"${PS[*]}"
 EPOCHS=${EPOCHS:-2}
 BATCH=${BATCH:-8}
+MIN_STEPS=${MIN_STEPS:-0}
 RANK_EVAL=${RANK_EVAL:-500}
 NAME=${NAME:-$(hostname)}
 read -r -a SEEDS <<<"${SEEDS:-1}"
@@ -44,6 +48,7 @@ read -r -a EXTRA <<<"${EXTRA:-}"
 gg_name NAME "$NAME"
 gg_int EPOCHS "$EPOCHS" 1 1000
 gg_int BATCH "$BATCH" 1 4096
+gg_int MIN_STEPS "$MIN_STEPS" 0 1000000
 gg_int RANK_EVAL "$RANK_EVAL" 0 10000
 gg_ints P 2 4096 "${PS[@]}"
 gg_ints SEEDS 0 1000000 "${SEEDS[@]}"
@@ -75,7 +80,7 @@ OUT=bench/results/scale-$NAME
 RUNS=$OUT.runs
 mkdir -p "$RUNS"
 # Every invocation's command, for the table (several invocations fill one runs folder).
-echo "bench/scale/run.sh ${PS[*]} (EPOCHS=$EPOCHS BATCH=$BATCH SEEDS='${SEEDS[*]}' MODES='${MODES[*]}' RANK_EVAL=$RANK_EVAL${EXTRA:+ EXTRA='${EXTRA[*]}'})" >>"$RUNS/commands.txt"
+echo "bench/scale/run.sh ${PS[*]} (EPOCHS=$EPOCHS$( ((MIN_STEPS == 0)) || echo " MIN_STEPS=$MIN_STEPS") BATCH=$BATCH SEEDS='${SEEDS[*]}' MODES='${MODES[*]}' RANK_EVAL=$RANK_EVAL${EXTRA:+ EXTRA='${EXTRA[*]}'})" >>"$RUNS/commands.txt"
 total=$((${#PS[@]} * ${#MODES[@]} * ${#SEEDS[@]})); n=0
 for seed in "${SEEDS[@]}"; do
   for p in "${PS[@]}"; do
@@ -84,8 +89,12 @@ for seed in "${SEEDS[@]}"; do
       read -r -a opts <<<"$(options_of "$mode" | tr '\n' ' ')"
       echo "bench/scale: [$n/$total] $run" >&2
       start=$(date +%s)
+      # Fashion-MNIST's 60,000 training images, the last partial global batch dropped.
+      per_epoch=$((60000 / (p * BATCH)))
+      epochs=$EPOCHS
+      while ((epochs * per_epoch < MIN_STEPS)); do epochs=$((epochs + 1)); done
       "$BIN" train --config configs/laptop.ini --train.virtual_ranks "$p" \
-        --train.batch "$BATCH" --train.epochs "$EPOCHS" --train.seed "$seed" \
+        --train.batch "$BATCH" --train.epochs "$epochs" --train.seed "$seed" \
         --train.rank_eval_samples "$RANK_EVAL" --gossip.consensus_every 0 --log.progress false \
         --log.metrics "$RUNS/$run.jsonl" --log.overwrite true "${opts[@]}" "${EXTRA[@]}" \
         >"$RUNS/$run.log" 2>&1 || { echo "bench/scale: $run failed: $(tail -2 "$RUNS/$run.log")" >&2; exit 1; }
