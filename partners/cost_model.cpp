@@ -41,6 +41,11 @@ double pipeline(const std::vector<double>& ready, double link_free, Cost cost) {
   return f;
 }
 
+// The bytes of an fp32 bucket on a wire: bf16 sends its floats in pairs of two halves.
+int64_t on_wire(int64_t fp32_bytes, bool bf16) {
+  return bf16 ? (fp32_bytes / 4 + 1) / 2 * 4 : fp32_bytes;
+}
+
 StepPrediction finish(const Workload& w, int p, double comm_s, double exposed_s) {
   StepPrediction s;
   s.compute_s = w.forward_s + w.backward_s + w.update_s;
@@ -75,6 +80,8 @@ StepPrediction predict_gossip(const Schedule& schedule, GossipMode mode, const N
   check(net, w);
   validate(schedule);
   if (steps < 1) throw std::invalid_argument("steps must be >= 1");
+  if (mode.global_every < 0 || mode.global_bytes < 0)
+    throw std::invalid_argument("global_every and global_bytes must not be negative");
   const int p = schedule.p;
   const std::vector<double> ready = ready_times(w);
   const double backward_end = w.forward_s + w.backward_s;
@@ -101,22 +108,34 @@ StepPrediction predict_gossip(const Schedule& schedule, GossipMode mode, const N
         return alpha + static_cast<double>(bytes) / bw +
                static_cast<double>(bytes) / net.mix_bandwidth_Bps;
       };
-      double comm = 0, link_free = 0, exposed = 0;
-      if (mode.model) {
-        // The previous step's weights, exchanged bucket by bucket behind this step's forward.
-        for (int64_t b : w.bucket_bytes) link_free += cost(b);
-        comm += link_free;
-      }
+      double comm = 0, weights = 0, exposed = 0;
+      if (mode.model)  // the weights (and the momentum) bucket by bucket
+        for (int64_t b : w.bucket_bytes)
+          weights += cost(on_wire(b, mode.model_bf16)) * (mode.momentum ? 2 : 1);
+      comm += weights;
+      // Overlapped, the previous step's weights hold the link from the start of this step's
+      // forward; otherwise they travel after the update, with nothing to hide behind.
+      const double link_free = mode.overlap_model ? weights : 0.0;
       if (mode.grad) {
+        auto grads = [&](int64_t b) { return cost(on_wire(b, mode.grad_bf16)); };
         const double f =
-            pipeline(ready, link_free, [&](size_t i) { return cost(w.bucket_bytes[i]); });
-        for (int64_t b : w.bucket_bytes) comm += cost(b);
+            pipeline(ready, link_free, [&](size_t i) { return grads(w.bucket_bytes[i]); });
+        for (int64_t b : w.bucket_bytes) comm += grads(b);
         exposed = f - backward_end;
       } else {
         exposed = link_free - backward_end;
       }
+      if (!mode.overlap_model) exposed = std::max(0.0, exposed) + weights;
       worst_exposed = std::max(worst_exposed, exposed);
       worst_comm = std::max(worst_comm, comm);
+    }
+    // A global average blocks every rank: its share of the steps between two of them.
+    if (mode.global_every > 0) {
+      const double avg =
+          allreduce_seconds(Method::RabenseifnerAllreduce, p, mode.global_bytes, net) /
+          static_cast<double>(mode.global_every);
+      worst_exposed = std::max(0.0, worst_exposed) + avg;
+      worst_comm += avg;
     }
     const StepPrediction s = finish(w, p, worst_comm, worst_exposed);
     sum_step += s.step_s;

@@ -27,7 +27,8 @@ struct Workload {
   double forward_s = 0;   // one step's forward pass on one rank
   double backward_s = 0;  // its backward pass (buckets complete during it)
   double update_s = 0;    // the optimizer step
-  // Gradient bytes per bucket, in the order backward completes them. Bucket i is ready at
+  // Gradient bytes per bucket in fp32, in the order backward completes them (allreduce sends
+  // them so; gossip's bf16 wires half). Bucket i is ready at
   // forward_s + backward_s * (bytes of buckets 0..i) / (all bytes).
   std::vector<int64_t> bucket_bytes;
   int64_t batch_per_rank = 1;
@@ -47,8 +48,15 @@ struct StepPrediction {
 };
 
 struct GossipMode {
-  bool grad = true;   // average gradients (during backward)
-  bool model = true;  // average weights (after the update, behind the next forward)
+  bool grad = true;           // average gradients (during backward)
+  bool model = true;          // average weights after the update
+  bool momentum = false;      // the SGD momentum travels with the weights (as many bytes again)
+  bool overlap_model = true;  // the weights' exchange behind the next step's forward and backward;
+                              // false: right after the update, before the next forward (exposed)
+  bool grad_bf16 = false;     // the gradients travel as bf16: half the bytes of the buckets
+  bool model_bf16 = false;    // the weights (and the momentum) travel as bf16
+  int64_t global_every = 0;   // an exact global average of the weights every H steps (0: none),
+  int64_t global_bytes = 0;   // of this many bytes, by a Rabenseifner allreduce, not overlapped
 };
 
 // Gossip at p = schedule.p: the mean over steps [0, steps) of the slowest rank's step time. A

@@ -14,7 +14,8 @@ images/s of the whole job, the ratios to MPI_Allreduce and to DDP at the same po
 The predictions: gossipgrad simulate at the point's p, one rank per node, the link's rate, a
 latency of 50 us (a switched 1-10 Gbit/s network) and, beside it, the testbed's own latency
 (DIR/latency.csv, measured by study.sh: at p >= 4 this VM's scheduler sets it, milliseconds, as
-p ranks share 2 cores), the profile's compute, the mode (gossip: grad/model/both; allreduce: Rabenseifner over
+p ranks share 2 cores), the profile's compute, the mode (gossip: grad/model/both/gossipgrad,
+the momentum sent beside the weights; allreduce: Rabenseifner over
 4 MiB buckets, as MPICH does for large messages; DDP: ring over 25 MiB buckets, as gloo and
 DDP's default bucket cap do). The simulator has no jitter or stragglers; they enter as a compute
 factor: a straggler of 1.5x slows every rank of a synchronous job to 1.5x (gossip included: a
@@ -76,10 +77,7 @@ def predict(binary, p, rate_mbit, method, factor, profile, latency_s, cache={}):
     # +stale: the same exchange (its waiting is in the compute factor)
     half = "+bf16" in method or "+fp16" in method
     method = method.split("@")[0].split("+")[0]
-    if method == "gossipgrad":  # the momentum's exchange: simulate refuses what it cannot model
-        cache[key] = None
-        return None
-    mode = method if method in ("grad", "model", "both") else "grad"
+    mode = method if method in ("grad", "model", "both", "gossipgrad") else "grad"
     bucket_kb = 25600 if method == "ddp" else 4096
     args = [binary, "simulate", "--config", os.path.join(ROOT, "configs/laptop.ini"), "--ranks",
             str(p), "--json", "--model.name", "resnet50", "--train.batch", str(batch),
@@ -90,7 +88,8 @@ def predict(binary, p, rate_mbit, method, factor, profile, latency_s, cache={}):
             str(bwd * factor), "--simulate.update_ms", str(upd * factor),
             # each wire only where the mode sends that buffer (gossipgrad refuses the others)
             "--gossip.wire", "bf16" if half and mode in ("grad", "both") else "fp32",
-            "--gossip.model_wire", "bf16" if half and mode in ("model", "both") else "fp32"]
+            "--gossip.model_wire", "bf16" if half and mode in ("model", "both", "gossipgrad")
+            else "fp32"]
     out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
     row = json.loads(out)["rows"][0]
     col = {"allreduce": "rabenseifner_allreduce", "ddp": "ring_allreduce"}.get(method, "gossip")
@@ -245,7 +244,7 @@ def plot(dir_, out):
         pts = sorted((o["p"], o["images_per_s"], o["predicted_step_s"] or o["predicted_nominal_s"])
                      for o in quiet if o["method"] == m)
         line, = left.plot([x[0] for x in pts], [x[1] for x in pts], "o-", label=m)
-        modelled = [x for x in pts if x[2]]  # simulate models every method but gossipgrad
+        modelled = [x for x in pts if x[2]]
         left.plot([x[0] for x in modelled], [PROFILES["p100"][3] * x[0] / x[2] for x in modelled],
                   "x:", color=line.get_color())
     left.set_xlabel("ranks (one per node)")

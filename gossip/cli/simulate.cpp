@@ -125,7 +125,11 @@ constexpr const char* kSimulateHelp =
     "links), its model's gradient buckets, the exact partner schedule and the "
     "trainer's overlap rules. Compute per step comes from [simulate] forward_ms, "
     "backward_ms, update_ms, or is measured here when they are 0. With gossip.wire = bf16 "
-    "(model: gossip.model_wire) every bucket travels in half the bytes.\n"
+    "the gradients, with gossip.model_wire = bf16 the weights travel in half the bytes "
+    "(allreduce in fp32, as MPI and DDP send them); gossipgrad "
+    "sends the momentum too; gossip.overlap_model = false exchanges the weights after the "
+    "update, exposed; gossip.global_every H adds an fp32 allreduce of the weights every H "
+    "steps.\n"
     "Efficiency = compute time / step time (weak scaling, per rank).\n";
 
 // The request, or nothing after printing --help. --ranks and --json are simulate's own; the rest
@@ -164,14 +168,10 @@ partners::Workload make_workload(const Config& c, const kernels::ModelSpec& spec
                                  const kernels::Graph& g) {
   partners::Workload w;
   w.batch_per_rank = c.train.batch;
-  // What travels: bf16 buckets take half the bytes (the wire of the mode's exchange; model: the
-  // weights', grad and both: the gradients').
-  const GossipPlan plan = gossip_plan(c);
-  const Algorithm& m = *plan.algorithm;
-  const bool bf16 = (m.weights && !m.grads ? plan.model_wire : plan.wire) == Wire::Bf16;
+  // The gradient buckets in fp32 (allreduce's; gossip's bf16 wires are in the GossipMode).
   for (const kernels::Bucket& b :
        kernels::make_buckets(g, std::max<int64_t>(1, c.gossip.bucket_kb * 256)))
-    w.bucket_bytes.push_back(bf16 ? (b.size() + 1) / 2 * 4 : b.size() * 4);
+    w.bucket_bytes.push_back(b.size() * 4);
   if (compute_from_config(c)) {
     w.forward_s = c.simulate.forward_ms * 1e-3;
     w.backward_s = c.simulate.backward_ms * 1e-3;
@@ -263,6 +263,8 @@ void print_simulate_json(const Scenario& sc, const kernels::ModelSpec& spec,
                         {"gradient_bytes", sc.w.total_bytes()},
                         {"buckets", sc.w.bucket_bytes.size()},
                         {"gossip_mode", sc.c.gossip.mode},
+                        {"overlap_model", sc.mode.overlap_model},
+                        {"global_every", sc.mode.global_every},
                         {"schedule", sc.c.gossip.schedule},
                         {"compute",
                          {{"forward_s", sc.w.forward_s},
@@ -294,8 +296,13 @@ void print_simulate_table(const Scenario& sc, const kernels::ModelSpec& spec,
       "%.1f GB/s; %d ranks per node\n",
       c.network.inter_latency_us, c.network.inter_bandwidth_gbs, c.network.intra_latency_us,
       c.network.intra_bandwidth_gbs, c.network.mix_bandwidth_gbs, c.network.ranks_per_node);
-  std::printf("gossip: mode %s, %s schedule%s, mean of %d steps\n\n", c.gossip.mode.c_str(),
-              c.gossip.schedule.c_str(), c.gossip.rotate ? " with rotation" : "", c.simulate.steps);
+  std::string extra;
+  if (sc.mode.model) extra += sc.mode.overlap_model ? ", weights overlapped" : ", weights exposed";
+  if (sc.mode.global_every > 0)
+    extra += ", a global average every " + std::to_string(sc.mode.global_every) + " steps";
+  std::printf("gossip: mode %s, %s schedule%s%s, mean of %d steps\n\n", c.gossip.mode.c_str(),
+              c.gossip.schedule.c_str(), c.gossip.rotate ? " with rotation" : "", extra.c_str(),
+              c.simulate.steps);
   std::printf("%6s  %10s %8s  %10s %8s  %10s %8s  %12s\n", "ranks", "gossip ms", "eff", "ring ms",
               "eff", "rabens. ms", "eff", "img/s");
   for (const Row& r : rows) std::printf("%s\n", r.line.c_str());
@@ -304,23 +311,20 @@ void print_simulate_table(const Scenario& sc, const kernels::ModelSpec& spec,
 // What the cost model does not model is refused rather than predicted as if it were not set.
 void refuse_unmodelled(const Config& c) {
   const Config d;
-  const bool weights = mixing_of(c).weights;
   const std::pair<bool, std::string> unmodelled[] = {
       {c.gossip.staleness != d.gossip.staleness, "gossip.staleness = 1"},
       {c.gossip.hierarchy != d.gossip.hierarchy, "gossip.hierarchy = " + c.gossip.hierarchy},
       {c.gossip.model_every != d.gossip.model_every,
        "gossip.model_every = " + std::to_string(c.gossip.model_every)},
-      {c.gossip.global_every != d.gossip.global_every,
-       "gossip.global_every = " + std::to_string(c.gossip.global_every)},
       {c.gossip.consensus_bound != d.gossip.consensus_bound,
-       "gossip.consensus_bound (its global averages depend on the training)"},
-      {weights && !c.gossip.overlap_model, "gossip.overlap_model = false"},
-      {mixing_of(c).momentum, "gossip.mode = " + c.gossip.mode + " (the momentum's exchange)"}};
+       "gossip.consensus_bound (when it averages depends on the training: give gossip.global_every "
+       "= the steps between the averages of a training run, its summary's consensus_averages, "
+       "instead)"}};
   for (const auto& [set, what] : unmodelled)
     if (set)
       throw UsageError("simulate does not model " + what +
-                       " (its cost model: staleness 0, no hierarchy, every step's exchange, the "
-                       "weights overlapped); leave it out of the simulated config");
+                       " (its cost model: staleness 0, no hierarchy, every step's exchange); leave "
+                       "it out of the simulated config");
 }
 
 }  // namespace
@@ -334,7 +338,15 @@ int cmd_simulate(const std::vector<std::string>& args) {
   const kernels::Graph g = kernels::build_model(spec);
   const partners::Workload w = make_workload(c, spec, g);
   const partners::Network net = make_network(c);
-  const partners::GossipMode mode{mixing_of(c).grads, mixing_of(c).weights};
+  const Algorithm& a = mixing_of(c);
+  partners::GossipMode mode{a.grads, a.weights, a.momentum, c.gossip.overlap_model};
+  const GossipPlan plan = gossip_plan(c);
+  mode.grad_bf16 = a.grads && plan.wire == Wire::Bf16;
+  mode.model_bf16 = a.weights && plan.model_wire == Wire::Bf16;
+  if (c.gossip.global_every > 0) {  // weights and statistics in fp32, as the trainer averages them
+    mode.global_every = c.gossip.global_every;
+    mode.global_bytes = (g.param_count() + g.buffer_count()) * 4;
+  }
   const Scenario sc{c, w, net, partners::parse_kind(c.gossip.schedule), mode};
   std::vector<Row> rows;
   for (int p : r->ranks) rows.push_back(predict_row(sc, p));

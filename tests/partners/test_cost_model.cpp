@@ -77,6 +77,49 @@ TEST_CASE("only the last bucket's exchange sticks out past the end of backward")
   CHECK(r.efficiency < g.efficiency);
 }
 
+TEST_CASE("weights exchanged after the update are exposed; the momentum doubles them") {
+  const Network n = simple_net();
+  // 4 MB of weights at 1 GB/s: about 4 ms, well inside a 150 ms forward + backward.
+  const Workload w = work(0.05, 0.1, std::vector<int64_t>(4, 1000000));
+  const Schedule s{Kind::Dissemination, 16, true, 3};
+  const double bucket = n.inter_latency_s + 1e6 / n.inter_bandwidth_Bps + 1e6 / n.mix_bandwidth_Bps;
+  GossipMode model{false, true};
+  const StepPrediction hidden = predict_gossip(s, model, n, w, 4);
+  CHECK(hidden.exposed_s == 0);
+  CHECK(hidden.comm_s == Approx(4 * bucket));
+  model.overlap_model = false;
+  const StepPrediction exposed = predict_gossip(s, model, n, w, 4);
+  CHECK(exposed.exposed_s == Approx(4 * bucket));
+  CHECK(exposed.step_s == Approx(w.forward_s + w.backward_s + w.update_s + 4 * bucket));
+  model.momentum = true;  // gossipgrad: weights and momentum, back to back on the link
+  CHECK(predict_gossip(s, model, n, w, 4).exposed_s == Approx(8 * bucket));
+  model.model_bf16 = true;  // the bf16 wire: 500,000 bytes a bucket
+  const double half = n.inter_latency_s + 5e5 / n.inter_bandwidth_Bps + 5e5 / n.mix_bandwidth_Bps;
+  CHECK(predict_gossip(s, model, n, w, 4).exposed_s == Approx(8 * half));
+  model.grad_bf16 = true;  // a wire the mode does not send changes nothing
+  CHECK(predict_gossip(s, model, n, w, 4).exposed_s == Approx(8 * half));
+  // both, not overlapped: the gradients hide behind backward (all but the last bucket), the
+  // weights follow the update.
+  const StepPrediction both = predict_gossip(s, {true, true, false, false}, n, w, 4);
+  CHECK(both.exposed_s == Approx(bucket + 4 * bucket));
+}
+
+TEST_CASE("a global average every H steps adds its allreduce over H steps") {
+  const Network n = simple_net();
+  const Workload w = work(0.05, 0.1, std::vector<int64_t>(4, 1000000));
+  const Schedule s{Kind::Dissemination, 64, true, 3};
+  GossipMode m{false, true};
+  const StepPrediction none = predict_gossip(s, m, n, w, 8);
+  m.global_every = 10;
+  m.global_bytes = 8000000;
+  const StepPrediction pga = predict_gossip(s, m, n, w, 8);
+  const double avg = allreduce_seconds(Method::RabenseifnerAllreduce, 64, 8000000, n);
+  CHECK(pga.exposed_s == Approx(none.exposed_s + avg / 10));
+  CHECK(pga.comm_s == Approx(none.comm_s + avg / 10));
+  m.global_every = -1;
+  CHECK_THROWS_AS(predict_gossip(s, m, n, w, 8), std::invalid_argument);
+}
+
 TEST_CASE("ranks of one node that leave the node in the same step share its NIC") {
   Network n = simple_net();
   n.ranks_per_node = 2;
