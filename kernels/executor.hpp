@@ -95,10 +95,11 @@ class FlatBuffer {
 // and batch-norm running statistics. Allocated once; never resized while executors exist.
 struct ParamStore {
   explicit ParamStore(const Graph& g)
-      : params(g.param_count()), grads(g.param_count()), buffers(g.buffer_count(), 0.f) {}
+      : params(g.param_count()), grads(g.param_count()), buffers(g.buffer_count()) {}
   FlatBuffer params;
   FlatBuffer grads;
-  std::vector<float> buffers;
+  FlatBuffer buffers;  // a FlatBuffer too: assigning to it copies in place (executors keep
+                       // pointers into the running statistics)
   // How params and grads are laid out (plain unless Net::use_native_layout() chose otherwise);
   // only the oneDNN backend reads a layout that is not plain.
   ParamLayout layout;

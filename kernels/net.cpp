@@ -87,7 +87,8 @@ void Net::rebuild(Graph g, std::vector<float> params, std::vector<float> buffers
   graph_ = std::move(g);
   store_.params.reallocate(graph_.param_count());
   store_.params = params;
-  store_.buffers = std::move(buffers);
+  store_.buffers.reallocate(graph_.buffer_count());
+  store_.buffers = buffers;
   store_.grads.reallocate(graph_.param_count());
   store_.layout = {};
   if (native_) use_native_layout();

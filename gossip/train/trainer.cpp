@@ -432,7 +432,8 @@ void Trainer::capture_state(RankState& s) {
 
 void Trainer::restore_model(const RankState& s) {
   if (static_cast<int64_t>(s.params.size()) != store().params.size() ||
-      s.buffers.size() != store().buffers.size() || s.velocity.size() != sgd_.velocity().size())
+      static_cast<int64_t>(s.buffers.size()) != store().buffers.size() ||
+      s.velocity.size() != sgd_.velocity().size())
     throw std::invalid_argument("the saved state does not fit this model");
   // A weight exchange due or in flight completes (its partner waits for it) and is then replaced.
   start_model_exchange();

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gossip/comm/mixing.hpp"
@@ -198,6 +199,7 @@ class VirtualRun {
   RunSummary summary_;
   double train_seconds_ = 0, last_print_ = -1e9, loss_avg_ = 0;
   int64_t sent_total_ = 0, consensus_averages_ = 0;
+  int64_t unreported_bytes_ = 0;  // sent by an evaluation's flush: counted in the next step
 };
 
 // The compute threads, set before anything is compiled (oneDNN's primitives are made for them):
@@ -314,7 +316,7 @@ std::vector<float*> VirtualRun::velocities() {
 void VirtualRun::load(const Rank& r) {
   kernels::ParamStore& store = net_.store();
   std::copy(r.params.begin(), r.params.end(), store.params.data());
-  std::copy(r.buffers.begin(), r.buffers.end(), store.buffers.begin());
+  store.buffers = r.buffers;
 }
 
 void VirtualRun::start_model_exchange(StepOut& out) {
@@ -377,6 +379,7 @@ double VirtualRun::consensus(const std::vector<float>& avg) {
 
 VirtualRun::StepOut VirtualRun::step(int64_t s) {
   StepOut out;
+  out.sent_bytes = std::exchange(unreported_bytes_, 0);
   start_model_exchange(out);  // the last update's weights (overlap_model), as on real ranks
   // Every rank's forward and backward on its own batch, its weights and statistics swapped in.
   kernels::ParamStore& store = net_.store();
@@ -424,8 +427,10 @@ VirtualRun::StepOut VirtualRun::step(int64_t s) {
 }
 
 EvalStats VirtualRun::evaluate() {
-  StepOut ignored;
-  flush_model(ignored);  // as Trainer::evaluate: a pending weight exchange completes first
+  StepOut flushed;
+  flush_model(flushed);  // as Trainer::evaluate: a pending weight exchange completes first
+  // Real ranks' transports count what they sent between two steps' ends: the next step's.
+  unreported_bytes_ += flushed.sent_bytes;
   // The average model, evaluated over the whole test set (real ranks split it and add up).
   const std::vector<float> avg_params = mean_of(&Rank::params);
   kernels::ParamStore& store = net_.store();

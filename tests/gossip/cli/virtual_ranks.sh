@@ -2,7 +2,8 @@
 # Virtual ranks are exact: `gossipgrad train --train.virtual_ranks 4` (one process) and the same
 # job under `mpirun -n 4` (one thread per rank on both sides) write the same per-rank losses
 # (log.losses, the exact %a form) for every step, bit for bit, and the same bytes sent per step
-# (metrics: sent_bytes), in the gossip modes: both (the overlapped weight exchange), model with
+# (metrics: sent_bytes) and the same evaluations, in the gossip modes: both (the overlapped
+# weight exchange; also on 1,600 images, three evaluations inside the 200 steps), model with
 # the bf16 wire, error feedback and consensus control (the same steps end in a global average,
 # some of the 200 but not all), the authors' gossipgrad (weights and momentum, exchanged
 # after each update); allreduce within 1e-5 relative (virtual ranks add in MPICH's recursive-
@@ -16,8 +17,22 @@ export OMP_NUM_THREADS=1
 common=(train --config "$ROOT/configs/laptop.ini" --model.width 8 --train.batch 8
         --train.threads 1 --train.max_steps "$STEPS" --log.progress false
         --gossip.consensus_every 0 --train.rank_eval_samples 0)
+# Training on after an evaluation (the average model swapped into the network and out again):
+# 1,600 Fashion-MNIST images, 50 steps an epoch at 4 x 8, so 200 steps hold three evaluations.
+python3 - "$TMP/small" <<'PY'
+import gzip, os, sys
+src, out = "/usr/share/datasets/fashion-mnist", sys.argv[1]
+os.makedirs(out)
+for split, n in (("train", 1600), ("t10k", 500)):
+    for kind, head, size in (("images-idx3", 16, 784), ("labels-idx1", 8, 1)):
+        raw = gzip.open(f"{src}/{split}-{kind}-ubyte.gz").read()
+        data = bytearray(raw[:head + n * size])
+        data[4:8] = n.to_bytes(4, "big")
+        open(f"{out}/{split}-{kind}-ubyte", "wb").write(data)
+PY
 cases=(
   "both|--gossip.mode both"
+  "both-epochs|--gossip.mode both --data.source idx:$TMP/small"
   "model-bf16-ef-cc|--gossip.mode model --gossip.model_wire bf16 --gossip.error_feedback true --gossip.consensus_bound 5e-6"
   "gossipgrad|--gossip.mode gossipgrad --gossip.overlap_model false"
   "allreduce|--gossip.mode allreduce"
@@ -57,6 +72,11 @@ assert sent(events) == sent(real_events), f"{name}: sent bytes differ: {sent(eve
 # Consensus control (the -cc case): the same steps end in a global average, some but not all.
 averaged = lambda evs: [e["step"] for e in evs if e["event"] == "step" and e["consensus_average"]]
 assert averaged(events) == averaged(real_events), f"{name}: global averages at {averaged(events)[:5]} vs {averaged(real_events)[:5]}"
+# The evaluations of the ranks' average model: the same steps and top-1.
+evals = lambda evs: [(e["step"], e["top1"]) for e in evs if e["event"] == "eval"]
+assert tol > 0 or evals(events) == evals(real_events), f"{name}: evaluations {evals(events)} vs {evals(real_events)}"
+if name == "both-epochs":
+    assert len(evals(events)) == 4, evals(events)
 if name.endswith("-cc"):
     assert 0 < len(averaged(events)) < steps, f"{name}: {len(averaged(events))} global averages in {steps} steps"
 print(f"{name}: 4 ranks x {steps} steps, " +
