@@ -3,7 +3,7 @@
 # and PyTorch DDP over gloo, on the cluster in a box (cluster.sh: one network namespace per node,
 # links shaped with tc), with compute emulated from a measured GPU profile ([emulate]).
 #
-# usage: bench/cluster/study.sh [--plan quick|session|check|ten|late|lag|tcp|fill|hier|lean|authors|full] [--out DIR] [--profile p100|h100]
+# usage: bench/cluster/study.sh [--plan quick|session|check|ten|late|lag|tcp|fill|hier|lean|authors|scale|full] [--out DIR] [--profile p100|h100]
 #
 # Every point runs p ranks on p nodes (one rank per node) at a link rate R with ResNet-50's real
 # gradient (102 MB, gossipgrad's buckets of gossip.bucket_kb) and the profile's forward/backward/
@@ -18,7 +18,9 @@
 # MODE@rma over rma; MODE+bf16 with gossip.wire and model_wire = bf16; MODE+stale with
 # gossip.staleness = 1: a rank never waits for this step's partner; MODE+lag with guard.lag = 1:
 # the agreements after each step run behind the next one; MODE+every4 with gossip.model_every 4
-# (the weights every 4th step); MODE+ppn2: two ranks per node, p / 2
+# (the weights every 4th step); MODE+nooverlap with gossip.overlap_model false (the weights mixed
+# after the update, before the next forward: what keeps accuracy at large p, bench/scale);
+# MODE+ppn2: two ranks per node, p / 2
 # nodes, transport auto (shm inside a node); grad+hier: the same nodes with gossip.hierarchy =
 # node, an exact average inside each node and gossip between nodes, one rail per local rank),
 # allreduce (gossipgrad's
@@ -51,7 +53,7 @@ PROFILE=p100
 die() { echo "study.sh: $*" >&2 && exit 1; }
 while (($#)); do
     case $1 in
-    --plan) PLAN=${2:?--plan needs quick, session, check, ten, late, lag, tcp, fill, hier, lean, authors or full} && shift 2 ;;
+    --plan) PLAN=${2:?--plan needs quick, session, check, ten, late, lag, tcp, fill, hier, lean, authors, scale or full} && shift 2 ;;
     --out) OUT=${2:?--out needs a folder} && shift 2 ;;
     --profile) PROFILE=${2:?--profile needs p100 or h100} && shift 2 ;;
     -h | --help) sed -n '2,/^set -euo/{/^#/s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}" && exit 0 ;;
@@ -156,6 +158,14 @@ points() {
         # gossip.mode gossipgrad), beside model + bf16 and DDP in the same session.
         for m in gossipgrad gossipgrad+bf16 model+bf16 ddp; do echo "16 1000 quiet $m"; done
         ;;
+    scale)
+        # What the accuracy study at large p points to (bench/scale): the weights mixed after
+        # the update, not behind the next step (+nooverlap), beside the overlapped model + bf16
+        # and DDP in the same session.
+        for m in model+bf16+nooverlap gossipgrad+bf16+nooverlap model+bf16 ddp; do
+            echo "16 1000 quiet $m"
+        done
+        ;;
     hier)
         # Two ranks per node (8 nodes of 2 at p = 16): every rank gossiping with its own partner
         # (two buckets' worth on each node's link) against the node-then-network hierarchy
@@ -172,7 +182,7 @@ points() {
             for m in grad allreduce ddp; do echo "$p 500 quiet $m"; done
         done
         ;;
-    *) echo "study.sh: --plan $PLAN: use quick, session, check, ten, late, lag, tcp, fill, hier, lean, authors or full" >&2 && exit 2 ;;
+    *) echo "study.sh: --plan $PLAN: use quick, session, check, ten, late, lag, tcp, fill, hier, lean, authors, scale or full" >&2 && exit 2 ;;
     esac
 }
 
@@ -224,14 +234,16 @@ run_point() { # p rate condition method K
             return 0
         }
     else
-        # MODE[@TRANSPORT][+every4][+bf16][+stale][+lag][+ppn2|+hier]
+        # MODE[@TRANSPORT][+every4][+bf16][+nooverlap][+stale][+lag][+ppn2|+hier]
         local file=$OUT/$name.jsonl spec=${method%%+*} wire=fp32 stale=0 lag=0 hier=none every=1
+        local overlap=true
         local mode=${spec%@*} transport=$TRANSPORT
         ((ppn > 1)) && transport=auto
         [[ $spec == *@* ]] && transport=${spec#*@}
         [[ $method == *+hier* ]] && hier=node
         [[ $method == *+every4* ]] && every=4
         [[ $method == *+bf16* ]] && wire=bf16
+        [[ $method == *+nooverlap* ]] && overlap=false
         # Each wire only where the mode sends that buffer (a wire for a buffer the mode never
         # sends is refused): the gradients' in grad and both, the weights' in the others.
         local grad_wire=fp32 model_wire=fp32
@@ -245,7 +257,7 @@ run_point() { # p rate condition method K
             --gossip.mode "$mode" --gossip.transport "$transport" \
             --gossip.wire "$grad_wire" --gossip.model_wire "$model_wire" --gossip.bucket_kb $BUCKET_KB \
             --gossip.consensus_every 0 --gossip.staleness $stale --guard.lag $lag \
-            --gossip.hierarchy $hier --gossip.model_every $every \
+            --gossip.hierarchy $hier --gossip.model_every $every --gossip.overlap_model $overlap \
             --gossip.timeout_s 1200 --emulate.forward_ms "$fwd" \
             --emulate.backward_ms "$bwd" --emulate.update_ms "$upd" \
             --emulate.jitter_p99 "$jitter" --emulate.slow "$slow" --log.progress false \

@@ -76,12 +76,14 @@ def predict(binary, p, rate_mbit, method, factor, profile, latency_s, cache={}):
     # grad@rma: grad over rma (the model knows no transports); +bf16 / +fp16: 16-bit buckets;
     # +stale: the same exchange (its waiting is in the compute factor)
     half = "+bf16" in method or "+fp16" in method
+    overlap = "false" if "+nooverlap" in method else "true"
     method = method.split("@")[0].split("+")[0]
     mode = method if method in ("grad", "model", "both", "gossipgrad") else "grad"
     bucket_kb = 25600 if method == "ddp" else 4096
     args = [binary, "simulate", "--config", os.path.join(ROOT, "configs/laptop.ini"), "--ranks",
             str(p), "--json", "--model.name", "resnet50", "--train.batch", str(batch),
             "--gossip.mode", mode, "--gossip.bucket_kb", str(bucket_kb),
+            "--gossip.overlap_model", overlap,
             "--network.ranks_per_node", "1", "--network.inter_latency_us", f"{latency_s * 1e6:g}",
             "--network.inter_bandwidth_gbs", str(rate_mbit / 8000),
             "--simulate.forward_ms", str(fwd * factor), "--simulate.backward_ms",
