@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "gossip/cli/commands.hpp"
+#include "gossip/cli/fatal_signals.hpp"
 #include "gossip/config/config.hpp"
 #include "gossip/resilience/emergency.hpp"
 
@@ -51,6 +52,7 @@ constexpr const char* kUsage =
 }  // namespace
 
 int main(int argc, char** argv) {
+  gg::gossip::install_fatal_signal_handlers();
   const std::vector<std::string> all(argv + 1, argv + argc);
   if (all.empty()) {
     std::fputs(kUsage, stderr);
