@@ -198,9 +198,6 @@ void check_virtual(const Config& c, int ranks) {
          "[emulate] replaces the arithmetic by waiting; virtual ranks compute it "
          "(leave [emulate] out, or run emulated compute on real ranks)");
   refuse(c.train.backend == "cuda", "virtual ranks run on the CPU backends (onednn, reference)");
-  refuse(c.gossip.staleness != 0,
-         "gossip.staleness = 1 depends on when buckets arrive, which virtual ranks do not model "
-         "yet: use staleness 0");
   refuse(c.gossip.hierarchy != d.gossip.hierarchy,
          "gossip.hierarchy = node is not modelled by virtual ranks yet: use hierarchy none");
   refuse(c.data.shuffle != "off",
@@ -219,6 +216,10 @@ void check_virtual(const Config& c, int ranks) {
 }  // namespace
 
 void check_ranks(const Config& c, int ranks, bool supervised_restart) {
+  if (c.train.virtual_late > 0 && (c.train.virtual_ranks == 0 || c.gossip.staleness != 1))
+    throw UsageError(
+        "train.virtual_late models late partners of virtual ranks with gossip.staleness 1: set "
+        "train.virtual_ranks and gossip.staleness 1, or leave it at 0");
   if (c.train.virtual_ranks > 0) {
     check_virtual(c, ranks);
     ranks = c.train.virtual_ranks;

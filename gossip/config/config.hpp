@@ -61,6 +61,7 @@ struct Config {
     int virtual_ranks =
         0;  // > 0: that many logical ranks in this one process (gossip/train/virtual)
     int64_t rank_eval_samples = 2000;  // virtual ranks: test samples of each rank's own top-1
+    double virtual_late = 0;  // virtual ranks, staleness 1: share of (step, rank) pairs served late
   } train;
   struct {
     std::string mode = "both";  // algorithms.hpp: grad | model | both | gossipgrad | allreduce

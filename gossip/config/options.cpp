@@ -165,6 +165,11 @@ void train_options(std::vector<Option>& o) {
      "virtual ranks: after the last step each rank's own model is also evaluated on the first "
      "this many test samples (whole evaluation batches), for the min / median / max top-1 over "
      "the ranks (0: only the ranks' average model)"},
+    {GG_OPTION(train.virtual_late), in(0, 1),
+     "virtual ranks with gossip.staleness 1: the share of (step, rank) pairs in which the "
+     "partner's buckets arrive after the rank's step has ended (it then mixes the partner's "
+     "previous ones, or none with gossip.late skip), drawn from a hash of train.seed, the step "
+     "and the rank: the same draws every run (0: every partner on time)"},
   });
 }
 

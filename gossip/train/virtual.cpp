@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <utility>
@@ -28,6 +29,20 @@
 namespace gg::gossip {
 namespace {
 
+// A number in [0, 1) from four integers (splitmix64's finaliser over their mix): the draws of
+// the lateness model, the same on every run and machine.
+double unit_hash(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
+  uint64_t x = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull) * 0xBF58476D1CE4E5B9ull ^
+               (c + 0x8CB92BA72F3D8DD7ull) * 0x94D049BB133111EBull ^
+               (d + 1) * 0xD6E8FEB86659FD93ull;
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  return static_cast<double>(x >> 11) * 0x1.0p-53;
+}
+
 // One flat buffer (gradients, weights or momentum) of every virtual rank, exchanged as the
 // engine (GossipExchange) exchanges it on real ranks, with the same parts: each rank's mixing
 // rule (make_rule: the pair average, or, overlapped, the correction (partner - sent) / 2 applied
@@ -36,17 +51,15 @@ namespace {
 // arrives.
 class VirtualExchange {
  public:
-  VirtualExchange(const std::vector<float*>& x, Wire wire, bool error_feedback,
-                  const std::vector<kernels::Bucket>& buckets, bool delayed,
-                  bool measure_distance = false)
-      : buckets_(buckets) {
-    GossipOptions o;
-    o.wire = wire;
-    o.error_feedback = error_feedback;
-    o.delayed = delayed;
-    o.measure_distance = measure_distance;
+  // o: the wire, error feedback, delayed (overlapped), staleness, skip_late and measure_distance
+  // of a real rank's exchange. late(step, rank): whether that rank's partner's buckets arrive
+  // after the rank's step has ended (staleness 1 only).
+  VirtualExchange(const std::vector<float*>& x, const GossipOptions& o,
+                  const std::vector<kernels::Bucket>& buckets,
+                  std::function<bool(int64_t, int)> late = {})
+      : buckets_(buckets), late_(std::move(late)) {
     for (float* v : x) {
-      codecs_.emplace_back(wire, error_feedback, buckets);
+      codecs_.emplace_back(o.wire, o.error_feedback, buckets);
       rules_.push_back(make_rule(o, v, buckets));
     }
     wire_.assign(x.size() * static_cast<size_t>(codecs_[0].floats()), 0.f);
@@ -72,10 +85,14 @@ class VirtualExchange {
     for (size_t r = 0; r < rules_.size(); ++r) {
       const size_t from =
           static_cast<size_t>(partners::partners(s, static_cast<int>(r), step).recv_from);
+      // Late (staleness 1): the step ends first and mixes what came before; this step's buckets
+      // are there for the next.
+      const bool late = late_ && late_(step, static_cast<int>(r));
+      if (late) rules_[r]->finish(step);
       for (int b = 0; b < buckets; ++b)
         rules_[r]->received(b, step,
                             codecs_[r].decode(b, wire_.data() + from * floats + layout[b].begin));
-      rules_[r]->finish(step);
+      if (!late) rules_[r]->finish(step);
     }
     pending_ = true;
   }
@@ -85,6 +102,8 @@ class VirtualExchange {
     for (auto& rule : rules_) d += rule->take_distance();
     return d;
   }
+  // Staleness 1: rank r's buckets mixed late (the partner's previous ones) and left unmixed.
+  Lateness lateness(size_t r) const { return rules_[r]->lateness(); }
   // Overlapped: the corrections of the last exchange added to the buffers.
   void apply() {
     if (!pending_) return;
@@ -98,6 +117,7 @@ class VirtualExchange {
   std::vector<WireCodec> codecs_;
   std::vector<std::unique_ptr<MixingRule>> rules_;
   std::vector<float> wire_;  // every rank's outgoing image, ranks x the codec's floats
+  std::function<bool(int64_t, int)> late_;
   bool pending_ = false;
 };
 
@@ -155,6 +175,7 @@ class VirtualRun {
     double consensus_estimate = -1;  // gossip.consensus_bound (as StepStats)
     bool consensus_average = false;
     int64_t sent_bytes = 0;
+    int64_t late_buckets = -1, unmixed_buckets = -1;  // rank 0's this step (staleness 1), as real
   };
   void make_ranks();
   StepOut step(int64_t s);
@@ -169,6 +190,7 @@ class VirtualRun {
   void start_model_exchange(StepOut& out);  // the overlapped exchange due, if any
   void flush_model(StepOut& out);           // ... started and its correction applied
   void control_consensus(int64_t s, StepOut& out);
+  void count_lateness(StepOut& out);
   void exchange_after_update(int64_t round, StepOut& out);
   // Every rank's x becomes the mean over the ranks (tree_sum: an allreduce's result).
   void average(std::vector<float*> x, size_t n);
@@ -199,7 +221,8 @@ class VirtualRun {
   RunSummary summary_;
   double train_seconds_ = 0, last_print_ = -1e9, loss_avg_ = 0;
   int64_t sent_total_ = 0, consensus_averages_ = 0;
-  int64_t unreported_bytes_ = 0;  // sent by an evaluation's flush: counted in the next step
+  int64_t unreported_bytes_ = 0;       // sent by an evaluation's flush: counted in the next step
+  Lateness lateness0_, lateness_all_;  // staleness 1: rank 0's and every rank's, so far
 };
 
 // The compute threads, set before anything is compiled (oneDNN's primitives are made for them):
@@ -287,18 +310,35 @@ void VirtualRun::make_ranks() {
   }
   const GossipPlan plan = gossip_plan(c);
   const auto& buckets = net_.buckets();
-  const bool ef = c.gossip.error_feedback;
+  // As Trainer::exchange_options: the options of a real rank's exchanges.
+  const auto options = [&](bool after_update) {
+    GossipOptions o;
+    o.staleness = c.gossip.staleness;
+    o.skip_late = plan.skip_late;
+    o.wire = after_update ? plan.model_wire : plan.wire;
+    o.error_feedback = o.wire == Wire::Bf16 && c.gossip.error_feedback;
+    o.delayed = after_update && c.gossip.overlap_model;
+    return o;
+  };
+  // The lateness model of staleness 1 (train.virtual_late): rank r's partner is late in `step`
+  // when a hash of (seed, exchange, step, r), uniform in [0, 1), falls below the share.
+  const double share = c.train.virtual_late;
+  const uint64_t seed = static_cast<uint64_t>(c.train.seed);
+  const auto late = [share, seed](uint64_t exchange) -> std::function<bool(int64_t, int)> {
+    if (share <= 0) return {};
+    return [=](int64_t step, int r) {
+      return unit_hash(seed, exchange, static_cast<uint64_t>(step), static_cast<uint64_t>(r)) <
+             share;
+    };
+  };
   if (algorithm_.grads)
-    grad_x_ = std::make_unique<VirtualExchange>(grads(), plan.wire, ef && plan.wire == Wire::Bf16,
-                                                buckets, false);
-  const bool ef_model = ef && plan.model_wire == Wire::Bf16;
+    grad_x_ = std::make_unique<VirtualExchange>(grads(), options(false), buckets, late(0));
+  GossipOptions weights = options(true);
+  weights.measure_distance = c.gossip.consensus_bound > 0;
   if (algorithm_.weights)
-    weight_x_ =
-        std::make_unique<VirtualExchange>(params(), plan.model_wire, ef_model, buckets,
-                                          c.gossip.overlap_model, c.gossip.consensus_bound > 0);
+    weight_x_ = std::make_unique<VirtualExchange>(params(), weights, buckets, late(1));
   if (algorithm_.momentum)
-    momentum_x_ = std::make_unique<VirtualExchange>(velocities(), plan.model_wire, ef_model,
-                                                    buckets, c.gossip.overlap_model);
+    momentum_x_ = std::make_unique<VirtualExchange>(velocities(), options(true), buckets, late(1));
 }
 
 std::vector<float*> VirtualRun::pointers(std::vector<float> Rank::*member) {
@@ -344,6 +384,25 @@ void VirtualRun::control_consensus(int64_t s, StepOut& out) {
   weight_x_->take_distance();  // as Trainer::forget_distance
   out.consensus_average = true;
   ++consensus_averages_;
+}
+
+// As Trainer::account: rank 0's late and unmixed buckets of this step, over its exchanges; and
+// every rank's, for the summary.
+void VirtualRun::count_lateness(StepOut& out) {
+  Lateness rank0, all;
+  for (const VirtualExchange* e : {grad_x_.get(), weight_x_.get(), momentum_x_.get()}) {
+    if (!e) continue;
+    rank0.late += e->lateness(0).late;
+    rank0.unmixed += e->lateness(0).unmixed;
+    for (int r = 0; r < ranks_; ++r) {
+      all.late += e->lateness(static_cast<size_t>(r)).late;
+      all.unmixed += e->lateness(static_cast<size_t>(r)).unmixed;
+    }
+  }
+  out.late_buckets = rank0.late - lateness0_.late;
+  out.unmixed_buckets = rank0.unmixed - lateness0_.unmixed;
+  lateness0_ = rank0;
+  lateness_all_ = all;
 }
 
 void VirtualRun::flush_model(StepOut& out) {
@@ -415,6 +474,7 @@ VirtualRun::StepOut VirtualRun::step(int64_t s) {
     if (weight_x_) weight_x_->take_distance();  // as Trainer::forget_distance
   }
   control_consensus(s, out);
+  if (c_.gossip.staleness == 1) count_lateness(out);
   const int64_t n = c_.gossip.consensus_every;
   if (n > 0 && (s + 1) % n == 0) out.consensus = consensus(mean_of(&Rank::params));
   out.loss_min = out.loss_max = rank_[0].loss;
@@ -527,6 +587,9 @@ void VirtualRun::record(int64_t s, const StepOut& out, double seconds) {
     if (!r.losses) throw std::runtime_error("log.losses: cannot write (disk full?)");
   }
   const int64_t global_batch = c_.train.batch * ranks_;
+  const auto count_or_null = [](int64_t n) {
+    return n >= 0 ? nlohmann::json(n) : nlohmann::json();
+  };
   metrics_.write(
       {{"event", "step"},
        {"step", s},
@@ -538,6 +601,8 @@ void VirtualRun::record(int64_t s, const StepOut& out, double seconds) {
        {"images_per_s", static_cast<double>(global_batch) / seconds},
        {"step_s", seconds},
        {"sent_bytes", algorithm_.allreduce ? nlohmann::json() : nlohmann::json(out.sent_bytes)},
+       {"late_buckets", count_or_null(out.late_buckets)},
+       {"unmixed_buckets", count_or_null(out.unmixed_buckets)},
        {"consensus_estimate",
         out.consensus_estimate >= 0 ? nlohmann::json(out.consensus_estimate) : nlohmann::json()},
        {"consensus_average", out.consensus_average}});
@@ -596,26 +661,36 @@ void VirtualRun::finish() {
   char top1[64] = "not evaluated (no evaluation data)";
   if (evaluated)
     std::snprintf(top1, sizeof top1, "final test top-1 %.2f%%", 100 * summary.final_top1);
+  const bool stale = c_.gossip.staleness == 1;
+  char lateness[128] = "";
+  if (stale)
+    std::snprintf(lateness, sizeof lateness,
+                  ", staleness 1: %lld bucket mixes late and %lld unmixed over all ranks",
+                  static_cast<long long>(lateness_all_.late),
+                  static_cast<long long>(lateness_all_.unmixed));
   std::printf(
-      "done: %lld steps of %d VIRTUAL ranks in %s (%.0f img/s in this one process), %s "
+      "done: %lld steps of %d VIRTUAL ranks in %s (%.0f img/s in this one process), %s%s "
       "(metrics: %s)\n",
       static_cast<long long>(summary.steps), ranks_, format_duration(summary.wall_seconds).c_str(),
-      summary.images_per_second, top1, metrics_path_.c_str());
+      summary.images_per_second, top1, lateness, metrics_path_.c_str());
   const auto number_or_null = [](bool known, double v) {
     return known ? nlohmann::json(v) : nlohmann::json();
   };
-  metrics_.write({{"event", "summary"},
-                  {"steps", summary.steps},
-                  {"epochs", steps / static_cast<double>(per_epoch_)},
-                  {"top1", number_or_null(evaluated, summary.final_top1)},
-                  {"top5", number_or_null(evaluated, summary.final_top5)},
-                  {"eval_step", number_or_null(evaluated, static_cast<double>(summary.eval_step))},
-                  {"wall_s", summary.wall_seconds},
-                  {"images_per_s", summary.images_per_second},
-                  {"sent_bytes_per_step", number_or_null(!algorithm_.allreduce, bytes_per_step)},
-                  {"params", net_.graph().param_count()},
-                  {"consensus_averages", consensus_averages_},
-                  {"ranks", ranks_}});
+  metrics_.write(
+      {{"event", "summary"},
+       {"steps", summary.steps},
+       {"epochs", steps / static_cast<double>(per_epoch_)},
+       {"top1", number_or_null(evaluated, summary.final_top1)},
+       {"top5", number_or_null(evaluated, summary.final_top5)},
+       {"eval_step", number_or_null(evaluated, static_cast<double>(summary.eval_step))},
+       {"wall_s", summary.wall_seconds},
+       {"images_per_s", summary.images_per_second},
+       {"sent_bytes_per_step", number_or_null(!algorithm_.allreduce, bytes_per_step)},
+       {"params", net_.graph().param_count()},
+       {"consensus_averages", consensus_averages_},
+       {"late_buckets", number_or_null(stale, static_cast<double>(lateness_all_.late))},
+       {"unmixed_buckets", number_or_null(stale, static_cast<double>(lateness_all_.unmixed))},
+       {"ranks", ranks_}});
 }
 
 RunSummary VirtualRun::run() {

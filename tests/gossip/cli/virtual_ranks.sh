@@ -7,9 +7,11 @@
 # the bf16 wire, error feedback and consensus control (the same steps end in a global average,
 # some of the 200 but not all), the authors' gossipgrad (weights and momentum, exchanged
 # after each update); allreduce within 1e-5 relative (virtual ranks add in MPICH's recursive-
-# doubling order, which makes it exact with Debian's MPICH; another MPI may add otherwise). A
-# mixing weight mutated in the virtual path alone (0.501 / 0.499) fails it at step 1. Then what
-# virtual ranks do not model is refused in one line, exit 2.
+# doubling order, which makes it exact with Debian's MPICH; another MPI may add otherwise); and
+# staleness 1 with every partner on time against mpirun's staleness 0. A mixing weight mutated
+# in the virtual path alone (0.501 / 0.499) fails it at step 1. Then the lateness model of
+# staleness 1 (train.virtual_late), and what virtual ranks do not model is refused in one line,
+# exit 2.
 set -euo pipefail
 BIN="$1"; ROOT="$2"; MPIEXEC="$3"; STEPS="${4:-200}"
 TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
@@ -36,13 +38,16 @@ cases=(
   "model-bf16-ef-cc|--gossip.mode model --gossip.model_wire bf16 --gossip.error_feedback true --gossip.consensus_bound 5e-6"
   "gossipgrad|--gossip.mode gossipgrad --gossip.overlap_model false"
   "allreduce|--gossip.mode allreduce"
+  # Staleness 1 with every partner on time (train.virtual_late 0) mixes as staleness 0 does.
+  "stale-on-time|--gossip.mode both --gossip.overlap_model false|--gossip.staleness 1"
 )
 for c in "${cases[@]}"; do
-  name=${c%%|*}; read -r -a opts <<<"${c#*|}"
+  name=${c%%|*}; rest=${c#*|}; read -r -a opts <<<"${rest%%|*}"
+  vopts=(); [[ $rest == *"|"* ]] && read -r -a vopts <<<"${rest#*|}"
   "$MPIEXEC" -n 4 "$BIN" "${common[@]}" "${opts[@]}" --log.losses "$TMP/$name/real/loss" \
     --log.metrics "$TMP/$name-real.jsonl" >"$TMP/$name-real.out" 2>&1 ||
     { cat "$TMP/$name-real.out"; exit 1; }
-  "$BIN" "${common[@]}" "${opts[@]}" --train.virtual_ranks 4 \
+  "$BIN" "${common[@]}" "${opts[@]}" "${vopts[@]}" --train.virtual_ranks 4 \
     --log.losses "$TMP/$name/virtual/loss" --log.metrics "$TMP/$name-virtual.jsonl" \
     >"$TMP/$name-virtual.out" 2>&1 || { cat "$TMP/$name-virtual.out"; exit 1; }
   grep -q "4 VIRTUAL ranks" "$TMP/$name-virtual.out"
@@ -84,6 +89,42 @@ print(f"{name}: 4 ranks x {steps} steps, " +
 PY
 done
 
+# The lateness model of staleness 1 (train.virtual_late F): the same draws every run, about F of
+# rank 0's bucket exchanges late, all of them with F = 1 (the first step's unmixed: nothing came
+# before it), and with gossip.late skip the late ones left unmixed.
+late_run() { # NAME OPTIONS...
+  local name=$1; shift
+  "$BIN" "${common[@]}" --gossip.mode both --gossip.overlap_model false --gossip.staleness 1 \
+    --train.virtual_ranks 4 "$@" --log.losses "$TMP/$name/loss" --log.metrics "$TMP/$name.jsonl" \
+    >"$TMP/$name.out" 2>&1 || { cat "$TMP/$name.out"; exit 1; }
+}
+late_run late-a --train.virtual_late 0.3
+late_run late-b --train.virtual_late 0.3
+late_run late-all --train.virtual_late 1
+late_run late-skip --train.virtual_late 1 --gossip.late skip
+python3 - "$TMP" "$STEPS" <<'PY'
+import json, sys
+tmp, steps = sys.argv[1], int(sys.argv[2])
+for r in range(4):
+    assert open(f"{tmp}/late-a/loss.{r}").read() == open(f"{tmp}/late-b/loss.{r}").read(), f"rank {r}: not reproducible"
+def counts(name):
+    ev = [json.loads(l) for l in open(f"{tmp}/{name}.jsonl")]
+    st = [e for e in ev if e["event"] == "step"]
+    return [e["late_buckets"] for e in st], [e["unmixed_buckets"] for e in st], ev[-1]
+late, unmixed, summary = counts("late-all")
+per_step = unmixed[0]  # step 0: nothing came before, every bucket unmixed
+assert per_step >= 2 and late[0] == 0 and all(n == per_step for n in late[1:]) and sum(unmixed[1:]) == 0, (late[:3], unmixed[:3])
+assert summary["late_buckets"] == 4 * per_step * (steps - 1), summary
+late, unmixed, _ = counts("late-skip")
+assert sum(late) == 0 and all(n == per_step for n in unmixed), (late[:3], unmixed[:3])
+late, unmixed, _ = counts("late-a")
+share = sum(late) / (per_step * steps)
+assert 0.2 < share < 0.4, f"virtual_late 0.3: {share:.3f} of rank 0's buckets late"
+print(f"lateness model: reproducible; {share:.3f} late at 0.3; all late at 1 ({per_step} buckets a step); skip leaves them unmixed")
+PY
+grep -q "train.virtual_late models late partners" <("$BIN" "${common[@]}" --train.virtual_late 0.5 2>&1 || true) ||
+  { echo "train.virtual_late without virtual ranks and staleness 1 was not refused"; exit 1; }
+
 # What virtual ranks do not model: one line naming it, exit 2, nothing run.
 refused() {
   local want="$1"; shift
@@ -93,8 +134,6 @@ refused() {
     { echo "expected one line naming '$want': $out"; exit 1; }
 }
 refused "launch it without mpirun" "$MPIEXEC" -n 2 "$BIN" "${common[@]}" --train.virtual_ranks 4
-refused "gossip.staleness" "$BIN" "${common[@]}" --train.virtual_ranks 4 --gossip.staleness 1 \
-  --gossip.overlap_model false
 refused "data.shuffle" "$BIN" "${common[@]}" --train.virtual_ranks 4 --data.shuffle ids
 refused "checkpoints" "$BIN" "${common[@]}" --train.virtual_ranks 4 --checkpoint.dir "$TMP/ck"
 refused "hypercube" "$BIN" "${common[@]}" --train.virtual_ranks 6 --gossip.schedule hypercube
