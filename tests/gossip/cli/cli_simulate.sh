@@ -28,6 +28,28 @@ print("simulate: gossip eff at 128 / 4096 ranks: %.4f / %.4f, ring %.4f / %.4f" 
     rows[128]["ring_allreduce"]["efficiency"], rows[4096]["ring_allreduce"]["efficiency"]))
 PY
 rm -f "${TMPDIR:-/tmp}/sim.$$.json"
+
+# The bf16 wire halves gossip's bytes, never the allreduce columns' (MPI and DDP send fp32);
+# weights exchanged after the update (overlap_model false) are exposed, the momentum
+# (gossipgrad) doubles them, a global average every H steps adds its share.
+sim() { "$BIN" simulate --config "$CFG" --ranks 16 --json "${ARGS[@]}" --network.inter_bandwidth_gbs 0.125 "$@"; }
+python3 - "$(sim --gossip.mode model)" "$(sim --gossip.mode model --gossip.model_wire bf16)" \
+  "$(sim --gossip.mode model --gossip.overlap_model false)" \
+  "$(sim --gossip.mode gossipgrad --gossip.overlap_model false)" \
+  "$(sim --gossip.mode model --gossip.overlap_model false --gossip.global_every 10)" <<'PY'
+import json, sys
+fp32, bf16, exposed, momentum, pga = (json.loads(a)["rows"][0] for a in sys.argv[1:])
+assert bf16["ring_allreduce"] == fp32["ring_allreduce"], (bf16["ring_allreduce"], fp32["ring_allreduce"])
+assert bf16["gossip"]["comm_s"] < 0.51 * fp32["gossip"]["comm_s"], (bf16["gossip"], fp32["gossip"])
+assert exposed["gossip"]["exposed_s"] > 0.99 * exposed["gossip"]["comm_s"] > 0
+assert fp32["gossip"]["exposed_s"] < exposed["gossip"]["exposed_s"]
+assert abs(momentum["gossip"]["exposed_s"] - 2 * exposed["gossip"]["exposed_s"]) < 1e-9
+assert pga["gossip"]["step_s"] > exposed["gossip"]["step_s"]
+print("simulate: wires, overlap, momentum and global averages priced")
+PY
+out=$("$BIN" simulate --config "$CFG" --ranks 16 "${ARGS[@]}" --gossip.mode model --gossip.consensus_bound 0.01 2>&1) &&
+  { echo "simulate with consensus_bound was not refused"; exit 1; }
+echo "$out" | grep -q "give gossip.global_every" || { echo "consensus_bound refusal: $out"; exit 1; }
 "$BIN" simulate --config "$CFG" --ranks 2,16 "${ARGS[@]}" | grep -q "rabens"
 for bad in "--ranks 2,x" "--ranks 0" "--ranks 6 --gossip.schedule hypercube" "--network.inter_bandwidth_gbs 0 --ranks 2" ""; do
   set +e
