@@ -198,8 +198,19 @@ void check_virtual(const Config& c, int ranks) {
          "[emulate] replaces the arithmetic by waiting; virtual ranks compute it "
          "(leave [emulate] out, or run emulated compute on real ranks)");
   refuse(c.train.backend == "cuda", "virtual ranks run on the CPU backends (onednn, reference)");
-  refuse(c.gossip.hierarchy != d.gossip.hierarchy,
-         "gossip.hierarchy = node is not modelled by virtual ranks yet: use hierarchy none");
+  if (c.gossip.hierarchy == "node") {  // logical nodes of network.ranks_per_node ranks
+    const int k = c.network.ranks_per_node;
+    refuse(c.train.virtual_ranks % k != 0,
+           "gossip.hierarchy = node: network.ranks_per_node = " + std::to_string(k) +
+               " (the logical node) must divide the virtual ranks");
+    try {
+      partners::validate({partners::parse_kind(c.gossip.schedule), c.train.virtual_ranks / k,
+                          c.gossip.rotate, static_cast<uint64_t>(c.train.seed)});
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(v + ", gossip.hierarchy = node: the schedule over " +
+                       std::to_string(c.train.virtual_ranks / k) + " nodes: " + e.what());
+    }
+  }
   refuse(c.data.shuffle != "off",
          "data.shuffle = " + c.data.shuffle +
              " is not modelled by virtual ranks yet: use data.shuffle off");

@@ -342,7 +342,8 @@ void network_options(std::vector<Option>& o) {
     {GG_OPTION(network.mix_bandwidth_gbs), Range{excl(0), excl(1e9)},
      "simulate: GB/s of one operand through the local averaging or reduction"},
     {GG_OPTION(network.ranks_per_node), in(1, 4096),
-     "simulate: ranks per node (consecutive ranks share a node)"},
+     "simulate, and virtual ranks with gossip.hierarchy = node: ranks per node (consecutive "
+     "ranks share a node)"},
   });
 }
 

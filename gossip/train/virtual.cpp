@@ -164,6 +164,50 @@ void tree_sum(const std::vector<float*>& x, size_t n, std::vector<float>& sum) {
   sum = std::move(part[0]);
 }
 
+// gossip.hierarchy = node (mode grad) on logical nodes of K consecutive ranks, as
+// HierarchicalExchange does it: each node's average (the sum in tree_sum's order, which is
+// MPI_Reduce_scatter's for K = 2: one addition; for larger K MPI may add in another order), the
+// pair average with the partner node's (the schedule over the nodes), the result in every rank
+// of the node. Real ranks mix it slice by slice over the rails; the values are the same.
+class VirtualHierarchy {
+ public:
+  VirtualHierarchy(std::vector<float*> x, size_t n, int per_node, partners::Schedule schedule,
+                   const std::vector<kernels::Bucket>& buckets)
+      : x_(std::move(x)), n_(n), k_(per_node), schedule_(schedule) {
+    schedule_.p = static_cast<int>(x_.size()) / k_;
+    // What local rank 0 sends a step: its slice of every bucket over the rail (none alone).
+    if (schedule_.p > 1)
+      for (const kernels::Bucket& b : buckets)
+        bytes_ +=
+            (b.size() / k_ + (b.size() % k_ > 0 ? 1 : 0)) * static_cast<int64_t>(sizeof(float));
+  }
+  int64_t bytes_per_rank() const { return bytes_; }
+  void exchange(int64_t step) {
+    const int nodes = schedule_.p;
+    std::vector<std::vector<float>> avg(static_cast<size_t>(nodes));
+    for (int node = 0; node < nodes; ++node) {
+      const auto first = x_.begin() + node * k_;
+      tree_sum({first, first + k_}, n_, avg[static_cast<size_t>(node)]);
+      mean_of_sum(avg[static_cast<size_t>(node)], k_);
+    }
+    for (int node = 0; node < nodes; ++node) {
+      std::vector<float> mixed = avg[static_cast<size_t>(node)];
+      if (nodes > 1)
+        mix_pair(mixed,
+                 avg[static_cast<size_t>(partners::partners(schedule_, node, step).recv_from)]);
+      for (int l = 0; l < k_; ++l)
+        std::copy(mixed.begin(), mixed.end(), x_[static_cast<size_t>(node * k_ + l)]);
+    }
+  }
+
+ private:
+  std::vector<float*> x_;
+  size_t n_;
+  int k_;
+  partners::Schedule schedule_;
+  int64_t bytes_ = 0;
+};
+
 class VirtualRun {
  public:
   explicit VirtualRun(const Config& c);
@@ -211,6 +255,7 @@ class VirtualRun {
   partners::Schedule schedule_;
   std::vector<Rank> rank_;
   std::unique_ptr<VirtualExchange> grad_x_, weight_x_, momentum_x_;
+  std::unique_ptr<VirtualHierarchy> hierarchy_;  // gossip.hierarchy = node, in grad_x_'s place
   int64_t per_epoch_ = 0, total_ = 0, epochs_ = 0;
   int64_t model_due_ = -1;
   std::unique_ptr<kernels::LrSchedule> lr_;
@@ -331,7 +376,10 @@ void VirtualRun::make_ranks() {
              share;
     };
   };
-  if (algorithm_.grads)
+  if (algorithm_.grads && c.gossip.hierarchy == "node")
+    hierarchy_ = std::make_unique<VirtualHierarchy>(grads(), rank_[0].grads.size(),
+                                                    c.network.ranks_per_node, schedule_, buckets);
+  else if (algorithm_.grads)
     grad_x_ = std::make_unique<VirtualExchange>(grads(), options(false), buckets, late(0));
   GossipOptions weights = options(true);
   weights.measure_distance = c.gossip.consensus_bound > 0;
@@ -461,6 +509,9 @@ VirtualRun::StepOut VirtualRun::step(int64_t s) {
   } else if (grad_x_) {
     grad_x_->exchange(schedule_, s);
     out.sent_bytes += grad_x_->bytes_per_rank();
+  } else if (hierarchy_) {
+    hierarchy_->exchange(s);
+    out.sent_bytes += hierarchy_->bytes_per_rank();
   }
   out.lr = lr_->at(s);
   flush_model(out);

@@ -8,7 +8,8 @@
 # some of the 200 but not all), the authors' gossipgrad (weights and momentum, exchanged
 # after each update); allreduce within 1e-5 relative (virtual ranks add in MPICH's recursive-
 # doubling order, which makes it exact with Debian's MPICH; another MPI may add otherwise); and
-# staleness 1 with every partner on time against mpirun's staleness 0. A mixing weight mutated
+# staleness 1 with every partner on time against mpirun's staleness 0; gossip.hierarchy node on
+# two nodes of two (mpirun's simulated by GG_RANKS_PER_NODE). A mixing weight mutated
 # in the virtual path alone (0.501 / 0.499) fails it at step 1. Then the lateness model of
 # staleness 1 (train.virtual_late), and what virtual ranks do not model is refused in one line,
 # exit 2.
@@ -40,11 +41,14 @@ cases=(
   "allreduce|--gossip.mode allreduce"
   # Staleness 1 with every partner on time (train.virtual_late 0) mixes as staleness 0 does.
   "stale-on-time|--gossip.mode both --gossip.overlap_model false|--gossip.staleness 1"
+  # Two nodes of two: mpirun's nodes simulated (GG_RANKS_PER_NODE), the virtual ranks' logical.
+  "hierarchy|--gossip.mode grad --gossip.hierarchy node|--network.ranks_per_node 2"
 )
 for c in "${cases[@]}"; do
   name=${c%%|*}; rest=${c#*|}; read -r -a opts <<<"${rest%%|*}"
   vopts=(); [[ $rest == *"|"* ]] && read -r -a vopts <<<"${rest#*|}"
-  "$MPIEXEC" -n 4 "$BIN" "${common[@]}" "${opts[@]}" --log.losses "$TMP/$name/real/loss" \
+  nodes=(); [ "$name" = hierarchy ] && nodes=(env GG_RANKS_PER_NODE=2)
+  "${nodes[@]}" "$MPIEXEC" -n 4 "$BIN" "${common[@]}" "${opts[@]}" --log.losses "$TMP/$name/real/loss" \
     --log.metrics "$TMP/$name-real.jsonl" >"$TMP/$name-real.out" 2>&1 ||
     { cat "$TMP/$name-real.out"; exit 1; }
   "$BIN" "${common[@]}" "${opts[@]}" "${vopts[@]}" --train.virtual_ranks 4 \
@@ -134,6 +138,8 @@ refused() {
     { echo "expected one line naming '$want': $out"; exit 1; }
 }
 refused "launch it without mpirun" "$MPIEXEC" -n 2 "$BIN" "${common[@]}" --train.virtual_ranks 4
+refused "must divide the virtual ranks" "$BIN" "${common[@]}" --train.virtual_ranks 4 \
+  --gossip.mode grad --gossip.hierarchy node --network.ranks_per_node 3
 refused "data.shuffle" "$BIN" "${common[@]}" --train.virtual_ranks 4 --data.shuffle ids
 refused "checkpoints" "$BIN" "${common[@]}" --train.virtual_ranks 4 --checkpoint.dir "$TMP/ck"
 refused "hypercube" "$BIN" "${common[@]}" --train.virtual_ranks 6 --gossip.schedule hypercube
