@@ -8,7 +8,8 @@
 # some of the 200 but not all), the authors' gossipgrad (weights and momentum, exchanged
 # after each update); allreduce within 1e-5 relative (virtual ranks add in MPICH's recursive-
 # doubling order, which makes it exact with Debian's MPICH; another MPI may add otherwise); and
-# staleness 1 with every partner on time against mpirun's staleness 0; gossip.hierarchy node on
+# staleness 1 with every partner on time against mpirun's staleness 0; model_every 3 with
+# global_every 50; gossip.hierarchy node on
 # two nodes of two (mpirun's simulated by GG_RANKS_PER_NODE). A mixing weight mutated
 # in the virtual path alone (0.501 / 0.499) fails it at step 1. Then the lateness model of
 # staleness 1 (train.virtual_late), and what virtual ranks do not model is refused in one line,
@@ -41,6 +42,8 @@ cases=(
   "allreduce|--gossip.mode allreduce"
   # Staleness 1 with every partner on time (train.virtual_late 0) mixes as staleness 0 does.
   "stale-on-time|--gossip.mode both --gossip.overlap_model false|--gossip.staleness 1"
+  # The weights every 3rd step, an exact global average every 50.
+  "every|--gossip.mode model --gossip.model_every 3 --gossip.global_every 50|"
   # Two nodes of two: mpirun's nodes simulated (GG_RANKS_PER_NODE), the virtual ranks' logical.
   "hierarchy|--gossip.mode grad --gossip.hierarchy node|--network.ranks_per_node 2"
 )
