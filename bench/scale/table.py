@@ -63,7 +63,9 @@ lines = [f"# Accuracy against the rank count on virtual ranks ({os.path.basename
         [f"- `{c}`" for c in commands] + ["",
          "Fashion-MNIST, resnet8 (configs/laptop.ini), every p on VIRTUAL ranks (one process; "
          "exact: tests/gossip/cli/virtual_ranks.sh). Top-1 of the ranks' average model after the "
-         "last epoch (mean over seeds when several, each seed's in the CSV); 'own' is each rank's "
+         "last epoch (mean over seeds when several, each seed's in the CSV); 'vs allreduce': the "
+         "mean over seeds of the difference to allreduce with the same seed (each in brackets); "
+         "'own' is each rank's "
          "own model on the first test samples (min / median / max over the ranks); consensus: mean "
          "squared distance of the ranks' weights to their average; bytes: what one rank sends per "
          "step, beside a ring allreduce's.", "",
@@ -76,7 +78,17 @@ for p in ps:
         if not c:
             continue
         t = mean([r["top1"] for r in c])
-        gap = "–" if base is None or mode == "allreduce" else f"{100 * (t - base):+.2f}"
+        # Against allreduce run with the same seed (seeds differ by points at large p), the
+        # mean of the pairs, each pair's in brackets; without a paired seed, mean against mean.
+        by_seed = {r["seed"]: r["top1"] for r in cell(p, "allreduce")}
+        pairs = [r["top1"] - by_seed[r["seed"]] for r in c if r["seed"] in by_seed]
+        if base is None or mode == "allreduce":
+            gap = "–"
+        elif pairs:
+            gap = f"{100 * mean(pairs):+.2f}" + (
+                " (" + ", ".join(f"{100 * d:+.2f}" for d in pairs) + ")" if len(pairs) > 1 else "")
+        else:
+            gap = f"{100 * (t - base):+.2f} (unpaired)"
         own = " / ".join(pct(mean([r[k] for r in c if r[k] is not None]))
                          for k in ("rank_min", "rank_median", "rank_max"))
         seeds = "" if len(c) == 1 else f" ({len(c)} seeds)"
