@@ -23,6 +23,7 @@
 #   model         weights after the update (D-PSGD)
 #   model-bf16    model with the bf16 wire and error feedback
 #   gossipgrad    weights and momentum after the update (the authors' GossipGraD)
+#   gossipgrad-bf16  gossipgrad with the bf16 wire and error feedback (half a ring's bytes)
 #   grad          gradients only (the abstract's reading)
 #   *-global<H>   any of the above with an exact global average every H steps, e.g.
 #                 gossipgrad-global50 (Gossip-PGA)
@@ -60,6 +61,7 @@ options_of() { # mode -> its train options
   case $mode in
     allreduce | both | model | gossipgrad | grad) echo "--gossip.mode $mode" ;;
     model-bf16) echo "--gossip.mode model --gossip.model_wire bf16 --gossip.error_feedback true" ;;
+    gossipgrad-bf16) echo "--gossip.mode gossipgrad --gossip.model_wire bf16 --gossip.error_feedback true" ;;
     *) echo "bench/scale: unknown mode '$1' (see the usage at the top of $0)" >&2; exit 2 ;;
   esac
   [ -z "$global" ] || echo "--gossip.global_every $global"
