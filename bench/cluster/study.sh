@@ -162,7 +162,7 @@ points() {
         # What the accuracy study at large p points to (bench/scale): the weights mixed after
         # the update, not behind the next step (+nooverlap), beside the overlapped model + bf16
         # and DDP in the same session.
-        for m in model+bf16+nooverlap model+bf16 ddp; do
+        for m in model+bf16+nooverlap model+bf16 ddp gossipgrad+bf16+nooverlap; do
             echo "16 1000 quiet $m"
         done
         ;;
