@@ -165,8 +165,8 @@ void tree_sum(const std::vector<float*>& x, size_t n, std::vector<float>& sum) {
 }
 
 // gossip.hierarchy = node (mode grad) on logical nodes of K consecutive ranks, as
-// HierarchicalExchange does it: each node's average (the sum in tree_sum's order, which is
-// MPI_Reduce_scatter's for K = 2: one addition; for larger K MPI may add in another order), the
+// HierarchicalExchange does it: each node's average (the sum in tree_sum's order, which is MPI's
+// reduce-scatter's for K = 2: one addition; for larger K MPI may add in another order), the
 // pair average with the partner node's (the schedule over the nodes), the result in every rank
 // of the node. Real ranks mix it slice by slice over the rails; the values are the same.
 class VirtualHierarchy {
@@ -222,6 +222,7 @@ class VirtualRun {
     int64_t late_buckets = -1, unmixed_buckets = -1;  // rank 0's this step (staleness 1), as real
   };
   void make_ranks();
+  void make_exchanges();  // make_ranks' last part
   StepOut step(int64_t s);
   void announce();
   void record(int64_t s, const StepOut& out, double seconds);
@@ -353,9 +354,14 @@ void VirtualRun::make_ranks() {
       if (!k.losses) throw std::runtime_error("log.losses: cannot write " + path);
     }
   }
+  make_exchanges();
+}
+
+// Every rank's exchanges, with the options of a real rank's (Trainer::exchange_options).
+void VirtualRun::make_exchanges() {
+  const Config& c = c_;
   const GossipPlan plan = gossip_plan(c);
   const auto& buckets = net_.buckets();
-  // As Trainer::exchange_options: the options of a real rank's exchanges.
   const auto options = [&](bool after_update) {
     GossipOptions o;
     o.staleness = c.gossip.staleness;
@@ -376,7 +382,7 @@ void VirtualRun::make_ranks() {
              share;
     };
   };
-  if (algorithm_.grads && c.gossip.hierarchy == "node")
+  if (algorithm_.grads && plan.node_hierarchy)
     hierarchy_ = std::make_unique<VirtualHierarchy>(grads(), rank_[0].grads.size(),
                                                     c.network.ranks_per_node, schedule_, buckets);
   else if (algorithm_.grads)
