@@ -41,9 +41,9 @@ double pipeline(const std::vector<double>& ready, double link_free, Cost cost) {
   return f;
 }
 
-// The bytes of an fp32 bucket on a wire: bf16 sends its floats in pairs of two halves.
-int64_t on_wire(int64_t fp32_bytes, bool bf16) {
-  return bf16 ? (fp32_bytes / 4 + 1) / 2 * 4 : fp32_bytes;
+// The bytes of an fp32 bucket on a wire (none given: fp32).
+int64_t on_wire(int64_t fp32_bytes, const std::function<int64_t(int64_t)>& wire) {
+  return wire ? wire(fp32_bytes) : fp32_bytes;
 }
 
 StepPrediction finish(const Workload& w, int p, double comm_s, double exposed_s) {
@@ -111,13 +111,13 @@ StepPrediction predict_gossip(const Schedule& schedule, GossipMode mode, const N
       double comm = 0, weights = 0, exposed = 0;
       if (mode.model)  // the weights (and the momentum) bucket by bucket
         for (int64_t b : w.bucket_bytes)
-          weights += cost(on_wire(b, mode.model_bf16)) * (mode.momentum ? 2 : 1);
+          weights += cost(on_wire(b, mode.model_wire)) * (mode.momentum ? 2 : 1);
       comm += weights;
       // Overlapped, the previous step's weights hold the link from the start of this step's
       // forward; otherwise they travel after the update, with nothing to hide behind.
       const double link_free = mode.overlap_model ? weights : 0.0;
       if (mode.grad) {
-        auto grads = [&](int64_t b) { return cost(on_wire(b, mode.grad_bf16)); };
+        auto grads = [&](int64_t b) { return cost(on_wire(b, mode.grad_wire)); };
         const double f =
             pipeline(ready, link_free, [&](size_t i) { return grads(w.bucket_bytes[i]); });
         for (int64_t b : w.bucket_bytes) comm += grads(b);

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,7 +29,7 @@ struct Workload {
   double backward_s = 0;  // its backward pass (buckets complete during it)
   double update_s = 0;    // the optimizer step
   // Gradient bytes per bucket in fp32, in the order backward completes them (allreduce sends
-  // them so; gossip's bf16 wires half). Bucket i is ready at
+  // them so; gossip's lossy wires fewer: GossipMode). Bucket i is ready at
   // forward_s + backward_s * (bytes of buckets 0..i) / (all bytes).
   std::vector<int64_t> bucket_bytes;
   int64_t batch_per_rank = 1;
@@ -53,10 +54,11 @@ struct GossipMode {
   bool momentum = false;      // the SGD momentum travels with the weights (as many bytes again)
   bool overlap_model = true;  // the weights' exchange behind the next step's forward and backward;
                               // false: right after the update, before the next forward (exposed)
-  bool grad_bf16 = false;     // the gradients travel as bf16: half the bytes of the buckets
-  bool model_bf16 = false;    // the weights (and the momentum) travel as bf16
-  int64_t global_every = 0;   // an exact global average of the weights every H steps (0: none),
-  int64_t global_bytes = 0;   // of this many bytes, by a Rabenseifner allreduce, not overlapped
+  // The bytes an fp32 bucket of this many bytes takes on the gradients' and the weights' (and
+  // momentum's) wire (gossip/comm/wire.hpp's wire_floats; empty: fp32, as they are).
+  std::function<int64_t(int64_t)> grad_wire = {}, model_wire = {};
+  int64_t global_every = 0;  // an exact global average of the weights every H steps (0: none),
+  int64_t global_bytes = 0;  // of this many bytes, by a Rabenseifner allreduce, not overlapped
 };
 
 // Gossip at p = schedule.p: the mean over steps [0, steps) of the slowest rank's step time. A

@@ -74,8 +74,10 @@ def predict(binary, p, rate_mbit, method, factor, profile, latency_s, cache={}):
     if key in cache:
         return cache[key]
     # grad@rma: grad over rma (the model knows no transports); +bf16 / +fp16: 16-bit buckets;
-    # +stale: the same exchange (its waiting is in the compute factor)
-    half = "+bf16" in method or "+fp16" in method
+    # +int8 / +int4: the quantized wires; +stale: the same exchange (its waiting is in the
+    # compute factor)
+    wire = ("bf16" if "+bf16" in method or "+fp16" in method else
+            "int8" if "+int8" in method else "int4" if "+int4" in method else "fp32")
     overlap = "false" if "+nooverlap" in method else "true"
     method = method.split("@")[0].split("+")[0]
     mode = method if method in ("grad", "model", "both", "gossipgrad") else "grad"
@@ -89,9 +91,8 @@ def predict(binary, p, rate_mbit, method, factor, profile, latency_s, cache={}):
             "--simulate.forward_ms", str(fwd * factor), "--simulate.backward_ms",
             str(bwd * factor), "--simulate.update_ms", str(upd * factor),
             # each wire only where the mode sends that buffer (gossipgrad refuses the others)
-            "--gossip.wire", "bf16" if half and mode in ("grad", "both") else "fp32",
-            "--gossip.model_wire", "bf16" if half and mode in ("model", "both", "gossipgrad")
-            else "fp32"]
+            "--gossip.wire", wire if mode in ("grad", "both") else "fp32",
+            "--gossip.model_wire", wire if mode in ("model", "both", "gossipgrad") else "fp32"]
     out = subprocess.run(args, check=True, capture_output=True, text=True).stdout
     row = json.loads(out)["rows"][0]
     col = {"allreduce": "rabenseifner_allreduce", "ddp": "ring_allreduce"}.get(method, "gossip")

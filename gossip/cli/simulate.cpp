@@ -124,9 +124,9 @@ constexpr const char* kSimulateHelp =
     "allreduce at each rank count, from the config's [network] (alpha-beta-gamma "
     "links), its model's gradient buckets, the exact partner schedule and the "
     "trainer's overlap rules. Compute per step comes from [simulate] forward_ms, "
-    "backward_ms, update_ms, or is measured here when they are 0. With gossip.wire = bf16 "
-    "the gradients, with gossip.model_wire = bf16 the weights travel in half the bytes "
-    "(allreduce in fp32, as MPI and DDP send them); gossipgrad "
+    "backward_ms, update_ms, or is measured here when they are 0. gossip.wire (the "
+    "gradients') and gossip.model_wire (the weights') bf16, int8 or int4 send the bytes "
+    "those wires send (allreduce in fp32, as MPI and DDP send them); gossipgrad "
     "sends the momentum too; gossip.overlap_model = false exchanges the weights after the "
     "update, exposed; gossip.global_every H adds an fp32 allreduce of the weights every H "
     "steps.\n"
@@ -168,7 +168,7 @@ partners::Workload make_workload(const Config& c, const kernels::ModelSpec& spec
                                  const kernels::Graph& g) {
   partners::Workload w;
   w.batch_per_rank = c.train.batch;
-  // The gradient buckets in fp32 (allreduce's; gossip's bf16 wires are in the GossipMode).
+  // The gradient buckets in fp32 (allreduce's; gossip's lossy wires are in the GossipMode).
   for (const kernels::Bucket& b :
        kernels::make_buckets(g, std::max<int64_t>(1, c.gossip.bucket_kb * 256)))
     w.bucket_bytes.push_back(b.size() * 4);
@@ -341,8 +341,11 @@ int cmd_simulate(const std::vector<std::string>& args) {
   const Algorithm& a = mixing_of(c);
   partners::GossipMode mode{a.grads, a.weights, a.momentum, c.gossip.overlap_model};
   const GossipPlan plan = gossip_plan(c);
-  mode.grad_bf16 = a.grads && plan.wire == Wire::Bf16;
-  mode.model_bf16 = a.weights && plan.model_wire == Wire::Bf16;
+  const auto wire = [](Wire kind) -> std::function<int64_t(int64_t)> {
+    return [kind](int64_t bytes) { return wire_floats(kind, bytes / 4) * 4; };
+  };
+  mode.grad_wire = wire(plan.wire);
+  mode.model_wire = wire(plan.model_wire);
   if (c.gossip.global_every > 0) {  // weights and statistics in fp32, as the trainer averages them
     mode.global_every = c.gossip.global_every;
     mode.global_bytes = (g.param_count() + g.buffer_count()) * 4;

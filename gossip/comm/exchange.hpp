@@ -52,6 +52,10 @@ class BucketExchange {
   // Staleness 1: what the steps could not mix fresh (rules.hpp).
   using Lateness = gossip::Lateness;
   virtual Lateness lateness() const { return {}; }
+  // The wire's error-feedback residue, in the buffer's layout (empty: none), and a saved one back
+  // (empty: zeroes): part of a rank's state. Exchanges that send fp32 have none.
+  virtual std::vector<float> wire_residue() const { return {}; }
+  virtual void set_wire_residue(const std::vector<float>& r) { (void)r; }
 
  protected:
   Timeline* timeline_ = nullptr;
@@ -144,6 +148,8 @@ class GossipExchange final : public BucketExchange {
   std::vector<TransportTraffic> transport_counters() const { return transport_->traffic(); }
   int64_t bytes_sent() const override;
   Lateness lateness() const override;
+  std::vector<float> wire_residue() const override { return codec_.residue(); }
+  void set_wire_residue(const std::vector<float>& r) override { codec_.set_residue(r); }
   // With options.measure_distance: sum of ||x - partner||^2 over the buckets mixed since the last
   // call (rules.hpp, take_distance).
   double take_distance() { return rule_->take_distance(); }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -12,18 +13,23 @@
 
 namespace gg::gossip {
 
-// As they are (fp32), or rounded to bfloat16 (half the bytes; the receiver mixes them in fp32).
-// With error feedback, what rounding took off a value is added to it before the next rounding, so
-// no part of a value is lost for good.
-enum class Wire { Fp32, Bf16 };
-// "fp32" | "bf16"; throws std::invalid_argument otherwise.
+// As they are (fp32), rounded to bfloat16 (half the bytes), or quantized in blocks of kQuantBlock
+// values, each block with its own fp32 scale (its largest magnitude over 127 or 7): int8 (a
+// byte a value, 0.27x fp32's bytes) or int4 (levels -7..7, two values a byte, 0.14x); rounding
+// to nearest, ties to even. The receiver mixes the values in fp32. With error feedback, what
+// rounding took off a value is added to it before the next rounding, so no part of a value is
+// lost for good.
+enum class Wire { Fp32, Bf16, Int8, Int4 };
+inline constexpr int64_t kQuantBlock = 64;
+// "fp32" | "bf16" | "int8" | "int4"; throws std::invalid_argument otherwise.
 Wire parse_wire(const std::string& name);
 
 // fp32 -> bf16, rounding to nearest, ties to even (NaN stays NaN), and back (exact).
 uint16_t to_bf16(float f);
 float from_bf16(uint16_t h);
 
-// Floats' room a bucket of n values takes on the wire (bf16: two values in each float).
+// Floats' room a bucket of n values takes on the wire (bf16: two values in each float; int8 and
+// int4: a scale per block, then four or eight values in each float).
 int64_t wire_floats(Wire w, int64_t n);
 
 // x -> bf16 in out[0, x.size()) (an odd count's last half is zeroed: out has wire_floats room).
@@ -33,10 +39,17 @@ void pack_bf16(std::span<const float> x, std::span<float> residue, uint16_t* out
 // in[0, x.size()) -> x.
 void unpack_bf16(const uint16_t* in, std::span<float> x);
 
+// Int8 / Int4: x -> out[0, wire_floats(w, x.size())): the blocks' scales, then the packed
+// levels (a last float's unused bytes zeroed). Each value is within half its block's step (scale)
+// of what unpack_quant gives back; a block with a NaN or an infinity comes back all NaN. With a
+// residue as pack_bf16's.
+void pack_quant(Wire w, std::span<const float> x, std::span<float> residue, float* out);
+void unpack_quant(Wire w, const float* in, std::span<float> x);
+
 // One flat buffer's buckets on a wire: where each bucket lies in the transport's layout, and the
 // rooms that hold this rank's packed buckets, the partner's unpacked ones and the error-feedback
-// residue. fp32 passes values through untouched. No MPI, no threads: bucket b is encoded and
-// decoded by one thread at a time.
+// residue (error_feedback: a lossy wire's). fp32 passes values through untouched. No MPI, no
+// threads: bucket b is encoded and decoded by one thread at a time.
 class WireCodec {
  public:
   WireCodec(Wire wire, bool error_feedback, std::vector<kernels::Bucket> buckets);
@@ -49,12 +62,18 @@ class WireCodec {
   const float* encode(int b, const float* x);
   // The partner's bucket b as it came off the wire, as fp32 values.
   const float* decode(int b, const float* in);
+  // The error-feedback residue (empty without): a rank's state, saved with its checkpoints. Safe
+  // while another thread encodes (staleness 1 leaves buckets in flight at a step's end).
+  std::vector<float> residue() const;
+  // A saved residue back (the same size; empty: zeroes). Throws std::invalid_argument otherwise.
+  void set_residue(const std::vector<float>& r);
 
  private:
   Wire wire_;
   std::vector<kernels::Bucket> buckets_, layout_;
   int64_t floats_ = 0;
   std::vector<float> packed_, unpacked_, residue_;
+  mutable std::mutex residue_mu_;  // residue_ (error feedback only)
 };
 
 }  // namespace gg::gossip

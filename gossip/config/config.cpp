@@ -150,10 +150,12 @@ void check_combinations(const Config& c) {
   check_emulated(c);
   if (mixing_of(c).allreduce && (c.gossip.wire != "fp32" || c.gossip.model_wire != "fp32"))
     throw UsageError(
-        "gossip.wire and gossip.model_wire = bf16 need gossip.mode grad, model or both "
-        "(allreduce sums fp32)");
+        "gossip.wire and gossip.model_wire other than fp32 need a gossip mode (allreduce sums "
+        "fp32)");
   if (c.gossip.error_feedback && c.gossip.wire == "fp32" && c.gossip.model_wire == "fp32")
-    throw UsageError("gossip.error_feedback needs gossip.wire or gossip.model_wire = bf16");
+    throw UsageError(
+        "gossip.error_feedback needs a lossy wire: gossip.wire or gossip.model_wire = bf16, int8 "
+        "or int4");
   check_exchange(c);
   const Config d;
   if (c.data.val_labels != d.data.val_labels && c.data.source.rfind("imagenet:", 0) != 0)
@@ -262,6 +264,16 @@ void check_ranks(const Config& c, int ranks, bool supervised_restart) {
 
 const Algorithm& mixing_of(const Config& c) { return find_algorithm(c.gossip.mode); }
 
+namespace {
+// The option's choices (gossip.wire, gossip.model_wire) as the codec's type.
+Wire wire_of(const std::string& name) {
+  return name == "bf16"   ? Wire::Bf16
+         : name == "int8" ? Wire::Int8
+         : name == "int4" ? Wire::Int4
+                          : Wire::Fp32;
+}
+}  // namespace
+
 GossipPlan gossip_plan(const Config& c) {
   GossipPlan p;
   p.algorithm = &mixing_of(c);
@@ -271,9 +283,25 @@ GossipPlan gossip_plan(const Config& c) {
   p.threading = t == "concurrent" ? Threading::Concurrent
                 : t == "chained"  ? Threading::Chained
                                   : Threading::Funneled;
-  p.wire = c.gossip.wire == "bf16" ? Wire::Bf16 : Wire::Fp32;
-  p.model_wire = c.gossip.model_wire == "bf16" ? Wire::Bf16 : Wire::Fp32;
+  p.wire = wire_of(c.gossip.wire);
+  p.model_wire = wire_of(c.gossip.model_wire);
   return p;
+}
+
+GossipOptions exchange_options(const Config& c, const GossipPlan& plan, Mixed what) {
+  const bool after_update = what != Mixed::Grads;
+  GossipOptions o;
+  o.transport = c.gossip.transport;
+  o.threading = plan.threading;
+  o.comm_threads = c.gossip.comm_threads;
+  o.staleness = c.gossip.staleness;
+  o.skip_late = plan.skip_late;
+  o.timeout_s = c.gossip.timeout_s;
+  o.wire = after_update ? plan.model_wire : plan.wire;
+  o.error_feedback = o.wire != Wire::Fp32 && c.gossip.error_feedback;
+  o.delayed = after_update && c.gossip.overlap_model;
+  o.measure_distance = what == Mixed::Weights && c.gossip.consensus_bound > 0;
+  return o;
 }
 
 bool small_model(const Config& c) { return c.model.name == "resnet8" || c.model.name == "cnn"; }

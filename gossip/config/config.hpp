@@ -177,6 +177,11 @@ struct GossipPlan {
 };
 GossipPlan gossip_plan(const Config& c);
 
+// The options of one of a rank's exchanges, for real ranks and virtual ones alike (the schedule is
+// the caller's): which buffer it mixes decides the wire, delayed mixing and the distance measure.
+enum class Mixed { Grads, Weights, Momentum };
+GossipOptions exchange_options(const Config& c, const GossipPlan& plan, Mixed what);
+
 // train.weight_layout = plain: the weights stay in PyTorch's layout (not the backend's own).
 inline bool plain_weights(const Config& c) { return c.train.weight_layout == "plain"; }
 

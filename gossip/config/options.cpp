@@ -228,14 +228,16 @@ void gossip_mixing_options(std::vector<Option>& o) {
     {GG_OPTION(gossip.bucket_kb), in(1, 4194304),
      "bucket size in KiB (gradients and weights are exchanged bucket by bucket); a gradient "
      "bucket is exchanged as soon as backward completes it"},
-    {GG_OPTION(gossip.wire), Choices{{"fp32", "bf16"}},
-     "grad/both: gradient buckets travel as fp32, or as bf16 (rounded to bfloat16: half the "
-     "bytes; mixed in fp32), on every transport"},
-    {GG_OPTION(gossip.model_wire), Choices{{"fp32", "bf16"}},
-     "model/both: the weight buckets travel as fp32, or as bf16 (half the bytes)"},
+    {GG_OPTION(gossip.wire), Choices{{"fp32", "bf16", "int8", "int4"}},
+     "grad/both: gradient buckets travel as fp32, as bf16 (rounded to bfloat16: half the "
+     "bytes), or quantized in blocks of 64 values with a scale each: int8 (0.27x fp32's bytes) "
+     "or int4 (0.14x); mixed in fp32, on every transport"},
+    {GG_OPTION(gossip.model_wire), Choices{{"fp32", "bf16", "int8", "int4"}},
+     "model/both/gossipgrad: the weight (and momentum) buckets travel as fp32, bf16, int8 or int4 "
+     "(as gossip.wire)"},
     {GG_OPTION(gossip.error_feedback), {},
-     "with a bf16 wire: what rounding took off a value is added to it before the next step's "
-     "rounding (error feedback), so nothing is lost for good"},
+     "with a bf16, int8 or int4 wire: what rounding took off a value is added to it before the "
+     "next step's rounding (error feedback), so nothing is lost for good"},
     {GG_OPTION(gossip.timeout_s), in(0, 1e6),
      "a rank waiting on another rank longer than this many seconds (its gossip partner, or any "
      "collective: allreduce mode, evaluation, checkpoints, the shuffle) names the wait and the "

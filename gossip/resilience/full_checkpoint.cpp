@@ -102,6 +102,9 @@ size_t encode_state_into(const RankState& s, uint8_t* dst) {
   out.array(s.delayed_delta);
   out.array(s.shuffle);
   out.put<double>(s.consensus_distance);
+  out.array(s.grad_residue);
+  out.array(s.weight_residue);
+  out.array(s.momentum_residue);
   // The file checks itself too.
   out.put<uint64_t>(dst != nullptr ? checksum(dst, out.n) : 0);
   return out.n;
@@ -136,10 +139,19 @@ RankState decode_state(const uint8_t* data, size_t size, const std::string& what
   s.delayed_delta = c.get_array<float>();
   s.shuffle = c.get_array<uint8_t>();
   if (c.left >= sizeof(double)) s.consensus_distance = c.get<double>();  // absent: older files
+  if (c.left > 0) {  // absent: files older than the residues (resumed with none)
+    s.grad_residue = c.get_array<float>();
+    s.weight_residue = c.get_array<float>();
+    s.momentum_residue = c.get_array<float>();
+  }
   if (c.left != 0) throw std::runtime_error(what + ": trailing bytes in the rank state");
+  const auto fits = [&s](const std::vector<float>& v) {
+    return v.empty() || v.size() == s.params.size();
+  };
   if (s.step < 0 || s.steps_per_epoch < 1 || s.ranks < 1 || s.rank < 0 || s.rank >= s.ranks ||
       !(s.lr_scale > 0 && s.lr_scale <= 1) || s.velocity.size() != s.params.size() ||
-      (!s.delayed_delta.empty() && s.delayed_delta.size() != s.params.size()))
+      (!s.delayed_delta.empty() && s.delayed_delta.size() != s.params.size()) ||
+      !fits(s.grad_residue) || !fits(s.weight_residue) || !fits(s.momentum_residue))
     throw std::runtime_error(what + ": inconsistent rank state");
   return s;
 }

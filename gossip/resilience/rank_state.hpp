@@ -23,6 +23,9 @@ struct RankState {
   // gossip.consensus_bound: ||w - w_partner||^2 measured by the weight exchange and not taken by
   // a check yet (an exchange completed by an evaluation or a global average between steps).
   double consensus_distance = 0;
+  // The error-feedback residues of the lossy wires (gossip.error_feedback), plain layout, one per
+  // exchange (the gradients', the weights', the momentum's; empty: none).
+  std::vector<float> grad_residue, weight_residue, momentum_residue;
 };
 
 // The state as bytes (little-endian, the host's float format) and back. decode_state throws

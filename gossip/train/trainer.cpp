@@ -150,20 +150,19 @@ void Trainer::make_exchanges() {
       // The exchange provides the gradient buffer: in shared memory, partners on this node that
       // pair up in a step average it in place, with no copy.
       auto grads = std::make_unique<GossipExchange>(world_, nullptr, net_.buckets(),
-                                                    exchange_options(plan, schedule, false));
+                                                    exchange_options(plan, schedule, Mixed::Grads));
       net_.share_grads(grads->buffer());
       exchange_ = std::move(grads);
     }
     // After the update: the weights, and with them the momentum (the authors' GossipGraD).
-    const GossipOptions after = exchange_options(plan, schedule, true);
-    GossipOptions weights = after;  // consensus control measures the weights' distance
-    weights.measure_distance = c_.gossip.consensus_bound > 0;
     if (a.weights)
       model_exchange_ =
-          std::make_unique<GossipExchange>(world_, store.params.data(), net_.buckets(), weights);
+          std::make_unique<GossipExchange>(world_, store.params.data(), net_.buckets(),
+                                           exchange_options(plan, schedule, Mixed::Weights));
     if (a.momentum)
       momentum_exchange_ =
-          std::make_unique<GossipExchange>(world_, sgd_.velocity().data(), net_.buckets(), after);
+          std::make_unique<GossipExchange>(world_, sgd_.velocity().data(), net_.buckets(),
+                                           exchange_options(plan, schedule, Mixed::Momentum));
   } catch (const std::invalid_argument& e) {
     throw UsageError(std::string("gossip: ") + e.what());
   }
@@ -173,18 +172,9 @@ void Trainer::make_exchanges() {
 }
 
 GossipOptions Trainer::exchange_options(const GossipPlan& plan, const partners::Schedule& schedule,
-                                        bool after_update) const {
-  GossipOptions o;
+                                        Mixed what) const {
+  GossipOptions o = gg::gossip::exchange_options(c_, plan, what);
   o.schedule = schedule;
-  o.transport = c_.gossip.transport;
-  o.threading = plan.threading;
-  o.comm_threads = c_.gossip.comm_threads;
-  o.staleness = c_.gossip.staleness;
-  o.skip_late = plan.skip_late;
-  o.timeout_s = c_.gossip.timeout_s;
-  o.wire = after_update ? plan.model_wire : plan.wire;
-  o.error_feedback = o.wire == Wire::Bf16 && c_.gossip.error_feedback;
-  o.delayed = after_update && c_.gossip.overlap_model;
   return o;
 }
 
@@ -428,6 +418,13 @@ void Trainer::capture_state(RankState& s) {
   }
   // After the settling above: it may have measured the pending exchange.
   s.consensus_distance = model_exchange_ ? model_exchange_->distance() : 0;
+  const auto residue = [this](const BucketExchange* e) {
+    std::vector<float> r = e ? e->wire_residue() : std::vector<float>();
+    return r.empty() ? r : net_.plain(r.data());
+  };
+  s.grad_residue = residue(exchange_.get());
+  s.weight_residue = residue(model_exchange_.get());
+  s.momentum_residue = residue(momentum_exchange_.get());
 }
 
 void Trainer::restore_model(const RankState& s) {
@@ -442,6 +439,13 @@ void Trainer::restore_model(const RankState& s) {
     model_exchange_->set_delayed_delta(s.delayed_delta.empty() ? s.delayed_delta
                                                                : net_.from_plain(s.delayed_delta));
   if (model_exchange_) model_exchange_->restore_distance(s.consensus_distance);
+  // A residue saved by a run with error feedback is dropped by one without (and vice versa: zero).
+  const auto residue = [this](BucketExchange* e, const std::vector<float>& r) {
+    if (e && !e->wire_residue().empty()) e->set_wire_residue(r.empty() ? r : net_.from_plain(r));
+  };
+  residue(exchange_.get(), s.grad_residue);
+  residue(model_exchange_.get(), s.weight_residue);
+  residue(momentum_exchange_.get(), s.momentum_residue);
   net_.from_plain(s.params, store().params.data());
   std::copy(s.buffers.begin(), s.buffers.end(), store().buffers.begin());
   net_.from_plain(s.velocity, sgd_.velocity().data());

@@ -121,7 +121,7 @@ class Trainer {
   void choose_layout();   // before any executor is compiled
   void make_exchanges();  // before any executor is compiled
   GossipOptions exchange_options(const GossipPlan& plan, const partners::Schedule& schedule,
-                                 bool after_update) const;
+                                 Mixed what) const;
   // The step's parts after backward: the optimizer (or its emulated wait), the weight exchange
   // due, the exact global average due, and the step's measurements.
   void update(float lr);

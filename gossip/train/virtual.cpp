@@ -59,26 +59,26 @@ class VirtualExchange {
                   std::function<bool(int64_t, int)> late = {})
       : buckets_(buckets), late_(std::move(late)) {
     for (float* v : x) {
-      codecs_.emplace_back(o.wire, o.error_feedback, buckets);
+      codecs_.push_back(std::make_unique<WireCodec>(o.wire, o.error_feedback, buckets));
       rules_.push_back(make_rule(o, v, buckets));
     }
-    wire_.assign(x.size() * static_cast<size_t>(codecs_[0].floats()), 0.f);
+    wire_.assign(x.size() * static_cast<size_t>(codecs_[0]->floats()), 0.f);
   }
   // Bytes one rank sends in one exchange (the transports' payload).
   int64_t bytes_per_rank() const {
-    return codecs_[0].floats() * static_cast<int64_t>(sizeof(float));
+    return codecs_[0]->floats() * static_cast<int64_t>(sizeof(float));
   }
 
   // Every rank sends its buffer to send_to and mixes what recv_from sent, in exchange `step`.
   void exchange(const partners::Schedule& s, int64_t step) {
-    const size_t floats = static_cast<size_t>(codecs_[0].floats());
-    const auto& layout = codecs_[0].layout();
+    const size_t floats = static_cast<size_t>(codecs_[0]->floats());
+    const auto& layout = codecs_[0]->layout();
     const int buckets = static_cast<int>(buckets_.size());
     for (size_t r = 0; r < rules_.size(); ++r) {
       if (auto* d = dynamic_cast<DelayedAverage*>(rules_[r].get())) d->snapshot();
       for (int b = 0; b < buckets; ++b) {
         rules_[r]->capture(b);
-        const float* image = codecs_[r].encode(b, rules_[r]->outgoing(b));
+        const float* image = codecs_[r]->encode(b, rules_[r]->outgoing(b));
         std::copy(image, image + layout[b].size(), wire_.data() + r * floats + layout[b].begin);
       }
     }
@@ -91,7 +91,7 @@ class VirtualExchange {
       if (late) rules_[r]->finish(step);
       for (int b = 0; b < buckets; ++b)
         rules_[r]->received(b, step,
-                            codecs_[r].decode(b, wire_.data() + from * floats + layout[b].begin));
+                            codecs_[r]->decode(b, wire_.data() + from * floats + layout[b].begin));
       if (!late) rules_[r]->finish(step);
     }
     pending_ = true;
@@ -114,7 +114,7 @@ class VirtualExchange {
 
  private:
   std::vector<kernels::Bucket> buckets_;
-  std::vector<WireCodec> codecs_;
+  std::vector<std::unique_ptr<WireCodec>> codecs_;
   std::vector<std::unique_ptr<MixingRule>> rules_;
   std::vector<float> wire_;  // every rank's outgoing image, ranks x the codec's floats
   std::function<bool(int64_t, int)> late_;
@@ -357,20 +357,11 @@ void VirtualRun::make_ranks() {
   make_exchanges();
 }
 
-// Every rank's exchanges, with the options of a real rank's (Trainer::exchange_options).
+// Every rank's exchanges, with the options of a real rank's (exchange_options, config.hpp).
 void VirtualRun::make_exchanges() {
   const Config& c = c_;
   const GossipPlan plan = gossip_plan(c);
   const auto& buckets = net_.buckets();
-  const auto options = [&](bool after_update) {
-    GossipOptions o;
-    o.staleness = c.gossip.staleness;
-    o.skip_late = plan.skip_late;
-    o.wire = after_update ? plan.model_wire : plan.wire;
-    o.error_feedback = o.wire == Wire::Bf16 && c.gossip.error_feedback;
-    o.delayed = after_update && c.gossip.overlap_model;
-    return o;
-  };
   // The lateness model of staleness 1 (train.virtual_late): rank r's partner is late in `step`
   // when a hash of (seed, exchange, step, r), uniform in [0, 1), falls below the share.
   const double share = c.train.virtual_late;
@@ -386,13 +377,14 @@ void VirtualRun::make_exchanges() {
     hierarchy_ = std::make_unique<VirtualHierarchy>(grads(), rank_[0].grads.size(),
                                                     c.network.ranks_per_node, schedule_, buckets);
   else if (algorithm_.grads)
-    grad_x_ = std::make_unique<VirtualExchange>(grads(), options(false), buckets, late(0));
-  GossipOptions weights = options(true);
-  weights.measure_distance = c.gossip.consensus_bound > 0;
+    grad_x_ = std::make_unique<VirtualExchange>(grads(), exchange_options(c, plan, Mixed::Grads),
+                                                buckets, late(0));
   if (algorithm_.weights)
-    weight_x_ = std::make_unique<VirtualExchange>(params(), weights, buckets, late(1));
+    weight_x_ = std::make_unique<VirtualExchange>(
+        params(), exchange_options(c, plan, Mixed::Weights), buckets, late(1));
   if (algorithm_.momentum)
-    momentum_x_ = std::make_unique<VirtualExchange>(velocities(), options(true), buckets, late(1));
+    momentum_x_ = std::make_unique<VirtualExchange>(
+        velocities(), exchange_options(c, plan, Mixed::Momentum), buckets, late(1));
 }
 
 std::vector<float*> VirtualRun::pointers(std::vector<float> Rank::*member) {

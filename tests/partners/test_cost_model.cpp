@@ -93,10 +93,11 @@ TEST_CASE("weights exchanged after the update are exposed; the momentum doubles 
   CHECK(exposed.step_s == Approx(w.forward_s + w.backward_s + w.update_s + 4 * bucket));
   model.momentum = true;  // gossipgrad: weights and momentum, back to back on the link
   CHECK(predict_gossip(s, model, n, w, 4).exposed_s == Approx(8 * bucket));
-  model.model_bf16 = true;  // the bf16 wire: 500,000 bytes a bucket
+  const auto half_wire = [](int64_t b) { return b / 2; };
+  model.model_wire = half_wire;  // a wire of half the bytes: 500,000 a bucket
   const double half = n.inter_latency_s + 5e5 / n.inter_bandwidth_Bps + 5e5 / n.mix_bandwidth_Bps;
   CHECK(predict_gossip(s, model, n, w, 4).exposed_s == Approx(8 * half));
-  model.grad_bf16 = true;  // a wire the mode does not send changes nothing
+  model.grad_wire = half_wire;  // a wire the mode does not send changes nothing
   CHECK(predict_gossip(s, model, n, w, 4).exposed_s == Approx(8 * half));
   // both, not overlapped: the gradients hide behind backward (all but the last bucket), the
   // weights follow the update.

@@ -8,6 +8,7 @@
 # - gossip.late = skip: with a 3x straggler (emulated compute) the fast rank never mixes a
 #   bucket from the step before (late_buckets 0) and counts the ones it left unmixed, while
 #   late = previous mixes them late;
+# - resume is exact with the int4 / int8 wires and error feedback (the residues are saved);
 # - gossip.consensus_bound: the same global averages, and the same state files, resumed or not.
 set -euo pipefail
 BIN="$1"; ROOT="$2"; MPIEXEC="$3"
@@ -65,6 +66,20 @@ done
 [ "$n" = 2 ] || fail "$n rank files at step 16"
 echo "exact resume with model_every 4: ok"
 
+# The lossy wires' error-feedback residues are part of a rank's state: resume is exact with
+# int4 gradients and int8 weights (the overlapped exchange settled at each checkpoint).
+EF=(--gossip.mode both --gossip.wire int4 --gossip.model_wire int8 --gossip.error_feedback true
+    --checkpoint.every 4 --train.max_steps 16)
+train "${EF[@]}" --checkpoint.dir F --log.metrics f.jsonl > f.log 2>&1 || fail "ef uninterrupted"
+train "${EF[@]}" --checkpoint.dir G --log.metrics g.jsonl --train.stop_at 8 > g1.log 2>&1 ||
+  fail "ef stopped run"
+train "${EF[@]}" --checkpoint.dir G --log.metrics g.jsonl --checkpoint.resume auto \
+  > g2.log 2>&1 || fail "ef resumed run"
+for a in F/ckpt-000000000016/rank-*.bin; do
+  cmp -s "$a" "G/${a#F/}" || fail "error feedback: $a and G/${a#F/} differ"
+done
+echo "exact resume with int4 / int8 wires and error feedback: ok"
+
 # Consensus control: resume is exact across the global averages it takes. The bound is the
 # median of the estimates of a run whose bound is never reached, so that some checks average
 # and some do not; checkpoints every 4 steps settle the overlapped exchange in both runs.
@@ -121,4 +136,4 @@ assert skip[0] == 0, skip        # skip never mixes last step's bucket
 assert skip[1] > 0, skip         # ... and leaves the ones not here unmixed
 assert prev[0] > 0, prev         # previous mixes them late instead
 PY
-echo "PASS: model_every bytes, exact resume, consensus control, late = skip"
+echo "PASS: model_every bytes, exact resume (also with error feedback), consensus control, late = skip"

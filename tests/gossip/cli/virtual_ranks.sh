@@ -5,7 +5,8 @@
 # (metrics: sent_bytes) and the same evaluations, in the gossip modes: both (the overlapped
 # weight exchange; also on 1,600 images, three evaluations inside the 200 steps), model with
 # the bf16 wire, error feedback and consensus control (the same steps end in a global average,
-# some of the 200 but not all), the authors' gossipgrad (weights and momentum, exchanged
+# some of the 200 but not all), model with the int8 wire and both with int4 wires (error
+# feedback), the authors' gossipgrad (weights and momentum, exchanged
 # after each update); allreduce within 1e-5 relative (virtual ranks add in MPICH's recursive-
 # doubling order, which makes it exact with Debian's MPICH; another MPI may add otherwise); and
 # staleness 1 with every partner on time against mpirun's staleness 0; model_every 3 with
@@ -39,6 +40,9 @@ cases=(
   "both-epochs|--gossip.mode both --data.source idx:$TMP/small"
   "model-bf16-ef-cc|--gossip.mode model --gossip.model_wire bf16 --gossip.error_feedback true --gossip.consensus_bound 5e-6"
   "gossipgrad|--gossip.mode gossipgrad --gossip.overlap_model false"
+  # The quantized wires (gossip.wire / model_wire int8, int4) with error feedback.
+  "model-int8-ef|--gossip.mode model --gossip.model_wire int8 --gossip.error_feedback true"
+  "both-int4-ef|--gossip.mode both --gossip.wire int4 --gossip.model_wire int4 --gossip.error_feedback true"
   "allreduce|--gossip.mode allreduce"
   # Staleness 1 with every partner on time (train.virtual_late 0) mixes as staleness 0 does.
   "stale-on-time|--gossip.mode both --gossip.overlap_model false|--gossip.staleness 1"

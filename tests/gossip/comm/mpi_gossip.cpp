@@ -2,11 +2,13 @@
 // partner's bytes, the mixed values follow the simulator's prediction step by step, and random
 // delays on the ranks cause no deadlock. With GG_RANKS_PER_NODE=N (simulated nodes of N ranks)
 // the cases that need every rank on one node (shm) are left out and auto mixes shm and p2p.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -200,10 +202,31 @@ void run_delayed(const mpi::Comm& world, const std::string& transport) {
   check_against_simulator(world, x, o.schedule, steps, 13, transport + "/delayed");
 }
 
-// The bf16 wire: every rank's values equal, bit for bit, a replay of the whole job in which
-// x_v <- (x_v + bf16(x_from + r_from)) / 2 and, with error feedback, r_v <- (x_v + r_v) -
-// bf16(x_v + r_v) before the mix; the bytes sent are half the fp32 wire's (odd buckets padded).
-void run_wire(const mpi::Comm& world, const std::string& transport, bool feedback,
+// The lossy wires: every rank's values equal, bit for bit, a replay of the whole job in which
+// x_v <- (x_v + wire(x_from + r_from)) / 2 and, with error feedback, r_v <- (x_v + r_v) -
+// wire(x_v + r_v) before the mix, bucket by bucket (int8 / int4 blocks start at each bucket);
+// the bytes sent are what the wire takes (bf16: half of fp32, odd buckets padded; int8 / int4:
+// a scale per block of 64 and a byte or half a byte a value, padded to whole floats).
+std::vector<float> replay_wire(gossip::Wire w, std::span<const float> x, std::span<float> r) {
+  std::vector<float> room(static_cast<size_t>(gossip::wire_floats(w, std::ssize(x)))),
+      back(x.size());
+  if (w == gossip::Wire::Bf16) {
+    gossip::pack_bf16(x, r, reinterpret_cast<uint16_t*>(room.data()));
+    gossip::unpack_bf16(reinterpret_cast<const uint16_t*>(room.data()), back);
+  } else {
+    gossip::pack_quant(w, x, r, room.data());
+    gossip::unpack_quant(w, room.data(), back);
+  }
+  return back;
+}
+int64_t wire_bytes(gossip::Wire w, int64_t n) {
+  const int64_t blocks = (n + 63) / 64;
+  return 4 * (w == gossip::Wire::Bf16   ? (n + 1) / 2
+              : w == gossip::Wire::Int8 ? blocks + (n + 3) / 4
+                                        : blocks + (n + 7) / 8);
+}
+
+void run_wire(const mpi::Comm& world, const std::string& transport, gossip::Wire w, bool feedback,
               const std::string& threading = "funneled") {
   if (transport == "shm" && !one_node(world)) return;
   const int rank = world.rank(), p = world.size();
@@ -214,9 +237,9 @@ void run_wire(const mpi::Comm& world, const std::string& transport, bool feedbac
   o.schedule = {partners::Kind::Dissemination, p, true, 9};
   o.transport = transport;
   o.threading = gossip::parse_threading(threading);
-  o.wire = gossip::Wire::Bf16;
+  o.wire = w;
   o.error_feedback = feedback;
-  // Start values that bf16 does not hold exactly: every send rounds.
+  // Start values that no lossy wire holds exactly: every send rounds.
   auto start = [](int v, int64_t i) {
     return 1.0f + static_cast<float>((v * 131 + i * 17) % 997) / 997;
   };
@@ -240,10 +263,12 @@ void run_wire(const mpi::Comm& world, const std::string& transport, bool feedbac
   for (int s = 0; s < steps; ++s) {
     std::vector<std::vector<float>> wire(p, std::vector<float>(count));
     for (int v = 0; v < p; ++v)
-      for (int64_t i = 0; i < count; ++i) {
-        const float send = feedback ? all[v][i] + res[v][i] : all[v][i];
-        wire[v][i] = gossip::from_bf16(gossip::to_bf16(send));
-        if (feedback) res[v][i] = send - wire[v][i];
+      for (const kernels::Bucket& k : buckets) {
+        const auto n = static_cast<size_t>(k.size());
+        const std::vector<float> back = replay_wire(
+            w, {all[v].data() + k.begin, n},
+            feedback ? std::span<float>(res[v].data() + k.begin, n) : std::span<float>());
+        std::copy(back.begin(), back.end(), wire[v].begin() + k.begin);
       }
     for (int v = 0; v < p; ++v) {
       const int from = partners::partners(o.schedule, v, s).recv_from;
@@ -252,13 +277,17 @@ void run_wire(const mpi::Comm& world, const std::string& transport, bool feedbac
   }
   bool exact = true;
   for (int64_t i = 0; i < count; ++i) exact &= x[i] == all[rank][i];
-  const std::string name = transport + "/" + threading + "/bf16" + (feedback ? "+feedback" : "");
-  check(exact, name + ": equals the bf16 replay bit for bit", rank);
-  int64_t half = 0;
-  for (const kernels::Bucket& b : buckets) half += (b.size() + 1) / 2 * 4;
+  const char* wire_name = w == gossip::Wire::Bf16   ? "bf16"
+                          : w == gossip::Wire::Int8 ? "int8"
+                                                    : "int4";
+  const std::string name =
+      transport + "/" + threading + "/" + wire_name + (feedback ? "+feedback" : "");
+  check(exact, name + ": equals the replay bit for bit", rank);
+  int64_t bytes = 0;
+  for (const kernels::Bucket& b : buckets) bytes += wire_bytes(w, b.size());
   check(
-      sent == half * steps,
-      name + ": sent " + std::to_string(sent) + " bytes, expected " + std::to_string(half * steps),
+      sent == bytes * steps,
+      name + ": sent " + std::to_string(sent) + " bytes, expected " + std::to_string(bytes * steps),
       rank);
   if (rank == 0)
     std::printf("%-48s exact, %lld bytes sent\n", name.c_str(), static_cast<long long>(sent));
@@ -420,9 +449,15 @@ int main(int argc, char** argv) {
     run_counters(world, "auto", true);
     run_counters(world, "shm", true);
     run_shm_refused(world);
-    for (const char* transport : {"p2p", "rma", "shm", "auto"}) run_wire(world, transport, false);
-    run_wire(world, "auto", true, "concurrent");
-    run_wire(world, "p2p", true, "chained");
+    for (const char* transport : {"p2p", "rma", "shm", "auto"}) {
+      run_wire(world, transport, gossip::Wire::Bf16, false);
+      run_wire(world, transport, gossip::Wire::Int8, true);
+      run_wire(world, transport, gossip::Wire::Int4, false);
+    }
+    run_wire(world, "auto", gossip::Wire::Bf16, true, "concurrent");
+    run_wire(world, "auto", gossip::Wire::Int4, true, "concurrent");
+    run_wire(world, "p2p", gossip::Wire::Bf16, true, "chained");
+    run_wire(world, "rma", gossip::Wire::Int8, false, "chained");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d: error: %s\n", world.rank(), e.what());
     ++failures;

@@ -1,7 +1,11 @@
-// The mixing rules and the bf16 codec alone (gossip/comm/mixing.hpp, wire.hpp): hand-computed
+// The mixing rules and the wire codecs alone (gossip/comm/mixing.hpp, wire.hpp): hand-computed
 // values, no MPI, no threads.
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdint>
+#include <limits>
+#include <span>
 #include <stdexcept>
 #include <vector>
 
@@ -80,4 +84,105 @@ TEST_CASE("bf16 packing: two values per float, error feedback carries what round
   CHECK(back[0] == 1.f);
   std::vector<float> wrong(2);
   CHECK_THROWS_AS(pack_bf16(x, wrong, out.data()), std::invalid_argument);
+}
+
+namespace {
+// The values packed and unpacked again on a quantized wire (residue: error feedback, or none).
+std::vector<float> round_trip(Wire w, const std::vector<float>& x, std::vector<float>* residue) {
+  std::vector<float> room(static_cast<size_t>(wire_floats(w, static_cast<int64_t>(x.size()))),
+                          -1.f);
+  pack_quant(w, x, residue ? std::span<float>(*residue) : std::span<float>(), room.data());
+  std::vector<float> back(x.size());
+  unpack_quant(w, room.data(), back);
+  return back;
+}
+// The step of the block of kQuantBlock values that holds x[i]: its largest magnitude / level.
+float block_step(const std::vector<float>& x, size_t i, int top) {
+  const size_t lo = i / kQuantBlock * kQuantBlock, hi = std::min(x.size(), lo + kQuantBlock);
+  float m = 0;
+  for (size_t j = lo; j < hi; ++j) m = std::max(m, std::fabs(x[j]));
+  return m / static_cast<float>(top);
+}
+}  // namespace
+
+TEST_CASE("int8 and int4 wires: a scale per block of 64, levels to nearest, sizes exact") {
+  // A scale (one float) per block, then 4 (int8) or 8 (int4) levels in each float.
+  CHECK(wire_floats(Wire::Int8, 5) == 1 + 2);
+  CHECK(wire_floats(Wire::Int8, 64) == 1 + 16);
+  CHECK(wire_floats(Wire::Int8, 65) == 2 + 17);
+  CHECK(wire_floats(Wire::Int4, 5) == 1 + 1);
+  CHECK(wire_floats(Wire::Int4, 64) == 1 + 8);
+  CHECK(wire_floats(Wire::Int4, 130) == 3 + 17);
+  CHECK(parse_wire("int8") == Wire::Int8);
+  CHECK(parse_wire("int4") == Wire::Int4);
+  CHECK_THROWS_AS(parse_wire("int2"), std::invalid_argument);
+
+  // Multiples of the block's step come back exactly: int8's step is 127 / 127 = 1 here, and
+  // 2.5 / 3.5 are ties, to even (2, 4).
+  CHECK(round_trip(Wire::Int8, {127, -127, 2.5f, 3.5f, 0, -64}, nullptr) ==
+        std::vector<float>{127, -127, 2, 4, 0, -64});
+  // int4: levels -7..7 of 0.25 (1.75 / 7).
+  CHECK(round_trip(Wire::Int4, {1.75f, -1.75f, 0.5f, 0, -0.25f}, nullptr) ==
+        std::vector<float>{1.75f, -1.75f, 0.5f, 0, -0.25f});
+  // An all-zero block, and the unused bytes of the last float zeroed (5 int8 levels in 2 floats).
+  std::vector<float> room(3, -1.f);
+  pack_quant(Wire::Int8, std::vector<float>(5, 0.f), {}, room.data());
+  CHECK(room == std::vector<float>{0, 0, 0});
+  CHECK_THROWS_AS(pack_quant(Wire::Bf16, room, {}, room.data()), std::invalid_argument);
+}
+
+TEST_CASE("int8 and int4 wires: every value within half its block's step, NaN kept") {
+  // Blocks of very different magnitudes, a partial last block.
+  std::vector<float> x(200);
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = std::sin(0.37f * static_cast<float>(i)) * (i < 64 ? 1e-3f : i < 128 ? 5.f : 0.2f);
+  for (auto [w, top] : {std::pair{Wire::Int8, 127}, std::pair{Wire::Int4, 7}}) {
+    CAPTURE(top);
+    const std::vector<float> back = round_trip(w, x, nullptr);
+    float worst = 0;  // in steps
+    for (size_t i = 0; i < x.size(); ++i)
+      worst = std::max(worst, std::fabs(back[i] - x[i]) / block_step(x, i, top));
+    CHECK(worst <= 0.5f * (1 + 1e-5f));
+    CHECK(worst > 0.3f);  // it does round
+  }
+  // A NaN or an infinity makes its block (only) NaN: the NaN guard sees it, as with fp32.
+  x[70] = std::numeric_limits<float>::quiet_NaN();
+  x[150] = std::numeric_limits<float>::infinity();
+  const std::vector<float> back = round_trip(Wire::Int8, x, nullptr);
+  for (size_t i = 0; i < x.size(); ++i) CHECK(std::isnan(back[i]) == (i >= 64 && i < 192));
+}
+
+TEST_CASE("int8 and int4 wires: error feedback sends the total, less the last residue") {
+  // The same slowly changing values sent over many steps: with feedback the sum of what arrived
+  // differs from the sum of what was meant by the last residue only (within half a step); without,
+  // the rounding errors pile up step after step.
+  for (Wire w : {Wire::Int8, Wire::Int4}) {
+    const int top = w == Wire::Int8 ? 127 : 7;
+    std::vector<float> residue(100, 0.f);
+    std::vector<double> meant(100, 0), with(100, 0), without(100, 0);
+    for (int t = 0; t < 50; ++t) {
+      std::vector<float> x(100);
+      for (size_t i = 0; i < x.size(); ++i)
+        x[i] = 1.f + 0.01f * static_cast<float>(t) + 0.013f * static_cast<float>(i);
+      const std::vector<float> fed = round_trip(w, x, &residue), plain = round_trip(w, x, nullptr);
+      for (size_t i = 0; i < x.size(); ++i) {
+        meant[i] += x[i];
+        with[i] += fed[i];
+        without[i] += plain[i];
+      }
+    }
+    double lost_with = 0, lost_without = 0, left = 0;
+    for (size_t i = 0; i < 100; ++i) {
+      CHECK(std::fabs(with[i] + residue[i] - meant[i]) <= 1e-3 * meant[i] / 50);
+      lost_with = std::max(lost_with, std::fabs(with[i] - meant[i]));
+      lost_without = std::max(lost_without, std::fabs(without[i] - meant[i]));
+      left = std::max(left, static_cast<double>(std::fabs(residue[i])));
+    }
+    // The largest block's step at the end: the values sent are x + residue, so their largest
+    // magnitude m grows by at most half a step, m <= max|x| + m / (2 top).
+    const double step = (1.5 + 0.013 * 99) / (top - 0.5);
+    CHECK(left <= 0.5 * step * 1.0001);
+    CHECK(lost_with <= 0.5 * step * 1.0001);
+    CHECK(lost_without > 4 * lost_with);
+  }
 }

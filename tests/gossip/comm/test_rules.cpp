@@ -1,7 +1,9 @@
 // The mixing rules (gossip/comm/rules.hpp) and the wire codec (WireCodec, wire.hpp) alone, as the
 // exchange engine drives them: hand-computed values, no MPI, no threads.
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "gossip/comm/rules.hpp"
@@ -110,6 +112,35 @@ TEST_CASE("the fp32 wire passes values through, the bf16 wire halves them and ca
   back = bf16.decode(0, bf16.encode(0, y.data()));
   CHECK(std::vector<float>(back, back + 3) ==
         std::vector<float>{v + 1.f / 256, v + 1.f / 256, v + 1.f / 256});
+}
+
+TEST_CASE("the int8 and int4 wires: their layout, values within a step, the residue as state") {
+  for (auto [w, top] : {std::pair{Wire::Int8, 127}, std::pair{Wire::Int4, 7}}) {
+    CAPTURE(top);
+    WireCodec codec(w, true, kBuckets);
+    // Each bucket (3 and 2 values) takes a scale and one float of levels, bucket 0 last.
+    CHECK(codec.floats() == 4);
+    CHECK(codec.layout()[1].begin == 0);
+    CHECK(codec.layout()[0].begin == 2);
+    const std::vector<float> y = {0.3f, -1.f, 0.55f};
+    const float* back = codec.decode(0, codec.encode(0, y.data()));
+    const float step = 1.f / static_cast<float>(top);
+    for (int i = 0; i < 3; ++i) CHECK(std::fabs(back[i] - y[i]) <= 0.5f * step * 1.0001f);
+    // The residue is what rounding took: a rank's state, saved and given back whole.
+    const std::vector<float> residue = codec.residue();
+    REQUIRE(residue.size() == 5);
+    for (int i = 0; i < 3; ++i) CHECK(residue[2 + i] == y[i] - back[i]);
+    WireCodec restored(w, true, kBuckets);
+    restored.set_residue(residue);
+    CHECK(restored.residue() == residue);
+    const float* a = codec.encode(0, y.data());
+    const float* b = restored.encode(0, y.data());
+    CHECK(std::vector<float>(a, a + 2) == std::vector<float>(b, b + 2));
+    CHECK_THROWS_AS(restored.set_residue(std::vector<float>(4)), std::invalid_argument);
+    restored.set_residue({});
+    CHECK(restored.residue() == std::vector<float>(5, 0.f));
+  }
+  CHECK(WireCodec(Wire::Int8, false, kBuckets).residue().empty());
 }
 
 TEST_CASE("consensus control: each rule adds up ||x - partner||^2 of what it mixes, when asked") {

@@ -253,14 +253,20 @@ TEST_CASE("train help says what transport auto and rma are") {
   CHECK(all.find("PSCW") == std::string::npos);
 }
 
-TEST_CASE("the bf16 wire is refused where it cannot apply, in one line") {
-  CHECK(error_of({"--gossip.mode", "allreduce", "--gossip.wire", "bf16"}) ==
-        "gossip.wire and gossip.model_wire = bf16 need gossip.mode grad, model or both "
-        "(allreduce sums fp32)");
+TEST_CASE("the lossy wires are refused where they cannot apply, in one line") {
+  for (const char* w : {"bf16", "int8", "int4"}) {
+    CAPTURE(w);
+    CHECK(error_of({"--gossip.mode", "allreduce", "--gossip.wire", w}) ==
+          "gossip.wire and gossip.model_wire other than fp32 need a gossip mode (allreduce sums "
+          "fp32)");
+    CHECK(error_of({"--gossip.model_wire", w, "--gossip.error_feedback", "true"}).empty());
+    CHECK(error_of({"--gossip.mode", "grad", "--gossip.wire", w}).empty());
+  }
   CHECK(error_of({"--gossip.error_feedback", "true"}) ==
-        "gossip.error_feedback needs gossip.wire or gossip.model_wire = bf16");
-  CHECK(error_of({"--gossip.wire", "fp16"}) == "gossip.wire = fp16 is unknown: use fp32, bf16");
-  CHECK(error_of({"--gossip.model_wire", "bf16", "--gossip.error_feedback", "true"}).empty());
+        "gossip.error_feedback needs a lossy wire: gossip.wire or gossip.model_wire = bf16, int8 "
+        "or int4");
+  CHECK(error_of({"--gossip.wire", "fp16"}) ==
+        "gossip.wire = fp16 is unknown: use fp32, bf16, int8, int4");
 }
 
 TEST_CASE("train.weight_layout set for a backend other than onednn is reported as doing nothing") {

@@ -32,6 +32,9 @@ RankState sample_state() {
   s.velocity = {0.1f, 0.2f, 0.3f, 0.4f};
   s.delayed_delta = {-1.f, 0.f, 1.f, 2.f};
   s.shuffle = {9, 8, 7};
+  s.consensus_distance = 0.125;
+  s.weight_residue = {1e-3f, -2e-3f, 0.f, 5e-4f};
+  s.momentum_residue = {-1e-4f, 0.f, 3e-4f, 0.f};
   return s;
 }
 
@@ -88,7 +91,16 @@ TEST_CASE("a rank state survives encode and decode bit for bit", "[resilience]")
   CHECK(t.velocity == s.velocity);
   CHECK(t.delayed_delta == s.delayed_delta);
   CHECK(t.shuffle == s.shuffle);
+  CHECK(t.consensus_distance == s.consensus_distance);
+  CHECK(t.grad_residue.empty());
+  CHECK(t.weight_residue == s.weight_residue);
+  CHECK(t.momentum_residue == s.momentum_residue);
   CHECK(encode_state(t) == bytes);
+  RankState wrong = s;  // a residue that does not fit the parameters
+  wrong.grad_residue = {1.f};
+  const auto bad = encode_state(wrong);
+  CHECK_THROWS_WITH(decode_state(bad.data(), bad.size(), "x"),
+                    Catch::Contains("inconsistent rank state"));
 }
 
 TEST_CASE("every truncation and every flipped byte of a rank state is rejected", "[resilience]") {
