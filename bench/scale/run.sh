@@ -22,8 +22,11 @@
 #   both          gradients and weights with the partner (the default mode)
 #   model         weights after the update (D-PSGD)
 #   model-bf16    model with the bf16 wire and error feedback
+#   model-int8, model-int4  model with the int8 / int4 wire and error feedback (0.13x / 0.07x a
+#                 ring's bytes)
 #   gossipgrad    weights and momentum after the update (the authors' GossipGraD)
-#   gossipgrad-bf16  gossipgrad with the bf16 wire and error feedback (half a ring's bytes)
+#   gossipgrad-bf16  gossipgrad with the bf16 wire and error feedback (half a ring's bytes;
+#                 gossipgrad-int8, -int4 likewise)
 #   grad          gradients only (the abstract's reading)
 #   *-global<H>   any of the above with an exact global average every H steps, e.g.
 #                 gossipgrad-global50 (Gossip-PGA)
@@ -60,8 +63,8 @@ options_of() { # mode -> its train options
   if [[ $mode =~ ^(.*)-nooverlap$ ]]; then mode=${BASH_REMATCH[1]}; echo "--gossip.overlap_model false"; fi
   case $mode in
     allreduce | both | model | gossipgrad | grad) echo "--gossip.mode $mode" ;;
-    model-bf16) echo "--gossip.mode model --gossip.model_wire bf16 --gossip.error_feedback true" ;;
-    gossipgrad-bf16) echo "--gossip.mode gossipgrad --gossip.model_wire bf16 --gossip.error_feedback true" ;;
+    model-bf16 | model-int8 | model-int4 | gossipgrad-bf16 | gossipgrad-int8 | gossipgrad-int4)
+      echo "--gossip.mode ${mode%-*} --gossip.model_wire ${mode##*-} --gossip.error_feedback true" ;;
     *) echo "bench/scale: unknown mode '$1' (see the usage at the top of $0)" >&2; exit 2 ;;
   esac
   [ -z "$global" ] || echo "--gossip.global_every $global"
