@@ -5,12 +5,15 @@
 # bench/results/convergence-<host>.{csv,md} (final top-1 per run, gap to allreduce) and two PNG
 # plots per rank count (top-1 against epoch and against wall time), from the runs' metrics.
 # Usage: bench/convergence/run.sh [RANKS...]   (default 2 4 8)
-# Environment: EPOCHS (default 12), EXTRA (more train options, e.g. "--model.width 8"),
+# Environment: EPOCHS (default 12), EXTRA (more train options, e.g. "--model.width 8"), GG_BIN
+# (a gossipgrad built from this checkout; default: build it in build/), NAME (the results' name,
+# default the host name),
 # VARIANTS (a subset of: single allreduce both grad model both-norotate both-shuffle, and the lean
 # ones of issue 17: grad-bf16 model-bf16 both-bf16 (bf16 wire with error feedback), grad-stale
 # (staleness 1, guard.lag 1), grad-hier (gossip.hierarchy node over simulated nodes of 2 ranks,
 # GG_RANKS_PER_NODE=2), both-every4 (the weights every 4th step: gossip.model_every 4),
-# both-every4-bf16 (the same with both bf16 wires), grad-global (grad with an exact average of
+# both-every4-bf16 (the same with both bf16 wires), model-int8 and model-int4 (the weights on the
+# int8 / int4 wire with error feedback), grad-global (grad with an exact average of
 # the weights every 50 steps), grad-skip (staleness 1, late buckets skipped, guard.lag 1)).
 # Default: all but the lean ones.
 set -euo pipefail
@@ -24,9 +27,17 @@ gg_ints RANKS 1 4096 "${RANKS[@]}"
 read -r -a EXTRA <<<"${EXTRA:-}"
 ./scripts/deps.sh
 command -v gnuplot >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gnuplot-nox >/dev/null; }
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF >/dev/null
-cmake --build build --target gossipgrad >/dev/null
-OUT=bench/results/convergence-$(hostname)
+# GG_BIN: a gossipgrad already built from this checkout (default: build it in build/).
+BIN=${GG_BIN:-}
+if [ -z "$BIN" ]; then
+  cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF >/dev/null
+  cmake --build build --target gossipgrad >/dev/null
+  BIN=build/gossip/gossipgrad
+fi
+[ -x "$BIN" ] || { echo "bench/convergence: GG_BIN=$BIN is not an executable" >&2; exit 2; }
+NAME=${NAME:-$(hostname)}
+gg_name NAME "$NAME"
+OUT=bench/results/convergence-$NAME
 RUNS=$OUT.runs
 mkdir -p "$RUNS"
 run() { # name ranks options...
@@ -35,7 +46,7 @@ run() { # name ranks options...
   echo "convergence: $name ($p ranks)" >&2
   local over=()
   [ "$p" -le "$(nproc)" ] && over=(-bind-to core)
-  OMP_NUM_THREADS=1 ${RUN_ENV:-} mpirun -n "$p" "${over[@]}" build/gossip/gossipgrad train --config configs/laptop.ini \
+  OMP_NUM_THREADS=1 ${RUN_ENV:-} mpirun -n "$p" "${over[@]}" "$BIN" train --config configs/laptop.ini \
     --train.epochs "$EPOCHS" --log.metrics "$RUNS/$name.jsonl" --log.overwrite true \
     --log.progress false "${EXTRA[@]}" "$@" >"$RUNS/$name.log" 2>&1
 }
@@ -49,10 +60,22 @@ for p in "${RANKS[@]}"; do
   if want model; then run "p$p-gossip-model" "$p" --gossip.mode model; fi
   if want both-norotate; then run "p$p-gossip-both-norotate" "$p" --gossip.mode both --gossip.rotate false; fi
   if want both-shuffle; then run "p$p-gossip-both-shuffle" "$p" --gossip.mode both --data.shuffle ids; fi
+  # Each wire only where the mode sends that buffer (another is refused: it would do nothing).
   bf16=(--gossip.wire bf16 --gossip.model_wire bf16 --gossip.error_feedback true)
-  if want grad-bf16; then run "p$p-gossip-grad-bf16" "$p" --gossip.mode grad "${bf16[@]}"; fi
-  if want model-bf16; then run "p$p-gossip-model-bf16" "$p" --gossip.mode model "${bf16[@]}"; fi
+  if want grad-bf16; then
+    run "p$p-gossip-grad-bf16" "$p" --gossip.mode grad --gossip.wire bf16 --gossip.error_feedback true
+  fi
+  if want model-bf16; then
+    run "p$p-gossip-model-bf16" "$p" --gossip.mode model --gossip.model_wire bf16 \
+      --gossip.error_feedback true
+  fi
   if want both-bf16; then run "p$p-gossip-both-bf16" "$p" --gossip.mode both "${bf16[@]}"; fi
+  for q in int8 int4; do  # the quantized weights' wire, error feedback
+    if want "model-$q"; then
+      run "p$p-gossip-model-$q" "$p" --gossip.mode model --gossip.model_wire "$q" \
+        --gossip.error_feedback true
+    fi
+  done
   if want grad-stale; then
     run "p$p-gossip-grad-stale" "$p" --gossip.mode grad --gossip.staleness 1 --guard.lag 1
   fi
