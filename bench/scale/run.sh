@@ -85,7 +85,7 @@ OUT=bench/results/scale-$NAME
 RUNS=$OUT.runs
 mkdir -p "$RUNS"
 # Every invocation's command, for the table (several invocations fill one runs folder).
-echo "bench/scale/run.sh ${PS[*]} (EPOCHS=$EPOCHS$( ((MIN_STEPS == 0)) || echo " MIN_STEPS=$MIN_STEPS") BATCH=$BATCH SEEDS='${SEEDS[*]}' MODES='${MODES[*]}' RANK_EVAL=$RANK_EVAL${EXTRA:+ EXTRA='${EXTRA[*]}'})" >>"$RUNS/commands.txt"
+echo "${GG_BIN:+GG_BIN=$GG_BIN }bench/scale/run.sh ${PS[*]} (EPOCHS=$EPOCHS$( ((MIN_STEPS == 0)) || echo " MIN_STEPS=$MIN_STEPS") BATCH=$BATCH SEEDS='${SEEDS[*]}' MODES='${MODES[*]}' RANK_EVAL=$RANK_EVAL${EXTRA:+ EXTRA='${EXTRA[*]}'})" >>"$RUNS/commands.txt"
 total=$((${#PS[@]} * ${#MODES[@]} * ${#SEEDS[@]})); n=0
 for seed in "${SEEDS[@]}"; do
   for p in "${PS[@]}"; do
