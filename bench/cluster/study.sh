@@ -177,7 +177,7 @@ points() {
         for m in model+int8 model+int4; do echo "16 1000 jitter $m"; done
         # Without the agreements after each step in the step's path (guard.lag 1): what is left
         # beyond compute when the link is no longer the bottleneck.
-        for m in model+int4+lag model+int8+lag; do echo "16 1000 quiet $m"; done
+        for m in model+int4+lag model+int8+lag model+bf16+lag; do echo "16 1000 quiet $m"; done
         ;;
     hier)
         # Two ranks per node (8 nodes of 2 at p = 16): every rank gossiping with its own partner
