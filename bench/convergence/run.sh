@@ -24,6 +24,12 @@ EPOCHS=${EPOCHS:-12}
 . scripts/checks.sh
 gg_int EPOCHS "$EPOCHS" 1 100000
 gg_ints RANKS 1 4096 "${RANKS[@]}"
+NAME=${NAME:-$(hostname)}
+gg_name NAME "$NAME"
+if [ -n "${GG_BIN:-}" ] && [ ! -x "$GG_BIN" ]; then
+  echo "bench/convergence: GG_BIN=$GG_BIN is not an executable" >&2
+  exit 2
+fi
 read -r -a EXTRA <<<"${EXTRA:-}"
 ./scripts/deps.sh
 command -v gnuplot >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gnuplot-nox >/dev/null; }
@@ -34,9 +40,6 @@ if [ -z "$BIN" ]; then
   cmake --build build --target gossipgrad >/dev/null
   BIN=build/gossip/gossipgrad
 fi
-[ -x "$BIN" ] || { echo "bench/convergence: GG_BIN=$BIN is not an executable" >&2; exit 2; }
-NAME=${NAME:-$(hostname)}
-gg_name NAME "$NAME"
 OUT=bench/results/convergence-$NAME
 RUNS=$OUT.runs
 mkdir -p "$RUNS"

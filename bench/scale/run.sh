@@ -71,6 +71,10 @@ options_of() { # mode -> its train options
   [ -z "$bound" ] || echo "--gossip.consensus_bound $bound"
 }
 for m in "${MODES[@]}"; do options_of "$m" >/dev/null; done
+if [ -n "${GG_BIN:-}" ] && [ ! -x "$GG_BIN" ]; then
+  echo "bench/scale: GG_BIN = $GG_BIN is not an executable" >&2
+  exit 2
+fi
 command -v gnuplot >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gnuplot-nox >/dev/null; }
 # GG_BIN: a gossipgrad already built (of this checkout: it must accept configs/laptop.ini).
 BIN=${GG_BIN:-}
