@@ -32,8 +32,12 @@ float from_bf16(uint16_t h) {
   return f;
 }
 
+namespace {
+size_t block_count(size_t n) { return (n + kQuantBlock - 1) / kQuantBlock; }
+}  // namespace
+
 int64_t wire_floats(Wire w, int64_t n) {
-  const int64_t blocks = (n + kQuantBlock - 1) / kQuantBlock;
+  const auto blocks = static_cast<int64_t>(block_count(static_cast<size_t>(n)));
   switch (w) {
     case Wire::Bf16:
       return (n + 1) / 2;
@@ -112,8 +116,6 @@ float quantize_block(std::span<const float> v, int top, int8_t* q, float* residu
     for (i = 0; i < n; ++i) residue[i] = v[i] - level[i] * scale;
   return scale;
 }
-
-size_t block_count(size_t n) { return (n + kQuantBlock - 1) / kQuantBlock; }
 }  // namespace
 
 void pack_quant(Wire w, std::span<const float> x, std::span<float> residue, float* out) {
@@ -223,6 +225,7 @@ std::vector<float> WireCodec::residue() const {
 
 void WireCodec::set_residue(const std::vector<float>& r) {
   std::lock_guard lock(residue_mu_);
+  if (residue_.empty()) return;  // no error feedback here: a saved residue is dropped
   if (r.empty()) {
     std::fill(residue_.begin(), residue_.end(), 0.f);
     return;

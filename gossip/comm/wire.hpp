@@ -66,6 +66,7 @@ class WireCodec {
   // while another thread encodes (staleness 1 leaves buckets in flight at a step's end).
   std::vector<float> residue() const;
   // A saved residue back (the same size; empty: zeroes). Throws std::invalid_argument otherwise.
+  // A codec without error feedback keeps none: it drops what it is given.
   void set_residue(const std::vector<float>& r);
 
  private:

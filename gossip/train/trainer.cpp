@@ -441,7 +441,7 @@ void Trainer::restore_model(const RankState& s) {
   if (model_exchange_) model_exchange_->restore_distance(s.consensus_distance);
   // A residue saved by a run with error feedback is dropped by one without (and vice versa: zero).
   const auto residue = [this](BucketExchange* e, const std::vector<float>& r) {
-    if (e && !e->wire_residue().empty()) e->set_wire_residue(r.empty() ? r : net_.from_plain(r));
+    if (e) e->set_wire_residue(r.empty() ? r : net_.from_plain(r));
   };
   residue(exchange_.get(), s.grad_residue);
   residue(model_exchange_.get(), s.weight_residue);
