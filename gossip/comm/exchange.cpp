@@ -112,7 +112,13 @@ GossipOptions checked(GossipOptions o, int ranks) {
 std::unique_ptr<MixingRule> make_rule(const GossipOptions& o, float* buffer,
                                       const std::vector<kernels::Bucket>& buckets) {
   std::unique_ptr<MixingRule> rule;
-  if (o.delayed)
+  if (o.public_copies && o.staleness != 0)
+    throw std::invalid_argument("public copies (CHOCO) need staleness 0");
+  if (o.public_copies && o.delayed)
+    rule = std::make_unique<ChocoDelayed>(buffer, buckets);
+  else if (o.public_copies)
+    rule = std::make_unique<ChocoAverage>(buffer, buckets);
+  else if (o.delayed)
     rule = std::make_unique<DelayedAverage>(buffer, buckets);
   else if (o.staleness == 1)
     rule = std::make_unique<StaleAverage>(buffer, buckets, o.skip_late);
@@ -120,6 +126,12 @@ std::unique_ptr<MixingRule> make_rule(const GossipOptions& o, float* buffer,
     rule = std::make_unique<PairAverage>(buffer, buckets);
   rule->measure_distance(o.measure_distance);
   return rule;
+}
+
+const float* encode_outgoing(MixingRule& rule, WireCodec& codec, int b) {
+  const float* image = codec.encode(b, rule.outgoing(b));
+  if (rule.echoes()) rule.sent(b, codec.decode(b, image));
+  return image;
 }
 
 GossipExchange::GossipExchange(const mpi::Comm& world, float* buffer,
@@ -154,7 +166,11 @@ partners::Partners GossipExchange::partners_at(int64_t step) const {
   return partners::partners(o_.schedule, comm_.rank(), step);
 }
 
-void GossipExchange::begin_step(int64_t step) { queue_.begin(step, partners_at(step)); }
+void GossipExchange::begin_step(int64_t step) {
+  const partners::Partners peers = partners_at(step);
+  rule_->begin_step(step, peers);
+  queue_.begin(step, peers);
+}
 
 bool GossipExchange::in_place(const partners::Partners& peers) const {
   return buffer_ == transport_->shared_home() && rule_->pair_average_in_place() &&
@@ -179,8 +195,7 @@ void GossipExchange::start(Job& j) {
   const int64_t t = j.step - first_step_;
   if (in_place(j.peers)) return transport_->publish(j.peers.send_to, t, j.bucket);
   transport_->expect(j.peers.recv_from, t, j.bucket);
-  transport_->send(j.peers.send_to, t, j.bucket,
-                   codec_.encode(j.bucket, rule_->outgoing(j.bucket)));
+  transport_->send(j.peers.send_to, t, j.bucket, encode_outgoing(*rule_, codec_, j.bucket));
 }
 
 void GossipExchange::complete(const Job& j) {

@@ -56,6 +56,10 @@ class BucketExchange {
   // (empty: zeroes): part of a rank's state. Exchanges that send fp32 have none.
   virtual std::vector<float> wire_residue() const { return {}; }
   virtual void set_wire_residue(const std::vector<float>& r) { (void)r; }
+  // CHOCO's public copies, in the buffer's layout (empty: none), and saved ones back (empty:
+  // none yet): part of a rank's state.
+  virtual std::vector<PublicCopy> public_copies() const { return {}; }
+  virtual void set_public_copies(std::vector<PublicCopy> c) { (void)c; }
 
  protected:
   Timeline* timeline_ = nullptr;
@@ -94,6 +98,9 @@ class AllreduceExchange final : public BucketExchange {
 // below and virtual ranks (gossip/train/virtual.hpp) both take their rules from here.
 std::unique_ptr<MixingRule> make_rule(const GossipOptions& o, float* buffer,
                                       const std::vector<kernels::Bucket>& buckets);
+// Bucket b as it goes on the wire: the rule's outgoing values encoded by the codec, shown back to
+// a rule that echoes() as the partner will decode them (the engine and virtual ranks alike).
+const float* encode_outgoing(MixingRule& rule, WireCodec& codec, int b);
 
 // Gossip: bucket b is averaged with the same bucket of this step's partner, x = (x + x_from) / 2,
 // where the schedule says who sends to whom. Transports move the bytes; threading decides who
@@ -150,6 +157,10 @@ class GossipExchange final : public BucketExchange {
   Lateness lateness() const override;
   std::vector<float> wire_residue() const override { return codec_.residue(); }
   void set_wire_residue(const std::vector<float>& r) override { codec_.set_residue(r); }
+  std::vector<PublicCopy> public_copies() const override { return rule_->public_copies(); }
+  void set_public_copies(std::vector<PublicCopy> c) override {
+    rule_->set_public_copies(std::move(c));
+  }
   // With options.measure_distance: sum of ||x - partner||^2 over the buckets mixed since the last
   // call (rules.hpp, take_distance).
   double take_distance() { return rule_->take_distance(); }

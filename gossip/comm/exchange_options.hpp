@@ -25,8 +25,10 @@ struct GossipOptions {
   bool delayed = false;    // start_delayed/finish_delayed: mix as a correction applied later
   double timeout_s = 0;    // a wait on a partner longer than this fails the step (0: never)
   Wire wire = Wire::Fp32;
-  bool error_feedback = false;    // bf16 wire only
+  bool error_feedback = false;    // a lossy wire only
   bool measure_distance = false;  // the rule adds up ||x - partner||^2 (consensus control)
+  // CHOCO-SGD: the difference to public copies both partners hold travels (staleness 0 only).
+  bool public_copies = false;
 };
 
 }  // namespace gg::gossip

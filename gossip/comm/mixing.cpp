@@ -27,6 +27,18 @@ void apply_correction(std::span<float> x, std::span<const float> delta) {
   for (size_t i = 0; i < x.size(); ++i) x[i] += delta[i];
 }
 
+void difference(std::span<const float> x, std::span<const float> copy, std::span<float> d) {
+  same_size(x.size(), copy.size(), "difference");
+  same_size(x.size(), d.size(), "difference");
+  for (size_t i = 0; i < x.size(); ++i) d[i] = x[i] - copy[i];
+}
+
+void mix_copies(std::span<float> x, std::span<const float> mine, std::span<const float> theirs) {
+  same_size(x.size(), mine.size(), "mix_copies");
+  same_size(x.size(), theirs.size(), "mix_copies");
+  for (size_t i = 0; i < x.size(); ++i) x[i] += 0.5f * (theirs[i] - mine[i]);
+}
+
 double squared_distance(std::span<const float> a, std::span<const float> b) {
   same_size(a.size(), b.size(), "squared_distance");
   double d = 0;

@@ -18,6 +18,10 @@ void mix_correction(std::span<const float> sent, std::span<const float> partner,
                     std::span<float> delta);
 void apply_correction(std::span<float> x, std::span<const float> delta);
 
+// Public copies (CHOCO): d = x - copy (d may be x itself), and the mix x += (theirs - mine) / 2.
+void difference(std::span<const float> x, std::span<const float> copy, std::span<float> d);
+void mix_copies(std::span<float> x, std::span<const float> mine, std::span<const float> theirs);
+
 // sum_i (a_i - b_i)^2 in double: how far apart two ranks' values are (consensus control).
 double squared_distance(std::span<const float> a, std::span<const float> b);
 // sum_i a_i^2 in double.

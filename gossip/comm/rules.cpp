@@ -1,6 +1,8 @@
 #include "gossip/comm/rules.hpp"
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 
 #include "gossip/comm/mixing.hpp"
 
@@ -17,7 +19,7 @@ std::span<float> span_of(float* base, const kernels::Bucket& k) {
 PairAverage::PairAverage(float* buffer, std::vector<kernels::Bucket> buckets)
     : x_(buffer), buckets_(std::move(buckets)) {}
 
-const float* PairAverage::outgoing(int b) const { return x_ + buckets_[b].begin; }
+const float* PairAverage::outgoing(int b) { return x_ + buckets_[b].begin; }
 
 void PairAverage::received(int b, int64_t, const float* partner) {
   const kernels::Bucket& k = buckets_[b];
@@ -39,7 +41,7 @@ void StaleAverage::capture(int b) {
   std::copy(x_ + k.begin, x_ + k.end, sent_.begin() + k.begin);
 }
 
-const float* StaleAverage::outgoing(int b) const { return sent_.data() + buckets_[b].begin; }
+const float* StaleAverage::outgoing(int b) { return sent_.data() + buckets_[b].begin; }
 
 void StaleAverage::received(int b, int64_t step, const float* partner) {
   std::lock_guard lock(mu_);
@@ -76,7 +78,7 @@ DelayedAverage::DelayedAverage(float* buffer, std::vector<kernels::Bucket> bucke
 
 void DelayedAverage::snapshot() { std::copy(x_, x_ + sent_.size(), sent_.begin()); }
 
-const float* DelayedAverage::outgoing(int b) const { return sent_.data() + buckets_[b].begin; }
+const float* DelayedAverage::outgoing(int b) { return sent_.data() + buckets_[b].begin; }
 
 void DelayedAverage::received(int b, int64_t, const float* partner) {
   const kernels::Bucket& k = buckets_[b];
@@ -86,5 +88,86 @@ void DelayedAverage::received(int b, int64_t, const float* partner) {
 }
 
 void DelayedAverage::apply() { apply_correction({x_, delta_.size()}, delta_); }
+
+std::vector<float>* PublicCopies::copy_of(std::map<int, std::vector<float>>& copies, int peer) {
+  std::vector<float>& c = copies[peer];
+  if (c.size() != static_cast<size_t>(count_)) c.assign(static_cast<size_t>(count_), 0.f);
+  return &c;
+}
+
+void PublicCopies::begin(const partners::Partners& peers) {
+  mine_now_ = copy_of(mine_, peers.send_to);
+  theirs_now_ = copy_of(theirs_, peers.recv_from);
+}
+
+std::vector<PublicCopy> PublicCopies::save() const {
+  std::vector<PublicCopy> out;
+  for (const auto& [peer, v] : mine_) out.push_back({peer, true, v});
+  for (const auto& [peer, v] : theirs_) out.push_back({peer, false, v});
+  return out;
+}
+
+void PublicCopies::load(std::vector<PublicCopy> copies) {
+  for (const PublicCopy& c : copies)
+    if (c.values.size() != static_cast<size_t>(count_))
+      throw std::invalid_argument("a public copy of " + std::to_string(c.values.size()) +
+                                  " values for a buffer of " + std::to_string(count_));
+  mine_.clear();
+  theirs_.clear();
+  mine_now_ = theirs_now_ = nullptr;
+  for (PublicCopy& c : copies) (c.mine ? mine_ : theirs_)[c.peer] = std::move(c.values);
+}
+
+ChocoAverage::ChocoAverage(float* buffer, std::vector<kernels::Bucket> buckets)
+    : x_(buffer),
+      buckets_(std::move(buckets)),
+      copies_(count_of(buckets_)),
+      diff_(count_of(buckets_)) {}
+
+void ChocoAverage::begin_step(int64_t, const partners::Partners& peers) { copies_.begin(peers); }
+
+const float* ChocoAverage::outgoing(int b) {
+  const kernels::Bucket& k = buckets_[b];
+  difference(span_of(x_, k), span_of(copies_.mine(), k), span_of(diff_.data(), k));
+  return diff_.data() + k.begin;
+}
+
+void ChocoAverage::sent(int b, const float* decoded) {
+  const kernels::Bucket& k = buckets_[b];
+  apply_correction(span_of(copies_.mine(), k), {decoded, static_cast<size_t>(k.size())});
+}
+
+void ChocoAverage::received(int b, int64_t, const float* partner) {
+  const kernels::Bucket& k = buckets_[b];
+  apply_correction(span_of(copies_.theirs(), k), {partner, static_cast<size_t>(k.size())});
+  if (measuring())
+    add_distance(squared_distance(span_of(copies_.mine(), k), span_of(copies_.theirs(), k)));
+  mix_copies(span_of(x_, k), span_of(copies_.mine(), k), span_of(copies_.theirs(), k));
+}
+
+ChocoDelayed::ChocoDelayed(float* buffer, std::vector<kernels::Bucket> buckets)
+    : DelayedAverage(buffer, std::move(buckets)), copies_(count_of(buckets_)) {}
+
+void ChocoDelayed::begin_step(int64_t, const partners::Partners& peers) { copies_.begin(peers); }
+
+const float* ChocoDelayed::outgoing(int b) {
+  // The snapshot is not needed once its difference is taken: the difference replaces it.
+  const kernels::Bucket& k = buckets_[b];
+  difference(span_of(sent_.data(), k), span_of(copies_.mine(), k), span_of(sent_.data(), k));
+  return sent_.data() + k.begin;
+}
+
+void ChocoDelayed::sent(int b, const float* decoded) {
+  const kernels::Bucket& k = buckets_[b];
+  apply_correction(span_of(copies_.mine(), k), {decoded, static_cast<size_t>(k.size())});
+}
+
+void ChocoDelayed::received(int b, int64_t, const float* partner) {
+  const kernels::Bucket& k = buckets_[b];
+  apply_correction(span_of(copies_.theirs(), k), {partner, static_cast<size_t>(k.size())});
+  mix_correction(span_of(copies_.mine(), k), span_of(copies_.theirs(), k),
+                 span_of(delta_.data(), k));
+  if (measuring()) add_distance(4 * squared_norm(span_of(delta_.data(), k)));
+}
 
 }  // namespace gg::gossip

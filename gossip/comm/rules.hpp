@@ -8,17 +8,29 @@
 // The rules here are the policies the gossip algorithms compose (see docs/gossip.md, "Adding a
 // gossip algorithm"): the pair average x = (x + x_partner) / 2 when the partner's bucket arrives
 // (staleness 0), with the partner's latest bucket at the step's end (staleness 1, late =
-// previous | skip), or as a correction applied later (the overlapped weight exchange).
+// previous | skip), or as a correction applied later (the overlapped weight exchange); and
+// CHOCO-SGD's public copies (ChocoAverage, ChocoDelayed): the difference to a copy both partners
+// hold travels instead of the values.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <vector>
 
 #include "kernels/graph.hpp"
+#include "partners/schedule.hpp"
 
 namespace gg::gossip {
+
+// One of CHOCO-SGD's public copies, as a rank's state holds it: with `mine`, this rank's values
+// as `peer` knows them; otherwise peer's values as this rank knows them.
+struct PublicCopy {
+  int peer = 0;
+  bool mine = false;
+  std::vector<float> values;
+};
 
 // Staleness 1, since the start: buckets a step mixed from the partner's previous step (late:
 // this step's had not arrived) and buckets it could not mix at all (nothing arrived yet).
@@ -32,8 +44,22 @@ class MixingRule {
   // Bucket b is final on this rank (the compute thread). A rule that sends a copy takes it now;
   // with waits() false the engine calls it only once b's previous exchange is over.
   virtual void capture(int b) { (void)b; }
-  // What goes out for bucket b: the buffer's values or the copy taken.
-  virtual const float* outgoing(int b) const = 0;
+  // The step's partners, before its first bucket is ready (the compute thread; the previous
+  // step's buckets are all mixed).
+  virtual void begin_step(int64_t step, const partners::Partners& peers) {
+    (void)step;
+    (void)peers;
+  }
+  // What goes out for bucket b: the buffer's values, the copy taken, or a difference (the thread
+  // that sends b).
+  virtual const float* outgoing(int b) = 0;
+  // With echoes(): bucket b as the partner will decode it, right after it was encoded (the
+  // thread that sends b, before it receives b).
+  virtual bool echoes() const { return false; }
+  virtual void sent(int b, const float* decoded) {
+    (void)b;
+    (void)decoded;
+  }
   // The partner's bucket b, exchanged in `step`, as fp32 values (a communication thread).
   virtual void received(int b, int64_t step, const float* partner) = 0;
   // True: a step waits until every one of its buckets is received; false: finish() mixes what
@@ -45,6 +71,10 @@ class MixingRule {
   // rule sends the buffer itself and writes the pair average into it on arrival.
   virtual bool pair_average_in_place() const { return false; }
   virtual Lateness lateness() const { return {}; }
+  // CHOCO's public copies (none elsewhere): part of a rank's state; set_public_copies replaces
+  // them all (a restored state; empty: none yet).
+  virtual std::vector<PublicCopy> public_copies() const { return {}; }
+  virtual void set_public_copies(std::vector<PublicCopy> copies) { (void)copies; }
   // Consensus control (gossip.consensus_bound): with measure_distance(true) a rule adds up
   // ||x - partner||^2 over the buckets it mixes, before mixing them; take_distance() returns the
   // sum since its last call and starts a new one. Off by default (a pass over every bucket).
@@ -81,7 +111,7 @@ class MixingRule {
 class PairAverage final : public MixingRule {
  public:
   PairAverage(float* buffer, std::vector<kernels::Bucket> buckets);
-  const float* outgoing(int b) const override;
+  const float* outgoing(int b) override;
   void received(int b, int64_t step, const float* partner) override;
   bool pair_average_in_place() const override { return true; }
 
@@ -97,7 +127,7 @@ class StaleAverage final : public MixingRule {
  public:
   StaleAverage(float* buffer, std::vector<kernels::Bucket> buckets, bool skip_late);
   void capture(int b) override;
-  const float* outgoing(int b) const override;
+  const float* outgoing(int b) override;
   void received(int b, int64_t step, const float* partner) override;
   bool waits() const override { return false; }
   void finish(int64_t step) override;
@@ -116,21 +146,83 @@ class StaleAverage final : public MixingRule {
 // Overlapped averaging: snapshot() keeps the buffer as it is sent; as the partner's buckets
 // arrive, the correction (partner - sent) / 2 is computed, and apply() adds it to the buffer,
 // which may have moved meanwhile (it equals the pair average when the buffer did not move).
-class DelayedAverage final : public MixingRule {
+class DelayedAverage : public MixingRule {
  public:
   DelayedAverage(float* buffer, std::vector<kernels::Bucket> buckets);
   void snapshot();
-  const float* outgoing(int b) const override;
+  const float* outgoing(int b) override;
   void received(int b, int64_t step, const float* partner) override;
   void apply();
   std::vector<float>& delta() { return delta_; }
   // An exchange was started and its correction not applied yet; ... and already computed.
   bool pending = false, settled = false;
 
- private:
+ protected:
   float* x_;
   std::vector<kernels::Bucket> buckets_;
   std::vector<float> sent_, delta_;
+};
+
+// CHOCO-SGD's public copies (Koloskova, Stich, Jaggi 2019), kept per partner: mine(), this
+// rank's values as this step's send_to knows them, and theirs(), recv_from's values as this rank
+// knows them. A step sends the difference between the values and mine() on a (lossy) wire; both
+// ends add the same decoded difference to their copy of it, so the two copies of a pair stay
+// equal bit for bit, and what rounding took off is sent again next time (nothing is lost for
+// good, without error feedback). Copies start at zero and are made at a partner's first step;
+// a rotating or random schedule makes up to p - 1 of each.
+class PublicCopies {
+ public:
+  explicit PublicCopies(int64_t count) : count_(count) {}
+  void begin(const partners::Partners& peers);
+  float* mine() const { return mine_now_->data(); }
+  float* theirs() const { return theirs_now_->data(); }
+  std::vector<PublicCopy> save() const;
+  // Replaces every copy; throws std::invalid_argument for a copy of another size.
+  void load(std::vector<PublicCopy> copies);
+
+ private:
+  std::vector<float>* copy_of(std::map<int, std::vector<float>>& copies, int peer);
+
+  int64_t count_;
+  std::map<int, std::vector<float>> mine_, theirs_;  // by peer
+  std::vector<float>*mine_now_ = nullptr, *theirs_now_ = nullptr;
+};
+
+// Staleness 0 with public copies: bucket b sends d = x - mine, and when the partner's difference
+// q arrives, theirs += q and x += (theirs - mine) / 2 (with an exact wire, the pair average).
+class ChocoAverage final : public MixingRule {
+ public:
+  ChocoAverage(float* buffer, std::vector<kernels::Bucket> buckets);
+  void begin_step(int64_t step, const partners::Partners& peers) override;
+  const float* outgoing(int b) override;
+  bool echoes() const override { return true; }
+  void sent(int b, const float* decoded) override;
+  void received(int b, int64_t step, const float* partner) override;
+  std::vector<PublicCopy> public_copies() const override { return copies_.save(); }
+  void set_public_copies(std::vector<PublicCopy> c) override { copies_.load(std::move(c)); }
+
+ private:
+  float* x_;
+  std::vector<kernels::Bucket> buckets_;
+  PublicCopies copies_;
+  std::vector<float> diff_;
+};
+
+// Overlapped with public copies: the snapshot's difference to mine goes out, and the correction
+// (theirs - mine) / 2 is computed on arrival and applied later, as DelayedAverage's.
+class ChocoDelayed final : public DelayedAverage {
+ public:
+  ChocoDelayed(float* buffer, std::vector<kernels::Bucket> buckets);
+  void begin_step(int64_t step, const partners::Partners& peers) override;
+  const float* outgoing(int b) override;
+  bool echoes() const override { return true; }
+  void sent(int b, const float* decoded) override;
+  void received(int b, int64_t step, const float* partner) override;
+  std::vector<PublicCopy> public_copies() const override { return copies_.save(); }
+  void set_public_copies(std::vector<PublicCopy> c) override { copies_.load(std::move(c)); }
+
+ private:
+  PublicCopies copies_;
 };
 
 }  // namespace gg::gossip

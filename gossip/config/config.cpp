@@ -77,6 +77,27 @@ void check_emulated(const Config& c) {
                        "> 0): an emulated run trains no model");
 }
 
+// gossip.choco: the weights' exchange with public copies, where it changes what a run does.
+void check_choco(const Config& c) {
+  if (!c.gossip.choco) return;
+  const Algorithm& a = mixing_of(c);
+  if (!a.weights)
+    throw UsageError("gossip.choco sends the weights' difference to public copies; gossip.mode = " +
+                     c.gossip.mode + " exchanges no weights: use model, both or gossipgrad");
+  if (c.gossip.model_wire == "fp32")
+    throw UsageError(
+        "gossip.choco with gossip.model_wire = fp32 sends the difference exactly (the pair "
+        "average, with two model copies per partner): set gossip.model_wire = int8, int4 or bf16");
+  if (c.gossip.staleness != 0)
+    throw UsageError(
+        "gossip.choco needs gossip.staleness = 0: both ends of a pair must add every difference, "
+        "in order, to their public copies");
+  if (c.gossip.error_feedback && !(a.grads && c.gossip.wire != "fp32"))
+    throw UsageError(
+        "gossip.error_feedback with gossip.choco has nothing to do: the public copies carry what "
+        "rounding takes off the weights (and no gradients travel on a lossy wire); leave it out");
+}
+
 // Which exchanges run and how: an option that would change what the exchange does, given where
 // it does nothing, is refused (the user expects its effect); see inert_settings for the harmless.
 void check_exchange(const Config& c) {
@@ -120,6 +141,7 @@ void check_exchange(const Config& c) {
         mode +
         " exchanges none: use model, both or gossipgrad (or "
         "gossip.global_every for a fixed period)");
+  check_choco(c);
   if (c.gossip.hierarchy == "node") {
     if (!grads || weights)
       throw UsageError(
@@ -298,7 +320,8 @@ GossipOptions exchange_options(const Config& c, const GossipPlan& plan, Mixed wh
   o.skip_late = plan.skip_late;
   o.timeout_s = c.gossip.timeout_s;
   o.wire = after_update ? plan.model_wire : plan.wire;
-  o.error_feedback = o.wire != Wire::Fp32 && c.gossip.error_feedback;
+  o.public_copies = after_update && c.gossip.choco;
+  o.error_feedback = o.wire != Wire::Fp32 && c.gossip.error_feedback && !o.public_copies;
   o.delayed = after_update && c.gossip.overlap_model;
   o.measure_distance = what == Mixed::Weights && c.gossip.consensus_bound > 0;
   return o;

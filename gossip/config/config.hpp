@@ -79,9 +79,10 @@ struct Config {
     int64_t model_every = 1;     // model/both: the weights are exchanged every k-th step
     int64_t consensus_every = 50;
     int64_t bucket_kb = 512;
-    std::string wire = "fp32";        // gradients on the wire: fp32 | bf16
-    std::string model_wire = "fp32";  // weights on the wire (model, both): fp32 | bf16
-    bool error_feedback = false;      // bf16: carry the rounding residue into the next step
+    std::string wire = "fp32";        // gradients on the wire: fp32 | bf16 | int8 | int4
+    std::string model_wire = "fp32";  // weights (and momentum) on the wire: the same
+    bool error_feedback = false;      // a lossy wire: carry the rounding residue into the next step
+    bool choco = false;               // weights: send the difference to CHOCO-SGD's public copies
     double timeout_s = 300;           // a wait on a partner longer than this is an error (0: never)
   } gossip;
   // Neuron apoptosis: remove output units whose outgoing weights fade (gossip/train/apoptosis.hpp).

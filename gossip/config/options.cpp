@@ -238,6 +238,13 @@ void gossip_mixing_options(std::vector<Option>& o) {
     {GG_OPTION(gossip.error_feedback), {},
      "with a bf16, int8 or int4 wire: what rounding took off a value is added to it before the "
      "next step's rounding (error feedback), so nothing is lost for good"},
+    {GG_OPTION(gossip.choco), {},
+     "model/both/gossipgrad with a lossy gossip.model_wire: CHOCO-SGD's public copies "
+     "(Koloskova et al. 2019): each rank keeps, per partner, a copy of its weights as that "
+     "partner knows them and one of the partner's; a weight exchange sends the difference "
+     "between the weights and the copy (quantized, it shrinks as the ranks agree), both ends "
+     "add it to their copy, and a rank moves by half the difference of the two copies. Memory: "
+     "two model copies per partner the schedule gives (2 log2 p with dissemination); staleness 0"},
     {GG_OPTION(gossip.timeout_s), in(0, 1e6),
      "a rank waiting on another rank longer than this many seconds (its gossip partner, or any "
      "collective: allreduce mode, evaluation, checkpoints, the shuffle) names the wait and the "

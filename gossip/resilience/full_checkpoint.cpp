@@ -39,6 +39,14 @@ struct Out {
     put<uint64_t>(v.size());
     bytes(v.data(), v.size() * sizeof(T));
   }
+  void copies(const std::vector<PublicCopy>& v) {
+    put<uint64_t>(v.size());
+    for (const PublicCopy& c : v) {
+      put<int64_t>(c.peer);
+      put<uint64_t>(c.mine ? 1 : 0);
+      array(c.values);
+    }
+  }
 };
 
 // Bounds-checked reading of an encoded RankState.
@@ -66,6 +74,20 @@ struct Cursor {
     std::memcpy(v.data(), p, n * sizeof(T));
     p += n * sizeof(T);
     left -= n * sizeof(T);
+    return v;
+  }
+  std::vector<PublicCopy> copies() {
+    const auto n = get<uint64_t>();
+    if (n > left / 24) throw std::runtime_error(what + ": truncated or corrupt rank state");
+    std::vector<PublicCopy> v(static_cast<size_t>(n));
+    for (PublicCopy& c : v) {
+      const auto peer = get<int64_t>();
+      if (peer < 0 || peer > (int64_t{1} << 30))
+        throw std::runtime_error(what + ": corrupt public copy in the rank state");
+      c.peer = static_cast<int>(peer);
+      c.mine = get<uint64_t>() != 0;
+      c.values = get_array<float>();
+    }
     return v;
   }
 };
@@ -105,6 +127,8 @@ size_t encode_state_into(const RankState& s, uint8_t* dst) {
   out.array(s.grad_residue);
   out.array(s.weight_residue);
   out.array(s.momentum_residue);
+  out.copies(s.weight_copies);
+  out.copies(s.momentum_copies);
   // The file checks itself too.
   out.put<uint64_t>(dst != nullptr ? checksum(dst, out.n) : 0);
   return out.n;
@@ -144,14 +168,23 @@ RankState decode_state(const uint8_t* data, size_t size, const std::string& what
     s.weight_residue = c.get_array<float>();
     s.momentum_residue = c.get_array<float>();
   }
+  if (c.left > 0) {  // absent: files older than the public copies
+    s.weight_copies = c.copies();
+    s.momentum_copies = c.copies();
+  }
   if (c.left != 0) throw std::runtime_error(what + ": trailing bytes in the rank state");
   const auto fits = [&s](const std::vector<float>& v) {
     return v.empty() || v.size() == s.params.size();
   };
+  const auto copy_fits = [&s](const PublicCopy& c) {
+    return c.peer < s.ranks && c.values.size() == s.params.size();
+  };
   if (s.step < 0 || s.steps_per_epoch < 1 || s.ranks < 1 || s.rank < 0 || s.rank >= s.ranks ||
       !(s.lr_scale > 0 && s.lr_scale <= 1) || s.velocity.size() != s.params.size() ||
       (!s.delayed_delta.empty() && s.delayed_delta.size() != s.params.size()) ||
-      !fits(s.grad_residue) || !fits(s.weight_residue) || !fits(s.momentum_residue))
+      !fits(s.grad_residue) || !fits(s.weight_residue) || !fits(s.momentum_residue) ||
+      !std::all_of(s.weight_copies.begin(), s.weight_copies.end(), copy_fits) ||
+      !std::all_of(s.momentum_copies.begin(), s.momentum_copies.end(), copy_fits))
     throw std::runtime_error(what + ": inconsistent rank state");
   return s;
 }

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "gossip/comm/rules.hpp"
+
 namespace gg::gossip {
 
 struct RankState {
@@ -26,6 +28,8 @@ struct RankState {
   // The error-feedback residues of the lossy wires (gossip.error_feedback), plain layout, one per
   // exchange (the gradients', the weights', the momentum's; empty: none).
   std::vector<float> grad_residue, weight_residue, momentum_residue;
+  // gossip.choco: the weights' and the momentum's public copies, plain layout (empty: none).
+  std::vector<PublicCopy> weight_copies, momentum_copies;
 };
 
 // The state as bytes (little-endian, the host's float format) and back. decode_state throws

@@ -247,6 +247,8 @@ RankState Recovery::average_states(const std::string& folder, const Manifest& m)
       s = std::move(one);
       s.delayed_delta.clear();
       s.shuffle.clear();
+      s.weight_copies.clear();  // rank 0's, not the average's
+      s.momentum_copies.clear();
       continue;
     }
     if (one.params.size() != s.params.size() || one.buffers.size() != s.buffers.size())

@@ -425,6 +425,15 @@ void Trainer::capture_state(RankState& s) {
   s.grad_residue = residue(exchange_.get());
   s.weight_residue = residue(model_exchange_.get());
   s.momentum_residue = residue(momentum_exchange_.get());
+  s.rank = world_.rank();
+  s.ranks = world_.size();
+  const auto copies = [this](const BucketExchange* e) {
+    std::vector<PublicCopy> v = e ? e->public_copies() : std::vector<PublicCopy>();
+    for (PublicCopy& c : v) c.values = net_.plain(c.values.data());
+    return v;
+  };
+  s.weight_copies = copies(model_exchange_.get());
+  s.momentum_copies = copies(momentum_exchange_.get());
 }
 
 void Trainer::restore_model(const RankState& s) {
@@ -446,10 +455,26 @@ void Trainer::restore_model(const RankState& s) {
   residue(exchange_.get(), s.grad_residue);
   residue(model_exchange_.get(), s.weight_residue);
   residue(momentum_exchange_.get(), s.momentum_residue);
+  restore_copies(s);
   net_.from_plain(s.params, store().params.data());
   std::copy(s.buffers.begin(), s.buffers.end(), store().buffers.begin());
   net_.from_plain(s.velocity, sgd_.velocity().data());
   sgd_.set_started(s.sgd_started);
+}
+
+void Trainer::restore_copies(const RankState& s) {
+  // Public copies name their peers by rank in this group: a state of another rank (another rank
+  // count, an average of ranks) has none that fit, and every rank then starts again from none.
+  const bool same_rank = s.ranks == world_.size() && s.rank == world_.rank();
+  const auto copies = [&](BucketExchange* e, const std::vector<PublicCopy>& saved) {
+    if (!e) return;
+    std::vector<PublicCopy> v;
+    if (same_rank)
+      for (const PublicCopy& c : saved) v.push_back({c.peer, c.mine, net_.from_plain(c.values)});
+    e->set_public_copies(std::move(v));
+  };
+  copies(model_exchange_.get(), s.weight_copies);
+  copies(momentum_exchange_.get(), s.momentum_copies);
 }
 
 void Trainer::resume_at(int64_t step, uint64_t dropout_step) {

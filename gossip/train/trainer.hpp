@@ -118,8 +118,9 @@ class Trainer {
   void set_lr_scale(double scale) { lr_scale_ = scale; }
 
  private:
-  void choose_layout();   // before any executor is compiled
-  void make_exchanges();  // before any executor is compiled
+  void choose_layout();                     // before any executor is compiled
+  void make_exchanges();                    // before any executor is compiled
+  void restore_copies(const RankState& s);  // gossip.choco's public copies (restore_model)
   GossipOptions exchange_options(const GossipPlan& plan, const partners::Schedule& schedule,
                                  Mixed what) const;
   // The step's parts after backward: the optimizer (or its emulated wait), the weight exchange

@@ -46,9 +46,9 @@ double unit_hash(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
 // One flat buffer (gradients, weights or momentum) of every virtual rank, exchanged as the
 // engine (GossipExchange) exchanges it on real ranks, with the same parts: each rank's mixing
 // rule (make_rule: the pair average, or, overlapped, the correction (partner - sent) / 2 applied
-// before the next update) and its wire codec (bf16 and its residue). Every rank's outgoing image
-// is taken before any rank mixes, as on real ranks, where a bucket is sent before the partner's
-// arrives.
+// before the next update; either with CHOCO's public copies) and its wire codec (and its residue).
+// Every rank's outgoing image is taken before any rank mixes, as on real ranks, where a bucket is
+// sent before the partner's arrives.
 class VirtualExchange {
  public:
   // o: the wire, error feedback, delayed (overlapped), staleness, skip_late and measure_distance
@@ -76,9 +76,10 @@ class VirtualExchange {
     const int buckets = static_cast<int>(buckets_.size());
     for (size_t r = 0; r < rules_.size(); ++r) {
       if (auto* d = dynamic_cast<DelayedAverage*>(rules_[r].get())) d->snapshot();
+      rules_[r]->begin_step(step, partners::partners(s, static_cast<int>(r), step));
       for (int b = 0; b < buckets; ++b) {
         rules_[r]->capture(b);
-        const float* image = codecs_[r]->encode(b, rules_[r]->outgoing(b));
+        const float* image = encode_outgoing(*rules_[r], *codecs_[r], b);
         std::copy(image, image + layout[b].size(), wire_.data() + r * floats + layout[b].begin);
       }
     }
