@@ -30,6 +30,9 @@
 #   grad          gradients only (the abstract's reading)
 #   *-global<H>   any of the above with an exact global average every H steps, e.g.
 #                 gossipgrad-global50 (Gossip-PGA)
+#   *-choco       a mode with a lossy wire sent as the difference to CHOCO-SGD's public copies
+#                 (gossip.choco, no error feedback; the dissemination schedule without rotation,
+#                 as choco needs), e.g. model-int4-choco, model-int4-choco-nooverlap
 #   *-nooverlap   a mode that exchanges weights, with gossip.overlap_model false (the weights
 #                 mixed before the next forward, not behind it), e.g. gossipgrad-nooverlap
 #   *-cc<B>       any gossip mode with consensus control, gossip.consensus_bound B (a global
@@ -61,10 +64,12 @@ options_of() { # mode -> its train options
   if [[ $mode =~ ^(.*)-cc([0-9.]+(e-?[0-9]+)?)$ ]]; then mode=${BASH_REMATCH[1]}; bound=${BASH_REMATCH[2]}; fi
   if [[ $mode =~ ^(.*)-global([0-9]+)$ ]]; then mode=${BASH_REMATCH[1]}; global=${BASH_REMATCH[2]}; fi
   if [[ $mode =~ ^(.*)-nooverlap$ ]]; then mode=${BASH_REMATCH[1]}; echo "--gossip.overlap_model false"; fi
+  local feedback="--gossip.error_feedback true"
+  if [[ $mode =~ ^(.*)-choco$ ]]; then mode=${BASH_REMATCH[1]}; feedback="--gossip.choco true --gossip.rotate false"; fi
   case $mode in
     allreduce | both | model | gossipgrad | grad) echo "--gossip.mode $mode" ;;
     model-bf16 | model-int8 | model-int4 | gossipgrad-bf16 | gossipgrad-int8 | gossipgrad-int4)
-      echo "--gossip.mode ${mode%-*} --gossip.model_wire ${mode##*-} --gossip.error_feedback true" ;;
+      echo "--gossip.mode ${mode%-*} --gossip.model_wire ${mode##*-} $feedback" ;;
     *) echo "bench/scale: unknown mode '$1' (see the usage at the top of $0)" >&2; exit 2 ;;
   esac
   [ -z "$global" ] || echo "--gossip.global_every $global"

@@ -88,6 +88,13 @@ void check_choco(const Config& c) {
     throw UsageError(
         "gossip.choco with gossip.model_wire = fp32 sends the difference exactly (the pair "
         "average, with two model copies per partner): set gossip.model_wire = int8, int4 or bf16");
+  if (c.gossip.rotate || c.gossip.schedule == "random")
+    throw UsageError(
+        "gossip.choco keeps a pair of public copies per partner and needs the same few partners "
+        "again and again: set gossip.rotate = false and a fixed schedule (dissemination, "
+        "hypercube or ring); with " +
+        std::string(c.gossip.rotate ? "gossip.rotate" : "the random schedule") +
+        " a rank meets up to p - 1 partners, each too seldom for its copy to follow");
   if (c.gossip.staleness != 0)
     throw UsageError(
         "gossip.choco needs gossip.staleness = 0: both ends of a pair must add every difference, "

@@ -35,6 +35,7 @@ VALUES = {
     "gossip.wire": ["bf16"],
     "gossip.model_wire": ["bf16"],
     "gossip.error_feedback": ["true"],
+    "gossip.choco": ["true"],
     "data.shuffle": ["ids"],
     "data.shuffle_per_step": ["4"],
     "train.weight_layout": ["plain"],

@@ -44,8 +44,8 @@ cases=(
   "model-int8-ef|--gossip.mode model --gossip.model_wire int8 --gossip.error_feedback true"
   "both-int4-ef|--gossip.mode both --gossip.wire int4 --gossip.model_wire int4 --gossip.error_feedback true"
   # CHOCO's public copies: overlapped model + int4, and gossipgrad + int8 (weights and momentum).
-  "model-int4-choco|--gossip.mode model --gossip.model_wire int4 --gossip.choco true"
-  "gossipgrad-int8-choco|--gossip.mode gossipgrad --gossip.overlap_model false --gossip.model_wire int8 --gossip.choco true"
+  "model-int4-choco|--gossip.mode model --gossip.model_wire int4 --gossip.choco true --gossip.rotate false"
+  "gossipgrad-int8-choco|--gossip.mode gossipgrad --gossip.overlap_model false --gossip.model_wire int8 --gossip.choco true --gossip.rotate false --gossip.schedule hypercube"
   "allreduce|--gossip.mode allreduce"
   # Staleness 1 with every partner on time (train.virtual_late 0) mixes as staleness 0 does.
   "stale-on-time|--gossip.mode both --gossip.overlap_model false|--gossip.staleness 1"

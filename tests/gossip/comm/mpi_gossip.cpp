@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <random>
 #include <span>
 #include <string>
@@ -293,6 +294,103 @@ void run_wire(const mpi::Comm& world, const std::string& transport, gossip::Wire
     std::printf("%-48s exact, %lld bytes sent\n", name.c_str(), static_cast<long long>(sent));
 }
 
+// CHOCO's public copies on a transport: x moves between steps (an update), the weights' exchange
+// sends the difference to the copy the partner holds (delayed: of the snapshot, the correction
+// applied after the update). Every rank's values and copies equal a replay of the arithmetic
+// written out here, bit for bit, with the bytes of the wire.
+void run_choco(const mpi::Comm& world, const std::string& transport, gossip::Wire w, bool delayed,
+               const std::string& threading = "funneled") {
+  if (transport == "shm" && !one_node(world)) return;
+  const int rank = world.rank(), p = world.size();
+  const int64_t count = 300;
+  const int steps = 8;
+  const auto buckets = make_layout(count);
+  gossip::GossipOptions o;
+  o.schedule = {partners::Kind::Dissemination, p, true, 5};
+  o.transport = transport;
+  o.threading = gossip::parse_threading(threading);
+  o.wire = w;
+  o.public_copies = true;
+  o.delayed = delayed;
+  auto start = [](int v, int64_t i) { return std::sin(0.1f * static_cast<float>(i) + v); };
+  auto update = [](std::vector<float>& x, int v, int s) {
+    for (size_t i = 0; i < x.size(); ++i) x[i] -= 0.01f * std::cos(0.3f * i + v * s);
+  };
+  std::vector<float> x(count);
+  for (int64_t i = 0; i < count; ++i) x[i] = start(rank, i);
+  std::vector<gossip::PublicCopy> copies;
+  int64_t sent = 0;
+  {
+    gossip::GossipExchange ex(world, x.data(), buckets, o);
+    for (int s = 0; s < steps; ++s) {
+      update(x, rank, s);
+      if (!delayed) {
+        ex.exchange_all(s);
+        continue;
+      }
+      ex.start_delayed(s);
+      update(x, rank, s + 100);
+      ex.finish_delayed();
+    }
+    sent = ex.bytes_sent();
+    copies = ex.public_copies();
+  }
+  // The replay: copies[v][peer] (mine: true / false), every rank's values.
+  std::vector<std::vector<float>> all(p, std::vector<float>(count));
+  std::vector<std::map<std::pair<int, bool>, std::vector<float>>> copy(p);
+  auto copy_of = [&](int v, int peer, bool mine) -> std::vector<float>& {
+    std::vector<float>& c = copy[v][{peer, mine}];
+    c.resize(static_cast<size_t>(count), 0.f);
+    return c;
+  };
+  for (int v = 0; v < p; ++v)
+    for (int64_t i = 0; i < count; ++i) all[v][i] = start(v, i);
+  for (int s = 0; s < steps; ++s) {
+    std::vector<std::vector<float>> q(p, std::vector<float>(count));
+    for (int v = 0; v < p; ++v) {
+      update(all[v], v, s);
+      std::vector<float>& mine = copy_of(v, partners::partners(o.schedule, v, s).send_to, true);
+      std::vector<float> d(count);
+      for (int64_t i = 0; i < count; ++i) d[i] = all[v][i] - mine[i];
+      for (const kernels::Bucket& k : buckets) {
+        const auto n = static_cast<size_t>(k.size());
+        const std::vector<float> back = replay_wire(w, {d.data() + k.begin, n}, {});
+        std::copy(back.begin(), back.end(), q[v].begin() + k.begin);
+      }
+      for (int64_t i = 0; i < count; ++i) mine[i] += q[v][i];
+    }
+    for (int v = 0; v < p; ++v) {
+      const partners::Partners peers = partners::partners(o.schedule, v, s);
+      std::vector<float>& theirs = copy_of(v, peers.recv_from, false);
+      const std::vector<float>& mine = copy_of(v, peers.send_to, true);
+      for (int64_t i = 0; i < count; ++i) theirs[i] += q[peers.recv_from][i];
+      std::vector<float> delta(count);
+      for (int64_t i = 0; i < count; ++i) delta[i] = 0.5f * (theirs[i] - mine[i]);
+      if (delayed) update(all[v], v, s + 100);
+      for (int64_t i = 0; i < count; ++i) all[v][i] += delta[i];
+    }
+  }
+  bool exact = true;
+  for (int64_t i = 0; i < count; ++i) exact &= x[i] == all[rank][i];
+  exact &= copies.size() == copy[rank].size();
+  for (const gossip::PublicCopy& c : copies)
+    exact &= copy[rank].count({c.peer, c.mine}) && copy[rank][{c.peer, c.mine}] == c.values;
+  const char* wire_name = w == gossip::Wire::Bf16   ? "bf16"
+                          : w == gossip::Wire::Int8 ? "int8"
+                                                    : "int4";
+  const std::string name =
+      transport + "/" + threading + "/" + wire_name + "+choco" + (delayed ? "+delayed" : "");
+  check(exact, name + ": values and public copies equal the replay bit for bit", rank);
+  int64_t bytes = 0;
+  for (const kernels::Bucket& b : buckets) bytes += wire_bytes(w, b.size());
+  check(
+      sent == bytes * steps,
+      name + ": sent " + std::to_string(sent) + " bytes, expected " + std::to_string(bytes * steps),
+      rank);
+  if (rank == 0)
+    std::printf("%-48s exact, %lld bytes sent\n", name.c_str(), static_cast<long long>(sent));
+}
+
 // The transport's own counters say who carried what: after a few steps every peer's buckets and
 // bytes, sent and received, equal what the schedule predicts, all of them on the transport that
 // should carry that peer (auto: shm within this rank's node, p2p across) and none on another.
@@ -454,6 +552,12 @@ int main(int argc, char** argv) {
       run_wire(world, transport, gossip::Wire::Int8, true);
       run_wire(world, transport, gossip::Wire::Int4, false);
     }
+    for (const char* transport : {"p2p", "rma", "shm", "auto"}) {
+      run_choco(world, transport, gossip::Wire::Int4, false);
+      run_choco(world, transport, gossip::Wire::Int8, true);
+    }
+    run_choco(world, "auto", gossip::Wire::Bf16, false, "concurrent");
+    run_choco(world, "p2p", gossip::Wire::Int4, true, "chained");
     run_wire(world, "auto", gossip::Wire::Bf16, true, "concurrent");
     run_wire(world, "auto", gossip::Wire::Int4, true, "concurrent");
     run_wire(world, "p2p", gossip::Wire::Bf16, true, "chained");

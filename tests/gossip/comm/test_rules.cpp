@@ -1,11 +1,14 @@
 // The mixing rules (gossip/comm/rules.hpp) and the wire codec (WireCodec, wire.hpp) alone, as the
 // exchange engine drives them: hand-computed values, no MPI, no threads.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
+#include "gossip/comm/exchange.hpp"
 #include "gossip/comm/rules.hpp"
 #include "gossip/comm/wire.hpp"
 
@@ -182,4 +185,137 @@ TEST_CASE("consensus control: each rule adds up ||x - partner||^2 of what it mix
     CHECK(r.take_distance() == 7);
     CHECK(r.take_distance() == 0);
   }
+}
+
+TEST_CASE("public copies: the first step of an exact wire is the pair average, then differences") {
+  std::vector<float> x = {1, 2, 3, 4, 5};
+  ChocoAverage r(x.data(), kBuckets);
+  CHECK(r.waits());
+  CHECK(r.echoes());
+  CHECK_FALSE(r.pair_average_in_place());
+  r.begin_step(0, {1, 1});
+  // No copy yet (zero): the difference is the values themselves.
+  CHECK(std::vector<float>(r.outgoing(0), r.outgoing(0) + 3) == std::vector<float>{3, 4, 5});
+  r.sent(0, r.outgoing(0));
+  const std::vector<float> p0 = {7, -4, 1};
+  r.received(0, 0, p0.data());
+  CHECK(x == std::vector<float>{1, 2, 5, 0, 3});  // x += (theirs - mine) / 2
+  // Step 1, after an update: the difference to mine (3, 4, 5) goes out; theirs adds the partner's.
+  x = {1, 2, 6, 0, 3};
+  r.begin_step(1, {1, 1});
+  CHECK(std::vector<float>(r.outgoing(0), r.outgoing(0) + 3) == std::vector<float>{3, -4, -2});
+  r.sent(0, r.outgoing(0));  // mine = (6, 0, 3)
+  const std::vector<float> q0 = {1, 4, 1};
+  r.received(0, 1, q0.data());  // theirs = (8, 0, 2)
+  CHECK(x == std::vector<float>{1, 2, 7, 0, 2.5f});
+  // The copies, as a rank's state: this rank's as peer 1 knows it, and peer 1's.
+  const std::vector<PublicCopy> saved = r.public_copies();
+  REQUIRE(saved.size() == 2);
+  CHECK((saved[0].peer == 1 && saved[0].mine));
+  CHECK(saved[0].values == std::vector<float>{0, 0, 6, 0, 3});
+  CHECK((saved[1].peer == 1 && !saved[1].mine));
+  CHECK(saved[1].values == std::vector<float>{0, 0, 8, 0, 2});
+  std::vector<float> y = x;
+  ChocoAverage back(y.data(), kBuckets);
+  back.set_public_copies(saved);
+  back.begin_step(2, {1, 1});
+  r.begin_step(2, {1, 1});
+  CHECK(std::vector<float>(back.outgoing(0), back.outgoing(0) + 3) ==
+        std::vector<float>(r.outgoing(0), r.outgoing(0) + 3));
+  CHECK_THROWS_AS(back.set_public_copies({{1, true, {1, 2}}}), std::invalid_argument);
+}
+
+TEST_CASE("public copies, overlapped: the correction (theirs - mine) / 2 is applied later") {
+  std::vector<float> x = {1, 2, 3, 4, 5};
+  ChocoDelayed r(x.data(), kBuckets);
+  r.begin_step(0, {2, 1});
+  r.snapshot();
+  x = {2, 2, 2, 2, 2};  // an update meanwhile: the snapshot's difference goes out
+  for (int b : {0, 1}) r.sent(b, r.outgoing(b));
+  const std::vector<float> p0 = {5, 0, 5}, p1 = {3, 4};
+  r.received(0, 0, p0.data());
+  r.received(1, 0, p1.data());
+  CHECK(r.delta() == std::vector<float>{1, 1, 1, -2, 0});
+  r.apply();
+  CHECK(x == std::vector<float>{3, 3, 3, 0, 2});
+  // Two partners: mine is the copy peer 2 holds, theirs peer 1's.
+  const std::vector<PublicCopy> saved = r.public_copies();
+  REQUIRE(saved.size() == 2);
+  CHECK((saved[0].peer == 2 && saved[0].mine && saved[1].peer == 1 && !saved[1].mine));
+}
+
+namespace {
+// p ranks on the dissemination schedule (k = t mod 2 at p = 3: send to v + 2^k), each with its
+// rule and codec, driven as the engine drives them. Returns the ranks' largest distance to the
+// mean after `steps` exchanges, checking at each that every pair's two copies are equal bit for
+// bit and that the mix keeps the ranks' sum.
+float run_ranks(Wire wire, bool choco, int steps) {
+  constexpr int p = 3;
+  const std::vector<Bucket> buckets = {{64, 160}, {0, 64}};  // blocks of 64 and a partial one
+  std::vector<std::vector<float>> x(p, std::vector<float>(160));
+  for (int v = 0; v < p; ++v)
+    for (size_t i = 0; i < 160; ++i) x[v][i] = std::sin(0.37f * i + v) * (1 + 0.1f * v);
+  GossipOptions o;
+  o.wire = wire;
+  o.public_copies = choco;
+  std::vector<std::unique_ptr<MixingRule>> rules;
+  std::vector<std::unique_ptr<WireCodec>> codecs;
+  for (int v = 0; v < p; ++v) {
+    rules.push_back(make_rule(o, x[v].data(), buckets));
+    codecs.push_back(std::make_unique<WireCodec>(wire, false, buckets));
+  }
+  for (int t = 0; t < steps; ++t) {
+    const int hop = 1 << (t % 2);
+    double before = 0, after = 0;
+    for (const auto& v : x)
+      for (float f : v) before += f;
+    std::vector<std::vector<float>> out(p);  // what each rank sent, as decoded
+    for (int v = 0; v < p; ++v) {
+      rules[v]->begin_step(t, {(v + hop) % p, (v - hop + p) % p});
+      for (int b = 0; b < 2; ++b) {
+        const float* image = encode_outgoing(*rules[v], *codecs[v], b);
+        const float* d = codecs[v]->decode(b, image);
+        out[v].insert(out[v].end(), d, d + buckets[b].size());
+      }
+    }
+    for (int v = 0; v < p; ++v) {
+      const std::vector<float>& in = out[(v - hop + p) % p];
+      rules[v]->received(0, t, in.data());
+      rules[v]->received(1, t, in.data() + 96);
+    }
+    for (int v = 0; v < p; ++v)
+      for (const PublicCopy& c : rules[v]->public_copies()) {
+        if (!c.mine) continue;  // the peer's copy of it must be the same, bit for bit
+        for (const PublicCopy& d : rules[c.peer]->public_copies())
+          if (!d.mine && d.peer == v) CHECK(d.values == c.values);
+      }
+    for (const auto& v : x)
+      for (float f : v) after += f;
+    if (choco) CHECK(after == Approx(before).margin(1e-4));
+  }
+  float worst = 0;
+  for (size_t i = 0; i < 160; ++i) {
+    const float mean = (x[0][i] + x[1][i] + x[2][i]) / 3;
+    for (int v = 0; v < p; ++v) worst = std::max(worst, std::abs(x[v][i] - mean));
+  }
+  return worst;
+}
+}  // namespace
+
+TEST_CASE("public copies over int4: copies agree bit for bit, the sum is kept, no rounding floor") {
+  // The values' own rounding (int4: a fifteenth of each block's largest magnitude) leaves the
+  // ranks that far apart for good; the difference to the copies shrinks as they agree, and so
+  // does its rounding.
+  const float plain = run_ranks(Wire::Int4, false, 60);
+  const float choco = run_ranks(Wire::Int4, true, 60);
+  const float exact = run_ranks(Wire::Fp32, false, 60);
+  CHECK(plain > 1e-2f);
+  CHECK(choco < 1e-4f);
+  CHECK(exact < 1e-5f);
+  CHECK(run_ranks(Wire::Int8, true, 60) < 1e-5f);
+  GossipOptions stale;
+  stale.public_copies = true;
+  stale.staleness = 1;
+  std::vector<float> x(5);
+  CHECK_THROWS_AS(make_rule(stale, x.data(), kBuckets), std::invalid_argument);
 }

@@ -269,6 +269,40 @@ TEST_CASE("the lossy wires are refused where they cannot apply, in one line") {
         "gossip.wire = fp16 is unknown: use fp32, bf16, int8, int4");
 }
 
+TEST_CASE("gossip.choco: public copies where they change what a run does, else one line") {
+  const std::vector<std::string> int4 = {"--gossip.model_wire", "int4", "--gossip.choco", "true",
+                                         "--gossip.rotate",     "false"};
+  const auto with = [&int4](std::vector<std::string> more) {
+    more.insert(more.begin(), int4.begin(), int4.end());
+    return error_of(more);
+  };
+  for (const char* m : {"model", "both", "gossipgrad"}) CHECK(with({"--gossip.mode", m}).empty());
+  CHECK(with({"--gossip.mode", "both", "--gossip.wire", "int8", "--gossip.error_feedback", "true"})
+            .empty());  // the gradients' wire keeps its error feedback
+  CHECK(with({"--gossip.mode", "grad"}).rfind("gossip.model_wire = int4 is the weights' wire", 0) ==
+        0);
+  CHECK(error_of({"--gossip.mode", "grad", "--gossip.choco", "true"}) ==
+        "gossip.choco sends the weights' difference to public copies; gossip.mode = grad exchanges "
+        "no weights: use model, both or gossipgrad");
+  CHECK(error_of({"--gossip.choco", "true"}) ==
+        "gossip.choco with gossip.model_wire = fp32 sends the difference exactly (the pair "
+        "average, with two model copies per partner): set gossip.model_wire = int8, int4 or bf16");
+  CHECK(error_of({"--gossip.model_wire", "int8", "--gossip.choco", "true"}) ==
+        "gossip.choco keeps a pair of public copies per partner and needs the same few partners "
+        "again and again: set gossip.rotate = false and a fixed schedule (dissemination, "
+        "hypercube or ring); with gossip.rotate a rank meets up to p - 1 partners, each too "
+        "seldom for its copy to follow");
+  CHECK(with({"--gossip.schedule", "random"}).find("with the random schedule") !=
+        std::string::npos);
+  for (const char* s : {"hypercube", "ring"}) CHECK(with({"--gossip.schedule", s}).empty());
+  CHECK(with({"--gossip.staleness", "1", "--gossip.overlap_model", "false"}) ==
+        "gossip.choco needs gossip.staleness = 0: both ends of a pair must add every difference, "
+        "in order, to their public copies");
+  CHECK(with({"--gossip.error_feedback", "true"}) ==
+        "gossip.error_feedback with gossip.choco has nothing to do: the public copies carry what "
+        "rounding takes off the weights (and no gradients travel on a lossy wire); leave it out");
+}
+
 TEST_CASE("train.weight_layout set for a backend other than onednn is reported as doing nothing") {
   Config c;
   c.train.weight_layout = "plain";
