@@ -3,7 +3,7 @@
 # and PyTorch DDP over gloo, on the cluster in a box (cluster.sh: one network namespace per node,
 # links shaped with tc), with compute emulated from a measured GPU profile ([emulate]).
 #
-# usage: bench/cluster/study.sh [--plan quick|session|check|ten|late|lag|tcp|fill|hier|lean|authors|scale|compressed|full] [--out DIR] [--profile p100|h100]
+# usage: bench/cluster/study.sh [--plan quick|session|check|ten|late|lag|tcp|fill|hier|lean|authors|scale|compressed|choco|full] [--out DIR] [--profile p100|h100]
 #
 # Every point runs p ranks on p nodes (one rank per node) at a link rate R with ResNet-50's real
 # gradient (102 MB, gossipgrad's buckets of gossip.bucket_kb) and the profile's forward/backward/
@@ -16,7 +16,8 @@
 #
 # Methods: grad, model, both (gossipgrad's modes over p2p across nodes, what auto picks;
 # MODE@rma over rma; MODE+bf16 with gossip.wire and model_wire = bf16 (MODE+int8, MODE+int4:
-# those quantized wires, with gossip.error_feedback); MODE+stale with
+# those quantized wires, with gossip.error_feedback; MODE+int4+choco: the int4 wire carrying the
+# difference to CHOCO's public copies, gossip.choco, no rotation); MODE+stale with
 # gossip.staleness = 1: a rank never waits for this step's partner; MODE+lag with guard.lag = 1:
 # the agreements after each step run behind the next one; MODE+every4 with gossip.model_every 4
 # (the weights every 4th step); MODE+nooverlap with gossip.overlap_model false (the weights mixed
@@ -54,7 +55,7 @@ PROFILE=p100
 die() { echo "study.sh: $*" >&2 && exit 1; }
 while (($#)); do
     case $1 in
-    --plan) PLAN=${2:?--plan needs quick, session, check, ten, late, lag, tcp, fill, hier, lean, authors, scale, compressed or full} && shift 2 ;;
+    --plan) PLAN=${2:?--plan needs quick, session, check, ten, late, lag, tcp, fill, hier, lean, authors, scale, compressed, choco or full} && shift 2 ;;
     --out) OUT=${2:?--out needs a folder} && shift 2 ;;
     --profile) PROFILE=${2:?--profile needs p100 or h100} && shift 2 ;;
     -h | --help) sed -n '2,/^set -euo/{/^#/s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}" && exit 0 ;;
@@ -179,6 +180,16 @@ points() {
         # beyond compute when the link is no longer the bottleneck.
         for m in model+int4+lag model+int8+lag model+bf16+lag; do echo "16 1000 quiet $m"; done
         ;;
+    choco)
+        # CHOCO's public copies on the int4 / int8 wire (the difference to a copy both partners
+        # hold), with and without guard.lag, beside model + int4 with error feedback and DDP's
+        # fp16 hook in the same session; 200 Mbit/s and jitter for int4.
+        for m in model+int4+choco+lag model+int4+choco model+int8+choco+lag model+int4+lag ddp+fp16 ddp; do
+            echo "16 1000 quiet $m"
+        done
+        for m in model+int4+choco+lag ddp+fp16; do echo "16 200 quiet $m"; done
+        for m in model+int4+choco+lag model+int4+lag; do echo "16 200 jitter $m"; done
+        ;;
     hier)
         # Two ranks per node (8 nodes of 2 at p = 16): every rank gossiping with its own partner
         # (two buckets' worth on each node's link) against the node-then-network hierarchy
@@ -195,7 +206,7 @@ points() {
             for m in grad allreduce ddp; do echo "$p 500 quiet $m"; done
         done
         ;;
-    *) echo "study.sh: --plan $PLAN: use quick, session, check, ten, late, lag, tcp, fill, hier, lean, authors, scale, compressed or full" >&2 && exit 2 ;;
+    *) echo "study.sh: --plan $PLAN: use quick, session, check, ten, late, lag, tcp, fill, hier, lean, authors, scale, compressed, choco or full" >&2 && exit 2 ;;
     esac
 }
 
@@ -247,7 +258,7 @@ run_point() { # p rate condition method K
             return 0
         }
     else
-        # MODE[@TRANSPORT][+every4][+bf16|+int8|+int4][+nooverlap][+stale][+lag][+ppn2|+hier]
+        # MODE[@TRANSPORT][+every4][+bf16|+int8|+int4][+choco][+nooverlap][+stale][+lag][+ppn2|+hier]
         local file=$OUT/$name.jsonl spec=${method%%+*} wire=fp32 stale=0 lag=0 hier=none every=1
         local overlap=true feedback=false
         local mode=${spec%@*} transport=$TRANSPORT
@@ -259,6 +270,11 @@ run_point() { # p rate condition method K
         [[ $method == *+int8* ]] && wire=int8 && feedback=true
         [[ $method == *+int4* ]] && wire=int4 && feedback=true
         [[ $method == *+nooverlap* ]] && overlap=false
+        # +choco: the weights' difference to CHOCO's public copies (no error feedback; choco
+        # needs the same partners again, so the schedule does not rotate).
+        local choco=()
+        [[ $method == *+choco* ]] && feedback=false &&
+            choco=(--gossip.choco true --gossip.rotate false)
         # Each wire only where the mode sends that buffer (a wire for a buffer the mode never
         # sends is refused): the gradients' in grad and both, the weights' in the others.
         local grad_wire=fp32 model_wire=fp32
@@ -271,7 +287,7 @@ run_point() { # p rate condition method K
             --train.threads 1 --data.augment false --train.max_steps $((WARMUP + STEPS)) \
             --gossip.mode "$mode" --gossip.transport "$transport" \
             --gossip.wire "$grad_wire" --gossip.model_wire "$model_wire" --gossip.bucket_kb $BUCKET_KB \
-            --gossip.error_feedback $feedback \
+            --gossip.error_feedback $feedback "${choco[@]}" \
             --gossip.consensus_every 0 --gossip.staleness $stale --guard.lag $lag \
             --gossip.hierarchy $hier --gossip.model_every $every --gossip.overlap_model $overlap \
             --gossip.timeout_s 1200 --emulate.forward_ms "$fwd" \

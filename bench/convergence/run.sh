@@ -13,7 +13,8 @@
 # (staleness 1, guard.lag 1), grad-hier (gossip.hierarchy node over simulated nodes of 2 ranks,
 # GG_RANKS_PER_NODE=2), both-every4 (the weights every 4th step: gossip.model_every 4),
 # both-every4-bf16 (the same with both bf16 wires), model-int8 and model-int4 (the weights on the
-# int8 / int4 wire with error feedback), grad-global (grad with an exact average of
+# int8 / int4 wire with error feedback), model-int8-choco and model-int4-choco (the same wires
+# carrying the difference to CHOCO's public copies: gossip.choco, no rotation), grad-global (grad with an exact average of
 # the weights every 50 steps), grad-skip (staleness 1, late buckets skipped, guard.lag 1)).
 # Default: all but the lean ones.
 set -euo pipefail
@@ -73,10 +74,14 @@ for p in "${RANKS[@]}"; do
       --gossip.error_feedback true
   fi
   if want both-bf16; then run "p$p-gossip-both-bf16" "$p" --gossip.mode both "${bf16[@]}"; fi
-  for q in int8 int4; do  # the quantized weights' wire, error feedback
+  for q in int8 int4; do  # the quantized weights' wire, error feedback or CHOCO's public copies
     if want "model-$q"; then
       run "p$p-gossip-model-$q" "$p" --gossip.mode model --gossip.model_wire "$q" \
         --gossip.error_feedback true
+    fi
+    if want "model-$q-choco"; then
+      run "p$p-gossip-model-$q-choco" "$p" --gossip.mode model --gossip.model_wire "$q" \
+        --gossip.choco true --gossip.rotate false
     fi
   done
   if want grad-stale; then

@@ -8,7 +8,8 @@
 # - gossip.late = skip: with a 3x straggler (emulated compute) the fast rank never mixes a
 #   bucket from the step before (late_buckets 0) and counts the ones it left unmixed, while
 #   late = previous mixes them late;
-# - resume is exact with the int4 / int8 wires and error feedback (the residues are saved);
+# - resume is exact with the int4 / int8 wires and error feedback (the residues are saved), and
+#   with gossip.choco (the public copies are saved);
 # - gossip.consensus_bound: the same global averages, and the same state files, resumed or not.
 set -euo pipefail
 BIN="$1"; ROOT="$2"; MPIEXEC="$3"
@@ -79,6 +80,21 @@ for a in F/ckpt-000000000016/rank-*.bin; do
   cmp -s "$a" "G/${a#F/}" || fail "error feedback: $a and G/${a#F/} differ"
 done
 echo "exact resume with int4 / int8 wires and error feedback: ok"
+
+# CHOCO's public copies are part of a rank's state too: resume is exact with gossipgrad (the
+# weights' and the momentum's copies) on the int4 wire, overlapped.
+CH=(--gossip.mode gossipgrad --gossip.model_wire int4 --gossip.choco true --gossip.rotate false
+    --checkpoint.every 4 --train.max_steps 16)
+train "${CH[@]}" --checkpoint.dir H --log.metrics h.jsonl > h.log 2>&1 || fail "choco uninterrupted"
+train "${CH[@]}" --checkpoint.dir I --log.metrics i.jsonl --train.stop_at 8 > i1.log 2>&1 ||
+  fail "choco stopped run"
+train "${CH[@]}" --checkpoint.dir I --log.metrics i.jsonl --checkpoint.resume auto \
+  > i2.log 2>&1 || fail "choco resumed run"
+grep -q "at step 8" i2.log || fail "choco: not resumed at step 8"
+for a in H/ckpt-000000000016/rank-*.bin; do
+  cmp -s "$a" "I/${a#H/}" || fail "public copies: $a and I/${a#H/} differ"
+done
+echo "exact resume with CHOCO's public copies (gossipgrad, int4): ok"
 
 # Consensus control: resume is exact across the global averages it takes. The bound is the
 # median of the estimates of a run whose bound is never reached, so that some checks average

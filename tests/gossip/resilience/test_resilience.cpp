@@ -35,6 +35,8 @@ RankState sample_state() {
   s.consensus_distance = 0.125;
   s.weight_residue = {1e-3f, -2e-3f, 0.f, 5e-4f};
   s.momentum_residue = {-1e-4f, 0.f, 3e-4f, 0.f};
+  s.weight_copies = {{0, true, {1.f, 2.f, 3.f, 4.f}}, {0, false, {-1.f, 0.5f, 0.f, 8.f}}};
+  s.momentum_copies = {{0, false, {0.f, 0.f, 1e-3f, 0.f}}};
   return s;
 }
 
@@ -95,10 +97,28 @@ TEST_CASE("a rank state survives encode and decode bit for bit", "[resilience]")
   CHECK(t.grad_residue.empty());
   CHECK(t.weight_residue == s.weight_residue);
   CHECK(t.momentum_residue == s.momentum_residue);
+  REQUIRE(t.weight_copies.size() == 2);
+  for (size_t i = 0; i < 2; ++i) {
+    CHECK(t.weight_copies[i].peer == s.weight_copies[i].peer);
+    CHECK(t.weight_copies[i].mine == s.weight_copies[i].mine);
+    CHECK(t.weight_copies[i].values == s.weight_copies[i].values);
+  }
+  REQUIRE(t.momentum_copies.size() == 1);
+  CHECK(t.momentum_copies[0].values == s.momentum_copies[0].values);
   CHECK(encode_state(t) == bytes);
   RankState wrong = s;  // a residue that does not fit the parameters
   wrong.grad_residue = {1.f};
-  const auto bad = encode_state(wrong);
+  auto bad = encode_state(wrong);
+  CHECK_THROWS_WITH(decode_state(bad.data(), bad.size(), "x"),
+                    Catch::Contains("inconsistent rank state"));
+  wrong = s;  // a public copy that does not fit, or of a peer outside the ranks
+  wrong.weight_copies[1].values.pop_back();
+  bad = encode_state(wrong);
+  CHECK_THROWS_WITH(decode_state(bad.data(), bad.size(), "x"),
+                    Catch::Contains("inconsistent rank state"));
+  wrong = s;
+  wrong.momentum_copies[0].peer = 3;
+  bad = encode_state(wrong);
   CHECK_THROWS_WITH(decode_state(bad.data(), bad.size(), "x"),
                     Catch::Contains("inconsistent rank state"));
 }
