@@ -77,9 +77,13 @@ def parse_args(argv):
     p.add_argument("--seed", type=int, default=1, help="jitter seed (default 1)")
     p.add_argument("--bucket-cap-mb", type=float, default=None,
                    help="DDP bucket_cap_mb (default: DDP's own, 25)")
-    p.add_argument("--compress", choices=("none", "fp16", "bf16"), default="none",
+    p.add_argument("--compress", choices=("none", "fp16", "bf16", "powersgd"), default="none",
                    help="DDP's communication hook: all-reduce the buckets in fp16 or bf16 "
-                        "(torch's fp16_compress_hook / bf16_compress_hook; default none)")
+                        "(torch's fp16_compress_hook / bf16_compress_hook), or PowerSGD "
+                        "(powerSGD_hook: rank --powersgd-rank factors with error feedback and "
+                        "warm start; default none)")
+    p.add_argument("--powersgd-rank", type=int, default=4,
+                   help="PowerSGD's matrix_approximation_rank (default 4)")
     p.add_argument("--no-broadcast-buffers", action="store_true",
                    help="DDP broadcast_buffers=False (default: DDP's True, the model's BN buffers)")
     p.add_argument("--master-addr", default=os.environ.get("MASTER_ADDR", "127.0.0.1"),
@@ -311,7 +315,15 @@ def run(args, rank, world):
     if args.bucket_cap_mb is not None:
         ddp_kwargs["bucket_cap_mb"] = args.bucket_cap_mb
     ddp = torch.nn.parallel.DistributedDataParallel(module, **ddp_kwargs)
-    if args.compress != "none":
+    if args.compress == "powersgd":
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+        # Compressed from the warm-up's second step on (DDP's first step has one bucket).
+        state = psgd.PowerSGDState(process_group=None,
+                                   matrix_approximation_rank=args.powersgd_rank,
+                                   start_powerSGD_iter=2, use_error_feedback=True,
+                                   warm_start=True)
+        ddp.register_comm_hook(state, psgd.powerSGD_hook)
+    elif args.compress != "none":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         hook = {"fp16": default_hooks.fp16_compress_hook,
                 "bf16": getattr(default_hooks, "bf16_compress_hook", None)}[args.compress]

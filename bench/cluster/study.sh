@@ -17,7 +17,8 @@
 # Methods: grad, model, both (gossipgrad's modes over p2p across nodes, what auto picks;
 # MODE@rma over rma; MODE+bf16 with gossip.wire and model_wire = bf16 (MODE+int8, MODE+int4:
 # those quantized wires, with gossip.error_feedback; MODE+int4+choco: the int4 wire carrying the
-# difference to CHOCO's public copies, gossip.choco, no rotation); MODE+stale with
+# difference to CHOCO's public copies, gossip.choco, no rotation; +ring: the ring schedule);
+# MODE+stale with
 # gossip.staleness = 1: a rank never waits for this step's partner; MODE+lag with guard.lag = 1:
 # the agreements after each step run behind the next one; MODE+every4 with gossip.model_every 4
 # (the weights every 4th step); MODE+nooverlap with gossip.overlap_model false (the weights mixed
@@ -26,7 +27,9 @@
 # nodes, transport auto (shm inside a node); grad+hier: the same nodes with gossip.hierarchy =
 # node, an exact average inside each node and gossip between nodes, one rail per local rank),
 # allreduce (gossipgrad's
-# MPI_Allreduce mode), ddp (ddp_emulate.py; ddp+fp16 with DDP's fp16_compress_hook).
+# MPI_Allreduce mode), ddp (ddp_emulate.py; ddp+fp16 with DDP's fp16_compress_hook; ddp+powersgd
+# with torch's powerSGD_hook, rank 4, one bucket: its factorisations run on this VM's CPU, which a
+# GPU node does in milliseconds, so its step is the testbed's, not a cluster's: see the results).
 # Conditions: quiet; jitter (every rank's compute x a lognormal factor per step, median 1, p99
 # GG_STUDY_JITTER, default 2.5); straggler (rank 1 always 1.5x slower).
 # GG_STUDY_SLOW_START_AFTER_IDLE=0 sets the nodes' net.ipv4.tcp_slow_start_after_idle to 0 (Linux
@@ -182,13 +185,19 @@ points() {
         ;;
     choco)
         # CHOCO's public copies on the int4 / int8 wire (the difference to a copy both partners
-        # hold), with and without guard.lag, beside model + int4 with error feedback and DDP's
-        # fp16 hook in the same session; 200 Mbit/s and jitter for int4.
-        for m in model+int4+choco+lag model+int4+choco model+int8+choco+lag model+int4+lag ddp+fp16 ddp; do
+        # hold), beside model + int4 with error feedback, DDP and DDP's fp16 hook in the same
+        # session. At p = 16 on the ring schedule: a pair of ResNet-50 copies per partner, and 16
+        # ranks with dissemination's 4 partners each (8 copies, 0.8 GB a rank) do not fit this
+        # VM's 24 GiB; a step's traffic is the same (one bucket set out, one in). Whether the
+        # ring's steady partner flatters the step is measured: int4 with error feedback on both
+        # schedules at p = 16, choco on both at p = 8.
+        for m in model+int4+choco+ring+lag model+int4+choco+ring model+int8+choco+ring+lag \
+            model+int4+ring+lag model+int4+lag ddp+fp16 ddp ddp+powersgd; do
             echo "16 1000 quiet $m"
         done
-        for m in model+int4+choco+lag ddp+fp16; do echo "16 200 quiet $m"; done
-        for m in model+int4+choco+lag model+int4+lag; do echo "16 200 jitter $m"; done
+        for m in model+int4+choco+lag model+int4+choco+ring+lag; do echo "8 1000 quiet $m"; done
+        for m in model+int4+choco+ring+lag ddp+fp16 ddp; do echo "16 200 quiet $m"; done
+        for m in model+int4+choco+ring+lag model+int4+lag; do echo "16 1000 jitter $m"; done
         ;;
     hier)
         # Two ranks per node (8 nodes of 2 at p = 16): every rank gossiping with its own partner
@@ -248,6 +257,9 @@ run_point() { # p rate condition method K
         local file=$OUT/$name.json
         local extra=()
         [[ $method == ddp+fp16 ]] && extra+=(--compress fp16)
+        # PowerSGD (rank 4, error feedback, warm start) runs over Debian's gloo only with one
+        # bucket: with several in flight gloo's TCP pair aborts (op.preamble.length <= op.nbytes).
+        [[ $method == ddp+powersgd ]] && extra+=(--compress powersgd --bucket-cap-mb 1000)
         [[ -n $slow ]] && extra+=(--slow "$slow")
         "$CLUSTER" --prefix "$PREFIX" run -n "$p" -ppn 1 -- /usr/bin/python3 "$HERE/ddp_emulate.py" \
             --model resnet50 --batch "$BATCH" --forward-ms "$fwd" --backward-ms "$bwd" \
@@ -275,6 +287,8 @@ run_point() { # p rate condition method K
         local choco=()
         [[ $method == *+choco* ]] && feedback=false &&
             choco=(--gossip.choco true --gossip.rotate false)
+        # +ring: the ring schedule (one partner each way, the same every step).
+        [[ $method == *+ring* ]] && choco+=(--gossip.schedule ring --gossip.rotate false)
         # Each wire only where the mode sends that buffer (a wire for a buffer the mode never
         # sends is refused): the gradients' in grad and both, the weights' in the others.
         local grad_wire=fp32 model_wire=fp32

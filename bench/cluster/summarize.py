@@ -9,7 +9,7 @@ divided by the point's dilation K. For each point: the median step time of the m
 (after the warm-up; gossipgrad: rank 0's step events; DDP: rank 0's steps), the exposed
 communication (step minus compute), efficiency = the profile's compute per step / step time,
 images/s of the whole job, the ratios to MPI_Allreduce and to DDP at the same point, and
-`gossipgrad simulate`'s prediction with its error (none for DDP's fp16 hook: the simulator's
+`gossipgrad simulate`'s prediction with its error (none for DDP's fp16 and PowerSGD hooks: the simulator's
 allreduce is fp32).
 
 The predictions: gossipgrad simulate at the point's p, one rank per node, the link's rate, a
@@ -71,7 +71,7 @@ def expected_max_lognormal(n, p99, draws=20000):
 
 def predict(binary, p, rate_mbit, method, factor, profile, latency_s, cache={}):
     fwd, bwd, upd, batch = profile
-    if method.startswith("ddp+fp16"):
+    if method.startswith("ddp+fp16") or method.startswith("ddp+powersgd"):
         return None  # the simulator's allreduce is fp32 (no compression hook): not modelled
     key = (p, rate_mbit, method, factor, latency_s)
     if key in cache:
