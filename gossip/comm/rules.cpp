@@ -89,6 +89,9 @@ void DelayedAverage::received(int b, int64_t, const float* partner) {
 
 void DelayedAverage::apply() { apply_correction({x_, delta_.size()}, delta_); }
 
+PublicCopies::PublicCopies(const std::vector<kernels::Bucket>& buckets)
+    : count_(count_of(buckets)) {}
+
 std::vector<float>* PublicCopies::copy_of(std::map<int, std::vector<float>>& copies, int peer) {
   std::vector<float>& c = copies[peer];
   if (c.size() != static_cast<size_t>(count_)) c.assign(static_cast<size_t>(count_), 0.f);
@@ -98,6 +101,19 @@ std::vector<float>* PublicCopies::copy_of(std::map<int, std::vector<float>>& cop
 void PublicCopies::begin(const partners::Partners& peers) {
   mine_now_ = copy_of(mine_, peers.send_to);
   theirs_now_ = copy_of(theirs_, peers.recv_from);
+}
+
+std::span<float> PublicCopies::mine(const kernels::Bucket& k) const {
+  return span_of(mine_now_->data(), k);
+}
+std::span<float> PublicCopies::theirs(const kernels::Bucket& k) const {
+  return span_of(theirs_now_->data(), k);
+}
+void PublicCopies::add_mine(const kernels::Bucket& k, const float* q) {
+  apply_correction(mine(k), {q, static_cast<size_t>(k.size())});
+}
+void PublicCopies::add_theirs(const kernels::Bucket& k, const float* q) {
+  apply_correction(theirs(k), {q, static_cast<size_t>(k.size())});
 }
 
 std::vector<PublicCopy> PublicCopies::save() const {
@@ -118,55 +134,36 @@ void PublicCopies::load(std::vector<PublicCopy> copies) {
   for (PublicCopy& c : copies) (c.mine ? mine_ : theirs_)[c.peer] = std::move(c.values);
 }
 
-ChocoAverage::ChocoAverage(float* buffer, std::vector<kernels::Bucket> buckets)
-    : x_(buffer),
-      buckets_(std::move(buckets)),
-      copies_(count_of(buckets_)),
-      diff_(count_of(buckets_)) {}
-
-void ChocoAverage::begin_step(int64_t, const partners::Partners& peers) { copies_.begin(peers); }
+ChocoAverage::ChocoAverage(float* buffer, const std::vector<kernels::Bucket>& buckets)
+    : WithPublicCopies(buckets), x_(buffer), diff_(count_of(buckets)) {}
 
 const float* ChocoAverage::outgoing(int b) {
-  const kernels::Bucket& k = buckets_[b];
-  difference(span_of(x_, k), span_of(copies_.mine(), k), span_of(diff_.data(), k));
+  const kernels::Bucket& k = copy_buckets_[b];
+  difference(span_of(x_, k), copies_.mine(k), span_of(diff_.data(), k));
   return diff_.data() + k.begin;
 }
 
-void ChocoAverage::sent(int b, const float* decoded) {
-  const kernels::Bucket& k = buckets_[b];
-  apply_correction(span_of(copies_.mine(), k), {decoded, static_cast<size_t>(k.size())});
-}
-
 void ChocoAverage::received(int b, int64_t, const float* partner) {
-  const kernels::Bucket& k = buckets_[b];
-  apply_correction(span_of(copies_.theirs(), k), {partner, static_cast<size_t>(k.size())});
-  if (measuring())
-    add_distance(squared_distance(span_of(copies_.mine(), k), span_of(copies_.theirs(), k)));
-  mix_copies(span_of(x_, k), span_of(copies_.mine(), k), span_of(copies_.theirs(), k));
+  const kernels::Bucket& k = copy_buckets_[b];
+  copies_.add_theirs(k, partner);
+  if (measuring()) add_distance(squared_distance(copies_.mine(k), copies_.theirs(k)));
+  mix_copies(span_of(x_, k), copies_.mine(k), copies_.theirs(k));
 }
 
-ChocoDelayed::ChocoDelayed(float* buffer, std::vector<kernels::Bucket> buckets)
-    : DelayedAverage(buffer, std::move(buckets)), copies_(count_of(buckets_)) {}
-
-void ChocoDelayed::begin_step(int64_t, const partners::Partners& peers) { copies_.begin(peers); }
+ChocoDelayed::ChocoDelayed(float* buffer, const std::vector<kernels::Bucket>& buckets)
+    : WithPublicCopies(buckets, buffer, buckets) {}
 
 const float* ChocoDelayed::outgoing(int b) {
   // The snapshot is not needed once its difference is taken: the difference replaces it.
   const kernels::Bucket& k = buckets_[b];
-  difference(span_of(sent_.data(), k), span_of(copies_.mine(), k), span_of(sent_.data(), k));
+  difference(span_of(sent_.data(), k), copies_.mine(k), span_of(sent_.data(), k));
   return sent_.data() + k.begin;
-}
-
-void ChocoDelayed::sent(int b, const float* decoded) {
-  const kernels::Bucket& k = buckets_[b];
-  apply_correction(span_of(copies_.mine(), k), {decoded, static_cast<size_t>(k.size())});
 }
 
 void ChocoDelayed::received(int b, int64_t, const float* partner) {
   const kernels::Bucket& k = buckets_[b];
-  apply_correction(span_of(copies_.theirs(), k), {partner, static_cast<size_t>(k.size())});
-  mix_correction(span_of(copies_.mine(), k), span_of(copies_.theirs(), k),
-                 span_of(delta_.data(), k));
+  copies_.add_theirs(k, partner);
+  mix_correction(copies_.mine(k), copies_.theirs(k), span_of(delta_.data(), k));
   if (measuring()) add_distance(4 * squared_norm(span_of(delta_.data(), k)));
 }
 

@@ -17,6 +17,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
+#include <utility>
 #include <vector>
 
 #include "kernels/graph.hpp"
@@ -172,10 +174,13 @@ class DelayedAverage : public MixingRule {
 // a rotating or random schedule makes up to p - 1 of each.
 class PublicCopies {
  public:
-  explicit PublicCopies(int64_t count) : count_(count) {}
+  explicit PublicCopies(const std::vector<kernels::Bucket>& buckets);
   void begin(const partners::Partners& peers);
-  float* mine() const { return mine_now_->data(); }
-  float* theirs() const { return theirs_now_->data(); }
+  // Bucket k of this step's copies; add_*: the copy += a decoded difference.
+  std::span<float> mine(const kernels::Bucket& k) const;
+  std::span<float> theirs(const kernels::Bucket& k) const;
+  void add_mine(const kernels::Bucket& k, const float* q);
+  void add_theirs(const kernels::Bucket& k, const float* q);
   std::vector<PublicCopy> save() const;
   // Replaces every copy; throws std::invalid_argument for a copy of another size.
   void load(std::vector<PublicCopy> copies);
@@ -188,41 +193,45 @@ class PublicCopies {
   std::vector<float>*mine_now_ = nullptr, *theirs_now_ = nullptr;
 };
 
-// Staleness 0 with public copies: bucket b sends d = x - mine, and when the partner's difference
-// q arrives, theirs += q and x += (theirs - mine) / 2 (with an exact wire, the pair average).
-class ChocoAverage final : public MixingRule {
+// What a rule with public copies answers alike, over a Base rule: the step's pair of copies, the
+// echo of each bucket it sent (added to mine), and the copies as a rank's state.
+template <class Base>
+class WithPublicCopies : public Base {
  public:
-  ChocoAverage(float* buffer, std::vector<kernels::Bucket> buckets);
-  void begin_step(int64_t step, const partners::Partners& peers) override;
-  const float* outgoing(int b) override;
+  template <class... BaseArgs>
+  explicit WithPublicCopies(const std::vector<kernels::Bucket>& buckets, BaseArgs&&... base)
+      : Base(std::forward<BaseArgs>(base)...), copy_buckets_(buckets), copies_(buckets) {}
+  void begin_step(int64_t, const partners::Partners& peers) override { copies_.begin(peers); }
   bool echoes() const override { return true; }
-  void sent(int b, const float* decoded) override;
-  void received(int b, int64_t step, const float* partner) override;
+  void sent(int b, const float* decoded) override { copies_.add_mine(copy_buckets_[b], decoded); }
   std::vector<PublicCopy> public_copies() const override { return copies_.save(); }
   void set_public_copies(std::vector<PublicCopy> c) override { copies_.load(std::move(c)); }
 
+ protected:
+  std::vector<kernels::Bucket> copy_buckets_;
+  PublicCopies copies_;
+};
+
+// Staleness 0 with public copies: bucket b sends d = x - mine, and when the partner's difference
+// q arrives, theirs += q and x += (theirs - mine) / 2 (with an exact wire, the pair average).
+class ChocoAverage final : public WithPublicCopies<MixingRule> {
+ public:
+  ChocoAverage(float* buffer, const std::vector<kernels::Bucket>& buckets);
+  const float* outgoing(int b) override;
+  void received(int b, int64_t step, const float* partner) override;
+
  private:
   float* x_;
-  std::vector<kernels::Bucket> buckets_;
-  PublicCopies copies_;
   std::vector<float> diff_;
 };
 
 // Overlapped with public copies: the snapshot's difference to mine goes out, and the correction
 // (theirs - mine) / 2 is computed on arrival and applied later, as DelayedAverage's.
-class ChocoDelayed final : public DelayedAverage {
+class ChocoDelayed final : public WithPublicCopies<DelayedAverage> {
  public:
-  ChocoDelayed(float* buffer, std::vector<kernels::Bucket> buckets);
-  void begin_step(int64_t step, const partners::Partners& peers) override;
+  ChocoDelayed(float* buffer, const std::vector<kernels::Bucket>& buckets);
   const float* outgoing(int b) override;
-  bool echoes() const override { return true; }
-  void sent(int b, const float* decoded) override;
   void received(int b, int64_t step, const float* partner) override;
-  std::vector<PublicCopy> public_copies() const override { return copies_.save(); }
-  void set_public_copies(std::vector<PublicCopy> c) override { copies_.load(std::move(c)); }
-
- private:
-  PublicCopies copies_;
 };
 
 }  // namespace gg::gossip

@@ -67,34 +67,31 @@ done
 [ "$n" = 2 ] || fail "$n rank files at step 16"
 echo "exact resume with model_every 4: ok"
 
-# The lossy wires' error-feedback residues are part of a rank's state: resume is exact with
-# int4 gradients and int8 weights (the overlapped exchange settled at each checkpoint).
-EF=(--gossip.mode both --gossip.wire int4 --gossip.model_wire int8 --gossip.error_feedback true
-    --checkpoint.every 4 --train.max_steps 16)
-train "${EF[@]}" --checkpoint.dir F --log.metrics f.jsonl > f.log 2>&1 || fail "ef uninterrupted"
-train "${EF[@]}" --checkpoint.dir G --log.metrics g.jsonl --train.stop_at 8 > g1.log 2>&1 ||
-  fail "ef stopped run"
-train "${EF[@]}" --checkpoint.dir G --log.metrics g.jsonl --checkpoint.resume auto \
-  > g2.log 2>&1 || fail "ef resumed run"
-for a in F/ckpt-000000000016/rank-*.bin; do
-  cmp -s "$a" "G/${a#F/}" || fail "error feedback: $a and G/${a#F/} differ"
-done
-echo "exact resume with int4 / int8 wires and error feedback: ok"
-
-# CHOCO's public copies are part of a rank's state too: resume is exact with gossipgrad (the
-# weights' and the momentum's copies) on the int4 wire, overlapped.
-CH=(--gossip.mode gossipgrad --gossip.model_wire int4 --gossip.choco true --gossip.rotate false
-    --checkpoint.every 4 --train.max_steps 16)
-train "${CH[@]}" --checkpoint.dir H --log.metrics h.jsonl > h.log 2>&1 || fail "choco uninterrupted"
-train "${CH[@]}" --checkpoint.dir I --log.metrics i.jsonl --train.stop_at 8 > i1.log 2>&1 ||
-  fail "choco stopped run"
-train "${CH[@]}" --checkpoint.dir I --log.metrics i.jsonl --checkpoint.resume auto \
-  > i2.log 2>&1 || fail "choco resumed run"
-grep -q "at step 8" i2.log || fail "choco: not resumed at step 8"
-for a in H/ckpt-000000000016/rank-*.bin; do
-  cmp -s "$a" "I/${a#H/}" || fail "public copies: $a and I/${a#H/} differ"
-done
-echo "exact resume with CHOCO's public copies (gossipgrad, int4): ok"
+# Resume is exact: a run stopped after step 8 and resumed writes, at step 16, the same state
+# files as an uninterrupted one (checkpoints every 4 steps settle the overlapped exchange).
+exact_resume() { # what A B options...: uninterrupted in A, stopped and resumed in B
+  local what=$1 a=$2 b=$3 f
+  shift 3
+  train "$@" --checkpoint.every 4 --train.max_steps 16 --checkpoint.dir "$a" \
+    --log.metrics "$a.jsonl" > "$a.log" 2>&1 || fail "$what: uninterrupted run"
+  train "$@" --checkpoint.every 4 --train.max_steps 16 --checkpoint.dir "$b" \
+    --log.metrics "$b.jsonl" --train.stop_at 8 > "${b}1.log" 2>&1 || fail "$what: stopped run"
+  train "$@" --checkpoint.every 4 --train.max_steps 16 --checkpoint.dir "$b" \
+    --log.metrics "$b.jsonl" --checkpoint.resume auto > "${b}2.log" 2>&1 ||
+    fail "$what: resumed run"
+  grep -q "at step 8" "${b}2.log" || fail "$what: not resumed at step 8"
+  for f in "$a"/ckpt-000000000016/rank-*.bin; do
+    cmp -s "$f" "$b/${f#"$a"/}" || fail "$what: $f and $b/${f#"$a"/} differ"
+  done
+  echo "exact resume with $what: ok"
+}
+# The lossy wires' error-feedback residues are part of a rank's state: int4 gradients and int8
+# weights.
+exact_resume "int4 / int8 wires and error feedback" F G --gossip.mode both --gossip.wire int4 \
+  --gossip.model_wire int8 --gossip.error_feedback true
+# CHOCO's public copies too: gossipgrad (the weights' and the momentum's copies), int4, overlapped.
+exact_resume "CHOCO's public copies (gossipgrad, int4)" H I --gossip.mode gossipgrad \
+  --gossip.model_wire int4 --gossip.choco true --gossip.rotate false
 
 # Consensus control: resume is exact across the global averages it takes. The bound is the
 # median of the estimates of a run whose bound is never reached, so that some checks average

@@ -227,6 +227,33 @@ int64_t wire_bytes(gossip::Wire w, int64_t n) {
                                         : blocks + (n + 7) / 8);
 }
 
+// A lossy wire's exchange on `transport`: dissemination with rotation (seed), p ranks.
+gossip::GossipOptions wire_options(int p, const std::string& transport,
+                                   const std::string& threading, gossip::Wire w, uint64_t seed) {
+  gossip::GossipOptions o;
+  o.schedule = {partners::Kind::Dissemination, p, true, seed};
+  o.transport = transport;
+  o.threading = gossip::parse_threading(threading);
+  o.wire = w;
+  return o;
+}
+const char* wire_name(gossip::Wire w) {
+  return w == gossip::Wire::Bf16 ? "bf16" : w == gossip::Wire::Int8 ? "int8" : "int4";
+}
+// The exchange sent exactly the wire's bytes of every bucket in every step.
+void check_wire_bytes(const std::string& name, int64_t sent,
+                      const std::vector<kernels::Bucket>& buckets, gossip::Wire w, int steps,
+                      int rank) {
+  int64_t bytes = 0;
+  for (const kernels::Bucket& b : buckets) bytes += wire_bytes(w, b.size());
+  check(
+      sent == bytes * steps,
+      name + ": sent " + std::to_string(sent) + " bytes, expected " + std::to_string(bytes * steps),
+      rank);
+  if (rank == 0)
+    std::printf("%-48s exact, %lld bytes sent\n", name.c_str(), static_cast<long long>(sent));
+}
+
 void run_wire(const mpi::Comm& world, const std::string& transport, gossip::Wire w, bool feedback,
               const std::string& threading = "funneled") {
   if (transport == "shm" && !one_node(world)) return;
@@ -234,11 +261,7 @@ void run_wire(const mpi::Comm& world, const std::string& transport, gossip::Wire
   const int64_t count = 500;
   const int steps = 6;
   const auto buckets = make_layout(count);
-  gossip::GossipOptions o;
-  o.schedule = {partners::Kind::Dissemination, p, true, 9};
-  o.transport = transport;
-  o.threading = gossip::parse_threading(threading);
-  o.wire = w;
+  gossip::GossipOptions o = wire_options(p, transport, threading, w, 9);
   o.error_feedback = feedback;
   // Start values that no lossy wire holds exactly: every send rounds.
   auto start = [](int v, int64_t i) {
@@ -278,20 +301,10 @@ void run_wire(const mpi::Comm& world, const std::string& transport, gossip::Wire
   }
   bool exact = true;
   for (int64_t i = 0; i < count; ++i) exact &= x[i] == all[rank][i];
-  const char* wire_name = w == gossip::Wire::Bf16   ? "bf16"
-                          : w == gossip::Wire::Int8 ? "int8"
-                                                    : "int4";
   const std::string name =
-      transport + "/" + threading + "/" + wire_name + (feedback ? "+feedback" : "");
+      transport + "/" + threading + "/" + wire_name(w) + (feedback ? "+feedback" : "");
   check(exact, name + ": equals the replay bit for bit", rank);
-  int64_t bytes = 0;
-  for (const kernels::Bucket& b : buckets) bytes += wire_bytes(w, b.size());
-  check(
-      sent == bytes * steps,
-      name + ": sent " + std::to_string(sent) + " bytes, expected " + std::to_string(bytes * steps),
-      rank);
-  if (rank == 0)
-    std::printf("%-48s exact, %lld bytes sent\n", name.c_str(), static_cast<long long>(sent));
+  check_wire_bytes(name, sent, buckets, w, steps, rank);
 }
 
 // CHOCO's public copies on a transport: x moves between steps (an update), the weights' exchange
@@ -305,11 +318,7 @@ void run_choco(const mpi::Comm& world, const std::string& transport, gossip::Wir
   const int64_t count = 300;
   const int steps = 8;
   const auto buckets = make_layout(count);
-  gossip::GossipOptions o;
-  o.schedule = {partners::Kind::Dissemination, p, true, 5};
-  o.transport = transport;
-  o.threading = gossip::parse_threading(threading);
-  o.wire = w;
+  gossip::GossipOptions o = wire_options(p, transport, threading, w, 5);
   o.public_copies = true;
   o.delayed = delayed;
   auto start = [](int v, int64_t i) { return std::sin(0.1f * static_cast<float>(i) + v); };
@@ -375,20 +384,10 @@ void run_choco(const mpi::Comm& world, const std::string& transport, gossip::Wir
   exact &= copies.size() == copy[rank].size();
   for (const gossip::PublicCopy& c : copies)
     exact &= copy[rank].count({c.peer, c.mine}) && copy[rank][{c.peer, c.mine}] == c.values;
-  const char* wire_name = w == gossip::Wire::Bf16   ? "bf16"
-                          : w == gossip::Wire::Int8 ? "int8"
-                                                    : "int4";
   const std::string name =
-      transport + "/" + threading + "/" + wire_name + "+choco" + (delayed ? "+delayed" : "");
+      transport + "/" + threading + "/" + wire_name(w) + "+choco" + (delayed ? "+delayed" : "");
   check(exact, name + ": values and public copies equal the replay bit for bit", rank);
-  int64_t bytes = 0;
-  for (const kernels::Bucket& b : buckets) bytes += wire_bytes(w, b.size());
-  check(
-      sent == bytes * steps,
-      name + ": sent " + std::to_string(sent) + " bytes, expected " + std::to_string(bytes * steps),
-      rank);
-  if (rank == 0)
-    std::printf("%-48s exact, %lld bytes sent\n", name.c_str(), static_cast<long long>(sent));
+  check_wire_bytes(name, sent, buckets, w, steps, rank);
 }
 
 // The transport's own counters say who carried what: after a few steps every peer's buckets and
