@@ -191,8 +191,8 @@ points() {
         # VM's 24 GiB; a step's traffic is the same (one bucket set out, one in). Whether the
         # ring's steady partner flatters the step is measured: int4 with error feedback on both
         # schedules at p = 16, choco on both at p = 8.
-        for m in model+int4+choco+ring+lag model+int4+choco+ring model+int8+choco+ring+lag \
-            model+int4+ring+lag model+int4+lag ddp+fp16 ddp ddp+powersgd; do
+        for m in model+int4+choco+ring+lag model+int8+choco+ring+lag model+int4+ring+lag \
+            model+int4+lag ddp+fp16 ddp ddp+powersgd; do
             echo "16 1000 quiet $m"
         done
         for m in model+int4+choco+lag model+int4+choco+ring+lag; do echo "8 1000 quiet $m"; done
