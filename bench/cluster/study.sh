@@ -285,10 +285,10 @@ run_point() { # p rate condition method K
         # +choco: the weights' difference to CHOCO's public copies (no error feedback; choco
         # needs the same partners again, so the schedule does not rotate).
         local choco=()
-        [[ $method == *+choco* ]] && feedback=false &&
-            choco=(--gossip.choco true --gossip.rotate false)
+        [[ $method == *+choco* ]] && feedback=false && choco=(--gossip.choco true)
         # +ring: the ring schedule (one partner each way, the same every step).
-        [[ $method == *+ring* ]] && choco+=(--gossip.schedule ring --gossip.rotate false)
+        [[ $method == *+ring* ]] && choco+=(--gossip.schedule ring)
+        [[ $method == *+choco* || $method == *+ring* ]] && choco+=(--gossip.rotate false)
         # Each wire only where the mode sends that buffer (a wire for a buffer the mode never
         # sends is refused): the gradients' in grad and both, the weights' in the others.
         local grad_wire=fp32 model_wire=fp32
