@@ -129,17 +129,18 @@ with open(out + ".csv", "w") as c:
     c.write("ranks,run,final_top1,gap_to_allreduce,wall_s,final_consensus,mean_consensus,"
             "sent_bytes_per_step\n")
     for r in sorted(rows, key=lambda r: (r["ranks"], r["run"])):
-        gap = r["top1"] - base.get(r["ranks"], r["top1"])
-        c.write(f"{r['ranks']},{r['run']},{r['top1']:.4f},{gap:.4f},{r['wall']:.1f},"
+        # No allreduce run at this rank count in the folder: no gap (not a zero one).
+        gap = f"{r['top1'] - base[r['ranks']]:.4f}" if r["ranks"] in base else ""
+        c.write(f"{r['ranks']},{r['run']},{r['top1']:.4f},{gap},{r['wall']:.1f},"
                 f"{r['consensus']:.4g},{r['mean_consensus']:.4g},{r['sent']:.0f}\n")
 with open(out + ".md", "w") as m:
     m.write("| ranks | run | final top-1 | vs allreduce | wall s | final consensus distance | "
             "mean consensus distance | bytes sent per step and rank |\n")
     m.write("|---|---|---|---|---|---|---|---|\n")
     for r in sorted(rows, key=lambda r: (r["ranks"], r["run"])):
-        gap = (r["top1"] - base[r["ranks"]]) * 100 if r["ranks"] in base else 0
+        gap = f"{(r['top1'] - base[r['ranks']]) * 100:+.2f}" if r["ranks"] in base else "–"
         sent = f"{r['sent'] / 1e3:.0f} kB" if r["sent"] else "-"
-        m.write(f"| {r['ranks']} | {r['run']} | {r['top1'] * 100:.2f}% | {gap:+.2f} | "
+        m.write(f"| {r['ranks']} | {r['run']} | {r['top1'] * 100:.2f}% | {gap} | "
                 f"{r['wall']:.0f} | {r['consensus']:.3g} | {r['mean_consensus']:.3g} | {sent} |\n")
 PY
 for p in "${RANKS[@]}"; do
