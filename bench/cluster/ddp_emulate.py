@@ -106,6 +106,8 @@ def parse_args(argv):
         raise UsageError(f"--steps must be >= 1, not {a.steps}")
     if a.warmup < 0:
         raise UsageError(f"--warmup must be >= 0, not {a.warmup}")
+    if a.powersgd_rank < 1:
+        raise UsageError(f"--powersgd-rank must be >= 1, not {a.powersgd_rank}")
     if a.bucket_cap_mb is not None and not (math.isfinite(a.bucket_cap_mb) and a.bucket_cap_mb > 0):
         raise UsageError(f"--bucket-cap-mb must be > 0, not {a.bucket_cap_mb}")
     if not (0 < a.master_port < 65536):

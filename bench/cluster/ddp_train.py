@@ -67,7 +67,9 @@ def main():
     ap.add_argument("--json-out", default=None)
     a = ap.parse_args()
     if a.batch < 1 or a.steps < 1 or a.warmup < 0 or a.threads < 1:
-        ap.error("--batch, --steps and --threads must be >= 1, --warmup >= 0")
+        print(f"{PROG}: --batch, --steps and --threads must be >= 1, --warmup >= 0",
+              file=sys.stderr)
+        sys.exit(2)
     if a.ifname:
         os.environ["GLOO_SOCKET_IFNAME"] = a.ifname
     rank, world = launch_env()
