@@ -244,7 +244,8 @@ void gossip_mixing_options(std::vector<Option>& o) {
      "partner knows them and one of the partner's; a weight exchange sends the difference "
      "between the weights and the copy (quantized, it shrinks as the ranks agree), both ends "
      "add it to their copy, and a rank moves by half the difference of the two copies. Memory: "
-     "two model copies per partner the schedule gives (2 log2 p with dissemination); staleness 0"},
+     "two model copies per partner the schedule gives (2 log2 p with dissemination); needs "
+     "gossip.rotate = false, a fixed schedule and staleness 0"},
     {GG_OPTION(gossip.timeout_s), in(0, 1e6),
      "a rank waiting on another rank longer than this many seconds (its gossip partner, or any "
      "collective: allreduce mode, evaluation, checkpoints, the shuffle) names the wait and the "
