@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "gossip/comm/bounded_wait.hpp"
+#include "gossip/comm/low_rank.hpp"
 #include "gossip/comm/mixing.hpp"
 #include "gossip/comm/wait_watch.hpp"
 
@@ -110,11 +111,19 @@ GossipOptions checked(GossipOptions o, int ranks) {
 }  // namespace
 
 std::unique_ptr<MixingRule> make_rule(const GossipOptions& o, float* buffer,
-                                      const std::vector<kernels::Bucket>& buckets) {
+                                      const std::vector<kernels::Bucket>& buckets, int rank) {
   std::unique_ptr<MixingRule> rule;
   if (o.public_copies && o.staleness != 0)
     throw std::invalid_argument("public copies (CHOCO) need staleness 0");
-  if (o.public_copies && o.delayed)
+  if (o.low_rank > 0 && (o.staleness != 0 || o.public_copies || o.measure_distance))
+    throw std::invalid_argument(
+        "low-rank gossip needs staleness 0 and neither public copies nor a distance measure");
+  const int period = partners::rounds_per_cycle(o.schedule.p);
+  if (o.low_rank > 0 && o.delayed)
+    rule = std::make_unique<LowRankDelayed>(buffer, buckets, o.matrices, o.low_rank, rank, period);
+  else if (o.low_rank > 0)
+    rule = std::make_unique<LowRankAverage>(buffer, buckets, o.matrices, o.low_rank, rank, period);
+  else if (o.public_copies && o.delayed)
     rule = std::make_unique<ChocoDelayed>(buffer, buckets);
   else if (o.public_copies)
     rule = std::make_unique<ChocoAverage>(buffer, buckets);
@@ -128,6 +137,12 @@ std::unique_ptr<MixingRule> make_rule(const GossipOptions& o, float* buffer,
   return rule;
 }
 
+std::vector<kernels::Bucket> wire_buckets(const GossipOptions& o,
+                                          const std::vector<kernels::Bucket>& buckets) {
+  if (o.low_rank == 0) return buckets;
+  return LowRankMix(o.matrices, buckets, o.low_rank, 0, 1).message_buckets();
+}
+
 const float* encode_outgoing(MixingRule& rule, WireCodec& codec, int b) {
   const float* image = codec.encode(b, rule.outgoing(b));
   if (rule.echoes()) rule.sent(b, codec.decode(b, image));
@@ -139,20 +154,20 @@ GossipExchange::GossipExchange(const mpi::Comm& world, float* buffer,
     : comm_(world.dup()),
       o_(checked(std::move(o), comm_.size())),
       buckets_(std::move(buckets)),
-      codec_(o_.wire, o_.error_feedback, buckets_),
+      codec_(o_.wire, o_.error_feedback, wire_buckets(o_, buckets_)),
       buffer_(buffer),
       queue_(buckets_.size(), o_.threading, engine_limit()) {
   const int64_t count = buckets_.empty() ? 0 : buckets_.front().end;
-  // The bf16 wire never averages in place: the window holds packed buckets, not the buffer.
+  // A lossy wire or low-rank messages never average in place: the window holds what travels.
   transport_ = make_transport(o_.transport, comm_, {codec_.floats(), codec_.layout()},
-                              buffer_ == nullptr && o_.wire == Wire::Fp32);
+                              buffer_ == nullptr && o_.wire == Wire::Fp32 && o_.low_rank == 0);
   transport_->set_timeout(o_.timeout_s);
   if (!buffer_) buffer_ = transport_->shared_home();
   if (!buffer_) {
     own_.assign(static_cast<size_t>(count), 0.f);
     buffer_ = own_.data();
   }
-  rule_ = make_rule(o_, buffer_, buckets_);
+  rule_ = make_rule(o_, buffer_, buckets_, comm_.rank());
   const int threads = o_.threading == Threading::Concurrent ? std::max(1, o_.comm_threads) : 1;
   for (int i = 0; i < threads; ++i) workers_.emplace_back([this, i] { worker(i); });
 }

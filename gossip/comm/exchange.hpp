@@ -60,6 +60,10 @@ class BucketExchange {
   // none yet): part of a rank's state.
   virtual std::vector<PublicCopy> public_copies() const { return {}; }
   virtual void set_public_copies(std::vector<PublicCopy> c) { (void)c; }
+  // Low-rank gossip's factors (empty: none), kept in the buffer's layout as they are (a matrix's
+  // factors do not depend on it), and saved ones back: part of a rank's state.
+  virtual std::vector<PublicCopy> low_rank_factors() const { return {}; }
+  virtual void set_low_rank_factors(std::vector<PublicCopy> f) { (void)f; }
 
  protected:
   Timeline* timeline_ = nullptr;
@@ -96,8 +100,12 @@ class AllreduceExchange final : public BucketExchange {
 // The mixing rule an exchange with options `o` runs over `buffer` (rules.hpp): the overlapped
 // correction (delayed), the partner's latest bucket (staleness 1) or the pair average. The engine
 // below and virtual ranks (gossip/train/virtual.hpp) both take their rules from here.
+// `rank`: the rank the rule runs for (low-rank gossip orients a pair by it).
 std::unique_ptr<MixingRule> make_rule(const GossipOptions& o, float* buffer,
-                                      const std::vector<kernels::Bucket>& buckets);
+                                      const std::vector<kernels::Bucket>& buckets, int rank);
+// What goes on the wire for each bucket: the buckets themselves, or low-rank gossip's messages.
+std::vector<kernels::Bucket> wire_buckets(const GossipOptions& o,
+                                          const std::vector<kernels::Bucket>& buckets);
 // Bucket b as it goes on the wire: the rule's outgoing values encoded by the codec, shown back to
 // a rule that echoes() as the partner will decode them (the engine and virtual ranks alike).
 const float* encode_outgoing(MixingRule& rule, WireCodec& codec, int b);
@@ -160,6 +168,10 @@ class GossipExchange final : public BucketExchange {
   std::vector<PublicCopy> public_copies() const override { return rule_->public_copies(); }
   void set_public_copies(std::vector<PublicCopy> c) override {
     rule_->set_public_copies(std::move(c));
+  }
+  std::vector<PublicCopy> low_rank_factors() const override { return rule_->low_rank_factors(); }
+  void set_low_rank_factors(std::vector<PublicCopy> f) override {
+    rule_->set_low_rank_factors(std::move(f));
   }
   // With options.measure_distance: sum of ||x - partner||^2 over the buckets mixed since the last
   // call (rules.hpp, take_distance).

@@ -3,7 +3,9 @@
 // by hand.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "gossip/comm/wire.hpp"
 #include "partners/schedule.hpp"
@@ -14,6 +16,17 @@ namespace gg::gossip {
 enum class Threading { Funneled, Concurrent, Chained };
 // "funneled" | "concurrent" | "chained"; throws std::invalid_argument otherwise.
 Threading parse_threading(const std::string& name);
+
+// A parameter tensor as the low-rank rule reads it: a matrix rows x cols (a convolution's
+// O x I * kernel, an inner product's out x in) or, with rows == 0, a vector of `size` values.
+// block b > 0: a convolution weight stored in oneDNN's blocks, [O/b][I/b][kernel][b in][b out]
+// (kernels/param_layout.hpp); its matrix is the plain one, so factors do not depend on layout.
+struct MatrixView {
+  int64_t begin = 0, size = 0;  // in the flat buffer
+  int64_t rows = 0, cols = 0;
+  int64_t kernel = 1;  // taps per (output, input) pair: cols = inputs * kernel
+  int block = 0;
+};
 
 struct GossipOptions {
   partners::Schedule schedule;     // p must equal the communicator's size
@@ -29,6 +42,10 @@ struct GossipOptions {
   bool measure_distance = false;  // the rule adds up ||x - partner||^2 (consensus control)
   // CHOCO-SGD: the difference to public copies both partners hold travels (staleness 0 only).
   bool public_copies = false;
+  // PowerGossip: a rank-`low_rank` projection of the pair's difference travels (0: off; pairs
+  // only, staleness 0); `matrices` are the buffer's tensors (low_rank.hpp, matrix_views).
+  int low_rank = 0;
+  std::vector<MatrixView> matrices;
 };
 
 }  // namespace gg::gossip

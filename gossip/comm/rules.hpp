@@ -77,6 +77,10 @@ class MixingRule {
   // them all (a restored state; empty: none yet).
   virtual std::vector<PublicCopy> public_copies() const { return {}; }
   virtual void set_public_copies(std::vector<PublicCopy> copies) { (void)copies; }
+  // Low-rank gossip's factors, one entry per partner met (low_rank.hpp; none elsewhere): part of
+  // a rank's state, as the public copies.
+  virtual std::vector<PublicCopy> low_rank_factors() const { return {}; }
+  virtual void set_low_rank_factors(std::vector<PublicCopy> factors) { (void)factors; }
   // Consensus control (gossip.consensus_bound): with measure_distance(true) a rule adds up
   // ||x - partner||^2 over the buckets it mixes, before mixing them; take_distance() returns the
   // sum since its last call and starts a new one. Off by default (a pass over every bucket).

@@ -105,6 +105,35 @@ void check_choco(const Config& c) {
         "rounding takes off the weights (and no gradients travel on a lossy wire); leave it out");
 }
 
+// gossip.low_rank: PowerGossip's projections of the weights' difference, where they can run.
+void check_low_rank(const Config& c) {
+  if (c.gossip.low_rank == 0) return;
+  const Algorithm& a = mixing_of(c);
+  const std::string what = "gossip.low_rank = " + std::to_string(c.gossip.low_rank);
+  if (!a.weights)
+    throw UsageError(what + " mixes the weights' difference; gossip.mode = " + c.gossip.mode +
+                     " exchanges no weights: use model, both or gossipgrad");
+  if (c.gossip.choco)
+    throw UsageError(what + " and gossip.choco are two ways to compress the weights' exchange: "
+                            "choose one");
+  if (c.gossip.schedule != "hypercube" || c.gossip.rotate)
+    throw UsageError(what + " needs pairs that meet again and again (each keeps a factor per "
+                            "partner, and both ends of a pair mix the same difference): set "
+                            "gossip.schedule = hypercube and gossip.rotate = false");
+  if (c.gossip.staleness != 0)
+    throw UsageError(what + " needs gossip.staleness = 0: both ends of a pair must mix every "
+                            "projection, in order");
+  if (c.gossip.consensus_bound > 0)
+    throw UsageError(what + " sends a projection of the difference, from which the ranks' "
+                            "distance cannot be estimated: leave gossip.consensus_bound out (or "
+                            "use gossip.global_every)");
+  if (c.gossip.error_feedback && !(a.grads && c.gossip.wire != "fp32"))
+    throw UsageError(
+        "gossip.error_feedback with " + what +
+        " has nothing to do: the factors carry what a projection leaves out to the next "
+        "meeting (and no gradients travel on a lossy wire); leave it out");
+}
+
 // Which exchanges run and how: an option that would change what the exchange does, given where
 // it does nothing, is refused (the user expects its effect); see inert_settings for the harmless.
 void check_exchange(const Config& c) {
@@ -149,6 +178,7 @@ void check_exchange(const Config& c) {
         " exchanges none: use model, both or gossipgrad (or "
         "gossip.global_every for a fixed period)");
   check_choco(c);
+  check_low_rank(c);
   if (c.gossip.hierarchy == "node") {
     if (!grads || weights)
       throw UsageError(
@@ -328,7 +358,9 @@ GossipOptions exchange_options(const Config& c, const GossipPlan& plan, Mixed wh
   o.timeout_s = c.gossip.timeout_s;
   o.wire = after_update ? plan.model_wire : plan.wire;
   o.public_copies = after_update && c.gossip.choco;
-  o.error_feedback = o.wire != Wire::Fp32 && c.gossip.error_feedback && !o.public_copies;
+  o.low_rank = after_update ? c.gossip.low_rank : 0;
+  o.error_feedback =
+      o.wire != Wire::Fp32 && c.gossip.error_feedback && !o.public_copies && o.low_rank == 0;
   o.delayed = after_update && c.gossip.overlap_model;
   o.measure_distance = what == Mixed::Weights && c.gossip.consensus_bound > 0;
   return o;

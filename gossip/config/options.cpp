@@ -246,6 +246,13 @@ void gossip_mixing_options(std::vector<Option>& o) {
      "add it to their copy, and a rank moves by half the difference of the two copies. Memory: "
      "two model copies per partner the schedule gives (2 log2 p with dissemination); needs "
      "gossip.rotate = false, a fixed schedule and staleness 0"},
+    {GG_OPTION(gossip.low_rank), in(0, 64),
+     "model/both/gossipgrad: PowerGossip (Vogels et al. 2020) with this rank r (0: off): a pair "
+     "of partners mixes a rank-r approximation of the difference of each weight matrix, found "
+     "by a power iteration warm-started across their meetings (one half-step a meeting, X Q "
+     "and X^T P in turn); biases, batch norm and small matrices travel whole and are averaged. "
+     "About r (rows + cols) / 2 values a matrix instead of rows x cols. Needs "
+     "gossip.schedule = hypercube (pairs), gossip.rotate = false and staleness 0"},
     {GG_OPTION(gossip.timeout_s), in(0, 1e6),
      "a rank waiting on another rank longer than this many seconds (its gossip partner, or any "
      "collective: allreduce mode, evaluation, checkpoints, the shuffle) names the wait and the "

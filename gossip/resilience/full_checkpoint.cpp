@@ -129,6 +129,8 @@ size_t encode_state_into(const RankState& s, uint8_t* dst) {
   out.array(s.momentum_residue);
   out.copies(s.weight_copies);
   out.copies(s.momentum_copies);
+  out.copies(s.weight_factors);
+  out.copies(s.momentum_factors);
   // The file checks itself too.
   out.put<uint64_t>(dst != nullptr ? checksum(dst, out.n) : 0);
   return out.n;
@@ -172,6 +174,10 @@ RankState decode_state(const uint8_t* data, size_t size, const std::string& what
     s.weight_copies = c.copies();
     s.momentum_copies = c.copies();
   }
+  if (c.left > 0) {  // absent: files older than low-rank gossip
+    s.weight_factors = c.copies();
+    s.momentum_factors = c.copies();
+  }
   if (c.left != 0) throw std::runtime_error(what + ": trailing bytes in the rank state");
   const auto fits = [&s](const std::vector<float>& v) {
     return v.empty() || v.size() == s.params.size();
@@ -179,12 +185,15 @@ RankState decode_state(const uint8_t* data, size_t size, const std::string& what
   const auto copy_fits = [&s](const PublicCopy& c) {
     return c.peer < s.ranks && c.values.size() == s.params.size();
   };
+  const auto peer_fits = [&s](const PublicCopy& c) { return c.peer < s.ranks; };
   if (s.step < 0 || s.steps_per_epoch < 1 || s.ranks < 1 || s.rank < 0 || s.rank >= s.ranks ||
       !(s.lr_scale > 0 && s.lr_scale <= 1) || s.velocity.size() != s.params.size() ||
       (!s.delayed_delta.empty() && s.delayed_delta.size() != s.params.size()) ||
       !fits(s.grad_residue) || !fits(s.weight_residue) || !fits(s.momentum_residue) ||
       !std::all_of(s.weight_copies.begin(), s.weight_copies.end(), copy_fits) ||
-      !std::all_of(s.momentum_copies.begin(), s.momentum_copies.end(), copy_fits))
+      !std::all_of(s.momentum_copies.begin(), s.momentum_copies.end(), copy_fits) ||
+      !std::all_of(s.weight_factors.begin(), s.weight_factors.end(), peer_fits) ||
+      !std::all_of(s.momentum_factors.begin(), s.momentum_factors.end(), peer_fits))
     throw std::runtime_error(what + ": inconsistent rank state");
   return s;
 }

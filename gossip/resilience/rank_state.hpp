@@ -30,6 +30,9 @@ struct RankState {
   std::vector<float> grad_residue, weight_residue, momentum_residue;
   // gossip.choco: the weights' and the momentum's public copies, plain layout (empty: none).
   std::vector<PublicCopy> weight_copies, momentum_copies;
+  // gossip.low_rank: the weights' and the momentum's factors, one entry per partner met, in the
+  // rule's own order (gossip/comm/low_rank.hpp; empty: none).
+  std::vector<PublicCopy> weight_factors, momentum_factors;
 };
 
 // The state as bytes (little-endian, the host's float format) and back. decode_state throws

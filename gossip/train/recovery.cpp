@@ -249,6 +249,8 @@ RankState Recovery::average_states(const std::string& folder, const Manifest& m)
       s.shuffle.clear();
       s.weight_copies.clear();  // rank 0's, not the average's
       s.momentum_copies.clear();
+      s.weight_factors.clear();
+      s.momentum_factors.clear();
       continue;
     }
     if (one.params.size() != s.params.size() || one.buffers.size() != s.buffers.size())

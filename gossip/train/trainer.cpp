@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "gossip/comm/hierarchy.hpp"
+#include "gossip/comm/low_rank.hpp"
 #include "gossip/comm/mixing.hpp"
 #include "gossip/train/agree.hpp"
 #include "kernels/loss.hpp"
@@ -175,6 +176,7 @@ GossipOptions Trainer::exchange_options(const GossipPlan& plan, const partners::
                                         Mixed what) const {
   GossipOptions o = gg::gossip::exchange_options(c_, plan, what);
   o.schedule = schedule;
+  if (o.low_rank > 0) o.matrices = matrix_views(graph(), net_.layout(), o.low_rank);
   return o;
 }
 
@@ -434,6 +436,11 @@ void Trainer::capture_state(RankState& s) {
   };
   s.weight_copies = copies(model_exchange_.get());
   s.momentum_copies = copies(momentum_exchange_.get());
+  const auto factors = [](const BucketExchange* e) {
+    return e ? e->low_rank_factors() : std::vector<PublicCopy>();
+  };
+  s.weight_factors = factors(model_exchange_.get());
+  s.momentum_factors = factors(momentum_exchange_.get());
 }
 
 void Trainer::restore_model(const RankState& s) {
@@ -463,8 +470,9 @@ void Trainer::restore_model(const RankState& s) {
 }
 
 void Trainer::restore_copies(const RankState& s) {
-  // Public copies name their peers by rank in this group: a state of another rank (another rank
-  // count, an average of ranks) has none that fit, and every rank then starts again from none.
+  // Public copies and low-rank factors name their peers by rank in this group: a state of another
+  // rank (another rank count, an average of ranks) has none that fit, and every rank then starts
+  // again from none.
   const bool same_rank = s.ranks == world_.size() && s.rank == world_.rank();
   const auto copies = [&](BucketExchange* e, const std::vector<PublicCopy>& saved) {
     if (!e) return;
@@ -475,6 +483,12 @@ void Trainer::restore_copies(const RankState& s) {
   };
   copies(model_exchange_.get(), s.weight_copies);
   copies(momentum_exchange_.get(), s.momentum_copies);
+  // Low-rank factors likewise (a matrix's factors do not depend on the weights' layout).
+  const auto factors = [&](BucketExchange* e, const std::vector<PublicCopy>& saved) {
+    if (e) e->set_low_rank_factors(same_rank ? saved : std::vector<PublicCopy>());
+  };
+  factors(model_exchange_.get(), s.weight_factors);
+  factors(momentum_exchange_.get(), s.momentum_factors);
 }
 
 void Trainer::resume_at(int64_t step, uint64_t dropout_step) {

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "gossip/comm/low_rank.hpp"
 #include "gossip/comm/mixing.hpp"
 #include "gossip/comm/wire.hpp"
 #include "gossip/train/data.hpp"
@@ -59,8 +60,9 @@ class VirtualExchange {
                   std::function<bool(int64_t, int)> late = {})
       : buckets_(buckets), late_(std::move(late)) {
     for (float* v : x) {
-      codecs_.push_back(std::make_unique<WireCodec>(o.wire, o.error_feedback, buckets));
-      rules_.push_back(make_rule(o, v, buckets));
+      codecs_.push_back(
+          std::make_unique<WireCodec>(o.wire, o.error_feedback, wire_buckets(o, buckets)));
+      rules_.push_back(make_rule(o, v, buckets, static_cast<int>(rules_.size())));
     }
     wire_.assign(x.size() * static_cast<size_t>(codecs_[0]->floats()), 0.f);
   }
@@ -374,18 +376,24 @@ void VirtualRun::make_exchanges() {
              share;
     };
   };
+  // A real rank's options, with the run's schedule and the matrices low-rank gossip reads.
+  const auto options = [&](Mixed what) {
+    GossipOptions o = exchange_options(c, plan, what);
+    o.schedule = schedule_;
+    if (o.low_rank > 0) o.matrices = matrix_views(net_.graph(), net_.layout(), o.low_rank);
+    return o;
+  };
   if (algorithm_.grads && plan.node_hierarchy)
     hierarchy_ = std::make_unique<VirtualHierarchy>(grads(), rank_[0].grads.size(),
                                                     c.network.ranks_per_node, schedule_, buckets);
   else if (algorithm_.grads)
-    grad_x_ = std::make_unique<VirtualExchange>(grads(), exchange_options(c, plan, Mixed::Grads),
-                                                buckets, late(0));
+    grad_x_ = std::make_unique<VirtualExchange>(grads(), options(Mixed::Grads), buckets, late(0));
   if (algorithm_.weights)
     weight_x_ = std::make_unique<VirtualExchange>(
-        params(), exchange_options(c, plan, Mixed::Weights), buckets, late(1));
+        params(), options(Mixed::Weights), buckets, late(1));
   if (algorithm_.momentum)
     momentum_x_ = std::make_unique<VirtualExchange>(
-        velocities(), exchange_options(c, plan, Mixed::Momentum), buckets, late(1));
+        velocities(), options(Mixed::Momentum), buckets, late(1));
 }
 
 std::vector<float*> VirtualRun::pointers(std::vector<float> Rank::*member) {

@@ -36,6 +36,7 @@ VALUES = {
     "gossip.model_wire": ["bf16"],
     "gossip.error_feedback": ["true"],
     "gossip.choco": ["true"],
+    "gossip.low_rank": ["2"],
     "data.shuffle": ["ids"],
     "data.shuffle_per_step": ["4"],
     "train.weight_layout": ["plain"],

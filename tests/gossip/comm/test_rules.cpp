@@ -261,7 +261,7 @@ float run_ranks(Wire wire, bool choco, int steps) {
   std::vector<std::unique_ptr<MixingRule>> rules;
   std::vector<std::unique_ptr<WireCodec>> codecs;
   for (int v = 0; v < p; ++v) {
-    rules.push_back(make_rule(o, x[v].data(), buckets));
+    rules.push_back(make_rule(o, x[v].data(), buckets, v));
     codecs.push_back(std::make_unique<WireCodec>(wire, false, buckets));
   }
   for (int t = 0; t < steps; ++t) {
@@ -317,5 +317,5 @@ TEST_CASE("public copies over int4: copies agree bit for bit, the sum is kept, n
   stale.public_copies = true;
   stale.staleness = 1;
   std::vector<float> x(5);
-  CHECK_THROWS_AS(make_rule(stale, x.data(), kBuckets), std::invalid_argument);
+  CHECK_THROWS_AS(make_rule(stale, x.data(), kBuckets, 0), std::invalid_argument);
 }

@@ -37,6 +37,7 @@ RankState sample_state() {
   s.momentum_residue = {-1e-4f, 0.f, 3e-4f, 0.f};
   s.weight_copies = {{0, true, {1.f, 2.f, 3.f, 4.f}}, {0, false, {-1.f, 0.5f, 0.f, 8.f}}};
   s.momentum_copies = {{0, false, {0.f, 0.f, 1e-3f, 0.f}}};
+  s.weight_factors = {{0, true, {0.5f, -0.5f}}};
   return s;
 }
 
@@ -105,6 +106,9 @@ TEST_CASE("a rank state survives encode and decode bit for bit", "[resilience]")
   }
   REQUIRE(t.momentum_copies.size() == 1);
   CHECK(t.momentum_copies[0].values == s.momentum_copies[0].values);
+  REQUIRE(t.weight_factors.size() == 1);
+  CHECK(t.weight_factors[0].values == s.weight_factors[0].values);
+  CHECK(t.momentum_factors.empty());
   CHECK(encode_state(t) == bytes);
   RankState wrong = s;  // a residue that does not fit the parameters
   wrong.grad_residue = {1.f};
@@ -118,6 +122,11 @@ TEST_CASE("a rank state survives encode and decode bit for bit", "[resilience]")
                     Catch::Contains("inconsistent rank state"));
   wrong = s;
   wrong.momentum_copies[0].peer = 3;
+  bad = encode_state(wrong);
+  CHECK_THROWS_WITH(decode_state(bad.data(), bad.size(), "x"),
+                    Catch::Contains("inconsistent rank state"));
+  wrong = s;  // low-rank factors of a peer outside the ranks
+  wrong.weight_factors[0].peer = 3;
   bad = encode_state(wrong);
   CHECK_THROWS_WITH(decode_state(bad.data(), bad.size(), "x"),
                     Catch::Contains("inconsistent rank state"));

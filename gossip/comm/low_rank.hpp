@@ -1,0 +1,111 @@
+// Low-rank gossip (PowerGossip, Vogels, Karimireddy and Jaggi 2020): a pair of partners mixes a
+// rank-r approximation of the difference of their weight matrices instead of the weights. Both
+// ends hold the same factor F per matrix and partner (warm-started across their meetings); a
+// meeting sends X F (F = Q, cols x r) or X^T F (F = P, rows x r), which gives both ends the
+// difference's projection D = M F or M^T F (M = X_low - X_high, the lower rank's weights minus
+// the higher's); each end moves half of it: X_low -= D Q^T / 2, X_high += D Q^T / 2 (or P D^T
+// / 2), the pair average within F's span, and the next meeting's factor is D, orthonormalised:
+// one half of a power iteration per meeting, so that meetings alternate between the two sides
+// (the phase is the meeting's parity, a function of the step). A rank-r difference is gone after
+// two meetings; vectors (biases, batch norm) and matrices too small to gain are sent whole and
+// averaged. No MPI, no threads of its own: tests/gossip/comm/test_low_rank.cpp.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "gossip/comm/exchange_options.hpp"
+#include "gossip/comm/rules.hpp"
+#include "kernels/graph.hpp"
+#include "kernels/param_layout.hpp"
+
+namespace gg::gossip {
+
+// The graph's parameters as matrices where rank r gains (r * (rows + cols) < rows * cols), as
+// vectors otherwise, in the store's layout.
+std::vector<MatrixView> matrix_views(const kernels::Graph& g, const kernels::ParamLayout& layout,
+                                     int rank);
+
+class LowRankMix {
+ public:
+  // period: steps between two meetings of the same pair (the hypercube's log2 p).
+  LowRankMix(std::vector<MatrixView> views, const std::vector<kernels::Bucket>& buckets, int rank,
+             int self, int period);
+  // The buckets' messages: each matrix takes r * max(rows, cols) floats (the smaller side's
+  // meetings leave the rest zero), each vector its size; bucket 0 last, as the buffer's.
+  const std::vector<kernels::Bucket>& message_buckets() const { return message_buckets_; }
+  // This step's partner (a pair: it sends to and receives from this rank).
+  void begin(int64_t step, int peer);
+  // Bucket b's message from the values x (the flat buffer or a copy of it) into out (the
+  // message layout, whole).
+  void message(int b, const float* x, float* out) const;
+  // Adds bucket b's half of the pair's difference, from both ends' decoded messages of bucket b
+  // (own and theirs point at its start), to y (the flat layout: the buffer, or a correction
+  // applied later), and renews b's factors.
+  void mix(int b, const float* own, const float* theirs, float* y);
+  // The factors, one entry per partner met (PublicCopy::mine set; values: every matrix's factor),
+  // and saved ones back: an entry of another size (another rank r or model) is dropped and that
+  // partner starts again from a fresh factor.
+  std::vector<PublicCopy> save() const;
+  void load(std::vector<PublicCopy> saved);
+
+ private:
+  struct Item {
+    MatrixView v;
+    int64_t message = 0;  // offset in the message layout
+    int64_t factor = -1;  // offset in a partner's factors (-1: a vector)
+  };
+  void fresh_factor(const Item& it, float* f, uint64_t salt) const;
+  void orthonormalise(float* f, int64_t len, uint64_t salt) const;
+
+  std::vector<Item> items_;
+  std::vector<std::vector<int>> in_bucket_;  // items of each bucket
+  std::vector<kernels::Bucket> message_buckets_;
+  int rank_, self_, period_;
+  int64_t factor_floats_ = 0;
+  std::map<int, std::vector<float>> factors_;  // by partner
+  std::vector<float>* now_ = nullptr;
+  int peer_ = -1;
+  int64_t step_ = 0;
+  bool right_ = true;  // this meeting sends X Q (else X^T P)
+};
+
+// The low-rank rule with staleness 0: the partner's message mixes the buffer on arrival.
+class LowRankAverage final : public MixingRule {
+ public:
+  LowRankAverage(float* buffer, const std::vector<kernels::Bucket>& buckets,
+                 std::vector<MatrixView> views, int rank, int self, int period);
+  void begin_step(int64_t step, const partners::Partners& peers) override;
+  const float* outgoing(int b) override;
+  bool echoes() const override { return true; }
+  void sent(int b, const float* decoded) override;
+  void received(int b, int64_t step, const float* partner) override;
+  std::vector<PublicCopy> low_rank_factors() const override { return mix_.save(); }
+  void set_low_rank_factors(std::vector<PublicCopy> f) override { mix_.load(std::move(f)); }
+
+ private:
+  float* x_;
+  LowRankMix mix_;
+  std::vector<float> out_, own_;  // message layout: what goes out, as the partner decodes it
+};
+
+// Overlapped: the snapshot's message goes out; the half difference becomes the correction.
+class LowRankDelayed final : public DelayedAverage {
+ public:
+  LowRankDelayed(float* buffer, const std::vector<kernels::Bucket>& buckets,
+                 std::vector<MatrixView> views, int rank, int self, int period);
+  void begin_step(int64_t step, const partners::Partners& peers) override;
+  const float* outgoing(int b) override;
+  bool echoes() const override { return true; }
+  void sent(int b, const float* decoded) override;
+  void received(int b, int64_t step, const float* partner) override;
+  std::vector<PublicCopy> low_rank_factors() const override { return mix_.save(); }
+  void set_low_rank_factors(std::vector<PublicCopy> f) override { mix_.load(std::move(f)); }
+
+ private:
+  LowRankMix mix_;
+  std::vector<float> out_, own_;
+};
+
+}  // namespace gg::gossip
