@@ -9,7 +9,7 @@
 #   bucket from the step before (late_buckets 0) and counts the ones it left unmixed, while
 #   late = previous mixes them late;
 # - resume is exact with the int4 / int8 wires and error feedback (the residues are saved), and
-#   with gossip.choco (the public copies are saved);
+#   with gossip.choco (the public copies are saved) and gossip.low_rank (the factors are saved);
 # - gossip.consensus_bound: the same global averages, and the same state files, resumed or not.
 set -euo pipefail
 BIN="$1"; ROOT="$2"; MPIEXEC="$3"
@@ -92,6 +92,9 @@ exact_resume "int4 / int8 wires and error feedback" F G --gossip.mode both --gos
 # CHOCO's public copies too: gossipgrad (the weights' and the momentum's copies), int4, overlapped.
 exact_resume "CHOCO's public copies (gossipgrad, int4)" H I --gossip.mode gossipgrad \
   --gossip.model_wire int4 --gossip.choco true --gossip.rotate false
+# Low-rank gossip's factors too: gossipgrad (the weights' and the momentum's), rank 1, overlapped.
+exact_resume "low-rank gossip's factors (gossipgrad, rank 1)" J K --gossip.mode gossipgrad \
+  --gossip.low_rank 1 --gossip.schedule hypercube --gossip.rotate false
 
 # Consensus control: resume is exact across the global averages it takes. The bound is the
 # median of the estimates of a run whose bound is never reached, so that some checks average

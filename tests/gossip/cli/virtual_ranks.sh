@@ -6,7 +6,8 @@
 # weight exchange; also on 1,600 images, three evaluations inside the 200 steps), model with
 # the bf16 wire, error feedback and consensus control (the same steps end in a global average,
 # some of the 200 but not all), model with the int8 wire and both with int4 wires (error
-# feedback), CHOCO's public copies (model + int4 overlapped, gossipgrad + int8), the authors' gossipgrad (weights and momentum, exchanged
+# feedback), CHOCO's public copies (model + int4 overlapped, gossipgrad + int8), low-rank gossip
+# (gossipgrad, rank 1, overlapped), the authors' gossipgrad (weights and momentum, exchanged
 # after each update); allreduce within 1e-5 relative (virtual ranks add in MPICH's recursive-
 # doubling order, which makes it exact with Debian's MPICH; another MPI may add otherwise); and
 # staleness 1 with every partner on time against mpirun's staleness 0; model_every 3 with
@@ -46,6 +47,8 @@ cases=(
   # CHOCO's public copies: overlapped model + int4, and gossipgrad + int8 (weights and momentum).
   "model-int4-choco|--gossip.mode model --gossip.model_wire int4 --gossip.choco true --gossip.rotate false"
   "gossipgrad-int8-choco|--gossip.mode gossipgrad --gossip.overlap_model false --gossip.model_wire int8 --gossip.choco true --gossip.rotate false --gossip.schedule hypercube"
+  # Low-rank gossip (PowerGossip): gossipgrad, rank 1, overlapped, the weights' and momentum's factors.
+  "gossipgrad-lowrank|--gossip.mode gossipgrad --gossip.low_rank 1 --gossip.schedule hypercube --gossip.rotate false"
   "allreduce|--gossip.mode allreduce"
   # Staleness 1 with every partner on time (train.virtual_late 0) mixes as staleness 0 does.
   "stale-on-time|--gossip.mode both --gossip.overlap_model false|--gossip.staleness 1"

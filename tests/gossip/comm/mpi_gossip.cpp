@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <random>
 #include <span>
 #include <string>
@@ -390,6 +391,97 @@ void run_choco(const mpi::Comm& world, const std::string& transport, gossip::Wir
   check_wire_bytes(name, sent, buckets, w, steps, rank);
 }
 
+// Low-rank gossip (PowerGossip) on a transport, pairs of the hypercube: x moves between steps
+// as in run_choco. Every rank's values and factors equal, bit for bit, a replay of the job in
+// one process through the same rules (make_rule) and codecs, where every message is handed over
+// by hand (tests/gossip/comm/test_low_rank.cpp checks the rule's arithmetic itself); the bytes
+// sent are the messages' on the wire.
+void run_low_rank(const mpi::Comm& world, const std::string& transport, gossip::Wire w,
+                  bool delayed, const std::string& threading = "funneled") {
+  if (transport == "shm" && !one_node(world)) return;
+  const int rank = world.rank(), p = world.size();
+  const int64_t count = 240, steps = 8;
+  // A 6 x 5 matrix and a vector in bucket 1; an 8 x 24 matrix and a vector in bucket 0.
+  const std::vector<kernels::Bucket> buckets = {{40, 240}, {0, 40}};
+  gossip::GossipOptions o = wire_options(p, transport, threading, w, 5);
+  o.schedule = {partners::Kind::Hypercube, p};
+  o.low_rank = 2;
+  o.matrices = {{0, 30, 6, 5}, {30, 10}, {40, 192, 8, 24}, {232, 8}};
+  o.delayed = delayed;
+  auto start = [](int v, int64_t i) { return std::sin(0.1f * static_cast<float>(i * i) + v); };
+  auto update = [](float* x, int v, int64_t s) {
+    for (int64_t i = 0; i < 240; ++i) x[i] -= 0.01f * std::cos(0.3f * i + v * s);
+  };
+  std::vector<float> x(count);
+  for (int64_t i = 0; i < count; ++i) x[i] = start(rank, i);
+  std::vector<gossip::PublicCopy> factors;
+  int64_t sent = 0;
+  {
+    gossip::GossipExchange ex(world, x.data(), buckets, o);
+    for (int64_t s = 0; s < steps; ++s) {
+      update(x.data(), rank, s);
+      if (!delayed) {
+        ex.exchange_all(s);
+        continue;
+      }
+      ex.start_delayed(s);
+      update(x.data(), rank, s + 100);
+      ex.finish_delayed();
+    }
+    sent = ex.bytes_sent();
+    factors = ex.low_rank_factors();
+  }
+  // The replay: p rules in this process.
+  std::vector<std::vector<float>> all(p, std::vector<float>(count));
+  std::vector<std::unique_ptr<gossip::MixingRule>> rules;
+  std::vector<std::unique_ptr<gossip::WireCodec>> codecs;
+  const std::vector<kernels::Bucket> wire = gossip::wire_buckets(o, buckets);
+  for (int v = 0; v < p; ++v) {
+    for (int64_t i = 0; i < count; ++i) all[v][i] = start(v, i);
+    rules.push_back(gossip::make_rule(o, all[v].data(), buckets, v));
+    codecs.push_back(std::make_unique<gossip::WireCodec>(w, false, wire));
+  }
+  const auto& layout = codecs[0]->layout();
+  for (int64_t s = 0; s < steps; ++s) {
+    std::vector<std::vector<float>> out(p, std::vector<float>(codecs[0]->floats()));
+    for (int v = 0; v < p; ++v) {
+      update(all[v].data(), v, s);
+      if (delayed) dynamic_cast<gossip::DelayedAverage&>(*rules[v]).snapshot();
+      rules[v]->begin_step(s, partners::partners(o.schedule, v, s));
+      for (int b = 0; b < 2; ++b) {
+        const float* image = gossip::encode_outgoing(*rules[v], *codecs[v], b);
+        std::copy(image, image + layout[b].size(), out[v].begin() + layout[b].begin);
+      }
+    }
+    for (int v = 0; v < p; ++v) {
+      const int from = partners::partners(o.schedule, v, s).recv_from;
+      for (int b = 0; b < 2; ++b)
+        rules[v]->received(b, s, codecs[v]->decode(b, out[from].data() + layout[b].begin));
+      if (!delayed) continue;
+      update(all[v].data(), v, s + 100);
+      dynamic_cast<gossip::DelayedAverage&>(*rules[v]).apply();
+    }
+  }
+  bool exact = all[rank] == x;
+  const std::vector<gossip::PublicCopy> replayed = rules[rank]->low_rank_factors();
+  exact &= replayed.size() == factors.size() && !factors.empty();
+  for (size_t i = 0; exact && i < factors.size(); ++i)
+    exact &= factors[i].peer == replayed[i].peer && factors[i].values == replayed[i].values;
+  const std::string name = transport + "/" + threading + "/" +
+                           (w == gossip::Wire::Fp32 ? "fp32" : wire_name(w)) + "+low-rank" +
+                           (delayed ? "+delayed" : "");
+  check(exact, name + ": values and factors equal the replay bit for bit", rank);
+  int64_t bytes = 0;
+  for (const kernels::Bucket& k : wire)
+    bytes += w == gossip::Wire::Fp32 ? 4 * k.size() : wire_bytes(w, k.size());
+  check(sent == bytes * steps,
+        name + ": sent " + std::to_string(sent) + " bytes, expected " +
+            std::to_string(bytes * steps),
+        rank);
+  if (rank == 0)
+    std::printf("%-48s exact, %lld bytes sent\n", name.c_str(), static_cast<long long>(sent));
+}
+
 // The transport's own counters say who carried what: after a few steps every peer's buckets and
 // bytes, sent and received, equal what the schedule predicts, all of them on the transport that
 // should carry that peer (auto: shm within this rank's node, p2p across) and none on another.
@@ -557,6 +649,14 @@ int main(int argc, char** argv) {
     }
     run_choco(world, "auto", gossip::Wire::Bf16, false, "concurrent");
     run_choco(world, "p2p", gossip::Wire::Int4, true, "chained");
+    if (pow2 && p > 1) {
+      for (const char* transport : {"p2p", "rma", "shm", "auto"}) {
+        run_low_rank(world, transport, gossip::Wire::Fp32, false);
+        run_low_rank(world, transport, gossip::Wire::Bf16, true);
+      }
+      run_low_rank(world, "auto", gossip::Wire::Fp32, true, "concurrent");
+      run_low_rank(world, "p2p", gossip::Wire::Int8, false, "chained");
+    }
     run_wire(world, "auto", gossip::Wire::Bf16, true, "concurrent");
     run_wire(world, "auto", gossip::Wire::Int4, true, "concurrent");
     run_wire(world, "p2p", gossip::Wire::Bf16, true, "chained");
