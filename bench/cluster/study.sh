@@ -3,7 +3,7 @@
 # and PyTorch DDP over gloo, on the cluster in a box (cluster.sh: one network namespace per node,
 # links shaped with tc), with compute emulated from a measured GPU profile ([emulate]).
 #
-# usage: bench/cluster/study.sh [--plan quick|session|check|ten|late|lag|tcp|fill|hier|lean|authors|scale|compressed|choco|full] [--out DIR] [--profile p100|h100]
+# usage: bench/cluster/study.sh [--plan quick|session|check|ten|late|lag|tcp|fill|hier|lean|authors|scale|compressed|choco|lowrank|full] [--out DIR] [--profile p100|h100]
 #
 # Every point runs p ranks on p nodes (one rank per node) at a link rate R with ResNet-50's real
 # gradient (102 MB, gossipgrad's buckets of gossip.bucket_kb) and the profile's forward/backward/
@@ -17,7 +17,8 @@
 # Methods: grad, model, both (gossipgrad's modes over p2p across nodes, what auto picks;
 # MODE@rma over rma; MODE+bf16 with gossip.wire and model_wire = bf16 (MODE+int8, MODE+int4:
 # those quantized wires, with gossip.error_feedback; MODE+int4+choco: the int4 wire carrying the
-# difference to CHOCO's public copies, gossip.choco, no rotation; +ring: the ring schedule);
+# difference to CHOCO's public copies, gossip.choco, no rotation; +ring: the ring schedule;
+# +lowrankN: low-rank gossip of rank N, gossip.low_rank, fp32 factors, the hypercube unrotated);
 # MODE+stale with
 # gossip.staleness = 1: a rank never waits for this step's partner; MODE+lag with guard.lag = 1:
 # the agreements after each step run behind the next one; MODE+every4 with gossip.model_every 4
@@ -58,7 +59,7 @@ PROFILE=p100
 die() { echo "study.sh: $*" >&2 && exit 1; }
 while (($#)); do
     case $1 in
-    --plan) PLAN=${2:?--plan needs quick, session, check, ten, late, lag, tcp, fill, hier, lean, authors, scale, compressed, choco or full} && shift 2 ;;
+    --plan) PLAN=${2:?--plan needs quick, session, check, ten, late, lag, tcp, fill, hier, lean, authors, scale, compressed, choco, lowrank or full} && shift 2 ;;
     --out) OUT=${2:?--out needs a folder} && shift 2 ;;
     --profile) PROFILE=${2:?--profile needs p100 or h100} && shift 2 ;;
     -h | --help) sed -n '2,/^set -euo/{/^#/s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}" && exit 0 ;;
@@ -199,6 +200,15 @@ points() {
         for m in model+int4+choco+ring+lag ddp+fp16 ddp; do echo "16 200 quiet $m"; done
         for m in model+int4+choco+ring+lag model+int4+lag; do echo "16 1000 jitter $m"; done
         ;;
+    lowrank)
+        # Low-rank gossip (PowerGossip, fp32 factors) at ranks 1 and 4, overlapped and not,
+        # beside choco's best (int4, ring), DDP and DDP's fp16 hook in the same session.
+        for m in model+lowrank1+lag model+lowrank4+lag model+lowrank4+nooverlap+lag \
+            model+int4+choco+ring+lag ddp+fp16 ddp; do
+            echo "16 1000 quiet $m"
+        done
+        for m in model+lowrank4+lag ddp; do echo "16 200 quiet $m"; done
+        ;;
     hier)
         # Two ranks per node (8 nodes of 2 at p = 16): every rank gossiping with its own partner
         # (two buckets' worth on each node's link) against the node-then-network hierarchy
@@ -215,7 +225,7 @@ points() {
             for m in grad allreduce ddp; do echo "$p 500 quiet $m"; done
         done
         ;;
-    *) echo "study.sh: --plan $PLAN: use quick, session, check, ten, late, lag, tcp, fill, hier, lean, authors, scale, compressed, choco or full" >&2 && exit 2 ;;
+    *) echo "study.sh: --plan $PLAN: use quick, session, check, ten, late, lag, tcp, fill, hier, lean, authors, scale, compressed, choco, lowrank or full" >&2 && exit 2 ;;
     esac
 }
 
@@ -270,7 +280,7 @@ run_point() { # p rate condition method K
             return 0
         }
     else
-        # MODE[@TRANSPORT][+every4][+bf16|+int8|+int4][+choco][+nooverlap][+stale][+lag][+ppn2|+hier]
+        # MODE[@TRANSPORT][+every4][+bf16|+int8|+int4][+choco][+lowrankN][+nooverlap][+stale][+lag][+ppn2|+hier]
         local file=$OUT/$name.jsonl spec=${method%%+*} wire=fp32 stale=0 lag=0 hier=none every=1
         local overlap=true feedback=false
         local mode=${spec%@*} transport=$TRANSPORT
@@ -289,6 +299,9 @@ run_point() { # p rate condition method K
         # +ring: the ring schedule (one partner each way, the same every step).
         [[ $method == *+ring* ]] && choco+=(--gossip.schedule ring)
         [[ $method == *+choco* || $method == *+ring* ]] && choco+=(--gossip.rotate false)
+        # +lowrankN: low-rank gossip of rank N (PowerGossip: the hypercube's pairs, no rotation).
+        [[ $method =~ \+lowrank([0-9]+) ]] &&
+            choco+=(--gossip.low_rank "${BASH_REMATCH[1]}" --gossip.schedule hypercube --gossip.rotate false)
         # Each wire only where the mode sends that buffer (a wire for a buffer the mode never
         # sends is refused): the gradients' in grad and both, the weights' in the others.
         local grad_wire=fp32 model_wire=fp32

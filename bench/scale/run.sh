@@ -33,6 +33,9 @@
 #   *-choco       a mode with a lossy wire sent as the difference to CHOCO-SGD's public copies
 #                 (gossip.choco, no error feedback; the dissemination schedule without rotation,
 #                 as choco needs), e.g. model-int4-choco, model-int4-choco-nooverlap
+#   *-lowrank<R>  model or gossipgrad with low-rank gossip of rank R (gossip.low_rank R,
+#                 PowerGossip: the hypercube's pairs without rotation, as it needs; fp32
+#                 factors), e.g. model-lowrank1, model-lowrank4-nooverlap
 #   *-nooverlap   a mode that exchanges weights, with gossip.overlap_model false (the weights
 #                 mixed before the next forward, not behind it), e.g. gossipgrad-nooverlap
 #   *-cc<B>       any gossip mode with consensus control, gossip.consensus_bound B (a global
@@ -64,6 +67,10 @@ options_of() { # mode -> its train options
   if [[ $mode =~ ^(.*)-cc([0-9.]+(e-?[0-9]+)?)$ ]]; then mode=${BASH_REMATCH[1]}; bound=${BASH_REMATCH[2]}; fi
   if [[ $mode =~ ^(.*)-global([0-9]+)$ ]]; then mode=${BASH_REMATCH[1]}; global=${BASH_REMATCH[2]}; fi
   if [[ $mode =~ ^(.*)-nooverlap$ ]]; then mode=${BASH_REMATCH[1]}; echo "--gossip.overlap_model false"; fi
+  if [[ $mode =~ ^(model|gossipgrad)-lowrank([0-9]+)$ ]]; then
+    mode=${BASH_REMATCH[1]}
+    echo "--gossip.low_rank ${BASH_REMATCH[2]} --gossip.schedule hypercube --gossip.rotate false"
+  fi
   local feedback="--gossip.error_feedback true"
   if [[ $mode =~ ^(.*)-choco$ ]]; then mode=${BASH_REMATCH[1]}; feedback="--gossip.choco true --gossip.rotate false"; fi
   case $mode in
