@@ -114,19 +114,23 @@ void check_low_rank(const Config& c) {
     throw UsageError(what + " mixes the weights' difference; gossip.mode = " + c.gossip.mode +
                      " exchanges no weights: use model, both or gossipgrad");
   if (c.gossip.choco)
-    throw UsageError(what + " and gossip.choco are two ways to compress the weights' exchange: "
-                            "choose one");
+    throw UsageError(what +
+                     " and gossip.choco are two ways to compress the weights' exchange: "
+                     "choose one");
   if (c.gossip.schedule != "hypercube" || c.gossip.rotate)
-    throw UsageError(what + " needs pairs that meet again and again (each keeps a factor per "
-                            "partner, and both ends of a pair mix the same difference): set "
-                            "gossip.schedule = hypercube and gossip.rotate = false");
+    throw UsageError(what +
+                     " needs pairs that meet again and again (each keeps a factor per "
+                     "partner, and both ends of a pair mix the same difference): set "
+                     "gossip.schedule = hypercube and gossip.rotate = false");
   if (c.gossip.staleness != 0)
-    throw UsageError(what + " needs gossip.staleness = 0: both ends of a pair must mix every "
-                            "projection, in order");
+    throw UsageError(what +
+                     " needs gossip.staleness = 0: both ends of a pair must mix every "
+                     "projection, in order");
   if (c.gossip.consensus_bound > 0)
-    throw UsageError(what + " sends a projection of the difference, from which the ranks' "
-                            "distance cannot be estimated: leave gossip.consensus_bound out (or "
-                            "use gossip.global_every)");
+    throw UsageError(what +
+                     " sends a projection of the difference, from which the ranks' "
+                     "distance cannot be estimated: leave gossip.consensus_bound out (or "
+                     "use gossip.global_every)");
   if (c.gossip.error_feedback && !(a.grads && c.gossip.wire != "fp32"))
     throw UsageError(
         "gossip.error_feedback with " + what +

@@ -84,7 +84,7 @@ struct Config {
     bool error_feedback = false;      // a lossy wire: carry the rounding residue into the next step
     bool choco = false;               // weights: send the difference to CHOCO-SGD's public copies
     int low_rank = 0;  // weights: > 0, PowerGossip's rank-r projection of the pair's difference
-    double timeout_s = 300;           // a wait on a partner longer than this is an error (0: never)
+    double timeout_s = 300;  // a wait on a partner longer than this is an error (0: never)
   } gossip;
   // Neuron apoptosis: remove output units whose outgoing weights fade (gossip/train/apoptosis.hpp).
   struct {

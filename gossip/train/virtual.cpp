@@ -389,11 +389,11 @@ void VirtualRun::make_exchanges() {
   else if (algorithm_.grads)
     grad_x_ = std::make_unique<VirtualExchange>(grads(), options(Mixed::Grads), buckets, late(0));
   if (algorithm_.weights)
-    weight_x_ = std::make_unique<VirtualExchange>(
-        params(), options(Mixed::Weights), buckets, late(1));
+    weight_x_ =
+        std::make_unique<VirtualExchange>(params(), options(Mixed::Weights), buckets, late(1));
   if (algorithm_.momentum)
-    momentum_x_ = std::make_unique<VirtualExchange>(
-        velocities(), options(Mixed::Momentum), buckets, late(1));
+    momentum_x_ =
+        std::make_unique<VirtualExchange>(velocities(), options(Mixed::Momentum), buckets, late(1));
 }
 
 std::vector<float*> VirtualRun::pointers(std::vector<float> Rank::*member) {

@@ -474,10 +474,10 @@ void run_low_rank(const mpi::Comm& world, const std::string& transport, gossip::
   int64_t bytes = 0;
   for (const kernels::Bucket& k : wire)
     bytes += w == gossip::Wire::Fp32 ? 4 * k.size() : wire_bytes(w, k.size());
-  check(sent == bytes * steps,
-        name + ": sent " + std::to_string(sent) + " bytes, expected " +
-            std::to_string(bytes * steps),
-        rank);
+  check(
+      sent == bytes * steps,
+      name + ": sent " + std::to_string(sent) + " bytes, expected " + std::to_string(bytes * steps),
+      rank);
   if (rank == 0)
     std::printf("%-48s exact, %lld bytes sent\n", name.c_str(), static_cast<long long>(sent));
 }

@@ -50,8 +50,9 @@ struct Ranks {
     for (size_t v = 0; v < p; ++v) {
       const int from = gg::partners::partners(o.schedule, static_cast<int>(v), t).recv_from;
       for (size_t b = 0; b < buckets.size(); ++b)
-        rules[v]->received(static_cast<int>(b), t,
-                           codecs[v]->decode(static_cast<int>(b), out[from].data() + layout[b].begin));
+        rules[v]->received(
+            static_cast<int>(b), t,
+            codecs[v]->decode(static_cast<int>(b), out[from].data() + layout[b].begin));
       rules[v]->finish(t);
     }
   }
@@ -96,7 +97,8 @@ struct Ranks {
 
 // Values of rank v with no low-rank structure between ranks: a hash in [-1, 1).
 float wave(size_t i, int v) {
-  uint64_t h = (i + 1) * 0x9E3779B97F4A7C15ull ^ (static_cast<uint64_t>(v) + 7) * 0xBF58476D1CE4E5B9ull;
+  uint64_t h =
+      (i + 1) * 0x9E3779B97F4A7C15ull ^ (static_cast<uint64_t>(v) + 7) * 0xBF58476D1CE4E5B9ull;
   h ^= h >> 31;
   h *= 0x94D049BB133111EBull;
   h ^= h >> 29;
@@ -155,8 +157,8 @@ TEST_CASE("low rank: oneDNN's blocked storage holds the same matrix (factors ind
     for (int64_t o = 0; o < O; ++o)
       for (int64_t i = 0; i < I; ++i)
         for (int64_t t = 0; t < K; ++t)
-          worst = std::max(worst, std::abs(a.x[v][(o * I + i) * K + t] -
-                                           b.x[v][(t * 8 + i) * 8 + o]));
+          worst =
+              std::max(worst, std::abs(a.x[v][(o * I + i) * K + t] - b.x[v][(t * 8 + i) * 8 + o]));
   CHECK(worst < 1e-5f);
   CHECK(a.spread() > 1e-2f);  // not averaged whole: the comparison above means something
 }
@@ -176,8 +178,8 @@ TEST_CASE("low rank: messages are r x the larger side per matrix, vectors whole,
   o.low_rank = 0;
   CHECK(wire_buckets(o, buckets)[0].end == 40);
   // matrix_views: a network's convolutions and inner products are matrices where r gains.
-  const gg::kernels::Graph g =
-      gg::kernels::build_model({.name = "resnet8", .input = {3, 16, 16}, .classes = 10, .width = 16});
+  const gg::kernels::Graph g = gg::kernels::build_model(
+      {.name = "resnet8", .input = {3, 16, 16}, .classes = 10, .width = 16});
   int matrices = 0;
   int64_t covered = 0;
   for (const MatrixView& v : matrix_views(g, {}, 1)) {

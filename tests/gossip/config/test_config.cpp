@@ -304,8 +304,8 @@ TEST_CASE("gossip.choco: public copies where they change what a run does, else o
 }
 
 TEST_CASE("gossip.low_rank: PowerGossip where pairs meet again, else one line") {
-  const std::vector<std::string> pairs = {"--gossip.low_rank", "2", "--gossip.schedule",
-                                          "hypercube", "--gossip.rotate", "false"};
+  const std::vector<std::string> pairs = {
+      "--gossip.low_rank", "2", "--gossip.schedule", "hypercube", "--gossip.rotate", "false"};
   const auto with = [&pairs](std::vector<std::string> more) {
     more.insert(more.begin(), pairs.begin(), pairs.end());
     return error_of(more);
@@ -322,16 +322,16 @@ TEST_CASE("gossip.low_rank: PowerGossip where pairs meet again, else one line") 
         "gossip.low_rank = 1 needs pairs that meet again and again (each keeps a factor per "
         "partner, and both ends of a pair mix the same difference): set gossip.schedule = "
         "hypercube and gossip.rotate = false");
-  CHECK(error_of({"--gossip.low_rank", "2", "--gossip.schedule", "ring", "--gossip.rotate",
-                  "false"})
-            .rfind("gossip.low_rank = 2 needs pairs", 0) == 0);
+  CHECK(
+      error_of({"--gossip.low_rank", "2", "--gossip.schedule", "ring", "--gossip.rotate", "false"})
+          .rfind("gossip.low_rank = 2 needs pairs", 0) == 0);
   CHECK(error_of({"--gossip.low_rank", "2", "--gossip.schedule", "hypercube"})
             .rfind("gossip.low_rank = 2 needs pairs", 0) == 0);
   CHECK(with({"--gossip.staleness", "1", "--gossip.overlap_model", "false"}) ==
         "gossip.low_rank = 2 needs gossip.staleness = 0: both ends of a pair must mix every "
         "projection, in order");
-  CHECK(with({"--gossip.consensus_bound", "0.1"}).rfind(
-            "gossip.low_rank = 2 sends a projection of the difference", 0) == 0);
+  CHECK(with({"--gossip.consensus_bound", "0.1"})
+            .rfind("gossip.low_rank = 2 sends a projection of the difference", 0) == 0);
   CHECK(with({"--gossip.model_wire", "bf16", "--gossip.error_feedback", "true"}) ==
         "gossip.error_feedback with gossip.low_rank = 2 has nothing to do: the factors carry what "
         "a projection leaves out to the next meeting (and no gradients travel on a lossy wire); "
