@@ -316,6 +316,9 @@ void refuse_unmodelled(const Config& c) {
       {c.gossip.hierarchy != d.gossip.hierarchy, "gossip.hierarchy = " + c.gossip.hierarchy},
       {c.gossip.model_every != d.gossip.model_every,
        "gossip.model_every = " + std::to_string(c.gossip.model_every)},
+      {c.gossip.low_rank != d.gossip.low_rank,
+       "gossip.low_rank = " + std::to_string(c.gossip.low_rank) +
+           " (its messages follow each layer's shape, not the buckets' bytes)"},
       {c.gossip.consensus_bound != d.gossip.consensus_bound,
        "gossip.consensus_bound (when it averages depends on the training: give gossip.global_every "
        "= the steps between the averages of a training run, its summary's consensus_averages, "

@@ -96,6 +96,9 @@ expect "simulate with staleness 1" 2 "simulate does not model gossip.staleness =
 expect "simulate with hierarchy node" 2 "simulate does not model gossip.hierarchy = node" -- \
   "$BIN" simulate --config "$CFG" --ranks 2,4 --simulate.forward_ms 5 --simulate.backward_ms 10 \
   --gossip.mode grad --gossip.hierarchy node
+expect "simulate with low-rank gossip" 2 "simulate does not model gossip.low_rank = 2" -- \
+  "$BIN" simulate --config "$CFG" --ranks 2,4 --simulate.forward_ms 5 --simulate.backward_ms 10 \
+  --gossip.mode model --gossip.low_rank 2 --gossip.schedule hypercube --gossip.rotate false
 
 # A dry run that passes prints the settings once, for the launcher's rank count.
 "${M[@]}" -n 2 "$BIN" "${T[@]}" --dry-run >dry.out 2>&1 || { echo "FAIL: dry-run at 2 ranks"; fail=1; }
