@@ -237,76 +237,27 @@ void LowRankMix::load(std::vector<PublicCopy> saved) {
       factors_[s.peer] = std::move(s.values);
 }
 
-namespace {
-int message_floats(const LowRankMix& m) {
-  const auto& mb = m.message_buckets();
-  return mb.empty() ? 0 : static_cast<int>(mb.front().end);
-}
-}  // namespace
-
-LowRankAverage::LowRankAverage(float* buffer, const std::vector<kernels::Bucket>& buckets,
-                               std::vector<MatrixView> views, int rank, int self, int period)
-    : x_(buffer), mix_(std::move(views), buckets, rank, self, period) {
-  out_.assign(static_cast<size_t>(message_floats(mix_)), 0.f);
-  own_ = out_;
-}
-
-namespace {
 void check_pair(const partners::Partners& peers) {
   if (peers.send_to != peers.recv_from)
     throw std::logic_error("low-rank gossip needs pairs (send_to == recv_from): rank " +
                            std::to_string(peers.send_to) + " and " +
                            std::to_string(peers.recv_from));
 }
-}  // namespace
 
-void LowRankAverage::begin_step(int64_t step, const partners::Partners& peers) {
-  check_pair(peers);
-  mix_.begin(step, peers.send_to);
-}
+LowRankAverage::LowRankAverage(float* buffer, const std::vector<kernels::Bucket>& buckets,
+                               std::vector<MatrixView> views, int rank, int self, int period)
+    : WithLowRank(LowRankMix(std::move(views), buckets, rank, self, period)), x_(buffer) {}
 
-const float* LowRankAverage::outgoing(int b) {
-  mix_.message(b, x_, out_.data());
-  return out_.data() + mix_.message_buckets()[static_cast<size_t>(b)].begin;
-}
-
-void LowRankAverage::sent(int b, const float* decoded) {
-  const kernels::Bucket& k = mix_.message_buckets()[static_cast<size_t>(b)];
-  std::copy(decoded, decoded + k.size(), own_.begin() + k.begin);
-}
-
-void LowRankAverage::received(int b, int64_t, const float* partner) {
-  const kernels::Bucket& k = mix_.message_buckets()[static_cast<size_t>(b)];
-  mix_.mix(b, own_.data() + k.begin, partner, x_);
-}
+void LowRankAverage::received(int b, int64_t, const float* partner) { mix_into(b, partner, x_); }
 
 LowRankDelayed::LowRankDelayed(float* buffer, const std::vector<kernels::Bucket>& buckets,
                                std::vector<MatrixView> views, int rank, int self, int period)
-    : DelayedAverage(buffer, buckets), mix_(std::move(views), buckets, rank, self, period) {
-  out_.assign(static_cast<size_t>(message_floats(mix_)), 0.f);
-  own_ = out_;
-}
-
-void LowRankDelayed::begin_step(int64_t step, const partners::Partners& peers) {
-  check_pair(peers);
-  mix_.begin(step, peers.send_to);
-}
-
-const float* LowRankDelayed::outgoing(int b) {
-  mix_.message(b, sent_.data(), out_.data());
-  return out_.data() + mix_.message_buckets()[static_cast<size_t>(b)].begin;
-}
-
-void LowRankDelayed::sent(int b, const float* decoded) {
-  const kernels::Bucket& k = mix_.message_buckets()[static_cast<size_t>(b)];
-  std::copy(decoded, decoded + k.size(), own_.begin() + k.begin);
-}
+    : WithLowRank(LowRankMix(std::move(views), buckets, rank, self, period), buffer, buckets) {}
 
 void LowRankDelayed::received(int b, int64_t, const float* partner) {
   const kernels::Bucket& k = buckets_[static_cast<size_t>(b)];
   std::fill(delta_.begin() + k.begin, delta_.begin() + k.end, 0.f);
-  const kernels::Bucket& m = mix_.message_buckets()[static_cast<size_t>(b)];
-  mix_.mix(b, own_.data() + m.begin, partner, delta_.data());
+  mix_into(b, partner, delta_.data());
 }
 
 }  // namespace gg::gossip

@@ -11,8 +11,10 @@
 // averaged. No MPI, no threads of its own: tests/gossip/comm/test_low_rank.cpp.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
+#include <utility>
 #include <vector>
 
 #include "gossip/comm/exchange_options.hpp"
@@ -35,6 +37,9 @@ class LowRankMix {
   // The buckets' messages: each matrix takes r * max(rows, cols) floats (the smaller side's
   // meetings leave the rest zero), each vector its size; bucket 0 last, as the buffer's.
   const std::vector<kernels::Bucket>& message_buckets() const { return message_buckets_; }
+  int64_t message_floats() const {
+    return message_buckets_.empty() ? 0 : message_buckets_.front().end;
+  }
   // This step's partner (a pair: it sends to and receives from this rank).
   void begin(int64_t step, int peer);
   // Bucket b's message from the values x (the flat buffer or a copy of it) into out (the
@@ -71,41 +76,71 @@ class LowRankMix {
   bool right_ = true;  // this meeting sends X Q (else X^T P)
 };
 
-// The low-rank rule with staleness 0: the partner's message mixes the buffer on arrival.
-class LowRankAverage final : public MixingRule {
+// Throws std::logic_error unless the step's partners are a pair (send_to == recv_from).
+void check_pair(const partners::Partners& peers);
+
+// What both low-rank rules do alike, over a Base rule: the step's pair, each bucket's message
+// from given values and its echo (what the partner decodes), the partner's message mixed into a
+// flat buffer, and the factors as a rank's state.
+template <class Base>
+class WithLowRank : public Base {
  public:
-  LowRankAverage(float* buffer, const std::vector<kernels::Bucket>& buckets,
-                 std::vector<MatrixView> views, int rank, int self, int period);
-  void begin_step(int64_t step, const partners::Partners& peers) override;
-  const float* outgoing(int b) override;
+  template <class... BaseArgs>
+  explicit WithLowRank(LowRankMix mix, BaseArgs&&... base)
+      : Base(std::forward<BaseArgs>(base)...),
+        mix_(std::move(mix)),
+        out_(static_cast<size_t>(mix_.message_floats()), 0.f),
+        own_(out_) {}
+  void begin_step(int64_t step, const partners::Partners& peers) override {
+    check_pair(peers);
+    mix_.begin(step, peers.send_to);
+  }
   bool echoes() const override { return true; }
-  void sent(int b, const float* decoded) override;
-  void received(int b, int64_t step, const float* partner) override;
+  void sent(int b, const float* decoded) override {
+    const kernels::Bucket& k = message_bucket(b);
+    std::copy(decoded, decoded + k.size(), own_.begin() + k.begin);
+  }
   std::vector<PublicCopy> low_rank_factors() const override { return mix_.save(); }
   void set_low_rank_factors(std::vector<PublicCopy> f) override { mix_.load(std::move(f)); }
 
+ protected:
+  const kernels::Bucket& message_bucket(int b) const {
+    return mix_.message_buckets()[static_cast<size_t>(b)];
+  }
+  // Bucket b's message from the values x.
+  const float* message(int b, const float* x) {
+    mix_.message(b, x, out_.data());
+    return out_.data() + message_bucket(b).begin;
+  }
+  // The partner's message of bucket b, with this rank's echo, mixed into y.
+  void mix_into(int b, const float* partner, float* y) {
+    mix_.mix(b, own_.data() + message_bucket(b).begin, partner, y);
+  }
+
  private:
-  float* x_;
   LowRankMix mix_;
   std::vector<float> out_, own_;  // message layout: what goes out, as the partner decodes it
 };
 
+// The low-rank rule with staleness 0: the partner's message mixes the buffer on arrival.
+class LowRankAverage final : public WithLowRank<MixingRule> {
+ public:
+  LowRankAverage(float* buffer, const std::vector<kernels::Bucket>& buckets,
+                 std::vector<MatrixView> views, int rank, int self, int period);
+  const float* outgoing(int b) override { return message(b, x_); }
+  void received(int, int64_t, const float* partner) override;
+
+ private:
+  float* x_;
+};
+
 // Overlapped: the snapshot's message goes out; the half difference becomes the correction.
-class LowRankDelayed final : public DelayedAverage {
+class LowRankDelayed final : public WithLowRank<DelayedAverage> {
  public:
   LowRankDelayed(float* buffer, const std::vector<kernels::Bucket>& buckets,
                  std::vector<MatrixView> views, int rank, int self, int period);
-  void begin_step(int64_t step, const partners::Partners& peers) override;
-  const float* outgoing(int b) override;
-  bool echoes() const override { return true; }
-  void sent(int b, const float* decoded) override;
+  const float* outgoing(int b) override { return message(b, sent_.data()); }
   void received(int b, int64_t step, const float* partner) override;
-  std::vector<PublicCopy> low_rank_factors() const override { return mix_.save(); }
-  void set_low_rank_factors(std::vector<PublicCopy> f) override { mix_.load(std::move(f)); }
-
- private:
-  LowRankMix mix_;
-  std::vector<float> out_, own_;
 };
 
 }  // namespace gg::gossip

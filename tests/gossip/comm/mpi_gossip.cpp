@@ -308,6 +308,28 @@ void run_wire(const mpi::Comm& world, const std::string& transport, gossip::Wire
   check_wire_bytes(name, sent, buckets, w, steps, rank);
 }
 
+// The weights' exchange of `steps` steps as the trainer drives it: x moves by update(s) before
+// each exchange (delayed: the exchange runs behind update(s + 100) and its correction follows).
+// Returns the bytes the exchange sent; keep(ex) reads what it holds before it is destroyed.
+template <class Update, class Keep>
+int64_t drive_weights(const mpi::Comm& world, std::vector<float>& x,
+                      const std::vector<kernels::Bucket>& buckets, const gossip::GossipOptions& o,
+                      int64_t steps, Update update, Keep keep) {
+  gossip::GossipExchange ex(world, x.data(), buckets, o);
+  for (int64_t s = 0; s < steps; ++s) {
+    update(s);
+    if (!o.delayed) {
+      ex.exchange_all(s);
+      continue;
+    }
+    ex.start_delayed(s);
+    update(s + 100);
+    ex.finish_delayed();
+  }
+  keep(ex);
+  return ex.bytes_sent();
+}
+
 // CHOCO's public copies on a transport: x moves between steps (an update), the weights' exchange
 // sends the difference to the copy the partner holds (delayed: of the snapshot, the correction
 // applied after the update). Every rank's values and copies equal a replay of the arithmetic
@@ -329,22 +351,9 @@ void run_choco(const mpi::Comm& world, const std::string& transport, gossip::Wir
   std::vector<float> x(count);
   for (int64_t i = 0; i < count; ++i) x[i] = start(rank, i);
   std::vector<gossip::PublicCopy> copies;
-  int64_t sent = 0;
-  {
-    gossip::GossipExchange ex(world, x.data(), buckets, o);
-    for (int s = 0; s < steps; ++s) {
-      update(x, rank, s);
-      if (!delayed) {
-        ex.exchange_all(s);
-        continue;
-      }
-      ex.start_delayed(s);
-      update(x, rank, s + 100);
-      ex.finish_delayed();
-    }
-    sent = ex.bytes_sent();
-    copies = ex.public_copies();
-  }
+  const int64_t sent = drive_weights(
+      world, x, buckets, o, steps, [&](int64_t s) { update(x, rank, static_cast<int>(s)); },
+      [&](gossip::GossipExchange& ex) { copies = ex.public_copies(); });
   // The replay: copies[v][peer] (mine: true / false), every rank's values.
   std::vector<std::vector<float>> all(p, std::vector<float>(count));
   std::vector<std::map<std::pair<int, bool>, std::vector<float>>> copy(p);
@@ -415,22 +424,9 @@ void run_low_rank(const mpi::Comm& world, const std::string& transport, gossip::
   std::vector<float> x(count);
   for (int64_t i = 0; i < count; ++i) x[i] = start(rank, i);
   std::vector<gossip::PublicCopy> factors;
-  int64_t sent = 0;
-  {
-    gossip::GossipExchange ex(world, x.data(), buckets, o);
-    for (int64_t s = 0; s < steps; ++s) {
-      update(x.data(), rank, s);
-      if (!delayed) {
-        ex.exchange_all(s);
-        continue;
-      }
-      ex.start_delayed(s);
-      update(x.data(), rank, s + 100);
-      ex.finish_delayed();
-    }
-    sent = ex.bytes_sent();
-    factors = ex.low_rank_factors();
-  }
+  const int64_t sent = drive_weights(
+      world, x, buckets, o, steps, [&](int64_t s) { update(x.data(), rank, s); },
+      [&](gossip::GossipExchange& ex) { factors = ex.low_rank_factors(); });
   // The replay: p rules in this process.
   std::vector<std::vector<float>> all(p, std::vector<float>(count));
   std::vector<std::unique_ptr<gossip::MixingRule>> rules;
