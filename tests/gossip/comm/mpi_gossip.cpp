@@ -223,7 +223,8 @@ std::vector<float> replay_wire(gossip::Wire w, std::span<const float> x, std::sp
 }
 int64_t wire_bytes(gossip::Wire w, int64_t n) {
   const int64_t blocks = (n + 63) / 64;
-  return 4 * (w == gossip::Wire::Bf16   ? (n + 1) / 2
+  return 4 * (w == gossip::Wire::Fp32   ? n
+              : w == gossip::Wire::Bf16 ? (n + 1) / 2
               : w == gossip::Wire::Int8 ? blocks + (n + 3) / 4
                                         : blocks + (n + 7) / 8);
 }
@@ -239,7 +240,10 @@ gossip::GossipOptions wire_options(int p, const std::string& transport,
   return o;
 }
 const char* wire_name(gossip::Wire w) {
-  return w == gossip::Wire::Bf16 ? "bf16" : w == gossip::Wire::Int8 ? "int8" : "int4";
+  return w == gossip::Wire::Fp32   ? "fp32"
+         : w == gossip::Wire::Bf16 ? "bf16"
+         : w == gossip::Wire::Int8 ? "int8"
+                                   : "int4";
 }
 // The exchange sent exactly the wire's bytes of every bucket in every step.
 void check_wire_bytes(const std::string& name, int64_t sent,
@@ -463,19 +467,10 @@ void run_low_rank(const mpi::Comm& world, const std::string& transport, gossip::
   exact &= replayed.size() == factors.size() && !factors.empty();
   for (size_t i = 0; exact && i < factors.size(); ++i)
     exact &= factors[i].peer == replayed[i].peer && factors[i].values == replayed[i].values;
-  const std::string name = transport + "/" + threading + "/" +
-                           (w == gossip::Wire::Fp32 ? "fp32" : wire_name(w)) + "+low-rank" +
-                           (delayed ? "+delayed" : "");
+  const std::string name =
+      transport + "/" + threading + "/" + wire_name(w) + "+low-rank" + (delayed ? "+delayed" : "");
   check(exact, name + ": values and factors equal the replay bit for bit", rank);
-  int64_t bytes = 0;
-  for (const kernels::Bucket& k : wire)
-    bytes += w == gossip::Wire::Fp32 ? 4 * k.size() : wire_bytes(w, k.size());
-  check(
-      sent == bytes * steps,
-      name + ": sent " + std::to_string(sent) + " bytes, expected " + std::to_string(bytes * steps),
-      rank);
-  if (rank == 0)
-    std::printf("%-48s exact, %lld bytes sent\n", name.c_str(), static_cast<long long>(sent));
+  check_wire_bytes(name, sent, wire, w, static_cast<int>(steps), rank);
 }
 
 // The transport's own counters say who carried what: after a few steps every peer's buckets and
