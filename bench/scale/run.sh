@@ -36,6 +36,8 @@
 #   *-lowrank<R>  model or gossipgrad with low-rank gossip of rank R (gossip.low_rank R,
 #                 PowerGossip: the hypercube's pairs without rotation, as it needs; fp32
 #                 factors), e.g. model-lowrank1, model-lowrank4-nooverlap
+#   *-sr          an int8 / int4 mode with stochastic rounding (gossip.rounding stochastic),
+#                 e.g. model-int4-choco-sr-nooverlap
 #   *-nooverlap   a mode that exchanges weights, with gossip.overlap_model false (the weights
 #                 mixed before the next forward, not behind it), e.g. gossipgrad-nooverlap
 #   *-cc<B>       any gossip mode with consensus control, gossip.consensus_bound B (a global
@@ -67,6 +69,7 @@ options_of() { # mode -> its train options
   if [[ $mode =~ ^(.*)-cc([0-9.]+(e-?[0-9]+)?)$ ]]; then mode=${BASH_REMATCH[1]}; bound=${BASH_REMATCH[2]}; fi
   if [[ $mode =~ ^(.*)-global([0-9]+)$ ]]; then mode=${BASH_REMATCH[1]}; global=${BASH_REMATCH[2]}; fi
   if [[ $mode =~ ^(.*)-nooverlap$ ]]; then mode=${BASH_REMATCH[1]}; echo "--gossip.overlap_model false"; fi
+  if [[ $mode =~ ^(.*-int[48].*)-sr$ ]]; then mode=${BASH_REMATCH[1]}; echo "--gossip.rounding stochastic"; fi
   if [[ $mode =~ ^(model|gossipgrad)-lowrank([0-9]+)$ ]]; then
     mode=${BASH_REMATCH[1]}
     echo "--gossip.low_rank ${BASH_REMATCH[2]} --gossip.schedule hypercube --gossip.rotate false"

@@ -143,8 +143,8 @@ std::vector<kernels::Bucket> wire_buckets(const GossipOptions& o,
   return LowRankMix(o.matrices, buckets, o.low_rank, 0, 1).message_buckets();
 }
 
-const float* encode_outgoing(MixingRule& rule, WireCodec& codec, int b) {
-  const float* image = codec.encode(b, rule.outgoing(b));
+const float* encode_outgoing(MixingRule& rule, WireCodec& codec, int b, uint64_t key) {
+  const float* image = codec.encode(b, rule.outgoing(b), key);
   if (rule.echoes()) rule.sent(b, codec.decode(b, image));
   return image;
 }
@@ -154,7 +154,7 @@ GossipExchange::GossipExchange(const mpi::Comm& world, float* buffer,
     : comm_(world.dup()),
       o_(checked(std::move(o), comm_.size())),
       buckets_(std::move(buckets)),
-      codec_(o_.wire, o_.error_feedback, wire_buckets(o_, buckets_)),
+      codec_(o_.wire, o_.error_feedback, wire_buckets(o_, buckets_), o_.stochastic),
       buffer_(buffer),
       queue_(buckets_.size(), o_.threading, engine_limit()) {
   const int64_t count = buckets_.empty() ? 0 : buckets_.front().end;
@@ -210,7 +210,8 @@ void GossipExchange::start(Job& j) {
   const int64_t t = j.step - first_step_;
   if (in_place(j.peers)) return transport_->publish(j.peers.send_to, t, j.bucket);
   transport_->expect(j.peers.recv_from, t, j.bucket);
-  transport_->send(j.peers.send_to, t, j.bucket, encode_outgoing(*rule_, codec_, j.bucket));
+  const uint64_t key = wire_key(o_.schedule.seed, comm_.rank(), j.step);
+  transport_->send(j.peers.send_to, t, j.bucket, encode_outgoing(*rule_, codec_, j.bucket, key));
 }
 
 void GossipExchange::complete(const Job& j) {

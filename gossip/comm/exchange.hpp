@@ -108,7 +108,8 @@ std::vector<kernels::Bucket> wire_buckets(const GossipOptions& o,
                                           const std::vector<kernels::Bucket>& buckets);
 // Bucket b as it goes on the wire: the rule's outgoing values encoded by the codec, shown back to
 // a rule that echoes() as the partner will decode them (the engine and virtual ranks alike).
-const float* encode_outgoing(MixingRule& rule, WireCodec& codec, int b);
+// key: the stochastic rounding key of this rank's exchange (wire_key), if the codec rounds so.
+const float* encode_outgoing(MixingRule& rule, WireCodec& codec, int b, uint64_t key = 0);
 
 // Gossip: bucket b is averaged with the same bucket of this step's partner, x = (x + x_from) / 2,
 // where the schedule says who sends to whom. Transports move the bytes; threading decides who

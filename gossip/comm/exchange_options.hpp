@@ -39,6 +39,7 @@ struct GossipOptions {
   double timeout_s = 0;    // a wait on a partner longer than this fails the step (0: never)
   Wire wire = Wire::Fp32;
   bool error_feedback = false;    // a lossy wire only
+  bool stochastic = false;        // int8 / int4: stochastic rounding (wire_key of seed, rank, step)
   bool measure_distance = false;  // the rule adds up ||x - partner||^2 (consensus control)
   // CHOCO-SGD: the difference to public copies both partners hold travels (staleness 0 only).
   bool public_copies = false;

@@ -78,7 +78,9 @@ int top_level(Wire w) { return w == Wire::Int8 ? 127 : 7; }
 // One block's values v (error feedback's sum already in) -> levels q and its scale; the residue,
 // when kept, becomes v - q * scale. Written for the compiler to vectorise (eight independent
 // lanes, no library calls): it runs on the communication thread for every bucket sent.
-float quantize_block(std::span<const float> v, int top, int8_t* q, float* residue) {
+// With noise (uniform in [0, 1), one per value), the level is floor(y + noise) instead.
+float quantize_block(std::span<const float> v, int top, int8_t* q, float* residue,
+                     const float* noise) {
   const size_t n = v.size();
   float most[8] = {}, poison[8] = {};  // a * 0 is NaN for a NaN or an infinity
   size_t i = 0;
@@ -107,18 +109,49 @@ float quantize_block(std::span<const float> v, int top, int8_t* q, float* residu
   // y + 1.5 * 2^23 keeps no fraction and subtracting it again is exact.
   constexpr float kRound = 12582912.f;
   float level[kQuantBlock];
-  for (i = 0; i < n; ++i) {
-    const float y = v[i] * inv;
-    level[i] = std::min(hi, std::max(-hi, (y + kRound) - kRound));
-  }
+  if (noise)
+    for (i = 0; i < n; ++i) {
+      const float y = v[i] * inv + noise[i];
+      const float t = (y + kRound) - kRound;  // nearest; one below where it rounded up: floor
+      level[i] = std::min(hi, std::max(-hi, t > y ? t - 1.f : t));
+    }
+  else
+    for (i = 0; i < n; ++i) {
+      const float y = v[i] * inv;
+      level[i] = std::min(hi, std::max(-hi, (y + kRound) - kRound));
+    }
   for (i = 0; i < n; ++i) q[i] = static_cast<int8_t>(static_cast<int>(level[i]));
   if (residue)
     for (i = 0; i < n; ++i) residue[i] = v[i] - level[i] * scale;
   return scale;
 }
+
+uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
 }  // namespace
 
-void pack_quant(Wire w, std::span<const float> x, std::span<float> residue, float* out) {
+uint64_t wire_key(uint64_t seed, int rank, int64_t step) {
+  return mix64(mix64(seed ^ 0x5EED) ^
+               mix64(static_cast<uint64_t>(rank) << 40 ^ static_cast<uint64_t>(step)));
+}
+uint64_t bucket_key(uint64_t key, int bucket) {
+  return mix64(key ^ (static_cast<uint64_t>(bucket) + 1) * 0xD1B54A32D192ED03ull);
+}
+
+namespace {
+// Uniform draws in [0, 1) for values first .. first + m of a buffer rounded with `key`.
+void draws(uint64_t key, size_t first, size_t m, float* u) {
+  for (size_t i = 0; i < m; ++i)
+    u[i] = static_cast<float>(mix64(key + first + i) >> 40) * 0x1.0p-24f;
+}
+}  // namespace
+
+void pack_quant(Wire w, std::span<const float> x, std::span<float> residue, float* out,
+                std::optional<uint64_t> stochastic) {
   if (w != Wire::Int8 && w != Wire::Int4)
     throw std::invalid_argument("pack_quant: int8 or int4 only");
   const size_t n = x.size();
@@ -129,7 +162,7 @@ void pack_quant(Wire w, std::span<const float> x, std::span<float> residue, floa
   auto* bytes = reinterpret_cast<uint8_t*>(out + blocks);
   const auto level_floats = wire_floats(w, static_cast<int64_t>(n)) - static_cast<int64_t>(blocks);
   std::memset(bytes, 0, static_cast<size_t>(level_floats) * 4);
-  float v[kQuantBlock];
+  float v[kQuantBlock], u[kQuantBlock];
   int8_t q[kQuantBlock];
   for (size_t k = 0; k < blocks; ++k) {
     const size_t lo = k * kQuantBlock, m = std::min<size_t>(kQuantBlock, n - lo);
@@ -137,7 +170,9 @@ void pack_quant(Wire w, std::span<const float> x, std::span<float> residue, floa
       std::copy_n(x.data() + lo, m, v);
     else
       for (size_t i = 0; i < m; ++i) v[i] = x[lo + i] + residue[lo + i];
-    out[k] = quantize_block({v, m}, top, q, residue.empty() ? nullptr : residue.data() + lo);
+    if (stochastic) draws(*stochastic, lo, m, u);
+    out[k] = quantize_block({v, m}, top, q, residue.empty() ? nullptr : residue.data() + lo,
+                            stochastic ? u : nullptr);
     if (w == Wire::Int8) {
       std::memcpy(bytes + lo, q, m);
       continue;
@@ -168,10 +203,13 @@ void unpack_quant(Wire w, const float* in, std::span<float> x) {
   }
 }
 
-WireCodec::WireCodec(Wire wire, bool error_feedback, std::vector<kernels::Bucket> buckets)
-    : wire_(wire), buckets_(std::move(buckets)) {
+WireCodec::WireCodec(Wire wire, bool error_feedback, std::vector<kernels::Bucket> buckets,
+                     bool stochastic)
+    : wire_(wire), stochastic_(stochastic), buckets_(std::move(buckets)) {
   if (error_feedback && wire_ == Wire::Fp32)
     throw std::invalid_argument("error feedback needs a lossy wire (bf16, int8 or int4)");
+  if (stochastic && wire_ != Wire::Int8 && wire_ != Wire::Int4)
+    throw std::invalid_argument("stochastic rounding needs the int8 or int4 wire");
   const int64_t count = buckets_.empty() ? 0 : buckets_.front().end;
   if (wire_ == Wire::Fp32) {
     layout_ = buckets_;
@@ -190,7 +228,7 @@ WireCodec::WireCodec(Wire wire, bool error_feedback, std::vector<kernels::Bucket
   if (error_feedback) residue_.assign(static_cast<size_t>(count), 0.f);
 }
 
-const float* WireCodec::encode(int b, const float* x) {
+const float* WireCodec::encode(int b, const float* x, uint64_t key) {
   if (wire_ == Wire::Fp32) return x;
   const kernels::Bucket& k = buckets_[static_cast<size_t>(b)];
   float* room = packed_.data() + layout_[static_cast<size_t>(b)].begin;
@@ -202,7 +240,8 @@ const float* WireCodec::encode(int b, const float* x) {
   if (wire_ == Wire::Bf16)
     pack_bf16({x, n}, residue, reinterpret_cast<uint16_t*>(room));
   else
-    pack_quant(wire_, {x, n}, residue, room);
+    pack_quant(wire_, {x, n}, residue, room,
+               stochastic_ ? std::optional<uint64_t>(bucket_key(key, b)) : std::nullopt);
   return room;
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -43,8 +44,19 @@ void unpack_bf16(const uint16_t* in, std::span<float> x);
 // levels (a last float's unused bytes zeroed). Each value is within half its block's step (scale)
 // of what unpack_quant gives back; a block with a NaN or an infinity comes back all NaN. With a
 // residue as pack_bf16's.
-void pack_quant(Wire w, std::span<const float> x, std::span<float> residue, float* out);
+// With a stochastic key, each value is rounded down or up at random instead of to nearest, up
+// with the probability of its distance to the level below (unbiased: the expected level is the
+// value; each value within one step of what comes back), drawn from a hash of (key, index): the
+// same key gives the same bytes.
+void pack_quant(Wire w, std::span<const float> x, std::span<float> residue, float* out,
+                std::optional<uint64_t> stochastic = std::nullopt);
 void unpack_quant(Wire w, const float* in, std::span<float> x);
+
+// The stochastic rounding key of what `rank` sends in exchange `step` of a run seeded `seed`, and
+// of its bucket b: a function of these alone, so that a resumed run, a replay and virtual ranks
+// round alike.
+uint64_t wire_key(uint64_t seed, int rank, int64_t step);
+uint64_t bucket_key(uint64_t key, int bucket);
 
 // One flat buffer's buckets on a wire: where each bucket lies in the transport's layout, and the
 // rooms that hold this rank's packed buckets, the partner's unpacked ones and the error-feedback
@@ -52,14 +64,16 @@ void unpack_quant(Wire w, const float* in, std::span<float> x);
 // threads: bucket b is encoded and decoded by one thread at a time.
 class WireCodec {
  public:
-  WireCodec(Wire wire, bool error_feedback, std::vector<kernels::Bucket> buckets);
+  // stochastic: int8 / int4 with stochastic rounding (encode's key then picks the draws).
+  WireCodec(Wire wire, bool error_feedback, std::vector<kernels::Bucket> buckets,
+            bool stochastic = false);
   Wire wire() const { return wire_; }
   // The buckets in the transport's layout (bf16: ceil(n / 2) floats each, bucket 0 last) and that
   // layout's size in floats.
   const std::vector<kernels::Bucket>& layout() const { return layout_; }
   int64_t floats() const { return floats_; }
   // Bucket b's values x as they go on the wire: x itself (fp32), or its packed image.
-  const float* encode(int b, const float* x);
+  const float* encode(int b, const float* x, uint64_t key = 0);
   // The partner's bucket b as it came off the wire, as fp32 values.
   const float* decode(int b, const float* in);
   // The error-feedback residue (empty without): a rank's state, saved with its checkpoints. Safe
@@ -71,6 +85,7 @@ class WireCodec {
 
  private:
   Wire wire_;
+  bool stochastic_ = false;
   std::vector<kernels::Bucket> buckets_, layout_;
   int64_t floats_ = 0;
   std::vector<float> packed_, unpacked_, residue_;

@@ -138,6 +138,17 @@ void check_low_rank(const Config& c) {
         "meeting (and no gradients travel on a lossy wire); leave it out");
 }
 
+// gossip.rounding = stochastic: only where an int8 or int4 wire carries something.
+void check_rounding(const Config& c) {
+  if (c.gossip.rounding != "stochastic") return;
+  const Algorithm& a = mixing_of(c);
+  const auto quantized = [](const std::string& w) { return w == "int8" || w == "int4"; };
+  if (!(a.grads && quantized(c.gossip.wire)) && !(a.weights && quantized(c.gossip.model_wire)))
+    throw UsageError(
+        "gossip.rounding = stochastic rounds the int8 and int4 wires, and this run sends none: "
+        "set gossip.wire or gossip.model_wire = int8 or int4 (where gossip.mode sends it)");
+}
+
 // Which exchanges run and how: an option that would change what the exchange does, given where
 // it does nothing, is refused (the user expects its effect); see inert_settings for the harmless.
 void check_exchange(const Config& c) {
@@ -183,6 +194,7 @@ void check_exchange(const Config& c) {
         "gossip.global_every for a fixed period)");
   check_choco(c);
   check_low_rank(c);
+  check_rounding(c);
   if (c.gossip.hierarchy == "node") {
     if (!grads || weights)
       throw UsageError(
@@ -363,6 +375,8 @@ GossipOptions exchange_options(const Config& c, const GossipPlan& plan, Mixed wh
   o.wire = after_update ? plan.model_wire : plan.wire;
   o.public_copies = after_update && c.gossip.choco;
   o.low_rank = after_update ? c.gossip.low_rank : 0;
+  o.stochastic =
+      c.gossip.rounding == "stochastic" && (o.wire == Wire::Int8 || o.wire == Wire::Int4);
   o.error_feedback =
       o.wire != Wire::Fp32 && c.gossip.error_feedback && !o.public_copies && o.low_rank == 0;
   o.delayed = after_update && c.gossip.overlap_model;

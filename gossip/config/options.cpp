@@ -238,6 +238,11 @@ void gossip_mixing_options(std::vector<Option>& o) {
     {GG_OPTION(gossip.error_feedback), {},
      "with a bf16, int8 or int4 wire: what rounding took off a value is added to it before the "
      "next step's rounding (error feedback), so nothing is lost for good"},
+    {GG_OPTION(gossip.rounding), Choices{{"nearest", "stochastic"}},
+     "the int8 and int4 wires: each value rounded to the nearest level (ties to even), or "
+     "stochastically, down or up with the probability of its distance to the level below "
+     "(unbiased; the draws a hash of the run's seed, the rank, the step and the value's place, "
+     "so a resumed run rounds alike)"},
     {GG_OPTION(gossip.choco), {},
      "model/both/gossipgrad with a lossy gossip.model_wire: CHOCO-SGD's public copies "
      "(Koloskova et al. 2019): each rank keeps, per partner, a copy of its weights as that "

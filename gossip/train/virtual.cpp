@@ -60,8 +60,8 @@ class VirtualExchange {
                   std::function<bool(int64_t, int)> late = {})
       : buckets_(buckets), late_(std::move(late)) {
     for (float* v : x) {
-      codecs_.push_back(
-          std::make_unique<WireCodec>(o.wire, o.error_feedback, wire_buckets(o, buckets)));
+      codecs_.push_back(std::make_unique<WireCodec>(o.wire, o.error_feedback,
+                                                    wire_buckets(o, buckets), o.stochastic));
       rules_.push_back(make_rule(o, v, buckets, static_cast<int>(rules_.size())));
     }
     wire_.assign(x.size() * static_cast<size_t>(codecs_[0]->floats()), 0.f);
@@ -81,7 +81,8 @@ class VirtualExchange {
       rules_[r]->begin_step(step, partners::partners(s, static_cast<int>(r), step));
       for (int b = 0; b < buckets; ++b) {
         rules_[r]->capture(b);
-        const float* image = encode_outgoing(*rules_[r], *codecs_[r], b);
+        const float* image = encode_outgoing(*rules_[r], *codecs_[r], b,
+                                             wire_key(s.seed, static_cast<int>(r), step));
         std::copy(image, image + layout[b].size(), wire_.data() + r * floats + layout[b].begin);
       }
     }

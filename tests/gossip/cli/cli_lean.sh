@@ -9,7 +9,8 @@
 #   bucket from the step before (late_buckets 0) and counts the ones it left unmixed, while
 #   late = previous mixes them late;
 # - resume is exact with the int4 / int8 wires and error feedback (the residues are saved), and
-#   with gossip.choco (the public copies are saved) and gossip.low_rank (the factors are saved);
+#   with stochastic rounding (keyed draws, no state), gossip.choco (the public copies are saved)
+#   and gossip.low_rank (the factors are saved);
 # - gossip.consensus_bound: the same global averages, and the same state files, resumed or not.
 set -euo pipefail
 BIN="$1"; ROOT="$2"; MPIEXEC="$3"
@@ -89,6 +90,9 @@ exact_resume() { # what A B options...: uninterrupted in A, stopped and resumed 
 # weights.
 exact_resume "int4 / int8 wires and error feedback" F G --gossip.mode both --gossip.wire int4 \
   --gossip.model_wire int8 --gossip.error_feedback true
+# Stochastic rounding keeps no state: its draws are keyed by (seed, rank, step, bucket).
+exact_resume "int4 with stochastic rounding" L M --gossip.mode model --gossip.model_wire int4 \
+  --gossip.error_feedback true --gossip.rounding stochastic
 # CHOCO's public copies too: gossipgrad (the weights' and the momentum's copies), int4, overlapped.
 exact_resume "CHOCO's public copies (gossipgrad, int4)" H I --gossip.mode gossipgrad \
   --gossip.model_wire int4 --gossip.choco true --gossip.rotate false

@@ -35,6 +35,7 @@ VALUES = {
     "gossip.wire": ["bf16"],
     "gossip.model_wire": ["bf16"],
     "gossip.error_feedback": ["true"],
+    "gossip.rounding": ["stochastic"],
     "gossip.choco": ["true"],
     "gossip.low_rank": ["2"],
     "data.shuffle": ["ids"],

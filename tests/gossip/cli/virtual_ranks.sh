@@ -6,7 +6,7 @@
 # weight exchange; also on 1,600 images, three evaluations inside the 200 steps), model with
 # the bf16 wire, error feedback and consensus control (the same steps end in a global average,
 # some of the 200 but not all), model with the int8 wire and both with int4 wires (error
-# feedback), CHOCO's public copies (model + int4 overlapped, gossipgrad + int8), low-rank gossip
+# feedback; int8 with stochastic rounding), CHOCO's public copies (model + int4 overlapped, gossipgrad + int8), low-rank gossip
 # (gossipgrad, rank 1, overlapped), the authors' gossipgrad (weights and momentum, exchanged
 # after each update); allreduce within 1e-5 relative (virtual ranks add in MPICH's recursive-
 # doubling order, which makes it exact with Debian's MPICH; another MPI may add otherwise); and
@@ -44,6 +44,8 @@ cases=(
   # The quantized wires (gossip.wire / model_wire int8, int4) with error feedback.
   "model-int8-ef|--gossip.mode model --gossip.model_wire int8 --gossip.error_feedback true"
   "both-int4-ef|--gossip.mode both --gossip.wire int4 --gossip.model_wire int4 --gossip.error_feedback true"
+  # Stochastic rounding: the draws keyed by (seed, rank, step, bucket) alike on both sides.
+  "model-int8-sr|--gossip.mode model --gossip.model_wire int8 --gossip.rounding stochastic"
   # CHOCO's public copies: overlapped model + int4, and gossipgrad + int8 (weights and momentum).
   "model-int4-choco|--gossip.mode model --gossip.model_wire int4 --gossip.choco true --gossip.rotate false"
   "gossipgrad-int8-choco|--gossip.mode gossipgrad --gossip.overlap_model false --gossip.model_wire int8 --gossip.choco true --gossip.rotate false --gossip.schedule hypercube"

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <span>
 #include <string>
@@ -209,14 +210,15 @@ void run_delayed(const mpi::Comm& world, const std::string& transport) {
 // wire(x_v + r_v) before the mix, bucket by bucket (int8 / int4 blocks start at each bucket);
 // the bytes sent are what the wire takes (bf16: half of fp32, odd buckets padded; int8 / int4:
 // a scale per block of 64 and a byte or half a byte a value, padded to whole floats).
-std::vector<float> replay_wire(gossip::Wire w, std::span<const float> x, std::span<float> r) {
+std::vector<float> replay_wire(gossip::Wire w, std::span<const float> x, std::span<float> r,
+                               std::optional<uint64_t> stochastic = std::nullopt) {
   std::vector<float> room(static_cast<size_t>(gossip::wire_floats(w, std::ssize(x)))),
       back(x.size());
   if (w == gossip::Wire::Bf16) {
     gossip::pack_bf16(x, r, reinterpret_cast<uint16_t*>(room.data()));
     gossip::unpack_bf16(reinterpret_cast<const uint16_t*>(room.data()), back);
   } else {
-    gossip::pack_quant(w, x, r, room.data());
+    gossip::pack_quant(w, x, r, room.data(), stochastic);
     gossip::unpack_quant(w, room.data(), back);
   }
   return back;
@@ -259,8 +261,10 @@ void check_wire_bytes(const std::string& name, int64_t sent,
     std::printf("%-48s exact, %lld bytes sent\n", name.c_str(), static_cast<long long>(sent));
 }
 
+// stochastic: int8 / int4 rounded stochastically, each rank's draws keyed by (seed, rank, step,
+// bucket) as wire_key and bucket_key say.
 void run_wire(const mpi::Comm& world, const std::string& transport, gossip::Wire w, bool feedback,
-              const std::string& threading = "funneled") {
+              const std::string& threading = "funneled", bool stochastic = false) {
   if (transport == "shm" && !one_node(world)) return;
   const int rank = world.rank(), p = world.size();
   const int64_t count = 500;
@@ -268,6 +272,7 @@ void run_wire(const mpi::Comm& world, const std::string& transport, gossip::Wire
   const auto buckets = make_layout(count);
   gossip::GossipOptions o = wire_options(p, transport, threading, w, 9);
   o.error_feedback = feedback;
+  o.stochastic = stochastic;
   // Start values that no lossy wire holds exactly: every send rounds.
   auto start = [](int v, int64_t i) {
     return 1.0f + static_cast<float>((v * 131 + i * 17) % 997) / 997;
@@ -292,11 +297,16 @@ void run_wire(const mpi::Comm& world, const std::string& transport, gossip::Wire
   for (int s = 0; s < steps; ++s) {
     std::vector<std::vector<float>> wire(p, std::vector<float>(count));
     for (int v = 0; v < p; ++v)
-      for (const kernels::Bucket& k : buckets) {
+      for (size_t b = 0; b < buckets.size(); ++b) {
+        const kernels::Bucket& k = buckets[b];
         const auto n = static_cast<size_t>(k.size());
+        const std::optional<uint64_t> key =
+            stochastic ? std::optional<uint64_t>(gossip::bucket_key(
+                             gossip::wire_key(o.schedule.seed, v, s), static_cast<int>(b)))
+                       : std::nullopt;
         const std::vector<float> back = replay_wire(
             w, {all[v].data() + k.begin, n},
-            feedback ? std::span<float>(res[v].data() + k.begin, n) : std::span<float>());
+            feedback ? std::span<float>(res[v].data() + k.begin, n) : std::span<float>(), key);
         std::copy(back.begin(), back.end(), wire[v].begin() + k.begin);
       }
     for (int v = 0; v < p; ++v) {
@@ -306,8 +316,8 @@ void run_wire(const mpi::Comm& world, const std::string& transport, gossip::Wire
   }
   bool exact = true;
   for (int64_t i = 0; i < count; ++i) exact &= x[i] == all[rank][i];
-  const std::string name =
-      transport + "/" + threading + "/" + wire_name(w) + (feedback ? "+feedback" : "");
+  const std::string name = transport + "/" + threading + "/" + wire_name(w) +
+                           (feedback ? "+feedback" : "") + (stochastic ? "+stochastic" : "");
   check(exact, name + ": equals the replay bit for bit", rank);
   check_wire_bytes(name, sent, buckets, w, steps, rank);
 }
@@ -652,6 +662,10 @@ int main(int argc, char** argv) {
     run_wire(world, "auto", gossip::Wire::Int4, true, "concurrent");
     run_wire(world, "p2p", gossip::Wire::Bf16, true, "chained");
     run_wire(world, "rma", gossip::Wire::Int8, false, "chained");
+    for (const char* transport : {"p2p", "shm"}) {
+      run_wire(world, transport, gossip::Wire::Int4, true, "funneled", true);
+      run_wire(world, transport, gossip::Wire::Int8, false, "concurrent", true);
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d: error: %s\n", world.rank(), e.what());
     ++failures;

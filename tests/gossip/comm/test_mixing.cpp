@@ -131,6 +131,55 @@ TEST_CASE("int8 and int4 wires: a scale per block of 64, levels to nearest, size
   CHECK_THROWS_AS(pack_quant(Wire::Bf16, room, {}, room.data()), std::invalid_argument);
 }
 
+TEST_CASE("stochastic rounding: within one step, unbiased, the same draws for the same key") {
+  // 130 values (a partial last block); int4's coarse step shows the bias of rounding to nearest.
+  std::vector<float> x(130);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.77f * static_cast<float>(i)) * 3;
+  x[0] = 3.f;  // every block's largest magnitude: 3, so the steps are known
+  x[64] = -3.f;
+  x[128] = 3.f;
+  for (Wire w : {Wire::Int8, Wire::Int4}) {
+    const int top = w == Wire::Int8 ? 127 : 7;
+    const float step = 3.f / static_cast<float>(top);
+    std::vector<float> room(static_cast<size_t>(wire_floats(w, 130))), again = room;
+    std::vector<double> sum(130, 0.0);
+    const int draws = 4000;
+    for (int k = 0; k < draws; ++k) {
+      pack_quant(w, x, {}, room.data(), bucket_key(wire_key(7, 1, k), 0));
+      std::vector<float> back(130);
+      unpack_quant(w, room.data(), back);
+      for (size_t i = 0; i < x.size(); ++i) {
+        REQUIRE(std::fabs(back[i] - x[i]) < step * 1.0001f);
+        sum[i] += back[i];
+      }
+    }
+    // The mean of the draws is the value: within 4 standard errors (each draw is off by at most
+    // a step, so its deviation is at most step / 2).
+    const double bound = 4 * step / 2 / std::sqrt(static_cast<double>(draws));
+    double worst_bias = 0;
+    for (size_t i = 0; i < x.size(); ++i)
+      worst_bias = std::max(worst_bias, std::fabs(sum[i] / draws - x[i]));
+    CAPTURE(w == Wire::Int8, worst_bias, bound);
+    CHECK(worst_bias < bound);
+    // Rounding to nearest is off by a fixed amount where the value sits between levels.
+    const std::vector<float> nearest = round_trip(w, x, nullptr);
+    double nearest_bias = 0;
+    for (size_t i = 0; i < x.size(); ++i)
+      nearest_bias = std::max(nearest_bias, std::fabs(double(nearest[i]) - x[i]));
+    CHECK(nearest_bias > 10 * bound);
+    // The same key, the same bytes; another key, other bytes.
+    pack_quant(w, x, {}, room.data(), 42);
+    pack_quant(w, x, {}, again.data(), 42);
+    CHECK(room == again);
+    pack_quant(w, x, {}, again.data(), 43);
+    CHECK(room != again);
+  }
+  CHECK(wire_key(1, 0, 5) != wire_key(1, 1, 5));
+  CHECK(wire_key(1, 0, 5) != wire_key(2, 0, 5));
+  CHECK(bucket_key(9, 0) != bucket_key(9, 1));
+  CHECK_THROWS_AS(WireCodec(Wire::Bf16, false, {{0, 4}}, true), std::invalid_argument);
+}
+
 TEST_CASE("int8 and int4 wires: every value within half its block's step, NaN kept") {
   // Blocks of very different magnitudes, a partial last block.
   std::vector<float> x(200);

@@ -303,6 +303,22 @@ TEST_CASE("gossip.choco: public copies where they change what a run does, else o
         "rounding takes off the weights (and no gradients travel on a lossy wire); leave it out");
 }
 
+TEST_CASE("gossip.rounding = stochastic only where an int8 or int4 wire carries something") {
+  const std::string refused =
+      "gossip.rounding = stochastic rounds the int8 and int4 wires, and this run sends none: set "
+      "gossip.wire or gossip.model_wire = int8 or int4 (where gossip.mode sends it)";
+  CHECK(error_of({"--gossip.rounding", "stochastic"}) == refused);
+  CHECK(error_of({"--gossip.rounding", "stochastic", "--gossip.mode", "both", "--gossip.wire",
+                  "bf16"}) == refused);
+  CHECK(error_of(
+            {"--gossip.rounding", "stochastic", "--gossip.mode", "both", "--gossip.wire", "int4"})
+            .empty());
+  CHECK(error_of({"--gossip.rounding", "stochastic", "--gossip.mode", "model",
+                  "--gossip.model_wire", "int8", "--gossip.error_feedback", "true"})
+            .empty());
+  CHECK(error_of({"--gossip.rounding", "up"}).find("gossip.rounding") != std::string::npos);
+}
+
 TEST_CASE("gossip.low_rank: PowerGossip where pairs meet again, else one line") {
   const std::vector<std::string> pairs = {
       "--gossip.low_rank", "2", "--gossip.schedule", "hypercube", "--gossip.rotate", "false"};
