@@ -14,7 +14,8 @@
 # GG_RANKS_PER_NODE=2), both-every4 (the weights every 4th step: gossip.model_every 4),
 # both-every4-bf16 (the same with both bf16 wires), model-int8 and model-int4 (the weights on the
 # int8 / int4 wire with error feedback), model-int8-choco and model-int4-choco (the same wires
-# carrying the difference to CHOCO's public copies: gossip.choco, no rotation), model-lowrank1 and
+# carrying the difference to CHOCO's public copies: gossip.choco, no rotation; model-int8-choco-sr
+# and model-int4-choco-sr with stochastic rounding, gossip.rounding stochastic), model-lowrank1 and
 # model-lowrank4 (low-rank gossip of rank 1 / 4, PowerGossip: gossip.low_rank, fp32 factors, the
 # hypercube without rotation), grad-global (grad with an exact average of
 # the weights every 50 steps), grad-skip (staleness 1, late buckets skipped, guard.lag 1)).
@@ -84,6 +85,10 @@ for p in "${RANKS[@]}"; do
     if want "model-$q-choco"; then
       run "p$p-gossip-model-$q-choco" "$p" --gossip.mode model --gossip.model_wire "$q" \
         --gossip.choco true --gossip.rotate false
+    fi
+    if want "model-$q-choco-sr"; then
+      run "p$p-gossip-model-$q-choco-sr" "$p" --gossip.mode model --gossip.model_wire "$q" \
+        --gossip.choco true --gossip.rotate false --gossip.rounding stochastic
     fi
   done
   for r in 1 4; do  # low-rank gossip: PowerGossip's projections of the weights' difference
