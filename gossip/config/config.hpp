@@ -83,7 +83,7 @@ struct Config {
     std::string model_wire = "fp32";  // weights (and momentum) on the wire: the same
     bool error_feedback = false;      // a lossy wire: carry the rounding residue into the next step
     std::string rounding = "nearest";  // int8 / int4 wires: nearest | stochastic
-    bool choco = false;               // weights: send the difference to CHOCO-SGD's public copies
+    bool choco = false;                // weights: send the difference to CHOCO-SGD's public copies
     int low_rank = 0;  // weights: > 0, PowerGossip's rank-r projection of the pair's difference
     double timeout_s = 300;  // a wait on a partner longer than this is an error (0: never)
   } gossip;
