@@ -3,7 +3,7 @@
 # and PyTorch DDP over gloo, on the cluster in a box (cluster.sh: one network namespace per node,
 # links shaped with tc), with compute emulated from a measured GPU profile ([emulate]).
 #
-# usage: bench/cluster/study.sh [--plan quick|session|check|ten|late|lag|tcp|fill|hier|lean|authors|scale|compressed|choco|lowrank|full] [--out DIR] [--profile p100|h100]
+# usage: bench/cluster/study.sh [--plan quick|session|check|ten|late|lag|tcp|fill|hier|lean|authors|scale|compressed|choco|lowrank|nooverlap|full] [--out DIR] [--profile p100|h100]
 #
 # Every point runs p ranks on p nodes (one rank per node) at a link rate R with ResNet-50's real
 # gradient (102 MB, gossipgrad's buckets of gossip.bucket_kb) and the profile's forward/backward/
@@ -59,7 +59,7 @@ PROFILE=p100
 die() { echo "study.sh: $*" >&2 && exit 1; }
 while (($#)); do
     case $1 in
-    --plan) PLAN=${2:?--plan needs quick, session, check, ten, late, lag, tcp, fill, hier, lean, authors, scale, compressed, choco, lowrank or full} && shift 2 ;;
+    --plan) PLAN=${2:?--plan needs quick, session, check, ten, late, lag, tcp, fill, hier, lean, authors, scale, compressed, choco, lowrank, nooverlap or full} && shift 2 ;;
     --out) OUT=${2:?--out needs a folder} && shift 2 ;;
     --profile) PROFILE=${2:?--profile needs p100 or h100} && shift 2 ;;
     -h | --help) sed -n '2,/^set -euo/{/^#/s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}" && exit 0 ;;
@@ -209,6 +209,13 @@ points() {
         done
         for m in model+lowrank4+lag ddp; do echo "16 200 quiet $m"; done
         ;;
+    nooverlap)
+        # The weights mixed before the next forward (what keeps top-1 at p = 128, bench/scale):
+        # int4 + choco on the ring, beside its overlapped step in the same session.
+        for m in model+int4+choco+ring+nooverlap+lag model+int4+choco+ring+lag; do
+            echo "16 1000 quiet $m"
+        done
+        ;;
     hier)
         # Two ranks per node (8 nodes of 2 at p = 16): every rank gossiping with its own partner
         # (two buckets' worth on each node's link) against the node-then-network hierarchy
@@ -225,7 +232,7 @@ points() {
             for m in grad allreduce ddp; do echo "$p 500 quiet $m"; done
         done
         ;;
-    *) echo "study.sh: --plan $PLAN: use quick, session, check, ten, late, lag, tcp, fill, hier, lean, authors, scale, compressed, choco, lowrank or full" >&2 && exit 2 ;;
+    *) echo "study.sh: --plan $PLAN: use quick, session, check, ten, late, lag, tcp, fill, hier, lean, authors, scale, compressed, choco, lowrank, nooverlap or full" >&2 && exit 2 ;;
     esac
 }
 
