@@ -5,6 +5,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "shuffle/rng.hpp"
+
 namespace gg::gossip {
 namespace {
 
@@ -37,14 +39,6 @@ float dot(const float* a, const float* b, int64_t n) {
 }
 void axpy(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
-}
-
-// splitmix64: the factors' fresh values, the same on both ends of a pair.
-uint64_t mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
 }
 
 }  // namespace
@@ -118,9 +112,9 @@ void LowRankMix::begin(int64_t step, int peer) {
 void LowRankMix::fresh_factor(const Item& it, float* f, uint64_t salt) const {
   const int64_t len = right_ ? it.v.cols : it.v.rows;
   const uint64_t lo = std::min(self_, peer_), hi = std::max(self_, peer_);
-  uint64_t s = mix64(mix64(lo * 0x100000001ull + hi) ^ salt);
+  uint64_t s = shuffle::splitmix64(shuffle::splitmix64(lo * 0x100000001ull + hi) ^ salt);
   for (int64_t i = 0; i < len * rank_; ++i) {
-    s = mix64(s);
+    s = shuffle::splitmix64(s);
     f[i] = static_cast<float>(static_cast<double>(s >> 11) * 0x1.0p-52 - 1.0);
   }
   orthonormalise(f, len, salt);
@@ -145,9 +139,10 @@ void LowRankMix::orthonormalise(float* f, int64_t len, uint64_t salt) const {
         for (int64_t i = 0; i < len; ++i) v[i] *= inv;
         break;
       }
-      uint64_t s = mix64(salt ^ mix64(static_cast<uint64_t>(step_) * 131 + k));
+      uint64_t s =
+          shuffle::splitmix64(salt ^ shuffle::splitmix64(static_cast<uint64_t>(step_) * 131 + k));
       for (int64_t i = 0; i < len; ++i) {
-        s = mix64(s);
+        s = shuffle::splitmix64(s);
         v[i] = static_cast<float>(static_cast<double>(s >> 11) * 0x1.0p-52 - 1.0);
       }
     }

@@ -6,6 +6,8 @@
 #include <limits>
 #include <stdexcept>
 
+#include "shuffle/rng.hpp"
+
 namespace gg::gossip {
 
 Wire parse_wire(const std::string& name) {
@@ -126,27 +128,22 @@ float quantize_block(std::span<const float> v, int top, int8_t* q, float* residu
   return scale;
 }
 
-uint64_t mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 }  // namespace
 
 uint64_t wire_key(uint64_t seed, int rank, int64_t step) {
-  return mix64(mix64(seed ^ 0x5EED) ^
-               mix64(static_cast<uint64_t>(rank) << 40 ^ static_cast<uint64_t>(step)));
+  return shuffle::splitmix64(
+      shuffle::splitmix64(seed ^ 0x5EED) ^
+      shuffle::splitmix64(static_cast<uint64_t>(rank) << 40 ^ static_cast<uint64_t>(step)));
 }
 uint64_t bucket_key(uint64_t key, int bucket) {
-  return mix64(key ^ (static_cast<uint64_t>(bucket) + 1) * 0xD1B54A32D192ED03ull);
+  return shuffle::splitmix64(key ^ (static_cast<uint64_t>(bucket) + 1) * 0xD1B54A32D192ED03ull);
 }
 
 namespace {
 // Uniform draws in [0, 1) for values first .. first + m of a buffer rounded with `key`.
 void draws(uint64_t key, size_t first, size_t m, float* u) {
   for (size_t i = 0; i < m; ++i)
-    u[i] = static_cast<float>(mix64(key + first + i) >> 40) * 0x1.0p-24f;
+    u[i] = static_cast<float>(shuffle::splitmix64(key + first + i) >> 40) * 0x1.0p-24f;
 }
 }  // namespace
 
