@@ -139,4 +139,24 @@ std::vector<std::vector<int>> bucket_completion(const Graph& g, const std::vecto
   return at;
 }
 
+std::vector<std::vector<int>> bucket_first_use(const Graph& g, const std::vector<Bucket>& buckets,
+                                               const std::vector<int>& order) {
+  std::vector<std::vector<int>> at(order.size());
+  if (order.empty()) return at;
+  std::vector<int> pos_of_node(g.nodes().size(), -1);
+  for (size_t i = 0; i < order.size(); ++i)
+    if (pos_of_node[order[i]] < 0) pos_of_node[order[i]] = static_cast<int>(i);
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    int first = static_cast<int>(order.size()) - 1;
+    for (const TensorSpec& p : g.params()) {
+      if (p.offset + p.size() <= buckets[b].begin || p.offset >= buckets[b].end) continue;
+      if (pos_of_node[p.node] < 0)
+        throw std::logic_error("parameter of a node forward never visits");
+      first = std::min(first, pos_of_node[p.node]);
+    }
+    at[first].push_back(static_cast<int>(b));
+  }
+  return at;
+}
+
 }  // namespace gg::kernels

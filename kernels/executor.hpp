@@ -132,6 +132,12 @@ class Executor {
       std::function<void(int node, bool backward, std::chrono::steady_clock::time_point begin,
                          std::chrono::steady_clock::time_point end)>;
   void set_layer_trace(LayerTrace t) { trace_ = std::move(t); }
+  // Called in forward, for every bucket, before the first layer that reads the bucket's
+  // parameters; nothing of bucket b is read before gate(b) returns, so a weight exchange may
+  // finish behind the layers before (gossip.pipeline_weights). Backends that read every weight
+  // up front call it for every bucket first.
+  using BucketGate = std::function<void(int bucket)>;
+  void set_bucket_gate(BucketGate g) { gate_ = std::move(g); }
 
   uint64_t dropout_step() const { return dropout_step_; }
   void set_dropout_step(uint64_t step) { dropout_step_ = step; }
@@ -141,6 +147,7 @@ class Executor {
   int64_t batch_;
   uint64_t dropout_step_ = 0;  // backends advance it after every training forward
   LayerTrace trace_;
+  BucketGate gate_;
 };
 
 // The parameter layout the backend's kernels read without reorders (kernels/param_layout.hpp):
@@ -155,6 +162,10 @@ std::unique_ptr<Executor> compile(const Graph& g, Backend backend, int64_t batch
                                   const std::vector<Bucket>& buckets,
                                   Precision precision = Precision::Fp32);
 
+// For each position of a forward `order` (node ids), the buckets whose parameters are first read
+// there (every bucket exactly once): where a backend calls its bucket gate.
+std::vector<std::vector<int>> bucket_first_use(const Graph& g, const std::vector<Bucket>& buckets,
+                                               const std::vector<int>& order);
 // For each backward position, the buckets completed there. `order` lists the nodes in the order
 // backward visits them; the result has one entry per element of `order`.
 std::vector<std::vector<int>> bucket_completion(const Graph& g, const std::vector<Bucket>& buckets,

@@ -316,6 +316,8 @@ void refuse_unmodelled(const Config& c) {
       {c.gossip.hierarchy != d.gossip.hierarchy, "gossip.hierarchy = " + c.gossip.hierarchy},
       {c.gossip.model_every != d.gossip.model_every,
        "gossip.model_every = " + std::to_string(c.gossip.model_every)},
+      {c.gossip.pipeline_weights != d.gossip.pipeline_weights,
+       "gossip.pipeline_weights = true (its cost model has no per-layer forward)"},
       {c.gossip.low_rank != d.gossip.low_rank,
        "gossip.low_rank = " + std::to_string(c.gossip.low_rank) +
            " (its messages follow each layer's shape, not the buckets' bytes)"},

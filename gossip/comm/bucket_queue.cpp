@@ -7,13 +7,18 @@
 namespace gg::gossip {
 
 BucketQueue::BucketQueue(size_t buckets, Threading threading, double limit_s)
-    : buckets_(buckets), threading_(threading), limit_s_(limit_s), in_flight_(buckets, 0) {}
+    : buckets_(buckets),
+      threading_(threading),
+      limit_s_(limit_s),
+      in_flight_(buckets, 0),
+      done_now_(buckets, 0) {}
 
 void BucketQueue::begin(int64_t step, const partners::Partners& peers) {
   std::lock_guard lock(mu_);
   step_ = step;
   peers_ = peers;
   done_ = 0;
+  std::fill(done_now_.begin(), done_now_.end(), 0);
   next_chained_ = 0;
 }
 
@@ -75,7 +80,10 @@ void BucketQueue::done(const Job& j) {
     std::lock_guard lock(mu_);
     --in_flight_[static_cast<size_t>(j.bucket)];
     ++progress_;
-    if (j.step == step_) ++done_;
+    if (j.step == step_) {
+      ++done_;
+      done_now_[static_cast<size_t>(j.bucket)] = 1;
+    }
   }
   cv_.notify_all();
 }
@@ -92,6 +100,14 @@ void BucketQueue::wait_step() {
   std::unique_lock lock(mu_);
   wait_with_progress(lock, cv_, progress_, limit_s_, "the buckets of step " + std::to_string(step_),
                      [&] { return done_ == buckets_ || error_; });
+  if (error_) std::rethrow_exception(error_);
+}
+
+void BucketQueue::wait_bucket(int b) {
+  std::unique_lock lock(mu_);
+  wait_with_progress(lock, cv_, progress_, limit_s_,
+                     "bucket " + std::to_string(b) + " of step " + std::to_string(step_),
+                     [&] { return done_now_.at(static_cast<size_t>(b)) != 0 || error_; });
   if (error_) std::rethrow_exception(error_);
 }
 

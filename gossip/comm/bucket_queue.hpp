@@ -45,6 +45,8 @@ class BucketQueue {
   void fail(std::exception_ptr e);
   // The compute thread: waits until every bucket of this step is done; rethrows an error.
   void wait_step();
+  // The compute thread: waits until bucket b of this step is done; rethrows an error.
+  void wait_bucket(int b);
   // Rethrows the first error, if any.
   void check() const;
   // Waits (bounded) for the jobs already queued, then stops the communication threads' take().
@@ -64,6 +66,7 @@ class BucketQueue {
   size_t done_ = 0;             // buckets of step_ exchanged
   int next_chained_ = 0;        // chained: the bucket of step_ to start next
   std::vector<int> in_flight_;  // exchanges of bucket b queued and not yet finished
+  std::vector<char> done_now_;  // whether bucket b of step_ is exchanged
   uint64_t progress_ = 0;       // exchanges finished, ever (bounds the waits)
   bool stop_ = false;
   std::exception_ptr error_;

@@ -285,6 +285,17 @@ void GossipExchange::queue_all(int64_t step) {
   for (int b = 0; b < static_cast<int>(buckets_.size()); ++b) on_bucket_ready(b);
 }
 
+void GossipExchange::start_all(int64_t step) {
+  begin_step(step);
+  for (int b = static_cast<int>(buckets_.size()) - 1; b >= 0; --b) on_bucket_ready(b);
+}
+
+double GossipExchange::wait_bucket(int b) {
+  const auto t0 = std::chrono::steady_clock::now();
+  queue_.wait_bucket(b);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 double GossipExchange::exchange_all(int64_t step) {
   const auto t0 = std::chrono::steady_clock::now();
   queue_all(step);

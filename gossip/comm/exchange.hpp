@@ -137,6 +137,12 @@ class GossipExchange final : public BucketExchange {
   double finish_step() override;
   // Every bucket at once (model averaging after the update); returns the seconds it took.
   double exchange_all(int64_t step);
+  // The same exchange behind the next forward (gossip.pipeline_weights): start_all queues every
+  // bucket, the highest index first (the first layers': forward reads them first), wait_bucket
+  // blocks until bucket b is mixed (forward's bucket gate), finish_step ends the round. Both
+  // return the seconds they waited.
+  void start_all(int64_t step);
+  double wait_bucket(int b);
   // Overlapped averaging (options.delayed): start_delayed snapshots the buffer and exchanges the
   // snapshot in the background; finish_delayed waits for it and adds the correction
   // (x_partner - x_snapshot) / 2 to the buffer, which may have changed meanwhile. Returns the

@@ -149,6 +149,19 @@ void check_rounding(const Config& c) {
         "set gossip.wire or gossip.model_wire = int8 or int4 (where gossip.mode sends it)");
 }
 
+// gossip.pipeline_weights against what it contradicts.
+void check_pipeline(const Config& c, bool weights) {
+  if (c.gossip.pipeline_weights && weights && c.gossip.overlap_model)
+    throw UsageError(
+        "gossip.pipeline_weights = true waits for the weights layer by layer in the next forward; "
+        "gossip.overlap_model = true already exchanges them behind the whole next step: set "
+        "gossip.overlap_model = false (or leave gossip.pipeline_weights = false)");
+  if (c.gossip.pipeline_weights && weights && c.gossip.staleness != 0)
+    throw UsageError(
+        "gossip.pipeline_weights = true waits for the partner's weights before the layers read "
+        "them; gossip.staleness = 1 never waits: set one of them back");
+}
+
 // Which exchanges run and how: an option that would change what the exchange does, given where
 // it does nothing, is refused (the user expects its effect); see inert_settings for the harmless.
 void check_exchange(const Config& c) {
@@ -174,6 +187,7 @@ void check_exchange(const Config& c) {
         " and gossip.overlap_model = true: the overlapped weight exchange already runs behind "
         "the next step and must complete; set gossip.overlap_model = false (weights mixed one "
         "step stale) or gossip.staleness = 0");
+  check_pipeline(c, weights);
   if (c.gossip.late == "skip" && c.gossip.staleness != 1)
     throw UsageError(
         "gossip.late = skip is for buckets that have not arrived without waiting: set "
@@ -404,6 +418,17 @@ bool apoptosis_relative(const Config& c) { return c.apoptosis.criterion == "rela
 bool apoptosis_prunes_conv(const Config& c) { return c.apoptosis.layers != "fc"; }
 bool apoptosis_prunes_fc(const Config& c) { return c.apoptosis.layers != "conv"; }
 
+namespace {
+bool apoptosis_changed(const Config& c, const Config& d) {
+  return c.apoptosis.criterion != d.apoptosis.criterion ||
+         c.apoptosis.threshold != d.apoptosis.threshold ||
+         c.apoptosis.interval != d.apoptosis.interval ||
+         c.apoptosis.max_share != d.apoptosis.max_share ||
+         c.apoptosis.layers != d.apoptosis.layers || c.apoptosis.min_keep != d.apoptosis.min_keep ||
+         c.apoptosis.until != d.apoptosis.until;
+}
+}  // namespace
+
 std::vector<std::string> inert_settings(const Config& c) {
   const Config d;  // the defaults
   const std::string& mode = c.gossip.mode;
@@ -420,10 +445,12 @@ std::vector<std::string> inert_settings(const Config& c) {
   note(guard_set, c.train.virtual_ranks > 0,
        "[guard] does nothing with train.virtual_ranks: a NaN or inf loss stops the virtual run");
   note(c.gossip.transport != d.gossip.transport || c.gossip.threading != d.gossip.threading ||
-           c.gossip.timeout_s != d.gossip.timeout_s,
+           c.gossip.timeout_s != d.gossip.timeout_s ||
+           c.gossip.pipeline_weights != d.gossip.pipeline_weights,
        c.train.virtual_ranks > 0,
-       "gossip.transport, threading and timeout_s do nothing with train.virtual_ranks: no bytes "
-       "move between processes (what is mixed does not depend on them)");
+       "gossip.transport, threading, timeout_s and pipeline_weights do nothing with "
+       "train.virtual_ranks: no bytes move between processes (what is mixed does not depend on "
+       "them)");
   note(c.train.rank_eval_samples != d.train.rank_eval_samples, c.train.virtual_ranks == 0,
        "train.rank_eval_samples does nothing without train.virtual_ranks (real ranks evaluate "
        "their average model only)");
@@ -437,6 +464,8 @@ std::vector<std::string> inert_settings(const Config& c) {
        "gossip.comm_threads does nothing unless gossip.threading = concurrent");
   note(c.gossip.overlap_model != d.gossip.overlap_model, !weights,
        "gossip.overlap_model does nothing with gossip.mode = " + mode + " (no weight exchange)");
+  note(c.gossip.pipeline_weights != d.gossip.pipeline_weights, !weights,
+       "gossip.pipeline_weights does nothing with gossip.mode = " + mode + " (no weight exchange)");
   note(c.gossip.global_every != d.gossip.global_every, !gossip,
        "gossip.global_every" + allreduce + ": the ranks' weights are always equal");
   note(c.data.shuffle_per_step != d.data.shuffle_per_step, c.data.shuffle == "off",
@@ -452,13 +481,8 @@ std::vector<std::string> inert_settings(const Config& c) {
   note(c.train.weight_layout != d.train.weight_layout, backend_of(c) != kernels::Backend::OneDnn,
        "train.weight_layout does nothing with train.backend = " + c.train.backend +
            " (it chooses oneDNN's weight layout)");
-  const bool apoptosis_changed =
-      c.apoptosis.criterion != d.apoptosis.criterion ||
-      c.apoptosis.threshold != d.apoptosis.threshold ||
-      c.apoptosis.interval != d.apoptosis.interval ||
-      c.apoptosis.max_share != d.apoptosis.max_share || c.apoptosis.layers != d.apoptosis.layers ||
-      c.apoptosis.min_keep != d.apoptosis.min_keep || c.apoptosis.until != d.apoptosis.until;
-  note(apoptosis_changed, !c.apoptosis.enable, "apoptosis.* does nothing without apoptosis.enable");
+  note(apoptosis_changed(c, d), !c.apoptosis.enable,
+       "apoptosis.* does nothing without apoptosis.enable");
   return out;
 }
 

@@ -74,6 +74,7 @@ struct Config {
     int staleness = 0;
     std::string late = "previous";  // staleness 1, bucket not here yet: previous | skip
     bool overlap_model = true;      // model/both: weight averaging overlapped with the next step
+    bool pipeline_weights = false;  // overlap_model false: each bucket waited for in the forward
     int64_t global_every = 0;
     double consensus_bound = 0;  // > 0: a global average when the estimated distance exceeds it
     int64_t model_every = 1;     // model/both: the weights are exchanged every k-th step

@@ -205,6 +205,10 @@ void gossip_options(std::vector<Option>& o) {
     {GG_OPTION(gossip.overlap_model), {},
      "model/both: exchange the weights behind the next step and apply the correction "
      "(w_partner - w_sent) / 2 before its update, instead of waiting after each update"},
+    {GG_OPTION(gossip.pipeline_weights), {},
+     "with overlap_model = false: the weights mixed after the update (the same numbers), each "
+     "bucket waited for in the next forward just before the first layer that reads it, so that "
+     "the exchange runs behind the layers before"},
   });
 }
 

@@ -56,7 +56,14 @@ double EmulatedCompute::factor(int64_t step) const {
   return slow_ * std::exp(normal(rng));
 }
 
-void EmulatedCompute::forward(double factor) const { wait_for(forward_s_ * factor); }
+void EmulatedCompute::forward(double factor, const std::function<void(int)>& gate) const {
+  const double span = forward_s_ * factor;
+  if (!gate || ready_share_.empty()) return wait_for(span);
+  for (size_t b = ready_share_.size(); b-- > 0;) {
+    gate(static_cast<int>(b));
+    wait_for(span * (ready_share_[b] - (b > 0 ? ready_share_[b - 1] : 0.0)));
+  }
+}
 
 void EmulatedCompute::backward(double factor, const std::function<void(int)>& ready) const {
   const auto t0 = Clock::now();
@@ -75,7 +82,7 @@ EmulatedExecutor::EmulatedExecutor(const Config& c, int rank,
     : kernels::Executor(c.train.batch), compute_(c, rank, buckets), step_(step) {}
 
 const float* EmulatedExecutor::forward(const float*, bool) {
-  compute_.forward(compute_.factor(step_));
+  compute_.forward(compute_.factor(step_), gate_);
   return nullptr;
 }
 

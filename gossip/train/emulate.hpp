@@ -25,7 +25,10 @@ class EmulatedCompute {
   // median 1 and 99th percentile emulate.jitter_p99, a pure function of (train.seed, rank, step).
   double factor(int64_t step) const;
 
-  void forward(double factor) const;
+  // Waits forward_ms * factor in all; with a gate, in one share per bucket (its bytes over all
+  // bytes), from the last bucket to the first (the order forward reads them), calling gate(b)
+  // before bucket b's share, whose wait starts when the gate returns.
+  void forward(double factor, const std::function<void(int)>& gate = {}) const;
   // Waits backward_ms * factor in all, calling ready(b) for bucket b once (bytes of buckets
   // 0..b) / (all bytes) of it has passed.
   void backward(double factor, const std::function<void(int)>& ready) const;

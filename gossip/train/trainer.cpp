@@ -89,12 +89,14 @@ Trainer::Trainer(const Config& c, const mpi::Comm& world, kernels::Dims input, i
   if (emulated(c)) {  // an executor that waits: nothing is computed
     emulated_ = std::make_unique<EmulatedExecutor>(c, world_.rank(), net_.buckets(), step_);
     train_exec_ = emulated_.get();
+    attach_gate();
     return;
   }
   // Compiled only now: the gradient buffer may have moved into the exchange's shared memory.
   // The evaluation's executor is compiled at the first evaluation (a run without evaluation data
   // never holds one: on a GPU, ResNet-50's activations at eval_batch 500 take tens of GiB).
   train_exec_ = &net_.at_batch(c.train.batch);
+  attach_gate();
 }
 
 void Trainer::choose_layout() {
@@ -215,7 +217,9 @@ void Trainer::set_timeline(Timeline* t) {
 StepStats Trainer::step(const float* x, const int32_t* y) {
   StepStats s;
   Timeline::Span whole(timeline_, "step " + std::to_string(step_), "step");
-  start_model_exchange();  // the last update's weights, behind this step's compute
+  // The last update's weights: overlapped, behind this step's compute; pipelined, each bucket
+  // waited for by forward's gate.
+  start_model_exchange();
   const float* logits = nullptr;
   {
     Timeline::Span span(timeline_, "forward", "compute");
@@ -268,7 +272,7 @@ double Trainer::exchange_weights() {
   // with the next step (start_model_exchange), after the collectives between steps, which would
   // otherwise queue behind the weights' bytes on the partners' connections (over TCP, a whole
   // exchange's worth).
-  if (c_.gossip.overlap_model) {
+  if (c_.gossip.overlap_model || c_.gossip.pipeline_weights) {
     model_due_ = model_round(step_);
     return 0;
   }
@@ -298,6 +302,7 @@ double Trainer::control_consensus(StepStats& s) {
   const double bound = c_.gossip.consensus_bound;
   if (bound <= 0 || !model_exchange_ || (step_ + 1) % c_.gossip.model_every != 0) return 0;
   const auto t0 = std::chrono::steady_clock::now();
+  if (c_.gossip.pipeline_weights) flush_model();  // the distance is measured by the mixing
   // What the weight exchange applied in this step found (overlapped: the last update's weights,
   // corrected before this update; otherwise this update's), summed over the ranks.
   // Relative to the weights' size (the ranks' mean ||w||^2), so that one bound fits any model,
@@ -319,7 +324,10 @@ double Trainer::control_consensus(StepStats& s) {
 
 void Trainer::account(StepStats& s) {
   const int64_t n = c_.gossip.consensus_every;
-  if (n > 0 && (step_ + 1) % n == 0) s.consensus = consensus_distance();
+  if (n > 0 && (step_ + 1) % n == 0) {
+    if (c_.gossip.pipeline_weights) flush_model();  // the mixed weights, as without pipelining
+    s.consensus = consensus_distance();
+  }
   if (algorithm_.allreduce) return;
   int64_t sent = 0;
   BucketExchange::Lateness now;
@@ -401,6 +409,7 @@ EvalStats Trainer::evaluate(const shuffle::SampleSource& data, shuffle::LoaderOp
 }
 
 void Trainer::capture_state(RankState& s) {
+  if (c_.gossip.pipeline_weights) flush_model();  // the weights as mixed after the last update
   s.step = step_;
   s.lr_scale = lr_scale_;
   s.dropout_step = train_exec_ ? train_exec_->dropout_step() : 0;
@@ -450,6 +459,7 @@ void Trainer::restore_model(const RankState& s) {
     throw std::invalid_argument("the saved state does not fit this model");
   // A weight exchange due or in flight completes (its partner waits for it) and is then replaced.
   start_model_exchange();
+  if (c_.gossip.pipeline_weights) flush_model();
   if (momentum_exchange_ && c_.gossip.overlap_model) momentum_exchange_->finish_delayed();
   if (model_exchange_ && c_.gossip.overlap_model)
     model_exchange_->set_delayed_delta(s.delayed_delta.empty() ? s.delayed_delta
@@ -535,13 +545,33 @@ void Trainer::average_model(std::vector<float>& params, std::vector<float>& buff
 void Trainer::start_model_exchange() {
   if (model_due_ < 0) return;
   Timeline::Span span(timeline_, "start weight exchange", "comm");
-  for (GossipExchange* e : after_update()) e->start_delayed(model_due_);
+  for (GossipExchange* e : after_update()) {
+    if (c_.gossip.pipeline_weights)
+      e->start_all(model_due_);
+    else
+      e->start_delayed(model_due_);
+  }
+  weights_pending_ = c_.gossip.pipeline_weights;
   model_due_ = -1;
+}
+
+void Trainer::attach_gate() {
+  if (!c_.gossip.pipeline_weights || !model_exchange_) return;
+  train_exec_->set_bucket_gate([this](int b) {
+    if (!weights_pending_) return;
+    Timeline::Span span(timeline_, "wait weights " + std::to_string(b), "wait");
+    gate_waited_ += model_exchange_->wait_bucket(b);
+  });
 }
 
 double Trainer::flush_model() {
   start_model_exchange();
-  double waited = 0;
+  double waited = gate_waited_;
+  gate_waited_ = 0;
+  if (weights_pending_) {
+    for (GossipExchange* e : after_update()) waited += e->finish_step();
+    weights_pending_ = false;
+  }
   if (c_.gossip.overlap_model)
     for (GossipExchange* e : after_update()) waited += e->finish_delayed();
   return waited;
@@ -612,6 +642,7 @@ void Trainer::rebuild(kernels::Graph g, std::vector<float> params, std::vector<f
   make_exchanges();
   train_exec_ = &net_.at_batch(c_.train.batch);
   train_exec_->set_dropout_step(dropout_step);
+  attach_gate();
 }
 
 void Trainer::reshape(kernels::Graph g) {

@@ -147,8 +147,11 @@ class Trainer {
   void average_over_ranks(kernels::FlatBuffer& v) { average_over_ranks(v.data(), v.size()); }
   // Mean over ranks of ||w - avg||^2, where avg is the ranks' average of w (a collective).
   double distance_to_average(const float* w, const float* avg, int64_t n);
-  void start_model_exchange();  // the overlapped weight exchange of the last update, if due
-  double flush_model();         // applies a pending overlapped weight exchange
+  // The weight exchange of the last update, if due: overlapped (start_delayed) or pipelined
+  // (start_all; forward's bucket gate waits for each bucket, flush_model for the rest).
+  void start_model_exchange();
+  double flush_model();         // applies a pending overlapped or pipelined weight exchange
+  void attach_gate();           // gossip.pipeline_weights: train_exec_'s gate waits for the weights
   void load_initial_weights();  // train.init_from, read by rank 0
 
   const Config& c_;
@@ -167,8 +170,10 @@ class Trainer {
   kernels::LrSchedule schedule_;
   std::vector<float> dlogits_;
   int64_t step_ = 0;
-  int64_t model_due_ = -1;  // overlap_model: the round whose weights wait to be exchanged
-  int64_t sent_bytes_ = 0;  // by the exchanges, until the last step
+  int64_t model_due_ = -1;        // overlap_model: the round whose weights wait to be exchanged
+  bool weights_pending_ = false;  // pipeline_weights: a round started, not yet finished
+  double gate_waited_ = 0;        // seconds forward's gate waited for it
+  int64_t sent_bytes_ = 0;        // by the exchanges, until the last step
   BucketExchange::Lateness lateness_;  // by the exchanges, until the last step
   double lr_scale_ = 1;                // the NaN guard lowers it
   int64_t consensus_averages_ = 0;

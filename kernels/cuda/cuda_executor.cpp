@@ -209,6 +209,7 @@ class CudaExecutorImpl final : public CudaExecutor {
     for (size_t id = 0; id < nodes.size(); ++id) compile_forward(static_cast<int>(id));
     for (int id = static_cast<int>(nodes.size()) - 1; id >= 0; --id) order_.push_back(id);
     fire_at_ = bucket_completion(g, buckets, order_);
+    buckets_ = static_cast<int>(buckets.size());
     grow_workspace();
     GG_CUDA_CHECK(cudaStreamSynchronize(stream_));
     if (OpProfile::wanted()) profile_ = std::make_unique<OpProfile>(nodes.size());
@@ -236,6 +237,9 @@ class CudaExecutorImpl final : public CudaExecutor {
 
   const float* forward(const float* x, bool train) override {
     if (!resident_) {
+      // Every weight goes up at once: every bucket's gate first, in the order forward reads them.
+      if (gate_)
+        for (int b = buckets_ - 1; b >= 0; --b) gate_(b);
       dev_->upload_params(store_.params.data());
       dev_->upload_buffers(store_.buffers.data());
     }
@@ -867,6 +871,7 @@ class CudaExecutorImpl final : public CudaExecutor {
   DeviceArray<float> bn_scratch_buf_;
   std::vector<int> order_;
   std::vector<std::vector<int>> fire_at_;
+  int buckets_ = 0;
   bool backward_ready_ = false;
   bool trained_ = false;
   bool resident_ = false;

@@ -255,6 +255,7 @@ class OneDnnExecutor final : public Executor {
       throw std::logic_error("oneDNN: logits are not in a plain layout");
     share_scratchpad();
     fwd_node_.resize(fwd_.size(), fwd_node_.empty() ? 0 : fwd_node_.back());
+    gate_positions(buckets);
     train_plan_ = plan(true);
     eval_plan_ = plan(false);
   }
@@ -270,6 +271,8 @@ class OneDnnExecutor final : public Executor {
     Clock::time_point begin{};
     for (size_t k = 0; k < fwd_.size(); ++k) {
       ForwardAction& f = fwd_[k];
+      if (gate_)
+        for (int b : gate_at_[k]) gate_(b);
       if ((f.when == When::Train && !train) || (f.when == When::Eval && train)) continue;
       if (f.only_if && !f.only_if()) continue;
       if (trace_ && begin == Clock::time_point{}) begin = Clock::now();
@@ -335,6 +338,22 @@ class OneDnnExecutor final : public Executor {
     slots_[slot].views.push_back(m);
     return m;
   }
+  // The buckets to gate before each forward action: at the first action of the node that first
+  // reads them (a weight reorder of that node included).
+  void gate_positions(const std::vector<Bucket>& buckets) {
+    std::vector<int> order;
+    std::vector<size_t> first_action;
+    for (size_t k = 0; k < fwd_node_.size(); ++k)
+      if (k == 0 || fwd_node_[k] != fwd_node_[k - 1]) {
+        order.push_back(fwd_node_[k]);
+        first_action.push_back(k);
+      }
+    const std::vector<std::vector<int>> at = bucket_first_use(g_, buckets, order);
+    gate_at_.assign(fwd_.size(), {});
+    for (size_t i = 0; i < at.size(); ++i)
+      gate_at_[first_action[i]].insert(gate_at_[first_action[i]].end(), at[i].begin(), at[i].end());
+  }
+
   dnnl::reorder reorder(const memory& from, const memory& to) {
     return dnnl::reorder(dnnl::reorder::primitive_desc(from, to, attr_));
   }
@@ -1233,8 +1252,9 @@ class OneDnnExecutor final : public Executor {
   memory scratchpad_;
   std::vector<Value> values_;
   std::vector<ForwardAction> fwd_;
-  std::vector<int> fwd_node_;             // the node each forward action belongs to
-  std::vector<std::vector<Action>> bwd_;  // per node, run in reverse node order
+  std::vector<int> fwd_node_;              // the node each forward action belongs to
+  std::vector<std::vector<int>> gate_at_;  // buckets first read by each forward action
+  std::vector<std::vector<Action>> bwd_;   // per node, run in reverse node order
   std::vector<int> order_;
   std::vector<std::vector<int>> ready_at_;
   memory loss_edge_;

@@ -57,11 +57,18 @@ class ReferenceExecutor final : public Executor {
     }
     for (int id = n - 1; id >= 0; --id) order_.push_back(id);
     fire_at_ = bucket_completion(g, buckets, order_);
+    std::vector<int> forward_order(static_cast<size_t>(n));
+    for (int id = 0; id < n; ++id) forward_order[static_cast<size_t>(id)] = id;
+    gate_at_ = bucket_first_use(g, buckets, forward_order);
   }
 
   const float* forward(const float* x, bool train) override {
     trained_ = false;  // a forward that throws halfway must not leave a backward possible
-    for (int id = 0; id < static_cast<int>(state_.size()); ++id) forward_node(id, x, train);
+    for (int id = 0; id < static_cast<int>(state_.size()); ++id) {
+      if (gate_)
+        for (int b : gate_at_[static_cast<size_t>(id)]) gate_(b);
+      forward_node(id, x, train);
+    }
     trained_ = train;
     if (train) ++dropout_step_;
     return state_[g_.output()].y.data();
@@ -596,6 +603,7 @@ class ReferenceExecutor final : public Executor {
   std::vector<NodeState> state_;
   std::vector<int> order_;                 // backward visit order: node ids, last first
   std::vector<std::vector<int>> fire_at_;  // buckets completed at each backward position
+  std::vector<std::vector<int>> gate_at_;  // buckets first read at each node's forward
   bool trained_ = false;                   // the last forward was a training one
 };
 

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
+#include <thread>
 #include <vector>
 
 #include "gossip/config/config.hpp"
@@ -56,6 +57,17 @@ TEST_CASE("emulated backward hands buckets over at their share of the bytes") {
   const double fwd = std::chrono::duration<double>(Clock::now() - f0).count();
   CHECK(fwd >= 0.300);
   CHECK(fwd < 0.450);
+  // With a gate (gossip.pipeline_weights): the last bucket first, each before its share of
+  // forward, whose wait starts when the gate returns (a gate that waits delays forward).
+  std::vector<int> gated;
+  const auto g0 = Clock::now();
+  e.forward(1.0, [&](int b) {
+    gated.push_back(b);
+    if (b == 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  });
+  const double with_gate = std::chrono::duration<double>(Clock::now() - g0).count();
+  CHECK(gated == std::vector<int>{2, 1, 0});
+  CHECK(with_gate >= 0.300);
 }
 
 TEST_CASE("emulated jitter is lognormal with median 1 and the given p99, per rank and step") {
