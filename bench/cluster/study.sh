@@ -3,7 +3,7 @@
 # and PyTorch DDP over gloo, on the cluster in a box (cluster.sh: one network namespace per node,
 # links shaped with tc), with compute emulated from a measured GPU profile ([emulate]).
 #
-# usage: bench/cluster/study.sh [--plan quick|session|check|ten|late|lag|tcp|fill|hier|lean|authors|scale|compressed|choco|lowrank|nooverlap|full] [--out DIR] [--profile p100|h100]
+# usage: bench/cluster/study.sh [--plan quick|session|check|ten|late|lag|tcp|fill|hier|lean|authors|scale|compressed|choco|lowrank|nooverlap|pipeline|full] [--out DIR] [--profile p100|h100]
 #
 # Every point runs p ranks on p nodes (one rank per node) at a link rate R with ResNet-50's real
 # gradient (102 MB, gossipgrad's buckets of gossip.bucket_kb) and the profile's forward/backward/
@@ -24,6 +24,8 @@
 # the agreements after each step run behind the next one; MODE+every4 with gossip.model_every 4
 # (the weights every 4th step); MODE+nooverlap with gossip.overlap_model false (the weights mixed
 # after the update, before the next forward: what keeps accuracy at large p, bench/scale);
+# MODE+pipeline: the same numbers with gossip.pipeline_weights (each bucket of the weights
+# waited for in the next forward, just before the first layer that reads it);
 # MODE+ppn2: two ranks per node, p / 2
 # nodes, transport auto (shm inside a node); grad+hier: the same nodes with gossip.hierarchy =
 # node, an exact average inside each node and gossip between nodes, one rail per local rank),
@@ -59,7 +61,7 @@ PROFILE=p100
 die() { echo "study.sh: $*" >&2 && exit 1; }
 while (($#)); do
     case $1 in
-    --plan) PLAN=${2:?--plan needs quick, session, check, ten, late, lag, tcp, fill, hier, lean, authors, scale, compressed, choco, lowrank, nooverlap or full} && shift 2 ;;
+    --plan) PLAN=${2:?--plan needs quick, session, check, ten, late, lag, tcp, fill, hier, lean, authors, scale, compressed, choco, lowrank, nooverlap, pipeline or full} && shift 2 ;;
     --out) OUT=${2:?--out needs a folder} && shift 2 ;;
     --profile) PROFILE=${2:?--profile needs p100 or h100} && shift 2 ;;
     -h | --help) sed -n '2,/^set -euo/{/^#/s/^# \{0,1\}//p}' "${BASH_SOURCE[0]}" && exit 0 ;;
@@ -216,6 +218,15 @@ points() {
             echo "16 1000 quiet $m"
         done
         ;;
+    pipeline)
+        # The weights mixed before the next forward, waited for bucket by bucket inside it
+        # (gossip.pipeline_weights), beside the same exchange waited for before the forward
+        # (+nooverlap: the same numbers), the overlapped one, DDP and DDP's fp16 hook.
+        for m in model+int4+choco+ring+pipeline+lag model+int4+choco+ring+nooverlap+lag \
+            model+int4+choco+ring+lag ddp+fp16 ddp; do
+            echo "16 1000 quiet $m"
+        done
+        ;;
     hier)
         # Two ranks per node (8 nodes of 2 at p = 16): every rank gossiping with its own partner
         # (two buckets' worth on each node's link) against the node-then-network hierarchy
@@ -232,7 +243,7 @@ points() {
             for m in grad allreduce ddp; do echo "$p 500 quiet $m"; done
         done
         ;;
-    *) echo "study.sh: --plan $PLAN: use quick, session, check, ten, late, lag, tcp, fill, hier, lean, authors, scale, compressed, choco, lowrank, nooverlap or full" >&2 && exit 2 ;;
+    *) echo "study.sh: --plan $PLAN: use quick, session, check, ten, late, lag, tcp, fill, hier, lean, authors, scale, compressed, choco, lowrank, nooverlap, pipeline or full" >&2 && exit 2 ;;
     esac
 }
 
@@ -287,9 +298,9 @@ run_point() { # p rate condition method K
             return 0
         }
     else
-        # MODE[@TRANSPORT][+every4][+bf16|+int8|+int4][+choco][+lowrankN][+nooverlap][+stale][+lag][+ppn2|+hier]
+        # MODE[@TRANSPORT][+every4][+bf16|+int8|+int4][+choco][+lowrankN][+nooverlap|+pipeline][+stale][+lag][+ppn2|+hier]
         local file=$OUT/$name.jsonl spec=${method%%+*} wire=fp32 stale=0 lag=0 hier=none every=1
-        local overlap=true feedback=false
+        local overlap=true feedback=false pipeline=false
         local mode=${spec%@*} transport=$TRANSPORT
         ((ppn > 1)) && transport=auto
         [[ $spec == *@* ]] && transport=${spec#*@}
@@ -299,6 +310,7 @@ run_point() { # p rate condition method K
         [[ $method == *+int8* ]] && wire=int8 && feedback=true
         [[ $method == *+int4* ]] && wire=int4 && feedback=true
         [[ $method == *+nooverlap* ]] && overlap=false
+        [[ $method == *+pipeline* ]] && overlap=false && pipeline=true
         # +choco: the weights' difference to CHOCO's public copies (no error feedback; choco
         # needs the same partners again, so the schedule does not rotate).
         local choco=()
@@ -324,6 +336,7 @@ run_point() { # p rate condition method K
             --gossip.error_feedback $feedback "${choco[@]}" \
             --gossip.consensus_every 0 --gossip.staleness $stale --guard.lag $lag \
             --gossip.hierarchy $hier --gossip.model_every $every --gossip.overlap_model $overlap \
+            --gossip.pipeline_weights $pipeline \
             --gossip.timeout_s 1200 --emulate.forward_ms "$fwd" \
             --emulate.backward_ms "$bwd" --emulate.update_ms "$upd" \
             --emulate.jitter_p99 "$jitter" --emulate.slow "$slow" --log.progress false \

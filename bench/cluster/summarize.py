@@ -73,6 +73,8 @@ def predict(binary, p, rate_mbit, method, factor, profile, latency_s, cache={}):
     fwd, bwd, upd, batch = profile
     if method.startswith("ddp+fp16") or method.startswith("ddp+powersgd"):
         return None  # the simulator's allreduce is fp32 (no compression hook): not modelled
+    if "+pipeline" in method or "+lowrank" in method:
+        return None  # simulate refuses gossip.pipeline_weights and gossip.low_rank
     key = (p, rate_mbit, method, factor, latency_s)
     if key in cache:
         return cache[key]

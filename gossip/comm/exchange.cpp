@@ -236,12 +236,24 @@ void GossipExchange::mark_done(const Job& j) {
 }
 
 void GossipExchange::run(std::vector<Job>& batch) {
+  if (o_.pipelined) {
+    // The next forward waits for these buckets in queue order: each is completed once the next
+    // one is on the wire (its transfer behind this one's mixing), not after every one is sent.
+    for (size_t i = 0; i < batch.size(); ++i) {
+      start(batch[i]);
+      if (i > 0) complete_and_mark(batch[i - 1]);
+    }
+    if (!batch.empty()) complete_and_mark(batch.back());
+    return;
+  }
   // Funneled: every ready bucket is on the wire before the first one is waited for.
   for (Job& j : batch) start(j);
-  for (const Job& j : batch) {
-    complete(j);
-    mark_done(j);
-  }
+  for (const Job& j : batch) complete_and_mark(j);
+}
+
+void GossipExchange::complete_and_mark(const Job& j) {
+  complete(j);
+  mark_done(j);
 }
 
 void GossipExchange::worker(int id) {

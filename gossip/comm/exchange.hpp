@@ -195,6 +195,7 @@ class GossipExchange final : public BucketExchange {
   void start(Job& j);
   void complete(const Job& j);
   void mark_done(const Job& j);
+  void complete_and_mark(const Job& j);
   // The bound of the compute thread's waits for the communication threads: longer than the
   // transports' own (timeout_s per wait on a partner), so that their more precise line wins.
   double engine_limit() const { return 2 * o_.timeout_s; }

@@ -36,6 +36,7 @@ struct GossipOptions {
   int staleness = 0;       // 0: wait for the partner; 1: never wait, mix what has arrived
   bool skip_late = false;  // staleness 1: a bucket not yet here this step stays unmixed
   bool delayed = false;    // start_delayed/finish_delayed: mix as a correction applied later
+  bool pipelined = false;  // start_all/wait_bucket: each bucket mixed as soon as it can be
   double timeout_s = 0;    // a wait on a partner longer than this fails the step (0: never)
   Wire wire = Wire::Fp32;
   bool error_feedback = false;    // a lossy wire only

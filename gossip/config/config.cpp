@@ -394,6 +394,7 @@ GossipOptions exchange_options(const Config& c, const GossipPlan& plan, Mixed wh
   o.error_feedback =
       o.wire != Wire::Fp32 && c.gossip.error_feedback && !o.public_copies && o.low_rank == 0;
   o.delayed = after_update && c.gossip.overlap_model;
+  o.pipelined = after_update && c.gossip.pipeline_weights;
   o.measure_distance = what == Mixed::Weights && c.gossip.consensus_bound > 0;
   return o;
 }
