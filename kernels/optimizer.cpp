@@ -8,13 +8,21 @@
 namespace gg::kernels {
 
 void Sgd::step(float* w, const float* g, float lr) {
-  const int64_t n = static_cast<int64_t>(velocity_.size());
-  float* v = velocity_.data();
+  step_range(w, g, lr, 0, static_cast<int64_t>(velocity_.size()));
+  end_ranges();
+}
+
+void Sgd::step_range(float* w, const float* g, float lr, int64_t begin, int64_t end) {
+  if (begin < 0 || end < begin || end > static_cast<int64_t>(velocity_.size()))
+    throw std::invalid_argument("Sgd::step_range outside the parameters");
+  const int64_t n = end - begin;
+  float* v = velocity_.data() + begin;
+  w += begin;
+  g += begin;
   const float mu = o_.momentum, wd = o_.weight_decay;
   if (!started_) {
     // PyTorch seeds the momentum buffer with the first gradient.
     for (int64_t i = 0; i < n; ++i) v[i] = g[i] + wd * w[i];
-    started_ = true;
     if (o_.nesterov) {
       for (int64_t i = 0; i < n; ++i) w[i] -= lr * (g[i] + wd * w[i] + mu * v[i]);
     } else {

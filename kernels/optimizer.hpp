@@ -20,6 +20,11 @@ class Sgd {
  public:
   Sgd(int64_t size, SgdOptions o) : o_(o), velocity_(size, 0.f) {}
   void step(float* params, const float* grads, float lr);
+  // The same step over elements [begin, end) alone (a bucket updated as soon as its gradients
+  // are final), element for element what step() computes; a step is every element in exactly
+  // one range, then end_ranges().
+  void step_range(float* params, const float* grads, float lr, int64_t begin, int64_t end);
+  void end_ranges() { started_ = true; }
   std::vector<float>& velocity() { return velocity_; }
   // Whether the momentum buffer has been seeded (a checkpoint must restore it with the velocity).
   bool started() const { return started_; }

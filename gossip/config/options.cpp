@@ -207,8 +207,9 @@ void gossip_options(std::vector<Option>& o) {
      "(w_partner - w_sent) / 2 before its update, instead of waiting after each update"},
     {GG_OPTION(gossip.pipeline_weights), {},
      "with overlap_model = false: the weights mixed after the update (the same numbers), each "
-     "bucket waited for in the next forward just before the first layer that reads it, so that "
-     "the exchange runs behind the layers before"},
+     "bucket waited for in the next forward just before the first layer that reads it; with no "
+     "gradient exchange (model, gossipgrad) each bucket is also updated and sent as soon as "
+     "backward has its gradients, behind the rest of backward"},
   });
 }
 

@@ -231,30 +231,64 @@ StepStats Trainer::step(const float* x, const int32_t* y) {
     s.loss = loss.loss;
     s.correct = loss.correct;
   }
-  // Backward hands each bucket to the exchange as it completes it.
-  std::function<void(int)> ready;
-  if (exchange_) ready = [this](int b) { exchange_->on_bucket_ready(b); };
-  if (exchange_) exchange_->begin_step(step_);
-  {
-    Timeline::Span span(timeline_, "backward", "compute");
-    train_exec_->backward(dlogits_.data(), ready);
-  }
-  if (exchange_) {
-    Timeline::Span span(timeline_, "wait gradients", "wait");
-    s.comm_seconds = exchange_->finish_step();
-  }
   s.lr = schedule_.at(step_) * lr_scale_;
-  {
-    Timeline::Span span(timeline_, "wait weights", "wait");
-    s.comm_seconds += flush_model();
+  if (streams_weights()) {
+    backward_streaming(s);
+  } else {
+    // Backward hands each bucket to the exchange as it completes it.
+    std::function<void(int)> ready;
+    if (exchange_) ready = [this](int b) { exchange_->on_bucket_ready(b); };
+    if (exchange_) exchange_->begin_step(step_);
+    {
+      Timeline::Span span(timeline_, "backward", "compute");
+      train_exec_->backward(dlogits_.data(), ready);
+    }
+    if (exchange_) {
+      Timeline::Span span(timeline_, "wait gradients", "wait");
+      s.comm_seconds = exchange_->finish_step();
+    }
+    {
+      Timeline::Span span(timeline_, "wait weights", "wait");
+      s.comm_seconds += flush_model();
+    }
+    update(static_cast<float>(s.lr));
+    s.comm_seconds += exchange_weights();
   }
-  update(static_cast<float>(s.lr));
-  s.comm_seconds += exchange_weights();
   s.comm_seconds += average_globally();
   s.comm_seconds += control_consensus(s);
   account(s);
   ++step_;
   return s;
+}
+
+bool Trainer::streams_weights() const {
+  return c_.gossip.pipeline_weights && !exchange_ && model_exchange_ &&
+         (step_ + 1) % c_.gossip.model_every == 0;
+}
+
+void Trainer::backward_streaming(StepStats& s) {
+  {
+    // The last round complete (forward's gate waited for its buckets) before any is updated.
+    Timeline::Span span(timeline_, "wait weights", "wait");
+    s.comm_seconds += flush_model();
+  }
+  for (GossipExchange* e : after_update()) e->begin_step(model_round(step_));
+  const auto lr = static_cast<float>(s.lr);
+  const std::vector<kernels::Bucket>& buckets = net_.buckets();
+  {
+    Timeline::Span span(timeline_, "backward", "compute");
+    train_exec_->backward(dlogits_.data(), [&](int b) {
+      if (!emulated_)
+        sgd_.step_range(store().params.data(), store().grads.data(), lr, buckets[b].begin,
+                        buckets[b].end);
+      for (GossipExchange* e : after_update()) e->on_bucket_ready(b);
+    });
+  }
+  if (emulated_)
+    emulated_->update();
+  else
+    sgd_.end_ranges();
+  weights_pending_ = true;
 }
 
 void Trainer::update(float lr) {

@@ -150,7 +150,11 @@ class Trainer {
   // The weight exchange of the last update, if due: overlapped (start_delayed) or pipelined
   // (start_all; forward's bucket gate waits for each bucket, flush_model for the rest).
   void start_model_exchange();
-  double flush_model();         // applies a pending overlapped or pipelined weight exchange
+  double flush_model();  // applies a pending overlapped or pipelined weight exchange
+  // gossip.pipeline_weights with no gradient exchange: each bucket updated as soon as backward
+  // has its gradients, and its weights (and momentum) sent at once, behind the rest of backward.
+  bool streams_weights() const;
+  void backward_streaming(StepStats& s);
   void attach_gate();           // gossip.pipeline_weights: train_exec_'s gate waits for the weights
   void load_initial_weights();  // train.init_from, read by rank 0
 
