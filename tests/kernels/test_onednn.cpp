@@ -663,10 +663,12 @@ TEST_CASE("onednn bf16 training tracks fp32 over SGD steps of small nets", "[one
     sf.step(f32.params.data(), f32.grads.data(), 0.05f);
     sb.step(b16.params.data(), b16.grads.data(), 0.05f);
   }
-  // Both learn the fixed batch, and by about as much.
+  // Both learn the fixed batch, and bf16 about as far as fp32 or further: ten steps on one batch
+  // part ways chaotically (on an Intel Xeon with AMX-bf16, one thread, GoogLeNet's bf16 loss
+  // ended at 0.39 against fp32's 0.96 from 2.3), while a wrong bf16 path does not learn.
   CHECK(loss_f.back() < 0.5 * loss_f.front());
   CHECK(loss_b.back() < 0.5 * loss_b.front());
-  CHECK(loss_b.back() == Approx(loss_f.back()).margin(0.2 * loss_f.front()));
+  CHECK(loss_b.back() <= loss_f.back() + 0.2 * loss_f.front());
   // Where training took the weights: bf16's way differs from fp32's by a fraction of the way.
   if (shallow)
     CHECK(relative_distance(b16.params, f32.params, start.params) < 0.25);  // measured 0.08
