@@ -35,6 +35,7 @@
 # GPU node does in milliseconds, so its step is the testbed's, not a cluster's: see the results).
 # Conditions: quiet; jitter (every rank's compute x a lognormal factor per step, median 1, p99
 # GG_STUDY_JITTER, default 2.5); straggler (rank 1 always 1.5x slower).
+# GG_STUDY_EXTRA: more train options for every gossipgrad point (e.g. --log.timeline FILE).
 # GG_STUDY_SLOW_START_AFTER_IDLE=0 sets the nodes' net.ipv4.tcp_slow_start_after_idle to 0 (Linux
 # default 1: a TCP connection idle for a retransmission timeout restarts from a small congestion
 # window; a collective that talks to a different peer each round meets it on every connection);
@@ -82,6 +83,7 @@ BUCKET_KB=4096 # configs/p100-ib.ini and h100.ini
 WARMUP=2 STEPS=5
 # Across nodes p2p (MPI_Isend/Irecv) is what auto picks; GG_STUDY_TRANSPORT=rma compares.
 TRANSPORT=${GG_STUDY_TRANSPORT:-p2p}
+read -r -a STUDY_EXTRA <<<"${GG_STUDY_EXTRA:-}"
 
 # The points: "p rate_mbit condition method", run in this order (grouped by p and rate, so that
 # the cluster is made once per p).
@@ -340,7 +342,7 @@ run_point() { # p rate condition method K
             --gossip.timeout_s 1200 --emulate.forward_ms "$fwd" \
             --emulate.backward_ms "$bwd" --emulate.update_ms "$upd" \
             --emulate.jitter_p99 "$jitter" --emulate.slow "$slow" --log.progress false \
-            --log.metrics "$file" --log.overwrite true >"$OUT/$name.log" 2>&1 || {
+            --log.metrics "$file" --log.overwrite true "${STUDY_EXTRA[@]}" >"$OUT/$name.log" 2>&1 || {
             echo "study.sh: $name failed (see $OUT/$name.log)" >&2
             return 0
         }
