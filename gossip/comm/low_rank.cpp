@@ -41,6 +41,15 @@ void axpy(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
+// n uniform draws in [-1, 1) from the splitmix64 sequence after s: the same on both ends of a
+// pair.
+void fill_uniform(uint64_t s, float* v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    s = shuffle::splitmix64(s);
+    v[i] = static_cast<float>(static_cast<double>(s >> 11) * 0x1.0p-52 - 1.0);
+  }
+}
+
 }  // namespace
 
 std::vector<MatrixView> matrix_views(const kernels::Graph& g, const kernels::ParamLayout& layout,
@@ -112,11 +121,8 @@ void LowRankMix::begin(int64_t step, int peer) {
 void LowRankMix::fresh_factor(const Item& it, float* f, uint64_t salt) const {
   const int64_t len = right_ ? it.v.cols : it.v.rows;
   const uint64_t lo = std::min(self_, peer_), hi = std::max(self_, peer_);
-  uint64_t s = shuffle::splitmix64(shuffle::splitmix64(lo * 0x100000001ull + hi) ^ salt);
-  for (int64_t i = 0; i < len * rank_; ++i) {
-    s = shuffle::splitmix64(s);
-    f[i] = static_cast<float>(static_cast<double>(s >> 11) * 0x1.0p-52 - 1.0);
-  }
+  fill_uniform(shuffle::splitmix64(shuffle::splitmix64(lo * 0x100000001ull + hi) ^ salt), f,
+               len * rank_);
   orthonormalise(f, len, salt);
 }
 
@@ -139,12 +145,9 @@ void LowRankMix::orthonormalise(float* f, int64_t len, uint64_t salt) const {
         for (int64_t i = 0; i < len; ++i) v[i] *= inv;
         break;
       }
-      uint64_t s =
-          shuffle::splitmix64(salt ^ shuffle::splitmix64(static_cast<uint64_t>(step_) * 131 + k));
-      for (int64_t i = 0; i < len; ++i) {
-        s = shuffle::splitmix64(s);
-        v[i] = static_cast<float>(static_cast<double>(s >> 11) * 0x1.0p-52 - 1.0);
-      }
+      fill_uniform(
+          shuffle::splitmix64(salt ^ shuffle::splitmix64(static_cast<uint64_t>(step_) * 131 + k)),
+          v, len);
     }
   }
 }
