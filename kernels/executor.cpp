@@ -119,6 +119,21 @@ std::unique_ptr<Executor> compile(const Graph& g, Backend backend, int64_t batch
   throw std::logic_error("unhandled backend");
 }
 
+namespace {
+// Calls f with the position (pos_of_node) of the node of every parameter that overlaps `bucket`;
+// `pass` names the pass in the error for a node it never visits.
+template <class F>
+void for_each_position(const Graph& g, const Bucket& bucket, const std::vector<int>& pos_of_node,
+                       const char* pass, F f) {
+  for (const TensorSpec& p : g.params()) {
+    if (p.offset + p.size() <= bucket.begin || p.offset >= bucket.end) continue;
+    if (pos_of_node[p.node] < 0)
+      throw std::logic_error(std::string("parameter of a node ") + pass + " never visits");
+    f(pos_of_node[p.node]);
+  }
+}
+}  // namespace
+
 std::vector<std::vector<int>> bucket_completion(const Graph& g, const std::vector<Bucket>& buckets,
                                                 const std::vector<int>& order) {
   std::vector<std::vector<int>> at(order.size());
@@ -127,12 +142,8 @@ std::vector<std::vector<int>> bucket_completion(const Graph& g, const std::vecto
   int floor = 0;
   for (size_t b = 0; b < buckets.size(); ++b) {
     int last = 0;
-    for (const TensorSpec& p : g.params()) {
-      if (p.offset + p.size() <= buckets[b].begin || p.offset >= buckets[b].end) continue;
-      if (pos_of_node[p.node] < 0)
-        throw std::logic_error("parameter of a node backward never visits");
-      last = std::max(last, pos_of_node[p.node]);
-    }
+    for_each_position(g, buckets[b], pos_of_node, "backward",
+                      [&](int pos) { last = std::max(last, pos); });
     floor = std::max(floor, last);  // fire in bucket order even if a graph visits out of order
     at[floor].push_back(static_cast<int>(b));
   }
@@ -148,12 +159,8 @@ std::vector<std::vector<int>> bucket_first_use(const Graph& g, const std::vector
     if (pos_of_node[order[i]] < 0) pos_of_node[order[i]] = static_cast<int>(i);
   for (size_t b = 0; b < buckets.size(); ++b) {
     int first = static_cast<int>(order.size()) - 1;
-    for (const TensorSpec& p : g.params()) {
-      if (p.offset + p.size() <= buckets[b].begin || p.offset >= buckets[b].end) continue;
-      if (pos_of_node[p.node] < 0)
-        throw std::logic_error("parameter of a node forward never visits");
-      first = std::min(first, pos_of_node[p.node]);
-    }
+    for_each_position(g, buckets[b], pos_of_node, "forward",
+                      [&](int pos) { first = std::min(first, pos); });
     at[first].push_back(static_cast<int>(b));
   }
   return at;
