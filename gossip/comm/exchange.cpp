@@ -11,6 +11,11 @@
 #include "gossip/comm/wait_watch.hpp"
 
 namespace gg::gossip {
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
 
 AllreduceExchange::AllreduceExchange(const mpi::Comm& world, float* grads,
                                      std::vector<kernels::Bucket> buckets)
@@ -49,7 +54,7 @@ double AllreduceExchange::finish_step() {
   std::unique_lock lock(mu_);
   cv_.wait(lock, [&] { return done_ == buckets_.size() || error_; });
   if (error_) std::rethrow_exception(error_);
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return seconds_since(t0);
 }
 
 void AllreduceExchange::loop() {
@@ -289,7 +294,7 @@ double GossipExchange::finish_step() {
   else
     queue_.check();
   rule_->finish(queue_.step());
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return seconds_since(t0);
 }
 
 void GossipExchange::queue_all(int64_t step) {
@@ -305,14 +310,14 @@ void GossipExchange::start_all(int64_t step) {
 double GossipExchange::wait_bucket(int b) {
   const auto t0 = std::chrono::steady_clock::now();
   queue_.wait_bucket(b);
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return seconds_since(t0);
 }
 
 double GossipExchange::exchange_all(int64_t step) {
   const auto t0 = std::chrono::steady_clock::now();
   queue_all(step);
   finish_step();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return seconds_since(t0);
 }
 
 DelayedAverage& GossipExchange::delayed() {
