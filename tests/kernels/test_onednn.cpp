@@ -625,10 +625,13 @@ TEST_CASE("onednn bf16 training tracks fp32 over SGD steps of small nets", "[one
                     std::invalid_argument);
     return;
   }
-  const std::string name = GENERATE(as<std::string>{}, "resnet8", "googlenet");
-  INFO(name);
-  const bool shallow = name == "resnet8";
-  const Graph g = shallow ? build_model({.name = "resnet8", .input = {3, 16, 16}, .width = 16})
+  // Width 8: channels-last bf16 batch norm on 8 channels has no JIT kernel in oneDNN, so the
+  // executor runs it on 16-channel blocks with reorders in and out (compile_bn's bn_layout).
+  const int width = GENERATE(16, 8, 0);
+  const std::string name = width > 0 ? "resnet8" : "googlenet";
+  INFO(name << " width " << width);
+  const bool shallow = width > 0;
+  const Graph g = shallow ? build_model({.name = "resnet8", .input = {3, 16, 16}, .width = width})
                           : build_googlenet({.name = "googlenet", .input = {3, 32, 32}}, 8);
   const int64_t batch = 8, classes = g.classes();
   ParamStore f32(g), b16(g), start(g);
