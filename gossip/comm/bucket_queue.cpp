@@ -75,6 +75,18 @@ std::vector<BucketQueue::Job> BucketQueue::take() {
   return batch;
 }
 
+std::vector<BucketQueue::Job> BucketQueue::take_ready() {
+  std::vector<Job> batch;
+  {
+    std::lock_guard lock(mu_);
+    if (threading_ != Threading::Funneled || jobs_.empty()) return batch;
+    batch.assign(jobs_.begin(), jobs_.end());
+    jobs_.clear();
+  }
+  cv_.notify_all();  // as in take()
+  return batch;
+}
+
 void BucketQueue::done(const Job& j) {
   {
     std::lock_guard lock(mu_);

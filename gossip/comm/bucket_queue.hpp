@@ -40,6 +40,9 @@ class BucketQueue {
   // (funneled: every one queued; concurrent: one; chained: the next in bucket order). Blocks;
   // empty once the queue is stopped and drained.
   std::vector<Job> take();
+  // A communication thread, funneled: the buckets queued now, without waiting (empty: none, or
+  // another threading).
+  std::vector<Job> take_ready();
   // A communication thread: job j is over / the exchange failed (the compute thread rethrows).
   void done(const Job& j);
   void fail(std::exception_ptr e);

@@ -167,6 +167,8 @@ GossipExchange::GossipExchange(const mpi::Comm& world, float* buffer,
   transport_ = make_transport(o_.transport, comm_, {codec_.floats(), codec_.layout()},
                               buffer_ == nullptr && o_.wire == Wire::Fp32 && o_.low_rank == 0);
   transport_->set_timeout(o_.timeout_s);
+  if (o_.pipelined && o_.threading == Threading::Funneled)
+    transport_->set_while_waiting([this] { start_queued(); });
   if (!buffer_) buffer_ = transport_->shared_home();
   if (!buffer_) {
     own_.assign(static_cast<size_t>(count), 0.f);
@@ -241,19 +243,44 @@ void GossipExchange::mark_done(const Job& j) {
 }
 
 void GossipExchange::run(std::vector<Job>& batch) {
-  if (o_.pipelined) {
-    // The next forward waits for these buckets in queue order: each is completed once the next
-    // one is on the wire (its transfer behind this one's mixing), not after every one is sent.
-    for (size_t i = 0; i < batch.size(); ++i) {
-      start(batch[i]);
-      if (i > 0) complete_and_mark(batch[i - 1]);
-    }
-    if (!batch.empty()) complete_and_mark(batch.back());
-    return;
-  }
+  if (o_.pipelined) return run_pipelined(batch);
   // Funneled: every ready bucket is on the wire before the first one is waited for.
   for (Job& j : batch) start(j);
   for (const Job& j : batch) complete_and_mark(j);
+}
+
+// The next forward waits for the buckets in queue order: each is completed once the next one is
+// on the wire (its transfer behind this one's mixing), not after every one is sent. While a
+// completion waits for the partner's bucket, the buckets that backward hands over meanwhile go
+// on the wire (the transport's while_waiting calls start_queued), so that one slow partner
+// does not hold back this rank's later sends.
+void GossipExchange::run_pipelined(std::vector<Job>& batch) {
+  std::deque<Job> started;
+  started_ = &started;
+  struct Reset {
+    std::deque<Job>*& p;
+    ~Reset() { p = nullptr; }
+  } reset{started_};
+  const auto complete_oldest = [&] {
+    const Job j = started.front();  // a copy: start_queued appends while it completes
+    started.pop_front();
+    complete_and_mark(j);
+  };
+  for (Job& j : batch) {
+    start(j);
+    started.push_back(j);
+    if (started.size() > 1) complete_oldest();
+  }
+  start_queued();
+  while (!started.empty()) complete_oldest();
+}
+
+void GossipExchange::start_queued() {
+  if (!started_) return;
+  for (Job& j : queue_.take_ready()) {
+    start(j);
+    started_->push_back(j);
+  }
 }
 
 void GossipExchange::complete_and_mark(const Job& j) {

@@ -196,6 +196,8 @@ class GossipExchange final : public BucketExchange {
   void complete(const Job& j);
   void mark_done(const Job& j);
   void complete_and_mark(const Job& j);
+  void run_pipelined(std::vector<Job>& batch);
+  void start_queued();  // pipelined: starts the buckets queued meanwhile (transport waits)
   // The bound of the compute thread's waits for the communication threads: longer than the
   // transports' own (timeout_s per wait on a partner), so that their more precise line wins.
   double engine_limit() const { return 2 * o_.timeout_s; }
@@ -211,6 +213,7 @@ class GossipExchange final : public BucketExchange {
   std::unique_ptr<MixingRule> rule_;
   int64_t first_step_ = 0;  // transports see step - first_step_
   BucketQueue queue_;
+  std::deque<Job>* started_ = nullptr;  // pipelined run(): its buckets on the wire, not mixed
   std::vector<std::thread> workers_;
 };
 

@@ -117,8 +117,13 @@ class P2pTransport final : public Transport {
     count_sent(to, k.size());
   }
   const float* received(int from, int64_t, int b) override {
-    if (timeout_s_ > 0)
-      wait_until([&] { return recv_req_[b].test(); }, timeout_s_, from, b, "p2p receive");
+    if (timeout_s_ > 0 || while_waiting_)
+      wait_until(
+          [&] {
+            waiting();
+            return recv_req_[b].test();
+          },
+          timeout_s_, from, b, "p2p receive");
     else
       recv_req_[b].wait();
     count_received(from, layout_.buckets[b].size());
@@ -188,8 +193,12 @@ class RmaTransport final : public Transport {
   }
   const float* received(int from, int64_t step, int b) override {
     const int self = comm_.rank();
-    wait_until([&] { return read_flag(self, kArrived, b) > step; }, timeout_s_, from, b,
-               "rma: the partner's bucket");
+    wait_until(
+        [&] {
+          waiting();
+          return read_flag(self, kArrived, b) > step;
+        },
+        timeout_s_, from, b, "rma: the partner's bucket");
     GG_MPI_CHECK(MPI_Win_sync(window_->get()));
     count_received(from, layout_.buckets[b].size());
     return reinterpret_cast<const float*>(static_cast<const char*>(window_->base()) +
@@ -278,6 +287,7 @@ class ShmTransport final : public Transport {
     wait_until(
         [&] {
           progress();
+          waiting();
           return published.load(std::memory_order_acquire) >= step + 1;
         },
         timeout_s_, peer, b, "shm in-place average: the partner's bucket");
@@ -328,6 +338,7 @@ class ShmTransport final : public Transport {
     wait_until(
         [&] {
           progress();
+          waiting();
           return ready.load(std::memory_order_acquire) == step + 1;
         },
         timeout_s_, from, b, "shm receive");
@@ -393,6 +404,10 @@ class AutoTransport final : public Transport {
   void set_timeout(double seconds) override {
     for (Transport* t : {shm_.get(), remote_.get()})
       if (t) t->set_timeout(seconds);
+  }
+  void set_while_waiting(std::function<void()> f) override {
+    for (Transport* t : {shm_.get(), remote_.get()})
+      if (t) t->set_while_waiting(f);
   }
   void expect(int from, int64_t t, int b) override { pick(from).expect(from, t, b); }
   void send(int to, int64_t t, int b, const float* d) override { pick(to).send(to, t, b, d); }

@@ -81,12 +81,19 @@ class Transport {
   // drive MPI progress, which its p2p half needs from this rank while it waits on a partner of
   // its node (a large send from another node completes only as the receiver's MPI progresses).
   void set_progress(std::function<void()> f) { progress_ = std::move(f); }
+  // Called on every poll of a wait for a partner's bucket (received, and the first wait of
+  // average_in_place), on the thread that waits: a pipelined exchange starts there the buckets
+  // handed over meanwhile. It may send (never receive) other buckets.
+  virtual void set_while_waiting(std::function<void()> f) { while_waiting_ = std::move(f); }
   // What this transport moved, per peer; auto reports each of its halves as its own entry.
   virtual std::vector<TransportTraffic> traffic() const;
 
  protected:
   void progress() const {
     if (progress_) progress_();
+  }
+  void waiting() const {
+    if (while_waiting_) while_waiting_();
   }
   // Counters for `peers` ranks, set up by every transport that moves data itself. They are
   // relaxed atomics: concurrent threading sends and receives on several threads at once.
@@ -96,6 +103,7 @@ class Transport {
   void count_in_place(int peer, int64_t floats);
   double timeout_s_ = 0;
   std::function<void()> progress_;
+  std::function<void()> while_waiting_;
 
  private:
   enum Counter { kBucketsSent, kBytesSent, kBucketsReceived, kBytesReceived, kInPlace, kCounters };

@@ -575,6 +575,52 @@ void run_counters(const mpi::Comm& world, const std::string& transport, bool hom
                 sums[1], sums[2]);
 }
 
+// A pipelined exchange sends what backward hands over while it waits for a partner: rank p-1
+// holds its buckets back (ring: it is rank 0's sender); rank 0 hands over bucket 0, then bucket
+// 1 while its communication thread waits for p-1's bucket 0. Bucket 1 must go on the wire before
+// p-1 sends anything (before, it waited behind bucket 0's completion).
+void run_pipelined_sends_while_waiting(const mpi::Comm& world, const std::string& transport) {
+  if (transport == "shm" && !one_node(world)) return;
+  const int rank = world.rank(), p = world.size();
+  if (p < 2) return;
+  const int64_t count = 1000;
+  const auto buckets = make_layout(count);
+  std::vector<float> x = initial_values(rank, count);
+  gossip::GossipOptions o;
+  o.schedule = {partners::Kind::Ring, p, false, 42};
+  o.transport = transport;
+  o.pipelined = true;
+  o.timeout_s = 30;
+  const std::string name = transport + "/pipelined: sends while waiting for a partner";
+  const bool held = rank == p - 1;
+  {
+    gossip::GossipExchange ex(world, x.data(), buckets, o);
+    ex.begin_step(0);
+    if (held) MPI_Barrier(MPI_COMM_WORLD);
+    ex.on_bucket_ready(0);
+    if (!held) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    ex.on_bucket_ready(1);
+    if (rank == 0) {
+      const int64_t want = 4 * (buckets[0].size() + buckets[1].size());
+      const auto t0 = std::chrono::steady_clock::now();
+      while (ex.bytes_sent() < want &&
+             std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3))
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      check(ex.bytes_sent() >= want,
+            name + ": " + std::to_string(ex.bytes_sent()) + " bytes sent, expected " +
+                std::to_string(want),
+            rank);
+    }
+    if (!held) MPI_Barrier(MPI_COMM_WORLD);
+    for (int b = 2; b < static_cast<int>(buckets.size()); ++b) ex.on_bucket_ready(b);
+    ex.finish_step();
+  }
+  const int from = (rank + p - 1) % p;
+  bool exact = true;
+  for (int64_t i = 0; i < count; ++i) exact &= x[i] == 0.5f * (initial(rank, i) + initial(from, i));
+  check(exact, name + ": the step holds exactly (mine + partner's) / 2", rank);
+}
+
 // Across nodes the shm transport is refused on every rank, with one line that names the way out.
 void run_shm_refused(const mpi::Comm& world) {
   if (one_node(world)) return;
@@ -639,6 +685,8 @@ int main(int argc, char** argv) {
     run_counters(world, "auto", true);
     run_counters(world, "shm", true);
     run_shm_refused(world);
+    for (const char* transport : {"p2p", "rma", "shm", "auto"})
+      run_pipelined_sends_while_waiting(world, transport);
     for (const char* transport : {"p2p", "rma", "shm", "auto"}) {
       run_wire(world, transport, gossip::Wire::Bf16, false);
       run_wire(world, transport, gossip::Wire::Int8, true);
