@@ -36,6 +36,8 @@
 # Conditions: quiet; jitter (every rank's compute x a lognormal factor per step, median 1, p99
 # GG_STUDY_JITTER, default 2.5); straggler (rank 1 always 1.5x slower).
 # GG_STUDY_EXTRA: more train options for every gossipgrad point (e.g. --log.timeline FILE).
+# GG_STUDY_POINTS: the points to run instead of the plan's, separated by ';', each "p rate_mbit
+# condition method [K]" as the plans write them (e.g. "16 1000 quiet model+int4+choco+ring").
 # GG_STUDY_SLOW_START_AFTER_IDLE=0 sets the nodes' net.ipv4.tcp_slow_start_after_idle to 0 (Linux
 # default 1: a TCP connection idle for a retransmission timeout restarts from a small congestion
 # window; a collective that talks to a different peer each round meets it on every connection);
@@ -89,6 +91,10 @@ read -r -a STUDY_EXTRA <<<"${GG_STUDY_EXTRA:-}"
 # the cluster is made once per p).
 points() {
     local quick_p=4
+    if [[ -n ${GG_STUDY_POINTS:-} ]]; then
+        tr ';' '\n' <<<"$GG_STUDY_POINTS" | sed 's/^ *//; s/ *$//; /^$/d'
+        return
+    fi
     case $PLAN in
     quick)
         for m in grad allreduce ddp; do echo "$quick_p 1000 quiet $m"; done
