@@ -17,7 +17,8 @@
 # Methods: grad, model, both (gossipgrad's modes over p2p across nodes, what auto picks;
 # MODE@rma over rma; MODE+bf16 with gossip.wire and model_wire = bf16 (MODE+int8, MODE+int4:
 # those quantized wires, with gossip.error_feedback; MODE+int4+choco: the int4 wire carrying the
-# difference to CHOCO's public copies, gossip.choco, no rotation; +ring: the ring schedule;
+# difference to CHOCO's public copies, gossip.choco, no rotation; +sr: the quantized wire rounds
+# stochastically, gossip.rounding; +ring: the ring schedule;
 # +lowrankN: low-rank gossip of rank N, gossip.low_rank, fp32 factors, the hypercube unrotated);
 # MODE+stale with
 # gossip.staleness = 1: a rank never waits for this step's partner; MODE+lag with guard.lag = 1:
@@ -306,7 +307,7 @@ run_point() { # p rate condition method K
             return 0
         }
     else
-        # MODE[@TRANSPORT][+every4][+bf16|+int8|+int4][+choco][+lowrankN][+nooverlap|+pipeline][+stale][+lag][+ppn2|+hier]
+        # MODE[@TRANSPORT][+every4][+bf16|+int8|+int4][+choco][+sr][+lowrankN][+nooverlap|+pipeline][+stale][+lag][+ppn2|+hier]
         local file=$OUT/$name.jsonl spec=${method%%+*} wire=fp32 stale=0 lag=0 hier=none every=1
         local overlap=true feedback=false pipeline=false
         local mode=${spec%@*} transport=$TRANSPORT
@@ -325,6 +326,7 @@ run_point() { # p rate condition method K
         [[ $method == *+choco* ]] && feedback=false && choco=(--gossip.choco true)
         # +ring: the ring schedule (one partner each way, the same every step).
         [[ $method == *+ring* ]] && choco+=(--gossip.schedule ring)
+        [[ $method == *+sr* ]] && choco+=(--gossip.rounding stochastic)
         [[ $method == *+choco* || $method == *+ring* ]] && choco+=(--gossip.rotate false)
         # +lowrankN: low-rank gossip of rank N (PowerGossip: the hypercube's pairs, no rotation).
         [[ $method =~ \+lowrank([0-9]+) ]] &&
