@@ -3,6 +3,10 @@
 # N namespace nodes (cluster.sh) whose links run at RATE Mbit/s, every step computed for real
 # (oneDNN for gossipgrad, PyTorch's CPU kernels for DDP), nothing emulated or dilated. The
 # methods, alternating in rounds so that the VM's state falls on all alike:
+#   model+int4+choco+sr+pipeline  the same rule as model+int4+choco with stochastic rounding
+#                    (gossip.rounding), the weights mixed before the next forward bucket by
+#                    bucket (gossip.overlap_model false, gossip.pipeline_weights): the rule whose
+#                    top-1 bench/results reports at p = 8 and 128
 #   model+int4+choco  gossipgrad, mode model, the weights' difference on the int4 wire to CHOCO's
 #                     public copies (gossip.choco, dissemination without rotation)
 #   model+int4        the same wire with error feedback (dissemination with rotation)
@@ -15,7 +19,8 @@
 #
 # usage: bench/cluster/real.sh [--nodes N] [--rate MBIT] [--steps S] [--rounds R] [--out DIR]
 # Defaults: 4 nodes, 1000 Mbit/s, 20 measured steps (3 of warm-up), 2 rounds,
-# bench/results/cluster-real-$(hostname). GG_BIN: the gossipgrad to run (default
+# bench/results/cluster-real-$(hostname). GG_REAL_METHODS: the methods to run, in that order
+# (default: all of the above). GG_BIN: the gossipgrad to run (default
 # build/gossip/gossipgrad). Writes DIR/points.csv (method, round, median step s) and the runs;
 # prints the medians over rounds and each method's ratio to DDP's best.
 set -euo pipefail
@@ -38,6 +43,12 @@ for v in NODES RATE STEPS ROUNDS; do
     [[ ${!v} =~ ^[1-9][0-9]{0,5}$ ]] || die "--${v,,} ${!v}: a whole number >= 1"
 done
 ((NODES >= 2)) || die "--nodes $NODES: at least 2"
+ALL="model+int4+choco+sr+pipeline model+int4+choco ddp+cl model+int4 ddp model+bf16 ddp+fp16"
+read -r -a METHODS <<<"${GG_REAL_METHODS:-$ALL}"
+((${#METHODS[@]})) || die "GG_REAL_METHODS is empty: name methods from: $ALL"
+for m in "${METHODS[@]}"; do
+    [[ " $ALL " == *" $m "* ]] || die "GG_REAL_METHODS: unknown method '$m'; known: $ALL"
+done
 BIN=${GG_BIN:-$ROOT/build/gossip/gossipgrad}
 [[ -x $BIN ]] || die "no gossipgrad at $BIN: build it first (cmake --build build) or set GG_BIN"
 DATA=/usr/share/datasets/fashion-mnist
@@ -88,14 +99,23 @@ ddp() { # name options...
     printf 'real.sh: round %s %-18s %s s\n' "$round" "$name" "$med"
 }
 
+method() { # name
+    local choco=(--gossip.mode model --gossip.model_wire int4 --gossip.choco true --gossip.rotate false)
+    case $1 in
+    model+int4+choco) gossip "$1" "${choco[@]}" ;;
+    model+int4+choco+sr+pipeline)
+        gossip "$1" "${choco[@]}" --gossip.rounding stochastic --gossip.overlap_model false \
+            --gossip.pipeline_weights true ;;
+    model+int4) gossip "$1" --gossip.mode model --gossip.model_wire int4 --gossip.error_feedback true ;;
+    model+bf16) gossip "$1" --gossip.mode model --gossip.model_wire bf16 --gossip.error_feedback true ;;
+    ddp) ddp "$1" ;;
+    ddp+cl) ddp "$1" --channels-last ;;
+    ddp+fp16) ddp "$1" --channels-last --compress fp16 ;;
+    *) die "GG_REAL_METHODS: unknown method '$1'" ;;
+    esac
+}
 for ((round = 1; round <= ROUNDS; round++)); do
-    gossip model+int4+choco --gossip.mode model --gossip.model_wire int4 --gossip.choco true \
-        --gossip.rotate false
-    ddp ddp+cl --channels-last
-    gossip model+int4 --gossip.mode model --gossip.model_wire int4 --gossip.error_feedback true
-    ddp ddp
-    gossip model+bf16 --gossip.mode model --gossip.model_wire bf16 --gossip.error_feedback true
-    ddp ddp+fp16 --channels-last --compress fp16
+    for m in "${METHODS[@]}"; do method "$m"; done
 done
 /usr/bin/python3 - "$CSV" <<'PY'
 import collections, csv, statistics, sys

@@ -37,6 +37,7 @@ expect "loader seconds" "SECONDS = 'fast'" -- bench/loader/run.sh fast
 expect "study jitter" "GG_STUDY_JITTER = 'lots'" -- env GG_STUDY_JITTER=lots bench/cluster/study.sh
 expect "real --rounds 0" "--rounds 0: a whole number >= 1" -- bench/cluster/real.sh --rounds 0
 expect "real --nodes x" "--nodes x: a whole number >= 1" -- bench/cluster/real.sh --nodes x
+expect "real GG_REAL_METHODS" "unknown method 'foo'" -- env GG_REAL_METHODS=foo bench/cluster/real.sh
 expect "ddp_train --steps 0" "--steps and --threads must be >= 1" -- /usr/bin/python3 bench/cluster/ddp_train.py --steps 0
 expect "ddp_emulate --powersgd-rank 0" "--powersgd-rank must be >= 1" -- /usr/bin/python3 bench/cluster/ddp_emulate.py --powersgd-rank 0
 [ $fail = 0 ] && echo "PASS: the scripts refuse bad numbers in one line before any work"
