@@ -38,6 +38,8 @@
 #                 factors), e.g. model-lowrank1, model-lowrank4-nooverlap
 #   *-sr          an int8 / int4 mode with stochastic rounding (gossip.rounding stochastic),
 #                 e.g. model-int4-choco-sr-nooverlap
+#   *-ring        the ring schedule without rotation (before -nooverlap, after the rest), e.g.
+#                 model-int4-choco-sr-ring-nooverlap
 #   *-nooverlap   a mode that exchanges weights, with gossip.overlap_model false (the weights
 #                 mixed before the next forward, not behind it), e.g. gossipgrad-nooverlap
 #   *-cc<B>       any gossip mode with consensus control, gossip.consensus_bound B (a global
@@ -69,13 +71,16 @@ options_of() { # mode -> its train options
   if [[ $mode =~ ^(.*)-cc([0-9.]+(e-?[0-9]+)?)$ ]]; then mode=${BASH_REMATCH[1]}; bound=${BASH_REMATCH[2]}; fi
   if [[ $mode =~ ^(.*)-global([0-9]+)$ ]]; then mode=${BASH_REMATCH[1]}; global=${BASH_REMATCH[2]}; fi
   if [[ $mode =~ ^(.*)-nooverlap$ ]]; then mode=${BASH_REMATCH[1]}; echo "--gossip.overlap_model false"; fi
+  local fixed=""  # choco and the ring: the same partners again, no rotation
+  if [[ $mode =~ ^(.*)-ring$ ]]; then mode=${BASH_REMATCH[1]}; fixed=1; echo "--gossip.schedule ring"; fi
   if [[ $mode =~ ^(.*-int[48].*)-sr$ ]]; then mode=${BASH_REMATCH[1]}; echo "--gossip.rounding stochastic"; fi
   if [[ $mode =~ ^(model|gossipgrad)-lowrank([0-9]+)$ ]]; then
     mode=${BASH_REMATCH[1]}
     echo "--gossip.low_rank ${BASH_REMATCH[2]} --gossip.schedule hypercube --gossip.rotate false"
   fi
   local feedback="--gossip.error_feedback true"
-  if [[ $mode =~ ^(.*)-choco$ ]]; then mode=${BASH_REMATCH[1]}; feedback="--gossip.choco true --gossip.rotate false"; fi
+  if [[ $mode =~ ^(.*)-choco$ ]]; then mode=${BASH_REMATCH[1]}; fixed=1; feedback="--gossip.choco true"; fi
+  [ -z "$fixed" ] || echo "--gossip.rotate false"
   case $mode in
     allreduce | both | model | gossipgrad | grad) echo "--gossip.mode $mode" ;;
     model-bf16 | model-int8 | model-int4 | gossipgrad-bf16 | gossipgrad-int8 | gossipgrad-int4)
