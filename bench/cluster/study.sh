@@ -256,6 +256,14 @@ points() {
     esac
 }
 
+# The points, checked before anything is made.
+planned=$(points) || exit 2
+mapfile -t PLANNED <<<"$planned"
+[[ -n $planned ]] || { echo "study.sh: no points to run (GG_STUDY_POINTS is empty?)" >&2 && exit 2; }
+for point in "${PLANNED[@]}"; do
+    [[ $point =~ ^[1-9][0-9]*\ [1-9][0-9]*\ (quiet|jitter|straggler)\ [a-z0-9@+]+(\ [1-9][0-9]*)?$ ]] ||
+        { echo "study.sh: point '$point': write 'p rate_mbit quiet|jitter|straggler method [K]' (see --help)" >&2 && exit 2; }
+done
 mkdir -p "$OUT"
 CSV=$OUT/points.csv
 [[ -f $CSV ]] || echo "p,rate_mbit,condition,method,dilation,link_mbit,warmup,steps,file" >"$CSV"
@@ -380,7 +388,6 @@ measure_latency() { # p K link_mbit
 # A point already in points.csv (an interrupted study run again) is not run again.
 done_already() { grep -q "^$1,$2,$3,$4," "$CSV"; }
 
-mapfile -t PLANNED < <(points)
 echo "study.sh: ${#PLANNED[@]} points, plan $PLAN, profile $PROFILE, budget $BUDGET Mbit/s, out $OUT"
 nodes=0
 for point in "${PLANNED[@]}"; do
