@@ -255,31 +255,24 @@ void GossipExchange::run(std::vector<Job>& batch) {
 // on the wire (the transport's while_waiting calls start_queued), so that one slow partner
 // does not hold back this rank's later sends.
 void GossipExchange::run_pipelined(std::vector<Job>& batch) {
-  std::deque<Job> started;
-  started_ = &started;
-  struct Reset {
-    std::deque<Job>*& p;
-    ~Reset() { p = nullptr; }
-  } reset{started_};
   const auto complete_oldest = [&] {
-    const Job j = started.front();  // a copy: start_queued appends while it completes
-    started.pop_front();
+    const Job j = started_.front();  // a copy: start_queued appends while it completes
+    started_.pop_front();
     complete_and_mark(j);
   };
   for (Job& j : batch) {
     start(j);
-    started.push_back(j);
-    if (started.size() > 1) complete_oldest();
+    started_.push_back(j);
+    if (started_.size() > 1) complete_oldest();
   }
   start_queued();
-  while (!started.empty()) complete_oldest();
+  while (!started_.empty()) complete_oldest();
 }
 
 void GossipExchange::start_queued() {
-  if (!started_) return;
   for (Job& j : queue_.take_ready()) {
     start(j);
-    started_->push_back(j);
+    started_.push_back(j);
   }
 }
 

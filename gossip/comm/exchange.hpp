@@ -213,7 +213,9 @@ class GossipExchange final : public BucketExchange {
   std::unique_ptr<MixingRule> rule_;
   int64_t first_step_ = 0;  // transports see step - first_step_
   BucketQueue queue_;
-  std::deque<Job>* started_ = nullptr;  // pipelined run(): its buckets on the wire, not mixed
+  // Pipelined (funneled: one communication thread, the only one to touch it): the buckets on
+  // the wire and not yet mixed, oldest first.
+  std::deque<Job> started_;
   std::vector<std::thread> workers_;
 };
 
