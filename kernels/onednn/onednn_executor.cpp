@@ -1,7 +1,5 @@
 #include "kernels/onednn/onednn_executor.hpp"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -15,6 +13,7 @@
 #include <unordered_map>
 
 #include "kernels/memory_plan.hpp"
+#include "kernels/onednn/eltwise.hpp"
 #include "kernels/onednn/max_pool.hpp"
 
 namespace gg::kernels {
@@ -54,6 +53,8 @@ struct Value {
   bool diff_in_place = false;  // its backward writes its input's gradient over its own
   bool relu_fused = false;     // a batch norm that applies the ReLU that reads it
   bool relu_in_place = false;  // the output of a ReLU that overwrote its input
+  // An add whose only reader, a ReLU, computes it: the sum and the ReLU in one pass.
+  std::vector<memory> add_terms;
 };
 
 memory::dims batched(int64_t n, const Dims& d) {
@@ -65,133 +66,6 @@ memory::dims batched(int64_t n, const Dims& d) {
 // PyTorch's layout of a batch of per-sample dims {C,H,W} or {F}.
 memory::desc plain_md(int64_t n, const Dims& d) {
   return memory::desc(batched(n, d), dt::f32, d.size() == 3 ? tag::nchw : tag::nc);
-}
-
-// y = relu(x) over n values, NaN kept (see relu_keeping_nan). Built for AVX-512 and AVX2 as well,
-// picked at load time: the baseline's SSE is about 3x slower than oneDNN's JIT on a tensor that
-// fits the cache; these run as fast as it. The loops are written so that GCC vectorises them.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void relu_f32(const float* x, float* y,
-                                                                           int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] <= 0.f ? 0.f : x[i];
-}
-
-// The same, returning whether a value was NaN (about 30% slower on a tensor in the cache).
-__attribute__((target_clones("avx512f", "avx2", "default"))) bool relu_f32_seeing_nan(
-    const float* x, float* y, int64_t n) {
-  int nan = 0;  // a bool here stops the vectoriser: 10x slower
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = x[i];
-    nan |= v != v;
-    y[i] = v <= 0.f ? 0.f : v;
-  }
-  return nan != 0;
-}
-
-// The same on bf16 bits, negative (-0 and -inf included) but not NaN giving +0; branch-free on
-// integers, as fast as oneDNN's JIT with the NaN test included.
-__attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) bool relu_bf16(
-    const uint16_t* x, uint16_t* y, int64_t n) {
-  uint16_t nan = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const uint16_t v = x[i];
-    const uint16_t is_nan = (v & 0x7fff) > 0x7f80 ? 1 : 0;
-    nan |= is_nan;
-    y[i] = (v < 0x8000) | is_nan ? v : uint16_t{0};
-  }
-  return nan != 0;
-}
-
-// Splits n elements of `size` bytes over the OpenMP threads in chunks of whole cache lines and
-// calls f(first, count) for every non-empty chunk; returns the OR of what the calls return.
-template <class F>
-int split_over_threads(int64_t n, int64_t size, F f) {
-  int any = 0;
-#pragma omp parallel reduction(| : any)
-  {
-    const int64_t parts = omp_get_num_threads(), per_line = 64 / size;
-    // ceil(n / parts), rounded up to whole cache lines: the chunks cover all n elements (a
-    // floor here left the last n % parts elements unwritten).
-    const int64_t chunk = ((n + parts - 1) / parts + per_line - 1) / per_line * per_line;
-    const int64_t first = std::min(n, chunk * omp_get_thread_num());
-    const int64_t count = std::min(n - first, chunk);
-    if (count > 0) any |= f(first, count);
-  }
-  return any;
-}
-
-// ReLU over every element of a tensor of f32 or bf16 in any layout (a blocked layout's padding
-// holds zeros, which stay zeros), in place when x == y. NaN stays NaN as in PyTorch, where
-// oneDNN's eltwise_relu, fused into batch norm or not, gives 0 and so hid a NaN from the loss.
-// One pass, as the eltwise primitive it replaces, split over the OpenMP threads in
-// cache-line-aligned chunks. With `report`, returns whether an element was NaN; else false.
-bool relu_keeping_nan(const memory& x, const memory& y, bool report) {
-  const memory::desc md = x.get_desc();
-  const bool f32 = md.data_type() == dt::f32;
-  const int64_t size = f32 ? 4 : 2;
-  const int64_t n = static_cast<int64_t>(md.get_size()) / size;
-  char* a = static_cast<char*>(x.get_data_handle());
-  char* b = static_cast<char*>(y.get_data_handle());
-  const int nan = split_over_threads(n, size, [&](int64_t first, int64_t count) -> int {
-    if (!f32)
-      return relu_bf16(reinterpret_cast<const uint16_t*>(a) + first,
-                       reinterpret_cast<uint16_t*>(b) + first, count);
-    const float* from = reinterpret_cast<const float*>(a) + first;
-    float* to = reinterpret_cast<float*>(b) + first;
-    if (report) return relu_f32_seeing_nan(from, to, count);
-    relu_f32(from, to, count);
-    return 0;
-  });
-  return report && nan != 0;
-}
-
-// The gradient of a ReLU computed in place whose output two layers read: dx = y > 0 ? a + b : 0
-// (a, b: the readers' gradients), one pass instead of oneDNN's sum and then its ReLU backward,
-// which write and read the whole tensor once more. A NaN in y gives 0, as oneDNN's ReLU backward
-// from the output does; bf16 sums are rounded once, to nearest even, as oneDNN's sum rounds.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void relu_backward_sum2_f32(
-    const float* y, const float* a, const float* b, float* dx, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.f ? a[i] + b[i] : 0.f;
-}
-
-__attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) void
-relu_backward_sum2_bf16(const uint16_t* y, const uint16_t* a, const uint16_t* b, uint16_t* dx,
-                        int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    float fa, fb;
-    const uint32_t ua = uint32_t{a[i]} << 16, ub = uint32_t{b[i]} << 16;
-    std::memcpy(&fa, &ua, 4);
-    std::memcpy(&fb, &ub, 4);
-    const float sum = fa + fb;
-    uint32_t u;
-    std::memcpy(&u, &sum, 4);
-    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-    const auto rounded =
-        static_cast<uint16_t>(nan ? (u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-    const uint16_t v = y[i];  // y > 0: positive, finite or +inf, not NaN
-    dx[i] = v >= 1 && v <= 0x7f80 ? rounded : uint16_t{0};
-  }
-}
-
-// relu_backward_sum2 over every element of tensors of one layout, split over the OpenMP threads.
-void relu_backward_sum2(const memory& y, const memory& a, const memory& b, const memory& dx) {
-  const memory::desc md = y.get_desc();
-  const bool f32 = md.data_type() == dt::f32;
-  const int64_t n = static_cast<int64_t>(md.get_size()) / (f32 ? 4 : 2);
-  const void* py = y.get_data_handle();
-  const void* pa = a.get_data_handle();
-  const void* pb = b.get_data_handle();
-  void* pdx = dx.get_data_handle();
-  split_over_threads(n, f32 ? 4 : 2, [&](int64_t first, int64_t count) {
-    if (f32)
-      relu_backward_sum2_f32(
-          static_cast<const float*>(py) + first, static_cast<const float*>(pa) + first,
-          static_cast<const float*>(pb) + first, static_cast<float*>(pdx) + first, count);
-    else
-      relu_backward_sum2_bf16(
-          static_cast<const uint16_t*>(py) + first, static_cast<const uint16_t*>(pa) + first,
-          static_cast<const uint16_t*>(pb) + first, static_cast<uint16_t*>(pdx) + first, count);
-    return 0;
-  });
 }
 
 class OneDnnExecutor final : public Executor {
@@ -573,6 +447,23 @@ class OneDnnExecutor final : public Executor {
     for (Action& a : tail) bwd.push_back(std::move(a));
   }
 
+  // A fully connected layer's weights and their gradient stay in PyTorch's layout where oneDNN
+  // runs the same implementation on it as on the layout it prefers (a transposed copy for its
+  // gemm, on AVX2 and AVX-512 alike): the weights are then not reordered into that copy before
+  // every step, nor their gradient back out of it after. fp32 only: bf16 runs convert anyway.
+  template <class Pd, class Make>
+  Pd prefer_plain(Pd preferred, Make plain) {
+    if (act_ != dt::f32) return preferred;
+    try {
+      Pd candidate = plain();
+      if (std::string(candidate.impl_info_str()) == preferred.impl_info_str() &&
+          candidate.src_desc() == preferred.src_desc())
+        return candidate;
+    } catch (const dnnl::error&) {  // no implementation takes the plain layout
+    }
+    return preferred;
+  }
+
   void compile_fc(int id, const Node& n) {
     const int in = n.inputs[0];
     const Dims& xin = g_.node(in).out;
@@ -589,8 +480,12 @@ class OneDnnExecutor final : public Executor {
     const memory::desc dst_md({batch_, o}, dt::f32, tag::nc), ddst_md({batch_, o}, act_, tag::nc);
     const memory::desc b_md = n.fc.bias ? memory::desc({o}, dt::f32, tag::x) : memory::desc();
 
-    dnnl::inner_product_forward::primitive_desc fpd(
-        {dnnl::prop_kind::forward_training, src_any, w_any, b_md, dst_md}, attr_, eng_);
+    const auto forward = [&](const memory::desc& w_md) {
+      return dnnl::inner_product_forward::primitive_desc(
+          {dnnl::prop_kind::forward_training, src_any, w_md, b_md, dst_md}, attr_, eng_);
+    };
+    const dnnl::inner_product_forward::primitive_desc fpd =
+        prefer_plain(forward(w_any), [&] { return forward(w_plain); });
     std::vector<Action> tail;
     memory diff_src;
     memory src = conform(in, fpd.src_desc(), in == 0 ? nullptr : &diff_src, &tail);
@@ -606,8 +501,12 @@ class OneDnnExecutor final : public Executor {
     push_fwd(dnnl::inner_product_forward(fpd), std::move(fa));
 
     std::vector<Action>& bwd = bwd_[id];
-    dnnl::inner_product_backward_weights::primitive_desc wpd({src_any, dw_any, b_md, ddst_md},
-                                                             attr_, eng_, fpd);
+    const auto backward_weights = [&](const memory::desc& dw_md) {
+      return dnnl::inner_product_backward_weights::primitive_desc({src_any, dw_md, b_md, ddst_md},
+                                                                  attr_, eng_, fpd);
+    };
+    const dnnl::inner_product_backward_weights::primitive_desc wpd =
+        prefer_plain(backward_weights(dw_any), [&] { return backward_weights(w_plain); });
     const memory ddst_w = as(diff_of(id), wpd.diff_dst_desc(), bwd);
     const memory src_w = as(src, wpd.src_desc(), bwd);
     const memory dw_user = param_mem(n.params[0], w_plain, true);
@@ -877,13 +776,24 @@ class OneDnnExecutor final : public Executor {
     }
     // Forward is relu_keeping_nan (oneDNN's maps NaN to 0); oneDNN's backward already passes
     // the gradient at a NaN, as PyTorch does.
-    fwd_.push_back({Action{{},
-                           {},
-                           [this, id, x = src.mem, y = out.mem, report = feeds_max_pool(id)]() {
-                             nan_[id] = relu_keeping_nan(x, y, report);
-                           },
-                           {src.mem, out.mem}},
-                    When::Always});
+    if (!src.add_terms.empty()) {
+      const memory a = src.add_terms[0], b = src.add_terms[1];
+      fwd_.push_back({Action{{},
+                             {},
+                             [this, id, a, b, y = out.mem, report = feeds_max_pool(id)]() {
+                               nan_[id] = add_relu_keeping_nan(a, b, y, report);
+                             },
+                             {a, b, out.mem}},
+                      When::Always});
+    } else {
+      fwd_.push_back({Action{{},
+                             {},
+                             [this, id, x = src.mem, y = out.mem, report = feeds_max_pool(id)]() {
+                               nan_[id] = relu_keeping_nan(x, y, report);
+                             },
+                             {src.mem, out.mem}},
+                      When::Always});
+    }
     if (in == 0) return;
     dnnl::eltwise_backward::primitive_desc bpd({alg, out.md, src.md, 0.f}, attr_, eng_, fpd);
     Args ba{{DNNL_ARG_DIFF_DST, diff_of(id)},
@@ -1004,13 +914,19 @@ class OneDnnExecutor final : public Executor {
   void compile_add(int id, const Node& n) {
     const Value& a = values_[n.inputs[0]];
     const Value& b = values_[n.inputs[1]];
-    dnnl::sum::primitive_desc pd(a.md, {1.f, 1.f}, {a.md, b.md}, eng_, attr_);
     Value& out = values_[id];
-    out.md = pd.dst_desc();
-    out.mem = fresh(out.md);
-    push_fwd(dnnl::sum(pd), {{DNNL_ARG_MULTIPLE_SRC, a.mem},
-                             {DNNL_ARG_MULTIPLE_SRC + 1, b.mem},
-                             {DNNL_ARG_DST, out.mem}});
+    if (a.md == b.md && out.consumers == 1 && reader_is_relu(id)) {
+      out.md = a.md;  // the ReLU's forward adds: add_relu_keeping_nan
+      out.mem = fresh(out.md);
+      out.add_terms = {a.mem, b.mem};
+    } else {
+      dnnl::sum::primitive_desc pd(a.md, {1.f, 1.f}, {a.md, b.md}, eng_, attr_);
+      out.md = pd.dst_desc();
+      out.mem = fresh(out.md);
+      push_fwd(dnnl::sum(pd), {{DNNL_ARG_MULTIPLE_SRC, a.mem},
+                               {DNNL_ARG_MULTIPLE_SRC + 1, b.mem},
+                               {DNNL_ARG_DST, out.mem}});
+    }
     // d(a + b) passes the gradient unchanged to both inputs: an input in the same layout takes
     // the add's gradient itself (as its gradient, or as one of the edges its sum reads), unless
     // its own backward overwrites its gradient in place while the other input still needs it;

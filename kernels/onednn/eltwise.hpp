@@ -1,0 +1,29 @@
+// Element-wise passes of the oneDNN executor (kernels/onednn/eltwise.cpp), over whole tensors of
+// f32 or bf16 in any one layout (a blocked layout's padding holds zeros, which stay zeros), split
+// over the OpenMP threads.
+#pragma once
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+namespace gg::kernels {
+
+// y = relu(x), in place when x == y. NaN stays NaN as in PyTorch, where oneDNN's eltwise_relu,
+// fused into batch norm or not, gives 0 and so hid a NaN from the loss. With `report`, returns
+// whether an element was NaN; else false.
+bool relu_keeping_nan(const dnnl::memory& x, const dnnl::memory& y, bool report);
+
+// y = relu(a + b), NaN kept: a residual add and the ReLU that is its only reader in one pass
+// (oneDNN's sum and then relu_keeping_nan wrote and read the tensor once more), with the same
+// numbers as those two passes: the sum rounds once (bf16: to nearest even, as oneDNN's sum
+// rounds). a, b and y share one layout. With `report`, returns whether an element was NaN.
+bool add_relu_keeping_nan(const dnnl::memory& a, const dnnl::memory& b, const dnnl::memory& y,
+                          bool report);
+
+// The gradient of a ReLU computed in place whose output two layers read: dx = y > 0 ? a + b : 0
+// (a, b: the readers' gradients), one pass instead of oneDNN's sum and then its ReLU backward. A
+// NaN in y gives 0, as oneDNN's ReLU backward from the output does; bf16 sums are rounded once,
+// to nearest even, as oneDNN's sum rounds.
+void relu_backward_sum2(const dnnl::memory& y, const dnnl::memory& a, const dnnl::memory& b,
+                        const dnnl::memory& dx);
+
+}  // namespace gg::kernels
