@@ -109,7 +109,7 @@ OUT=bench/results/scale-$NAME
 RUNS=$OUT.runs
 mkdir -p "$RUNS"
 # Every invocation's command, for the table (several invocations fill one runs folder).
-echo "${GG_BIN:+GG_BIN=$GG_BIN }bench/scale/run.sh ${PS[*]} (EPOCHS=$EPOCHS$( ((MIN_STEPS == 0)) || echo " MIN_STEPS=$MIN_STEPS") BATCH=$BATCH SEEDS='${SEEDS[*]}' MODES='${MODES[*]}' RANK_EVAL=$RANK_EVAL${EXTRA:+ EXTRA='${EXTRA[*]}'})" >>"$RUNS/commands.txt"
+echo "${ONEDNN_MAX_CPU_ISA:+ONEDNN_MAX_CPU_ISA=$ONEDNN_MAX_CPU_ISA }${GG_BIN:+GG_BIN=$GG_BIN }bench/scale/run.sh ${PS[*]} (EPOCHS=$EPOCHS$( ((MIN_STEPS == 0)) || echo " MIN_STEPS=$MIN_STEPS") BATCH=$BATCH SEEDS='${SEEDS[*]}' MODES='${MODES[*]}' RANK_EVAL=$RANK_EVAL${EXTRA:+ EXTRA='${EXTRA[*]}'})" >>"$RUNS/commands.txt"
 total=$((${#PS[@]} * ${#MODES[@]} * ${#SEEDS[@]})); n=0
 for seed in "${SEEDS[@]}"; do
   for p in "${PS[@]}"; do
@@ -131,6 +131,6 @@ for seed in "${SEEDS[@]}"; do
     done
   done
 done
-cpu="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) (family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | xargs) model $(grep -m1 '^model' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores, $(grep -qw avx512f /proc/cpuinfo && echo AVX-512 || echo 'AVX2, no AVX-512'))"
+cpu="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) (family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | xargs) model $(grep -m1 '^model' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores, $(grep -qw avx512f /proc/cpuinfo && echo AVX-512 || echo 'AVX2, no AVX-512')${ONEDNN_MAX_CPU_ISA:+; oneDNN capped to $ONEDNN_MAX_CPU_ISA})"
 python3 bench/scale/table.py "$RUNS" "$OUT" "$cpu"
 echo "bench/scale: $OUT.md, $OUT.csv, $OUT.png" >&2

@@ -108,8 +108,11 @@ if shutil.which("gnuplot"):
             for p in ps:
                 c = cell(p, mode)
                 if c:
-                    f.write(f"{p} {100 * mean([r['top1'] for r in c])} {mean([r['consensus'] for r in c])}\n")
+                    # Allreduce's distance is 0: no point on the log scale (NaN is gnuplot's "none").
+                    d = mean([r['consensus'] for r in c])
+                    f.write(f"{p} {100 * mean([r['top1'] for r in c])} {d if d > 0 else 'NaN'}\n")
             f.write("\n\n")
+    positive = any(r["consensus"] > 0 for p in ps for mode in modes for r in (cell(p, mode) or []))
     script = f"""set terminal pngcairo size 1200,480
 set output '{out}.png'
 set multiplot layout 1,2
@@ -119,12 +122,14 @@ set key bottom left
 set ylabel 'test top-1 (%)'
 set title 'Top-1 of the average model'
 plot for [i=0:{len(modes) - 1}] '{data}' index i using 1:2 with linespoints title columnheader(1)
-set logscale y
+{"set logscale y" if positive else "set yrange [-1:1]"}
 set ylabel 'consensus distance'
 set title 'Consensus distance at the end'
 set key top left
 plot for [i=0:{len(modes) - 1}] '{data}' index i using 1:3 with linespoints title columnheader(1)
 unset multiplot
 """
-    subprocess.run(["gnuplot"], input=script, text=True, check=True)
-    os.remove(data)
+    try:
+        subprocess.run(["gnuplot"], input=script, text=True, check=True)
+    finally:
+        os.remove(data)
