@@ -133,6 +133,7 @@ echo "impl,model,batch,res,threads,precision,median_step_s,images_per_s,peak_rss
 {
   echo "# $(date -u +%FT%TZ) $(uname -srm), $(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
   echo "# flags: $(grep -m1 '^flags' /proc/cpuinfo | grep -o 'avx512[a-z_0-9]*\|avx2\|amx[a-z_0-9]*' | sort -u | xargs)"
+  echo "# instruction sets capped: ONEDNN_MAX_CPU_ISA=${ONEDNN_MAX_CPU_ISA:-none} ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-none}"
   echo "# oneDNN: $(dpkg-query -W -f '${Version}' libdnnl-dev 2>/dev/null), torch: $(/usr/bin/python3 -c 'import torch; print(torch.__version__)'), libblas.so.3: $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3)"
   echo "# repeats=$REPEATS steps=$STEPS warmup=$WARMUP; PyTorch: default (NCHW, fp32) and best (channels_last; bf16 rows under autocast bf16)"
 } >"$OUT.txt"
@@ -184,7 +185,14 @@ for s in "${SETTINGS[@]}"; do
       --precision "$precision" | tee -a "$OUT.txt" >>"$OUT.csv"
   done
 done
-/usr/bin/python3 - "$OUT" <<'PY' >"$OUT.md"
+# The machine first: every figure below is this CPU's (and, when capped, that instruction set's).
+{
+  echo "Machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores, $(date -u +%F);" \
+    "oneDNN capped to ${ONEDNN_MAX_CPU_ISA:-none}, PyTorch's ATen to ${ATEN_CPU_CAPABILITY:-none}" \
+    "(raw output and flags: $NAME.txt)."
+  echo
+} >"$OUT.md"
+/usr/bin/python3 - "$OUT" <<'PY' >>"$OUT.md"
 import csv, statistics, sys
 out = sys.argv[1]
 rows = list(csv.DictReader(open(out + ".csv")))
