@@ -314,7 +314,8 @@ struct InstructionPeak {
 };
 
 // The best GFLOP/s of the widest FMA (fp32: AVX-512F, else AVX2 with FMA) or bf16 dot product
-// (AVX512_BF16 only: AVX2 has none) this CPU has, over rounds repeated for at least `seconds`.
+// (AVX512_BF16 only: AVX2 has none) this CPU has and oneDNN may use, over rounds repeated for at
+// least `seconds`.
 InstructionPeak instruction_peak(const Args& a) {
   struct Kind {
     bool present;
@@ -322,12 +323,20 @@ InstructionPeak instruction_peak(const Args& a) {
     float (*round)(long);
     int flops;  // per instruction: lanes x 2 (multiply-add), x 2 again for a dot product of pairs
   };
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  // What oneDNN may use here: a run capped with ONEDNN_MAX_CPU_ISA (an AVX-512 CPU measured as
+  // an AVX2 machine) gets the peak of the instructions it is capped to. The ISA values are bit
+  // sets (avx2_vnni is no superset of avx512_core), so they are tested as such.
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto allows = [isa](dnnl::cpu_isa need) {
+    return (isa & static_cast<unsigned>(need)) == static_cast<unsigned>(need);
+  };
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    allows(dnnl::cpu_isa::avx2);
+  const bool avx512 = __builtin_cpu_supports("avx512f") && allows(dnnl::cpu_isa::avx512_core);
+  const bool bf16 = __builtin_cpu_supports("avx512bf16") && allows(dnnl::cpu_isa::avx512_core_bf16);
   const std::vector<Kind> kinds =
-      a.precision == "bf16" ? std::vector<Kind>{{__builtin_cpu_supports("avx512bf16") != 0,
-                                                 "zmm vdpbf16ps", dpbf16_round_zmm, 16 * 4}}
-                            : std::vector<Kind>{{__builtin_cpu_supports("avx512f") != 0,
-                                                 "zmm vfmadd", fma_round_zmm, 16 * 2},
+      a.precision == "bf16" ? std::vector<Kind>{{bf16, "zmm vdpbf16ps", dpbf16_round_zmm, 16 * 4}}
+                            : std::vector<Kind>{{avx512, "zmm vfmadd", fma_round_zmm, 16 * 2},
                                                 {avx2, "ymm vfmadd", fma_round_ymm, 8 * 2}};
   const auto k = std::find_if(kinds.begin(), kinds.end(), [](const Kind& k) { return k.present; });
   InstructionPeak p;

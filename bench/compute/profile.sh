@@ -36,6 +36,9 @@ trap 'rm -rf "$TMP"' EXIT
 {
   echo "# oneDNN primitive time per training step ($(date -u +%F), $(hostname), $(nproc) cores)"
   echo
+  echo "Machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); oneDNN capped to" \
+    "${ONEDNN_MAX_CPU_ISA:-none}, PyTorch's ATen to ${ATEN_CPU_CAPABILITY:-none}."
+  echo
   echo "Command: \`bench/compute/profile.sh ${SETTINGS[*]}\` (STEPS=$STEPS after 1 warm-up step;"
   echo "ONEDNN_VERBOSE=1 times each primitive, which adds a little to every call)."
 } >"$OUT.md"
