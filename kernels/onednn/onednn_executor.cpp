@@ -448,9 +448,11 @@ class OneDnnExecutor final : public Executor {
   }
 
   // A fully connected layer's weights and their gradient stay in PyTorch's layout where oneDNN
-  // runs the same implementation on it as on the layout it prefers (a transposed copy for its
-  // gemm, on AVX2 and AVX-512 alike): the weights are then not reordered into that copy before
-  // every step, nor their gradient back out of it after. fp32 only: bf16 runs convert anyway.
+  // runs the same implementation on it as on the layout it prefers: its gemm (AVX2), which asks
+  // for a transposed copy, reads the plain weights as fast. The weights are then not reordered
+  // into that copy before every step, nor their gradient back out of it after. Where the plain
+  // layout would get another implementation (AVX-512's brgemm wants its own blocks), nothing
+  // changes. fp32 only: bf16 runs convert anyway.
   template <class Pd, class Make>
   Pd prefer_plain(Pd preferred, Make plain) {
     if (act_ != dt::f32) return preferred;

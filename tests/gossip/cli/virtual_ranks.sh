@@ -24,7 +24,7 @@ common=(train --config "$ROOT/configs/laptop.ini" --model.width 8 --train.batch 
         --train.threads 1 --train.max_steps "$STEPS" --log.progress false
         --gossip.consensus_every 0 --train.rank_eval_samples 0)
 # Training on after an evaluation (the average model swapped into the network and out again):
-# 1,600 Fashion-MNIST images, 50 steps an epoch at 4 x 8, so 100 steps hold one.
+# 1,600 Fashion-MNIST images, 50 steps an epoch at 4 x 8, so 60 steps hold one.
 python3 - "$TMP/small" <<'PY'
 import gzip, os, sys
 src, out = "/usr/share/datasets/fashion-mnist", sys.argv[1]
