@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/onednn/eltwise.hpp"
+#include "kernels/onednn/onednn_executor.hpp"
 
 namespace {
 
@@ -53,8 +54,7 @@ int main(int argc, char** argv) {
   if (repeats < 1 || repeats > 1000) return usage("--repeats is out of range");
   const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   dnnl::stream s(eng);
-  const auto core = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);  // ISAs are bit sets
-  const bool avx512 = (static_cast<unsigned>(dnnl::get_effective_cpu_isa()) & core) == core;
+  const bool avx512 = gg::kernels::onednn_weight_block() == 16;  // else 8-channel blocks
   std::printf(
       "shape,layout,threads,repeats,sum_relu_min_ms,sum_relu_median_ms,add_relu_min_ms,"
       "add_relu_median_ms\n");

@@ -26,6 +26,7 @@
 #include "dnnl.hpp"
 #include "kernels/graph.hpp"
 #include "kernels/models.hpp"
+#include "kernels/onednn/onednn_executor.hpp"
 #include "kernels/optimizer.hpp"
 
 namespace {
@@ -323,17 +324,12 @@ InstructionPeak instruction_peak(const Args& a) {
     float (*round)(long);
     int flops;  // per instruction: lanes x 2 (multiply-add), x 2 again for a dot product of pairs
   };
-  // What oneDNN may use here: a run capped with ONEDNN_MAX_CPU_ISA (an AVX-512 CPU measured as
-  // an AVX2 machine) gets the peak of the instructions it is capped to. The ISA values are bit
-  // sets (avx2_vnni is no superset of avx512_core), so they are tested as such.
-  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
-  const auto allows = [isa](dnnl::cpu_isa need) {
-    return (isa & static_cast<unsigned>(need)) == static_cast<unsigned>(need);
-  };
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                    allows(dnnl::cpu_isa::avx2);
-  const bool avx512 = __builtin_cpu_supports("avx512f") && allows(dnnl::cpu_isa::avx512_core);
-  const bool bf16 = __builtin_cpu_supports("avx512bf16") && allows(dnnl::cpu_isa::avx512_core_bf16);
+  // What oneDNN's kernels use here (its effective ISA): a run capped with ONEDNN_MAX_CPU_ISA (an
+  // AVX-512 CPU measured as an AVX2 machine) gets the peak of the instructions it is capped to.
+  const int block = gg::kernels::onednn_weight_block();  // 16: AVX-512, 8: AVX2, 0: older
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && block != 0;
+  const bool avx512 = __builtin_cpu_supports("avx512f") && block == 16;
+  const bool bf16 = __builtin_cpu_supports("avx512bf16") && gg::kernels::bf16_supported();
   const std::vector<Kind> kinds =
       a.precision == "bf16" ? std::vector<Kind>{{bf16, "zmm vdpbf16ps", dpbf16_round_zmm, 16 * 4}}
                             : std::vector<Kind>{{avx512, "zmm vfmadd", fma_round_zmm, 16 * 2},

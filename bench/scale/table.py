@@ -102,6 +102,7 @@ print("\n".join(lines))
 
 if shutil.which("gnuplot"):
     data = out + ".plot.dat"
+    positive = False  # any mode with a consensus distance above 0 (the log scale needs one)
     with open(data, "w") as f:
         for mode in modes:
             f.write(f'"{mode}"\n')
@@ -110,9 +111,9 @@ if shutil.which("gnuplot"):
                 if c:
                     # Allreduce's distance is 0: no point on the log scale (NaN is gnuplot's "none").
                     d = mean([r['consensus'] for r in c])
+                    positive = positive or d > 0
                     f.write(f"{p} {100 * mean([r['top1'] for r in c])} {d if d > 0 else 'NaN'}\n")
             f.write("\n\n")
-    positive = any(r["consensus"] > 0 for p in ps for mode in modes for r in (cell(p, mode) or []))
     script = f"""set terminal pngcairo size 1200,480
 set output '{out}.png'
 set multiplot layout 1,2

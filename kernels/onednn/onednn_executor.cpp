@@ -778,24 +778,19 @@ class OneDnnExecutor final : public Executor {
     }
     // Forward is relu_keeping_nan (oneDNN's maps NaN to 0); oneDNN's backward already passes
     // the gradient at a NaN, as PyTorch does.
-    if (!src.add_terms.empty()) {
-      const memory a = src.add_terms[0], b = src.add_terms[1];
-      fwd_.push_back({Action{{},
-                             {},
-                             [this, id, a, b, y = out.mem, report = feeds_max_pool(id)]() {
-                               nan_[id] = add_relu_keeping_nan(a, b, y, report);
-                             },
-                             {a, b, out.mem}},
-                      When::Always});
-    } else {
-      fwd_.push_back({Action{{},
-                             {},
-                             [this, id, x = src.mem, y = out.mem, report = feeds_max_pool(id)]() {
-                               nan_[id] = relu_keeping_nan(x, y, report);
-                             },
-                             {src.mem, out.mem}},
-                      When::Always});
-    }
+    // An add that left its sum to this ReLU (compile_add) is computed here, in the same pass.
+    const std::vector<memory> terms = src.add_terms;
+    std::vector<memory> uses = terms.empty() ? std::vector<memory>{src.mem} : terms;
+    uses.push_back(out.mem);
+    fwd_.push_back(
+        {Action{{},
+                {},
+                [this, id, terms, x = src.mem, y = out.mem, report = feeds_max_pool(id)]() {
+                  nan_[id] = terms.empty() ? relu_keeping_nan(x, y, report)
+                                           : add_relu_keeping_nan(terms[0], terms[1], y, report);
+                },
+                std::move(uses)},
+         When::Always});
     if (in == 0) return;
     dnnl::eltwise_backward::primitive_desc bpd({alg, out.md, src.md, 0.f}, attr_, eng_, fpd);
     Args ba{{DNNL_ARG_DIFF_DST, diff_of(id)},
