@@ -123,8 +123,10 @@ set key top left
 plot '{data}' u 1:4 w lp t 'restart', '' u 1:6 w lp t 'rollback', '' u 1:8 w lp t 'forward'
 unset multiplot
 """
-    subprocess.run(["gnuplot"], input=script, text=True, check=True)
-    os.remove(data)
+    try:
+        subprocess.run(["gnuplot"], input=script, text=True, check=True)
+    finally:  # a failed plot leaves no data file behind either
+        os.remove(data)
 
 
 if __name__ == "__main__":
