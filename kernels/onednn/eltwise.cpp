@@ -1,7 +1,8 @@
 // The element-wise passes the oneDNN executor runs itself: ReLU keeping NaN, a residual add fused
 // with the ReLU that reads it, and the ReLU's gradient fused with the sum of two readers'
-// gradients. Each kernel is built for AVX-512 and AVX2 as well as the baseline, picked at load
-// time, and split over the OpenMP threads in cache-line-aligned chunks.
+// gradients. Each kernel is built for AVX-512 and AVX2 as well as the baseline, picked by the
+// instruction set oneDNN runs (so ONEDNN_MAX_CPU_ISA caps ours too), and split over the OpenMP
+// threads in cache-line-aligned chunks.
 #include "kernels/onednn/eltwise.hpp"
 
 #include <omp.h>
@@ -10,23 +11,57 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/onednn/onednn_executor.hpp"
+
 namespace gg::kernels {
 namespace {
 
 using dnnl::memory;
 using dt = memory::data_type;
 
-// y = relu(x) over n values, NaN kept (see relu_keeping_nan). Built for AVX-512 and AVX2 as well,
-// picked at load time: the baseline's SSE is about 3x slower than oneDNN's JIT on a tensor that
-// fits the cache; these run as fast as it. The loops are written so that GCC vectorises them.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void relu_f32(const float* x, float* y,
-                                                                           int64_t n) {
+// The widest vectors oneDNN runs on this CPU: AVX-512 (its avx512_core and above), AVX2, or the
+// baseline (SSE2). ONEDNN_MAX_CPU_ISA=AVX2 on an AVX-512 CPU then runs these kernels as an AVX2
+// machine does, not only oneDNN's.
+enum class Simd { avx512, avx2, base };
+
+Simd simd() {
+  static const Simd level = [] {
+    const int block = onednn_weight_block();  // 16: avx512_core or above; 8: AVX2
+    return block == 16 ? Simd::avx512 : block == 8 ? Simd::avx2 : Simd::base;
+  }();
+  return level;
+}
+
+// Body (one of the loops below, always inlined) built for AVX-512, for AVX2, and as the baseline.
+template <auto Body, class... A>
+[[gnu::target("avx512f,avx512bw,avx512dq,avx512vl")]] auto on_avx512(A... a) {
+  return Body(a...);
+}
+template <auto Body, class... A>
+[[gnu::target("avx2")]] auto on_avx2(A... a) {
+  return Body(a...);
+}
+template <auto Body, class... A>
+auto vectorised(A... a) {
+  switch (simd()) {
+    case Simd::avx512:
+      return on_avx512<Body>(a...);
+    case Simd::avx2:
+      return on_avx2<Body>(a...);
+    default:
+      return Body(a...);
+  }
+}
+
+// y = relu(x) over n values, NaN kept (see relu_keeping_nan). The baseline's SSE is about 3x
+// slower than oneDNN's JIT on a tensor that fits the cache; the AVX2 and AVX-512 builds run as
+// fast as it. The loops are written so that GCC vectorises them.
+[[gnu::always_inline]] inline void relu_f32(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] <= 0.f ? 0.f : x[i];
 }
 
 // The same, returning whether a value was NaN (about 30% slower on a tensor in the cache).
-__attribute__((target_clones("avx512f", "avx2", "default"))) bool relu_f32_seeing_nan(
-    const float* x, float* y, int64_t n) {
+[[gnu::always_inline]] inline bool relu_f32_seeing_nan(const float* x, float* y, int64_t n) {
   int nan = 0;  // a bool here stops the vectoriser: 10x slower
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
@@ -38,8 +73,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) bool relu_f32_seein
 
 // The same on bf16 bits, negative (-0 and -inf included) but not NaN giving +0; branch-free on
 // integers, as fast as oneDNN's JIT with the NaN test included.
-__attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) bool relu_bf16(
-    const uint16_t* x, uint16_t* y, int64_t n) {
+[[gnu::always_inline]] inline bool relu_bf16(const uint16_t* x, uint16_t* y, int64_t n) {
   uint16_t nan = 0;
   for (int64_t i = 0; i < n; ++i) {
     const uint16_t v = x[i];
@@ -52,7 +86,7 @@ __attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) bool re
 
 // a + b for two bf16 values, in fp32 and rounded once to nearest even, as oneDNN's sum rounds (a
 // NaN stays a quiet NaN).
-inline uint16_t bf16_sum(uint16_t a, uint16_t b) {
+[[gnu::always_inline]] inline uint16_t bf16_sum(uint16_t a, uint16_t b) {
   float fa, fb;
   const uint32_t ua = uint32_t{a} << 16, ub = uint32_t{b} << 16;
   std::memcpy(&fa, &ua, 4);
@@ -67,10 +101,8 @@ inline uint16_t bf16_sum(uint16_t a, uint16_t b) {
 // y = relu(a + b), NaN kept, returning whether a value was NaN: a residual add and the ReLU that
 // is its only reader in one pass, where oneDNN's sum and then relu_keeping_nan wrote and read the
 // tensor once more. The same numbers as the two passes: the sum rounds once, as oneDNN's does.
-__attribute__((target_clones("avx512f", "avx2", "default"))) bool add_relu_f32(const float* a,
-                                                                               const float* b,
-                                                                               float* y,
-                                                                               int64_t n) {
+[[gnu::always_inline]] inline bool add_relu_f32(const float* a, const float* b, float* y,
+                                                int64_t n) {
   int nan = 0;
   for (int64_t i = 0; i < n; ++i) {
     const float v = a[i] + b[i];
@@ -80,8 +112,8 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) bool add_relu_f32(c
   return nan != 0;
 }
 
-__attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) bool add_relu_bf16(
-    const uint16_t* a, const uint16_t* b, uint16_t* y, int64_t n) {
+[[gnu::always_inline]] inline bool add_relu_bf16(const uint16_t* a, const uint16_t* b, uint16_t* y,
+                                                 int64_t n) {
   uint16_t nan = 0;
   for (int64_t i = 0; i < n; ++i) {
     const uint16_t v = bf16_sum(a[i], b[i]);
@@ -114,14 +146,14 @@ int split_over_threads(int64_t n, int64_t size, F f) {
 // (a, b: the readers' gradients), one pass instead of oneDNN's sum and then its ReLU backward,
 // which write and read the whole tensor once more. A NaN in y gives 0, as oneDNN's ReLU backward
 // from the output does; bf16 sums are rounded once, to nearest even, as oneDNN's sum rounds.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void relu_backward_sum2_f32(
-    const float* y, const float* a, const float* b, float* dx, int64_t n) {
+[[gnu::always_inline]] inline void relu_backward_sum2_f32(const float* y, const float* a,
+                                                          const float* b, float* dx, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.f ? a[i] + b[i] : 0.f;
 }
 
-__attribute__((target_clones("arch=skylake-avx512", "avx2", "default"))) void
-relu_backward_sum2_bf16(const uint16_t* y, const uint16_t* a, const uint16_t* b, uint16_t* dx,
-                        int64_t n) {
+[[gnu::always_inline]] inline void relu_backward_sum2_bf16(const uint16_t* y, const uint16_t* a,
+                                                           const uint16_t* b, uint16_t* dx,
+                                                           int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const uint16_t v = y[i];  // y > 0: positive, finite or +inf, not NaN
     dx[i] = v >= 1 && v <= 0x7f80 ? bf16_sum(a[i], b[i]) : uint16_t{0};
@@ -139,12 +171,12 @@ bool relu_keeping_nan(const memory& x, const memory& y, bool report) {
   char* b = static_cast<char*>(y.get_data_handle());
   const int nan = split_over_threads(n, size, [&](int64_t first, int64_t count) -> int {
     if (!f32)
-      return relu_bf16(reinterpret_cast<const uint16_t*>(a) + first,
-                       reinterpret_cast<uint16_t*>(b) + first, count);
+      return vectorised<relu_bf16>(reinterpret_cast<const uint16_t*>(a) + first,
+                                   reinterpret_cast<uint16_t*>(b) + first, count);
     const float* from = reinterpret_cast<const float*>(a) + first;
     float* to = reinterpret_cast<float*>(b) + first;
-    if (report) return relu_f32_seeing_nan(from, to, count);
-    relu_f32(from, to, count);
+    if (report) return vectorised<relu_f32_seeing_nan>(from, to, count);
+    vectorised<relu_f32>(from, to, count);
     return 0;
   });
   return report && nan != 0;
@@ -160,12 +192,12 @@ bool add_relu_keeping_nan(const memory& a, const memory& b, const memory& y, boo
   char* py = static_cast<char*>(y.get_data_handle());
   const int nan = split_over_threads(n, size, [&](int64_t first, int64_t count) -> int {
     if (f32)
-      return add_relu_f32(reinterpret_cast<const float*>(pa) + first,
-                          reinterpret_cast<const float*>(pb) + first,
-                          reinterpret_cast<float*>(py) + first, count);
-    return add_relu_bf16(reinterpret_cast<const uint16_t*>(pa) + first,
-                         reinterpret_cast<const uint16_t*>(pb) + first,
-                         reinterpret_cast<uint16_t*>(py) + first, count);
+      return vectorised<add_relu_f32>(reinterpret_cast<const float*>(pa) + first,
+                                      reinterpret_cast<const float*>(pb) + first,
+                                      reinterpret_cast<float*>(py) + first, count);
+    return vectorised<add_relu_bf16>(reinterpret_cast<const uint16_t*>(pa) + first,
+                                     reinterpret_cast<const uint16_t*>(pb) + first,
+                                     reinterpret_cast<uint16_t*>(py) + first, count);
   });
   return report && nan != 0;
 }
@@ -180,15 +212,26 @@ void relu_backward_sum2(const memory& y, const memory& a, const memory& b, const
   void* pdx = dx.get_data_handle();
   split_over_threads(n, f32 ? 4 : 2, [&](int64_t first, int64_t count) {
     if (f32)
-      relu_backward_sum2_f32(
+      vectorised<relu_backward_sum2_f32>(
           static_cast<const float*>(py) + first, static_cast<const float*>(pa) + first,
           static_cast<const float*>(pb) + first, static_cast<float*>(pdx) + first, count);
     else
-      relu_backward_sum2_bf16(
+      vectorised<relu_backward_sum2_bf16>(
           static_cast<const uint16_t*>(py) + first, static_cast<const uint16_t*>(pa) + first,
           static_cast<const uint16_t*>(pb) + first, static_cast<uint16_t*>(pdx) + first, count);
     return 0;
   });
+}
+
+const char* eltwise_vectors() {
+  switch (simd()) {
+    case Simd::avx512:
+      return "avx512";
+    case Simd::avx2:
+      return "avx2";
+    default:
+      return "baseline";
+  }
 }
 
 }  // namespace gg::kernels

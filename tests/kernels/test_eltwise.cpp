@@ -6,9 +6,11 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <string>
 #include <vector>
 
 #include "kernels/onednn/eltwise.hpp"
@@ -132,4 +134,22 @@ TEST_CASE("add_relu_keeping_nan gives oneDNN's sum and then the ReLU, bit for bi
     REQUIRE(bf16);  // f32 sums exist on every CPU
     WARN("oneDNN has no bf16 sum on this CPU (" << e.what() << "): checked against the rule only");
   }
+}
+
+TEST_CASE("the element-wise passes run the vectors oneDNN runs, under ONEDNN_MAX_CPU_ISA too",
+          "[onednn]") {
+  using dnnl::cpu_isa;
+  const cpu_isa isa = dnnl::get_effective_cpu_isa();
+  const bool avx512 = isa == cpu_isa::avx512_core || isa == cpu_isa::avx512_core_vnni ||
+                      isa == cpu_isa::avx512_core_bf16 || isa == cpu_isa::avx512_core_amx;
+  const bool avx2 = isa == cpu_isa::avx2 || isa == cpu_isa::avx2_vnni;
+  INFO("oneDNN's ISA " << static_cast<int>(isa));
+  CHECK(std::string(eltwise_vectors()) == (avx512 ? "avx512" : avx2 ? "avx2" : "baseline"));
+  // The ctests that run these tests capped (tests/CMakeLists.txt) name the cap: an AVX-512 CPU
+  // capped to AVX2 must build nothing wider than AVX2.
+  const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
+  if (cap != nullptr && std::string(cap) == "AVX2")
+    CHECK(std::string(eltwise_vectors()) != "avx512");
+  if (cap != nullptr && std::string(cap) == "SSE41")
+    CHECK(std::string(eltwise_vectors()) == "baseline");
 }
