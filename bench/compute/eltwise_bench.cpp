@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
   dnnl::stream s(eng);
   const bool avx512 = gg::kernels::onednn_weight_block() == 16;  // else 8-channel blocks
   std::printf(
-      "shape,layout,threads,repeats,sum_relu_min_ms,sum_relu_median_ms,add_relu_min_ms,"
+      "shape,layout,vectors,threads,repeats,sum_relu_min_ms,sum_relu_median_ms,add_relu_min_ms,"
       "add_relu_median_ms\n");
   // ResNet-50's residual outputs: 256 x 56 x 56 at 224 px, then half the side and twice the
   // channels per stage.
@@ -86,10 +86,10 @@ int main(int argc, char** argv) {
     }
     std::sort(before.begin(), before.end());
     std::sort(after.begin(), after.end());
-    std::printf("16x%ldx%ldx%ld,%s,%d,%d,%.3f,%.3f,%.3f,%.3f\n", static_cast<long>(c),
+    std::printf("16x%ldx%ldx%ld,%s,%s,%d,%d,%.3f,%.3f,%.3f,%.3f\n", static_cast<long>(c),
                 static_cast<long>(hw), static_cast<long>(hw), avx512 ? "nChw16c" : "nChw8c",
-                omp_get_max_threads(), repeats, before.front(), before[before.size() / 2],
-                after.front(), after[after.size() / 2]);
+                gg::kernels::eltwise_vectors(), omp_get_max_threads(), repeats, before.front(),
+                before[before.size() / 2], after.front(), after[after.size() / 2]);
   }
   return 0;
 }
