@@ -11,23 +11,35 @@
 #include <cstdint>
 #include <cstring>
 
-#include "kernels/onednn/onednn_executor.hpp"
-
 namespace gg::kernels {
 namespace {
 
 using dnnl::memory;
 using dt = memory::data_type;
 
-// The widest vectors oneDNN runs on this CPU: AVX-512 (its avx512_core and above), AVX2, or the
+// The widest vectors oneDNN runs on this CPU: AVX-512 (its avx512_core and above: F, BW, DQ and
+// VL), AVX2 (also Knights Landing's avx512_mic, which lacks BW, DQ and VL but has AVX2), or the
 // baseline (SSE2). ONEDNN_MAX_CPU_ISA=AVX2 on an AVX-512 CPU then runs these kernels as an AVX2
 // machine does, not only oneDNN's.
 enum class Simd { avx512, avx2, base };
 
 Simd simd() {
+  using dnnl::cpu_isa;
   static const Simd level = [] {
-    const int block = onednn_weight_block();  // 16: avx512_core or above; 8: AVX2
-    return block == 16 ? Simd::avx512 : block == 8 ? Simd::avx2 : Simd::base;
+    switch (dnnl::get_effective_cpu_isa()) {
+      case cpu_isa::avx512_core:
+      case cpu_isa::avx512_core_vnni:
+      case cpu_isa::avx512_core_bf16:
+      case cpu_isa::avx512_core_amx:
+        return Simd::avx512;
+      case cpu_isa::avx2:
+      case cpu_isa::avx2_vnni:
+      case cpu_isa::avx512_mic:
+      case cpu_isa::avx512_mic_4ops:
+        return Simd::avx2;
+      default:
+        return Simd::base;
+    }
   }();
   return level;
 }

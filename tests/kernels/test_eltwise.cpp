@@ -142,7 +142,8 @@ TEST_CASE("the element-wise passes run the vectors oneDNN runs, under ONEDNN_MAX
   const cpu_isa isa = dnnl::get_effective_cpu_isa();
   const bool avx512 = isa == cpu_isa::avx512_core || isa == cpu_isa::avx512_core_vnni ||
                       isa == cpu_isa::avx512_core_bf16 || isa == cpu_isa::avx512_core_amx;
-  const bool avx2 = isa == cpu_isa::avx2 || isa == cpu_isa::avx2_vnni;
+  const bool avx2 = isa == cpu_isa::avx2 || isa == cpu_isa::avx2_vnni ||
+                    isa == cpu_isa::avx512_mic || isa == cpu_isa::avx512_mic_4ops;  // KNL: AVX2
   INFO("oneDNN's ISA " << static_cast<int>(isa));
   CHECK(std::string(eltwise_vectors()) == (avx512 ? "avx512" : avx2 ? "avx2" : "baseline"));
   // The ctests that run these tests capped (tests/CMakeLists.txt) name the cap: an AVX-512 CPU
