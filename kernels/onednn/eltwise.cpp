@@ -154,21 +154,34 @@ int split_over_threads(int64_t n, int64_t size, F f) {
   return any;
 }
 
-// The gradient of a ReLU computed in place whose output two layers read: dx = y > 0 ? a + b : 0
+// The gradient of a ReLU computed in place whose output two layers read: dx = y <= 0 ? +0 : a + b
 // (a, b: the readers' gradients), one pass instead of oneDNN's sum and then its ReLU backward,
-// which write and read the whole tensor once more. A NaN in y gives 0, as oneDNN's ReLU backward
-// from the output does; bf16 sums are rounded once, to nearest even, as oneDNN's sum rounds.
+// which write and read the whole tensor once more. A NaN in y passes the gradient, as oneDNN's
+// ReLU backward from the output and PyTorch's threshold_backward do; where y <= 0 it is +0, as
+// PyTorch gives (oneDNN: 0 times the gradient, -0 for a negative one). bf16 sums are rounded
+// once, to nearest even, as oneDNN's sum rounds. The sum is computed for every element and then
+// selected: a sum only where the gradient passes made the loads of a and b conditional, which
+// GCC vectorises only with AVX-512's masked loads, so the AVX2 and baseline builds ran a scalar
+// loop with a branch on the sign of y.
 [[gnu::always_inline]] inline void relu_backward_sum2_f32(const float* y, const float* a,
                                                           const float* b, float* dx, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.f ? a[i] + b[i] : 0.f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float sum = a[i] + b[i];
+    uint32_t bits;
+    std::memcpy(&bits, &sum, 4);
+    bits &= y[i] <= 0.f ? 0u : ~0u;  // false for NaN
+    std::memcpy(dx + i, &bits, 4);
+  }
 }
 
 [[gnu::always_inline]] inline void relu_backward_sum2_bf16(const uint16_t* y, const uint16_t* a,
                                                            const uint16_t* b, uint16_t* dx,
                                                            int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
-    const uint16_t v = y[i];  // y > 0: positive, finite or +inf, not NaN
-    dx[i] = v >= 1 && v <= 0x7f80 ? bf16_sum(a[i], b[i]) : uint16_t{0};
+    const uint16_t v = y[i], sum = bf16_sum(a[i], b[i]);
+    // y <= 0: +0, -0 or negative and not NaN (sign bit set, magnitude at most infinity's).
+    const bool at_most_zero = v == 0 || (v >= 0x8000 && (v & 0x7fff) <= 0x7f80);
+    dx[i] = at_most_zero ? uint16_t{0} : sum;
   }
 }
 

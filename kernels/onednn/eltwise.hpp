@@ -19,10 +19,10 @@ bool relu_keeping_nan(const dnnl::memory& x, const dnnl::memory& y, bool report)
 bool add_relu_keeping_nan(const dnnl::memory& a, const dnnl::memory& b, const dnnl::memory& y,
                           bool report);
 
-// The gradient of a ReLU computed in place whose output two layers read: dx = y > 0 ? a + b : 0
+// The gradient of a ReLU computed in place whose output two layers read: dx = y <= 0 ? +0 : a + b
 // (a, b: the readers' gradients), one pass instead of oneDNN's sum and then its ReLU backward. A
-// NaN in y gives 0, as oneDNN's ReLU backward from the output does; bf16 sums are rounded once,
-// to nearest even, as oneDNN's sum rounds.
+// NaN in y passes the gradient, as oneDNN's ReLU backward from the output and PyTorch's do; bf16
+// sums are rounded once, to nearest even, as oneDNN's sum rounds.
 void relu_backward_sum2(const dnnl::memory& y, const dnnl::memory& a, const dnnl::memory& b,
                         const dnnl::memory& dx);
 

@@ -49,6 +49,37 @@ void fill(std::vector<float>& a, std::vector<float>& b) {
 
 memory tensor(dt type, const dnnl::engine& eng) { return memory({kDims, type, tag::nchw}, eng); }
 
+// The bf16 value nearest to a finite f32, ties to even: the rounding of oneDNN's bf16 sum.
+float nearest_bf16(float x) {
+  const uint32_t u = std::bit_cast<uint32_t>(x);
+  const float lo = std::bit_cast<float>(u & 0xffff0000u);
+  const float hi = std::bit_cast<float>((u & 0xffff0000u) + 0x10000u);
+  const float dlo = std::fabs(x - lo), dhi = std::fabs(hi - x);
+  return (u & 0xffffu) == 0 ? x
+         : dlo < dhi        ? lo
+         : dhi < dlo        ? hi
+                            : (((u >> 16) & 1u) == 0 ? lo : hi);
+}
+
+// f32 values into a tensor of `type` (bf16: truncated), and the values it holds back into them.
+void load(memory& m, std::vector<float>& v, bool bf16) {
+  if (!bf16) {
+    std::memcpy(m.get_data_handle(), v.data(), v.size() * 4);
+    return;
+  }
+  auto* p = static_cast<uint16_t*>(m.get_data_handle());
+  for (size_t i = 0; i < v.size(); ++i) {
+    p[i] = bf16_bits(v[i]);
+    v[i] = std::bit_cast<float>(uint32_t{p[i]} << 16);
+  }
+}
+
+// Element i of a tensor of f32 or bf16 values, as f32.
+float at(const memory& m, size_t i, bool bf16) {
+  if (!bf16) return static_cast<const float*>(m.get_data_handle())[i];
+  return std::bit_cast<float>(uint32_t{static_cast<const uint16_t*>(m.get_data_handle())[i]} << 16);
+}
+
 // oneDNN's sum of a and b into a fresh tensor, then the NaN-keeping ReLU in place.
 memory sum_then_relu(const memory& a, const memory& b, dt type, const dnnl::engine& eng,
                      dnnl::stream& s) {
@@ -74,19 +105,8 @@ TEST_CASE("add_relu_keeping_nan gives oneDNN's sum and then the ReLU, bit for bi
   INFO((bf16 ? "bf16" : "f32"));
   const dt type = bf16 ? dt::bf16 : dt::f32;
   memory a = tensor(type, eng), b = tensor(type, eng), y = tensor(type, eng);
-  if (bf16) {
-    auto* pa = static_cast<uint16_t*>(a.get_data_handle());
-    auto* pb = static_cast<uint16_t*>(b.get_data_handle());
-    for (size_t i = 0; i < n; ++i) {  // bf16 operands (truncated), and their values in f32
-      pa[i] = bf16_bits(fa[i]);
-      pb[i] = bf16_bits(fb[i]);
-      fa[i] = std::bit_cast<float>(uint32_t{pa[i]} << 16);
-      fb[i] = std::bit_cast<float>(uint32_t{pb[i]} << 16);
-    }
-  } else {
-    std::memcpy(a.get_data_handle(), fa.data(), n * 4);
-    std::memcpy(b.get_data_handle(), fb.data(), n * 4);
-  }
+  load(a, fa, bf16);
+  load(b, fb, bf16);
   CHECK(add_relu_keeping_nan(a, b, y, true));  // the operands hold NaN
   CHECK_FALSE(add_relu_keeping_nan(a, b, y, false));
   const size_t bytes = n * (bf16 ? 2 : 4);
@@ -105,15 +125,7 @@ TEST_CASE("add_relu_keeping_nan gives oneDNN's sum and then the ReLU, bit for bi
         CHECK(std::isnan(v));
         continue;
       }
-      // Nearest bf16 to the f32 sum, ties to even: the neighbours below and above it.
-      const uint32_t u = std::bit_cast<uint32_t>(sum);
-      const float lo = std::bit_cast<float>(u & 0xffff0000u);
-      const float hi = std::bit_cast<float>((u & 0xffff0000u) + 0x10000u);
-      const float dlo = std::fabs(sum - lo), dhi = std::fabs(hi - sum);
-      const float nearest = (u & 0xffffu) == 0 ? sum
-                            : dlo < dhi        ? lo
-                            : dhi < dlo        ? hi
-                                               : (((u >> 16) & 1u) == 0 ? lo : hi);
+      const float nearest = nearest_bf16(sum);
       const float want = nearest > 0.f ? nearest : 0.f;
       CHECK(std::bit_cast<uint32_t>(v) == std::bit_cast<uint32_t>(want));
     } else {
@@ -133,6 +145,78 @@ TEST_CASE("add_relu_keeping_nan gives oneDNN's sum and then the ReLU, bit for bi
   } catch (const dnnl::error& e) {
     REQUIRE(bf16);  // f32 sums exist on every CPU
     WARN("oneDNN has no bf16 sum on this CPU (" << e.what() << "): checked against the rule only");
+  }
+}
+
+TEST_CASE(
+    "relu_backward_sum2 gives oneDNN's sum and then its ReLU backward from the output, bit for "
+    "bit",
+    "[onednn]") {
+  const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream s(eng);
+  const size_t n = 3 * 5 * 7 * 11;
+  std::vector<float> fa(n), fb(n), fy(n);
+  fill(fa, fb);
+  // The ReLU's output: zeros (a third), positive values, and what only a NaN-keeping forward or
+  // a corrupt tensor holds: -0, NaN, +inf, negatives, a subnormal.
+  gg::test::Rng r(12);
+  for (size_t i = 0; i < n; ++i) fy[i] = r.below(3) == 0 ? 0.f : r.uniform(0.f, 4.f);
+  const float specials[] = {-0.f, std::nanf(""), std::numeric_limits<float>::infinity(), -1.f,
+                            0x1p-130f};
+  for (size_t i = 0; i < std::size(specials); ++i) fy[40 * i + 17] = specials[i];
+  const bool bf16 = GENERATE(false, true);
+  INFO((bf16 ? "bf16" : "f32"));
+  const dt type = bf16 ? dt::bf16 : dt::f32;
+  memory a = tensor(type, eng), b = tensor(type, eng), y = tensor(type, eng);
+  memory dx = tensor(type, eng);
+  load(a, fa, bf16);
+  load(b, fb, bf16);
+  load(y, fy, bf16);
+  relu_backward_sum2(y, a, b, dx);
+
+  // The rule: dx = y <= 0 ? +0 : a + b (rounded once); a NaN in y passes the gradient.
+  for (size_t i = 0; i < n; ++i) {
+    INFO("value " << i << ": y " << fy[i] << ", " << fa[i] << " + " << fb[i]);
+    const float sum = fa[i] + fb[i], got = at(dx, i, bf16);
+    if (fy[i] <= 0.f)
+      CHECK(std::bit_cast<uint32_t>(got) == 0u);
+    else if (std::isnan(sum))
+      CHECK(std::isnan(got));
+    else
+      CHECK(std::bit_cast<uint32_t>(got) ==
+            std::bit_cast<uint32_t>(bf16 ? nearest_bf16(sum) : sum));
+  }
+
+  // And oneDNN's sum, then its ReLU backward from the output (as the executor ran them before).
+  try {
+    const memory::desc md = a.get_desc();
+    const dnnl::sum::primitive_desc spd(md, {1.f, 1.f}, {md, md}, eng);
+    memory sum = tensor(type, eng), ref = tensor(type, eng);
+    dnnl::sum(spd).execute(
+        s, {{DNNL_ARG_MULTIPLE_SRC, a}, {DNNL_ARG_MULTIPLE_SRC + 1, b}, {DNNL_ARG_DST, sum}});
+    const auto alg = dnnl::algorithm::eltwise_relu_use_dst_for_bwd;
+    const dnnl::eltwise_forward::primitive_desc fpd(
+        {dnnl::prop_kind::forward_training, alg, md, 0.f}, eng);
+    const dnnl::eltwise_backward::primitive_desc bpd({alg, md, md, 0.f}, eng, fpd);
+    dnnl::eltwise_backward(bpd).execute(
+        s, {{DNNL_ARG_DST, y}, {DNNL_ARG_DIFF_DST, sum}, {DNNL_ARG_DIFF_SRC, ref}});
+    s.wait();
+    // Where the ReLU passes the gradient (y > 0 or NaN), the same bits. Where it does not, ours
+    // is +0, as PyTorch's threshold_backward gives; oneDNN's is 0 times the gradient (-0 for a
+    // negative one), the same value.
+    for (size_t i = 0; i < n; ++i) {
+      INFO("value " << i << ": y " << fy[i] << ", " << fa[i] << " + " << fb[i]);
+      const float want = at(ref, i, bf16), got = at(dx, i, bf16);
+      if (!(fy[i] <= 0.f))
+        CHECK((std::isnan(want) ? std::isnan(got)
+                                : std::bit_cast<uint32_t>(got) == std::bit_cast<uint32_t>(want)));
+      else if (!std::isnan(want))
+        CHECK(want == 0.f);
+    }
+  } catch (const dnnl::error& e) {
+    REQUIRE(bf16);  // f32 sums and ReLU backward exist on every CPU
+    WARN("oneDNN has no bf16 sum or ReLU backward on this CPU ("
+         << e.what() << "): checked against the rule only");
   }
 }
 
