@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kernels/onednn/eltwise.hpp"
+#include "kernels/onednn/isa.hpp"
 #include "kernels/onednn/onednn_executor.hpp"
 
 namespace {
@@ -98,7 +99,7 @@ int main(int argc, char** argv) {
     std::sort(grad2.begin(), grad2.end());
     std::printf("16x%ldx%ldx%ld,%s,%s,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n", static_cast<long>(c),
                 static_cast<long>(hw), static_cast<long>(hw), avx512 ? "nChw16c" : "nChw8c",
-                gg::kernels::eltwise_vectors(), omp_get_max_threads(), repeats, before.front(),
+                gg::kernels::simd_name(), omp_get_max_threads(), repeats, before.front(),
                 before[before.size() / 2], after.front(), after[after.size() / 2], grad2.front(),
                 grad2[grad2.size() / 2]);
   }

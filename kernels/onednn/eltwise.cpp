@@ -1,8 +1,8 @@
 // The element-wise passes the oneDNN executor runs itself: ReLU keeping NaN, a residual add fused
 // with the ReLU that reads it, and the ReLU's gradient fused with the sum of two readers'
 // gradients. Each kernel is built for AVX-512 and AVX2 as well as the baseline, picked by the
-// instruction set oneDNN runs (so ONEDNN_MAX_CPU_ISA caps ours too), and split over the OpenMP
-// threads in cache-line-aligned chunks.
+// instruction set oneDNN runs (kernels/onednn/isa.hpp: ONEDNN_MAX_CPU_ISA caps ours too), and split
+// over the OpenMP threads in cache-line-aligned chunks.
 #include "kernels/onednn/eltwise.hpp"
 
 #include <omp.h>
@@ -11,59 +11,13 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/onednn/isa.hpp"
+
 namespace gg::kernels {
 namespace {
 
 using dnnl::memory;
 using dt = memory::data_type;
-
-// The widest vectors oneDNN runs on this CPU: AVX-512 (its avx512_core and above: F, BW, DQ and
-// VL), AVX2 (also Knights Landing's avx512_mic, which lacks BW, DQ and VL but has AVX2), or the
-// baseline (SSE2). ONEDNN_MAX_CPU_ISA=AVX2 on an AVX-512 CPU then runs these kernels as an AVX2
-// machine does, not only oneDNN's.
-enum class Simd { avx512, avx2, base };
-
-Simd simd() {
-  using dnnl::cpu_isa;
-  static const Simd level = [] {
-    switch (dnnl::get_effective_cpu_isa()) {
-      case cpu_isa::avx512_core:
-      case cpu_isa::avx512_core_vnni:
-      case cpu_isa::avx512_core_bf16:
-      case cpu_isa::avx512_core_amx:
-        return Simd::avx512;
-      case cpu_isa::avx2:
-      case cpu_isa::avx2_vnni:
-      case cpu_isa::avx512_mic:
-      case cpu_isa::avx512_mic_4ops:
-        return Simd::avx2;
-      default:
-        return Simd::base;
-    }
-  }();
-  return level;
-}
-
-// Body (one of the loops below, always inlined) built for AVX-512, for AVX2, and as the baseline.
-template <auto Body, class... A>
-[[gnu::target("avx512f,avx512bw,avx512dq,avx512vl")]] auto on_avx512(A... a) {
-  return Body(a...);
-}
-template <auto Body, class... A>
-[[gnu::target("avx2")]] auto on_avx2(A... a) {
-  return Body(a...);
-}
-template <auto Body, class... A>
-auto vectorised(A... a) {
-  switch (simd()) {
-    case Simd::avx512:
-      return on_avx512<Body>(a...);
-    case Simd::avx2:
-      return on_avx2<Body>(a...);
-    default:
-      return Body(a...);
-  }
-}
 
 // y = relu(x) over n values, NaN kept (see relu_keeping_nan). The baseline's SSE is about 3x
 // slower than oneDNN's JIT on a tensor that fits the cache; the AVX2 and AVX-512 builds run as
@@ -246,17 +200,6 @@ void relu_backward_sum2(const memory& y, const memory& a, const memory& b, const
           static_cast<const uint16_t*>(pb) + first, static_cast<uint16_t*>(pdx) + first, count);
     return 0;
   });
-}
-
-const char* eltwise_vectors() {
-  switch (simd()) {
-    case Simd::avx512:
-      return "avx512";
-    case Simd::avx2:
-      return "avx2";
-    default:
-      return "baseline";
-  }
 }
 
 }  // namespace gg::kernels

@@ -26,8 +26,4 @@ bool add_relu_keeping_nan(const dnnl::memory& a, const dnnl::memory& b, const dn
 void relu_backward_sum2(const dnnl::memory& y, const dnnl::memory& a, const dnnl::memory& b,
                         const dnnl::memory& dx);
 
-// The build of these passes that runs here: "avx512", "avx2" or "baseline", the widest that
-// oneDNN's instruction set allows (ONEDNN_MAX_CPU_ISA caps both alike; Knights Landing: avx2).
-const char* eltwise_vectors();
-
 }  // namespace gg::kernels

@@ -2,10 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
+#include "kernels/onednn/isa.hpp"
 
 namespace gg::kernels {
 namespace {
@@ -25,12 +24,37 @@ Window window(const BlockedPool& s, int64_t oh, int64_t ow) {
           std::min<int64_t>(left + s.k, s.w)};
 }
 
-#if defined(__SSE2__)
-// Four lanes at a time in SSE2 registers (every x86-64 has them): the maxima and, beside them,
-// their window positions as floats, both chosen by one compare.
+// One window position's B channels as one vector (GCC's vector extensions: a ymm register in the
+// AVX2 build when B = 8, two xmm in the baseline's, a zmm in the AVX-512 build when B = 16).
 template <int B>
-void forward_plane(const float* x, float* y, uint8_t* arg, const BlockedPool& s) {
-  constexpr int Q = B / 4;
+struct Lanes {
+  typedef float F __attribute__((vector_size(4 * B)));
+  typedef int32_t I __attribute__((vector_size(4 * B)));
+  typedef uint8_t U8 __attribute__((vector_size(B)));
+  typedef uint8_t Bytes __attribute__((vector_size(4 * B)));
+};
+
+// The low byte of each lane of a: one byte shuffle (__builtin_convertvector gave a scalar extract
+// and shift per lane on AVX2).
+template <int B, size_t... L>
+[[gnu::always_inline]] inline typename Lanes<B>::U8 low_bytes(typename Lanes<B>::I a,
+                                                              std::index_sequence<L...>) {
+  typename Lanes<B>::Bytes b;
+  std::memcpy(&b, &a, sizeof(b));
+  return __builtin_shufflevector(b, b, (4 * L)...);
+}
+
+// The maxima of one channel block's plane and, beside them, their window positions, both chosen
+// by one compare: a value replaces the maximum only when greater (the first of equal maxima wins;
+// a NaN never does, see max_pool_nan in the executor). Built for AVX-512, AVX2 and the baseline
+// (kernels/onednn/isa.hpp).
+template <int B>
+[[gnu::always_inline]] inline void forward_plane(const float* x, float* y, uint8_t* arg,
+                                                 const BlockedPool* pool) {
+  using F = typename Lanes<B>::F;
+  using I = typename Lanes<B>::I;
+  using U8 = typename Lanes<B>::U8;
+  const BlockedPool& s = *pool;
   const int64_t w = s.w, k = s.k;
   for (int64_t oh = 0; oh < s.oh; ++oh)
     for (int64_t ow = 0; ow < s.ow; ++ow) {
@@ -43,60 +67,22 @@ void forward_plane(const float* x, float* y, uint8_t* arg, const BlockedPool& s)
         continue;
       }
       // Start from the window's first position (comparing it with itself changes nothing).
-      __m128 m[Q], a[Q];
-      const float* first = x + (win.h0 * w + win.w0) * B;
-      const __m128 at0 =
-          _mm_set1_ps(static_cast<float>((win.h0 - win.top) * k + (win.w0 - win.left)));
-      for (int q = 0; q < Q; ++q) {
-        m[q] = _mm_loadu_ps(first + 4 * q);
-        a[q] = at0;
-      }
+      F m;
+      std::memcpy(&m, x + (win.h0 * w + win.w0) * B, sizeof(F));
+      I a = I{} + static_cast<int32_t>((win.h0 - win.top) * k + (win.w0 - win.left));
       for (int64_t ih = win.h0; ih < win.h1; ++ih)
         for (int64_t iw = win.w0; iw < win.w1; ++iw) {
-          const float* v = x + (ih * w + iw) * B;
-          const __m128 at = _mm_set1_ps(static_cast<float>((ih - win.top) * k + (iw - win.left)));
-          for (int q = 0; q < Q; ++q) {
-            const __m128 value = _mm_loadu_ps(v + 4 * q);
-            const __m128 more = _mm_cmpgt_ps(value, m[q]);
-            m[q] = _mm_or_ps(_mm_and_ps(more, value), _mm_andnot_ps(more, m[q]));
-            a[q] = _mm_or_ps(_mm_and_ps(more, at), _mm_andnot_ps(more, a[q]));
-          }
+          F v;
+          std::memcpy(&v, x + (ih * w + iw) * B, sizeof(F));
+          const I more = v > m;
+          m = more ? v : m;
+          a = more ? static_cast<int32_t>((ih - win.top) * k + (iw - win.left)) : a;
         }
-      for (int q = 0; q < Q; ++q) {
-        _mm_storeu_ps(out + 4 * q, m[q]);
-        alignas(16) int32_t i[4];
-        _mm_store_si128(reinterpret_cast<__m128i*>(i), _mm_cvtps_epi32(a[q]));
-        for (int l = 0; l < 4; ++l) where[4 * q + l] = static_cast<uint8_t>(i[l]);
-      }
+      std::memcpy(out, &m, sizeof(F));
+      const U8 bytes = low_bytes<B>(a, std::make_index_sequence<B>());
+      std::memcpy(where, &bytes, sizeof(U8));
     }
 }
-#else
-template <int B>
-void forward_plane(const float* x, float* y, uint8_t* arg, const BlockedPool& s) {
-  for (int64_t oh = 0; oh < s.oh; ++oh)
-    for (int64_t ow = 0; ow < s.ow; ++ow) {
-      const Window win = window(s, oh, ow);
-      float m[B];
-      uint8_t a[B];
-      std::fill(m, m + B, 0.f);
-      std::fill(a, a + B, uint8_t{255});
-      bool first = true;
-      for (int64_t ih = win.h0; ih < win.h1; ++ih)
-        for (int64_t iw = win.w0; iw < win.w1; ++iw) {
-          const float* v = x + (ih * s.w + iw) * B;
-          const auto at = static_cast<uint8_t>((ih - win.top) * s.k + (iw - win.left));
-          for (int l = 0; l < B; ++l)
-            if (first || v[l] > m[l]) {
-              m[l] = v[l];
-              a[l] = at;
-            }
-          first = false;
-        }
-      std::memcpy(y + (oh * s.ow + ow) * B, m, sizeof(m));
-      std::memcpy(arg + (oh * s.ow + ow) * B, a, sizeof(a));
-    }
-}
-#endif
 
 // offset[i]: where window position i lies from the window's corner, in pixels of the plane.
 template <int B>
@@ -118,7 +104,8 @@ template <int B>
 void forward(const float* x, float* y, uint8_t* arg, const BlockedPool& s) {
   const int64_t planes = s.n * s.blocks, in = s.h * s.w * B, out = s.oh * s.ow * B;
 #pragma omp parallel for schedule(static)
-  for (int64_t p = 0; p < planes; ++p) forward_plane<B>(x + p * in, y + p * out, arg + p * out, s);
+  for (int64_t p = 0; p < planes; ++p)
+    vectorised<forward_plane<B>>(x + p * in, y + p * out, arg + p * out, &s);
 }
 
 template <int B>

@@ -11,6 +11,7 @@
 #include <optional>
 #include <stdexcept>
 #include <unordered_map>
+#include <utility>
 
 #include "kernels/memory_plan.hpp"
 #include "kernels/onednn/eltwise.hpp"
@@ -823,11 +824,13 @@ class OneDnnExecutor final : public Executor {
       alg = n.op == Op::MaxPool ? dnnl::algorithm::pooling_max
                                 : dnnl::algorithm::pooling_avg_include_padding;
     }
-    // Our own loops where oneDNN 2.6's max pool is slow: AVX2's 8-channel blocks. On AVX-512
-    // (16-channel blocks) oneDNN's takes 23 ms per GoogLeNet step on the Zen 4 VM, and stays.
-    if (n.op == Op::MaxPool && n.pool.kernel * n.pool.kernel < 255 &&
-        src.md == memory::desc(batched(batch_, xin), dt::f32, tag::nChw8c))
-      return compile_blocked_max_pool(id, n, tag::nChw8c, 8);
+    // Our own loops over f32 channel blocks (AVX2's 8, AVX-512's 16), where oneDNN 2.6's training
+    // max pool is slow: a GoogLeNet step's pools took oneDNN 98 ms and ours 42 on the Xeon VM
+    // with AVX-512, 388 against 75 capped to AVX2 (gg_bench_pool, bench/results/compute-avx2.md).
+    for (const auto& [t, block] : {std::pair{tag::nChw8c, 8}, std::pair{tag::nChw16c, 16}})
+      if (n.op == Op::MaxPool && n.pool.kernel * n.pool.kernel < 255 &&
+          src.md == memory::desc(batched(batch_, xin), dt::f32, t))
+        return compile_blocked_max_pool(id, n, t, block);
     const memory::desc dst_any(batched(batch_, n.out), src.md.data_type(), tag::any);
     dnnl::pooling_forward::primitive_desc fpd(
         {dnnl::prop_kind::forward_training, alg, src.md, dst_any, strides, kernel, pad, pad_r},
@@ -1197,32 +1200,8 @@ class OneDnnExecutor final : public Executor {
 
 }  // namespace
 
-int onednn_weight_block() {
-  using dnnl::cpu_isa;
-  switch (dnnl::get_effective_cpu_isa()) {
-    case cpu_isa::avx512_core:
-    case cpu_isa::avx512_core_vnni:
-    case cpu_isa::avx512_core_bf16:
-    case cpu_isa::avx512_core_amx:
-      return 16;
-    // oneDNN 2.6's jit:avx2 and jit_1x1:avx2 read OIhw8i8o forward and write it backward-weights
-    // (backward-data reads OIhw8o8i, a reorder either way). Below AVX2 backward-weights is a
-    // plain GEMM: blocks would only move the reorder from the forward to the backward.
-    case cpu_isa::avx2:
-    case cpu_isa::avx2_vnni:
-      return 8;
-    default:
-      return 0;
-  }
-}
-
 ParamLayout onednn_param_layout(const Graph& g) {
   return blocked_conv_layout(g, onednn_weight_block());
-}
-
-bool bf16_supported() {
-  const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
-  return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
 }
 
 std::unique_ptr<Executor> make_onednn_executor(const Graph& g, int64_t batch, ParamStore& store,

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/onednn/eltwise.hpp"
+#include "kernels/onednn/isa.hpp"
 #include "tests/kernels/backend_conformance.hpp"
 
 using namespace gg::kernels;
@@ -220,21 +221,29 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("the element-wise passes run the vectors oneDNN runs, under ONEDNN_MAX_CPU_ISA too",
+TEST_CASE("our loops, the weight block and bf16 follow the ISA oneDNN runs, capped too",
           "[onednn]") {
   using dnnl::cpu_isa;
   const cpu_isa isa = dnnl::get_effective_cpu_isa();
   const bool avx512 = isa == cpu_isa::avx512_core || isa == cpu_isa::avx512_core_vnni ||
                       isa == cpu_isa::avx512_core_bf16 || isa == cpu_isa::avx512_core_amx;
-  const bool avx2 = isa == cpu_isa::avx2 || isa == cpu_isa::avx2_vnni ||
-                    isa == cpu_isa::avx512_mic || isa == cpu_isa::avx512_mic_4ops;  // KNL: AVX2
+  const bool knl = isa == cpu_isa::avx512_mic || isa == cpu_isa::avx512_mic_4ops;
+  const bool avx2 = isa == cpu_isa::avx2 || isa == cpu_isa::avx2_vnni;
   INFO("oneDNN's ISA " << static_cast<int>(isa));
-  CHECK(std::string(eltwise_vectors()) == (avx512 ? "avx512" : avx2 ? "avx2" : "baseline"));
+  CHECK(std::string(simd_name()) == (avx512 ? "avx512" : avx2 || knl ? "avx2" : "baseline"));
+  CHECK(onednn_weight_block() == (avx512 ? 16 : avx2 ? 8 : 0));
+  CHECK(bf16_supported() == (isa == cpu_isa::avx512_core_bf16 || isa == cpu_isa::avx512_core_amx));
   // The ctests that run these tests capped (tests/CMakeLists.txt) name the cap: an AVX-512 CPU
-  // capped to AVX2 must build nothing wider than AVX2.
+  // capped to AVX2 must build nothing wider than AVX2, nor block or run bf16 as AVX-512 does.
   const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
-  if (cap != nullptr && std::string(cap) == "AVX2")
-    CHECK(std::string(eltwise_vectors()) != "avx512");
-  if (cap != nullptr && std::string(cap) == "SSE41")
-    CHECK(std::string(eltwise_vectors()) == "baseline");
+  if (cap != nullptr && std::string(cap) == "AVX2") {
+    CHECK(std::string(simd_name()) != "avx512");
+    CHECK(onednn_weight_block() != 16);
+    CHECK_FALSE(bf16_supported());
+  }
+  if (cap != nullptr && std::string(cap) == "SSE41") {
+    CHECK(std::string(simd_name()) == "baseline");
+    CHECK(onednn_weight_block() == 0);
+    CHECK_FALSE(bf16_supported());
+  }
 }

@@ -47,7 +47,8 @@ Plain plain_pool(const std::vector<float>& x, const std::vector<float>& dy, cons
 
 }  // namespace
 
-TEST_CASE("blocked max pool equals the pool's definition, forward and gradient, ties included") {
+TEST_CASE("blocked max pool equals the pool's definition, forward and gradient, ties included",
+          "[onednn]") {
   struct Case {
     int k, stride, pad;
     int64_t h, oh;  // square input and output (oh by PyTorch's rule, ceil mode where noted)
