@@ -4,10 +4,14 @@
 # reordered every step. Alternates `gg_bench_compute --layout plain` and `--layout native` REPEATS
 # times per setting and prints, per layout, the minimum, 10th percentile and median of every
 # timed step of all its runs (this VM's speed drifts between runs; the low percentiles show the
-# cost of the work itself best).
+# cost of the work itself best). With OLD=<a build directory>, alternates that build's
+# gg_bench_compute ("old") and BUILD's ("new") instead, both in the native layout: a change's step
+# against the step before it, run the same way (build the old one with bench/compute/common.sh's
+# build_bench in a worktree of the old commit).
 # Usage: bench/compute/layout_ab.sh [MODEL:BATCH:RES:THREADS:PRECISION ...]
 #   default: resnet50:16:64:2:fp32 resnet50:16:64:2:bf16 resnet50:16:224:2:fp32
-# Environment: REPEATS (default 3), STEPS (timed steps per run, default 15), BUILD (default build).
+# Environment: REPEATS (default 3), STEPS (timed steps per run, default 15), BUILD (default build),
+#   OLD (a second build to alternate with BUILD; default none: the two layouts).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SETTINGS=("${@:-resnet50:16:64:2:fp32 resnet50:16:64:2:bf16 resnet50:16:224:2:fp32}")
@@ -18,34 +22,47 @@ STEPS=${STEPS:-15}
 gg_int REPEATS "$REPEATS" 1
 gg_int STEPS "$STEPS" 1
 BUILD=${BUILD:-build}
+OLD=${OLD:-}
+VARIANTS=(plain native)
+if [ -n "$OLD" ]; then
+  if [ ! -x "$OLD/bench/gg_bench_compute" ]; then
+    echo "layout_ab.sh: OLD = '$OLD' holds no bench/gg_bench_compute: build it there first" >&2
+    exit 2
+  fi
+  VARIANTS=(old new)
+fi
 . bench/compute/common.sh
 build_bench "$BUILD" gg_bench_compute
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 echo "# $(date -u +%FT%TZ) $(hostname), $(nproc) cores; repeats=$REPEATS steps=$STEPS warmup=3"
-echo "| setting | layout | steps | min s | p10 s | median s |"
+echo "${OLD:+old: $OLD, new: $BUILD}"
+echo "| setting | $([ -n "$OLD" ] && echo build || echo layout) | steps | min s | p10 s | median s |"
 echo "|---|---|---|---|---|---|"
 for s in "${SETTINGS[@]}"; do
   IFS=: read -r model batch res threads precision <<<"$s"
   : >"$TMP/steps"
   for ((r = 1; r <= REPEATS; r++)); do
-    for layout in plain native; do
+    for layout in "${VARIANTS[@]}"; do
       echo "layout_ab.sh: $s $layout run $r/$REPEATS" >&2
+      bin=$BUILD layout_arg=$layout
+      [ "$layout" = old ] && bin=$OLD
+      [ -n "$OLD" ] && layout_arg=native
       # gg_bench_compute reports every step on stderr ("step i/n t s"); the warm-up ones are left out.
-      OMP_NUM_THREADS=$threads "$BUILD/bench/gg_bench_compute" --model "$model" --batch "$batch" \
+      OMP_NUM_THREADS=$threads "$bin/bench/gg_bench_compute" --model "$model" --batch "$batch" \
         --res "$res" --threads "$threads" --steps "$STEPS" --warmup 3 --precision "$precision" \
-        --layout "$layout" 2>&1 >/dev/null | tr '\r' '\n' |
+        --layout "$layout_arg" 2>&1 >/dev/null | tr '\r' '\n' |
         grep -o 'step [0-9]*/[0-9]* [0-9.]*' |
         awk -v l="$layout" '{ split($2, a, "/"); if (a[1] > 3) print l, $3 }' >>"$TMP/steps"
     done
   done
-  /usr/bin/python3 - "$TMP/steps" "$s" <<'PY'
+  /usr/bin/python3 - "$TMP/steps" "$s" "${VARIANTS[@]}" <<'PY'
 import statistics, sys
 times = {}
 for line in open(sys.argv[1]):
     layout, t = line.split()
     times.setdefault(layout, []).append(float(t))
-for layout in ("plain", "native"):
+for layout in sys.argv[3:]:
     v = sorted(times.get(layout, []))
     if not v:
         sys.exit(f"layout_ab.sh: no steps for {sys.argv[2]} {layout}")

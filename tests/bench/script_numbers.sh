@@ -23,6 +23,7 @@ expect "compute REPEATS=-1" "REPEATS = '-1'" -- env REPEATS=-1 bench/compute/run
 expect "compute STEPS=ten" "STEPS = 'ten'" -- env STEPS=ten bench/compute/run.sh --backend cuda
 expect "profile TORCH=2" "TORCH = '2'" -- env TORCH=2 bench/compute/profile.sh
 expect "layout_ab STEPS=0" "STEPS = '0'" -- env STEPS=0 bench/compute/layout_ab.sh
+expect "layout_ab OLD without a build" "OLD = '/nonexistent' holds no" -- env OLD=/nonexistent bench/compute/layout_ab.sh
 expect "compute NAME=../x" "NAME = '../x'" -- env NAME=../x bench/compute/run.sh
 expect "profile NAME=a/b" "NAME = 'a/b'" -- env NAME=a/b bench/compute/profile.sh
 expect "gpu_device_run BUDGET_S=abc" "BUDGET_S = 'abc'" -- env BUDGET_S=abc bench/compute/gpu_device_run.sh run "${TMPDIR:-/tmp}"
