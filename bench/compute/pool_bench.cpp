@@ -97,17 +97,8 @@ int main(int argc, char** argv) {
   for (const gg::kernels::Node& n : g.nodes()) {
     if (n.op != gg::kernels::Op::MaxPool) continue;
     const gg::kernels::Dims& in = g.node(n.inputs[0]).out;
-    gg::kernels::BlockedPool s;
-    s.n = batch;
-    s.blocks = (in[0] + block - 1) / block;
-    s.h = in[1];
-    s.w = in[2];
-    s.oh = n.out[1];
-    s.ow = n.out[2];
-    s.k = static_cast<int>(n.pool.kernel);
-    s.stride = static_cast<int>(n.pool.stride);
-    s.pad = static_cast<int>(n.pool.pad);
-    s.block = static_cast<int>(block);
+    const gg::kernels::BlockedPool s =
+        gg::kernels::blocked_pool(n, in, batch, static_cast<int>(block));
     const memory::desc x_md({batch, in[0], in[1], in[2]}, memory::data_type::f32, tag);
     const memory::desc y_md({batch, n.out[0], n.out[1], n.out[2]}, memory::data_type::f32, tag);
     memory x(x_md, eng), y(y_md, eng), dy(y_md, eng), dx(x_md, eng);

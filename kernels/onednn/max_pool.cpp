@@ -120,6 +120,21 @@ void backward(const float* dy, const uint8_t* arg, float* dx, const BlockedPool&
 
 }  // namespace
 
+BlockedPool blocked_pool(const Node& pool, const Dims& input, int64_t batch, int block) {
+  BlockedPool s;
+  s.n = batch;
+  s.blocks = (input[0] + block - 1) / block;
+  s.h = input[1];
+  s.w = input[2];
+  s.oh = pool.out[1];
+  s.ow = pool.out[2];
+  s.k = static_cast<int>(pool.pool.kernel);
+  s.stride = static_cast<int>(pool.pool.stride);
+  s.pad = static_cast<int>(pool.pool.pad);
+  s.block = block;
+  return s;
+}
+
 void blocked_max_pool_forward(const float* x, float* y, uint8_t* arg, const BlockedPool& s) {
   if (s.block == 16)
     forward<16>(x, y, arg, s);

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "kernels/graph.hpp"
+
 namespace gg::kernels {
 
 struct BlockedPool {
@@ -15,6 +17,10 @@ struct BlockedPool {
   int k = 0, stride = 0, pad = 0;  // square window; pad is the top / left padding
   int block = 8;                   // 8 or 16
 };
+
+// The pool of graph node `pool` (Op::MaxPool) over `input` (its input's per-sample dims) for a
+// batch of `batch`, in blocks of `block` channels.
+BlockedPool blocked_pool(const Node& pool, const Dims& input, int64_t batch, int block);
 
 // y = the max over each window of x (positions outside the input are left out; the first of
 // equal maxima wins, as in oneDNN and PyTorch), `arg` = its position in the window (kh * k + kw),

@@ -875,17 +875,7 @@ class OneDnnExecutor final : public Executor {
     Value& out = values_[id];
     out.md = memory::desc(batched(batch_, n.out), dt::f32, t);
     out.mem = fresh(out.md);
-    BlockedPool s;
-    s.n = batch_;
-    s.blocks = (xin[0] + block - 1) / block;
-    s.h = xin[1];
-    s.w = xin[2];
-    s.oh = n.out[1];
-    s.ow = n.out[2];
-    s.k = static_cast<int>(n.pool.kernel);
-    s.stride = static_cast<int>(n.pool.stride);
-    s.pad = static_cast<int>(n.pool.pad);
-    s.block = block;
+    const BlockedPool s = blocked_pool(n, xin, batch_, block);
     const memory ws = fresh(memory::desc({s.n * s.blocks * s.oh * s.ow * block}, dt::u8, tag::x));
     fwd_.push_back({Action{{},
                            {},
