@@ -1,8 +1,9 @@
 // Max pooling for training over a channel-blocked f32 tensor (oneDNN's nChw8c / nChw16c: n,
 // channel block, h, w, `block` channels), with the window's argmax kept per output as a byte. The
 // executor runs these loops instead of oneDNN 2.6's training max pool (with its workspace), which
-// is slow: for GoogLeNet's 13 pools at batch 16 on the Xeon VM, 98 ms a step against 42 with
-// AVX-512, 388 against 75 capped to AVX2 (gg_bench_pool, bench/results/compute-avx2.md).
+// is slow: for GoogLeNet's 13 pools at batch 16 on the Xeon VM (2 threads, forward + backward,
+// medians), 96 ms a step against 42 with AVX-512, 328 against 64 capped to AVX2 (gg_bench_pool,
+// bench/results/compute-avx2.md).
 #pragma once
 
 #include <cstdint>

@@ -825,8 +825,7 @@ class OneDnnExecutor final : public Executor {
                                 : dnnl::algorithm::pooling_avg_include_padding;
     }
     // Our own loops over f32 channel blocks (AVX2's 8, AVX-512's 16), where oneDNN 2.6's training
-    // max pool is slow: a GoogLeNet step's pools took oneDNN 98 ms and ours 42 on the Xeon VM
-    // with AVX-512, 388 against 75 capped to AVX2 (gg_bench_pool, bench/results/compute-avx2.md).
+    // max pool is slow (kernels/onednn/max_pool.hpp has the figures).
     for (const auto& [t, block] : {std::pair{tag::nChw8c, 8}, std::pair{tag::nChw16c, 16}})
       if (n.op == Op::MaxPool && n.pool.kernel * n.pool.kernel < 255 &&
           src.md == memory::desc(batched(batch_, xin), dt::f32, t))
