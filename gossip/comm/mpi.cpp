@@ -168,14 +168,12 @@ std::vector<uint8_t> Comm::recv_bytes(int from, int tag) const {
   return out;
 }
 
-void Comm::send_empty(int to, int tag) const {
-  GG_MPI_CHECK(MPI_Send(nullptr, 0, MPI_BYTE, to, tag, c_));
-}
-
-Request Comm::irecv_empty(int tag) const {
-  Request r;
-  GG_MPI_CHECK(MPI_Irecv(nullptr, 0, MPI_BYTE, MPI_ANY_SOURCE, tag, c_, r.out()));
-  return r;
+std::optional<std::vector<uint8_t>> Comm::try_recv_bytes(int tag) const {
+  MPI_Status st;
+  int here = 0;
+  GG_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, tag, c_, &here, &st));
+  if (!here) return std::nullopt;
+  return recv_bytes(st.MPI_SOURCE, tag);
 }
 
 Comm Comm::without(const std::vector<int>& excluded, int tag) const {

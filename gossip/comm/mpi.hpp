@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -88,9 +89,8 @@ class Comm {
   // `from` with `tag`, whatever its length (bounded by the wait watchdog).
   void send_bytes(const std::vector<uint8_t>& bytes, int to, int tag) const;
   std::vector<uint8_t> recv_bytes(int from, int tag) const;
-  // An empty message to `to`, and a request for the next one from any rank with `tag`.
-  void send_empty(int to, int tag) const;
-  Request irecv_empty(int tag) const;
+  // The next message with `tag` from any rank if one has arrived (MPI_Iprobe), without waiting.
+  std::optional<std::vector<uint8_t>> try_recv_bytes(int tag) const;
 
   // The ranks of this communicator but `excluded`, over a new one that they alone make
   // (MPI_Comm_create_group with `tag`: the excluded ranks take no part).

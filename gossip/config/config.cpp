@@ -317,6 +317,40 @@ void check_virtual(const Config& c, int ranks) {
 }
 }  // namespace
 
+void check_forward_survivors(const Config& c, int ranks, int ranks_on_node,
+                             const std::vector<FaultEvent>& plan) {
+  if (plan.empty() || parse_fault_strategy(c.fault.strategy) != FaultStrategy::Forward) return;
+  const std::string what =
+      c.fault.inject.empty() ? std::string("fault.mtbf_steps") : "fault.inject = " + c.fault.inject;
+  const std::string instead = "use fault.strategy restart or rollback";
+  std::vector<FaultEvent> sorted = plan;
+  std::sort(sorted.begin(), sorted.end(),
+            [](const FaultEvent& a, const FaultEvent& b) { return a.step < b.step; });
+  int left = ranks;
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    --left;
+    if (left < 1 || (i + 1 < sorted.size() && sorted[i + 1].step == sorted[i].step)) continue;
+    const std::string after = what + " with fault.strategy forward leaves " + std::to_string(left) +
+                              " rank" + (left == 1 ? "" : "s") + " from step " +
+                              std::to_string(sorted[i].step);
+    if (c.gossip.hierarchy == "node" && ranks_on_node > 1)
+      throw UsageError(after +
+                       ", and gossip.hierarchy = node needs the same number of ranks on "
+                       "every node (a failed rank's node holds one fewer): " +
+                       instead);
+    if (mixing_of(c).allreduce) continue;
+    try {
+      partners::validate({partners::parse_kind(c.gossip.schedule), left, c.gossip.rotate,
+                          static_cast<uint64_t>(c.train.seed)});
+    } catch (const std::invalid_argument& e) {
+      const std::string why = e.what();  // "...; use another schedule": said below instead
+      throw UsageError(after + ", and gossip.schedule " + why.substr(0, why.find(';')) + ": " +
+                       instead +
+                       (c.gossip.low_rank > 0 ? "" : ", or gossip.schedule = dissemination"));
+    }
+  }
+}
+
 void check_ranks(const Config& c, int ranks, bool supervised_restart) {
   if (c.train.virtual_late > 0 && (c.train.virtual_ranks == 0 || c.gossip.staleness != 1))
     throw UsageError(
@@ -347,6 +381,10 @@ void check_ranks(const Config& c, int ranks, bool supervised_restart) {
   if (c.fault.mtbf_steps > 0 && ranks < 2)
     throw UsageError(
         "fault.mtbf_steps needs at least 2 ranks: one rank has no one to recover from");
+  // The survivors of fault.inject (those of fault.mtbf_steps are drawn when the run knows its
+  // length: gossip/train/loop.cpp); the node layout is the launcher's, checked there too.
+  if (!c.fault.inject.empty() && !supervised_restart)
+    check_forward_survivors(c, ranks, 0, parse_fault_inject(c.fault.inject));
   for (const auto& [r, factor] : parse_emulate_slow(c.emulate.slow))
     if (r >= ranks) throw UsageError(rank_out_of_range("emulate.slow", c.emulate.slow, r, ranks));
 }

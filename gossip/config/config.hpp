@@ -223,6 +223,13 @@ Config parse_train_args(const std::vector<std::string>& args);
 // never fire (test_hooks.hpp) and so bound nothing. Throws UsageError.
 void check_ranks(const Config& c, int ranks, bool supervised_restart = false);
 
+// fault.strategy forward: the survivors go on with the same settings after each failure of
+// `plan`; their counts must suit them (the gossip schedule's rank counts; gossip.hierarchy = node
+// needs as many ranks on every node, so no failure when a node holds several; `ranks_on_node` 0:
+// not known yet, not checked). Throws UsageError naming the first count that does not.
+void check_forward_survivors(const Config& c, int ranks, int ranks_on_node,
+                             const std::vector<FaultEvent>& plan);
+
 // Settings given a value other than their default where, in this run, they change nothing: one
 // line each, for a warning. (What would change a result a user expects is refused instead.)
 std::vector<std::string> inert_settings(const Config& c);

@@ -70,23 +70,20 @@ std::unique_ptr<mpi::Comm> survivors_comm(const mpi::Comm& comm, JobFailures& f)
   return next;
 }
 
-void wake_failed(const mpi::Comm& world, const mpi::Comm& comm, const JobFailures& f) {
+void wake_failed(const mpi::Comm& world, const mpi::Comm& comm, const JobFailures& f,
+                 const std::string& error) {
   if (comm.rank() != 0) return;
+  const std::vector<uint8_t> text(error.begin(), error.end());
   for (int r = 0; r < world.size(); ++r)
-    if (f.group_rank_of(r) < 0) world.send_empty(r, kWakeTag);
+    if (f.group_rank_of(r) < 0) world.send_bytes(text, r, kWakeTag);
 }
 
-void wait_for_wake(const mpi::Comm& world, const std::function<void()>& poll) {
-  mpi::Request wake = world.irecv_empty(kWakeTag);
-  try {
-    for (bool done = false; !done;) {
-      done = wake.test();
-      poll();
-      if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-  } catch (...) {
-    wake.abandon();  // no wake comes for a rank that stops: the request goes with the job
-    throw;
+std::string wait_for_wake(const mpi::Comm& world, const std::function<void()>& poll) {
+  for (;;) {
+    if (const auto text = world.try_recv_bytes(kWakeTag))
+      return std::string(text->begin(), text->end());
+    poll();  // a stop signal: no wake comes for a rank that stops
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 }
 

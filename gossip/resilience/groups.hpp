@@ -83,9 +83,11 @@ std::optional<Ending> fail_at_boundary(JobFailures& f, int64_t s, int me, int64_
 std::unique_ptr<mpi::Comm> survivors_comm(const mpi::Comm& comm, JobFailures& f);
 
 // At the end of training, on rank 0 of the last group `comm`: every rank of `world` that left is
-// woken (an empty message). A rank that left waits for it in wait_for_wake, sleeping rather than
-// polling MPI hard; `poll` runs between its tests (it may throw to stop waiting).
-void wake_failed(const mpi::Comm& world, const mpi::Comm& comm, const JobFailures& f);
-void wait_for_wake(const mpi::Comm& world, const std::function<void()>& poll);
+// woken, with `error` when the survivors end on a usage error (empty: training is done). A rank
+// that left waits for it in wait_for_wake, sleeping rather than polling MPI hard, and gets that
+// text back; `poll` runs between its tests (it may throw to stop waiting).
+void wake_failed(const mpi::Comm& world, const mpi::Comm& comm, const JobFailures& f,
+                 const std::string& error = {});
+std::string wait_for_wake(const mpi::Comm& world, const std::function<void()>& poll);
 
 }  // namespace gg::gossip

@@ -43,6 +43,7 @@ class RollbackHook : public StepHook {
     std::vector<int> in_group;
     for (int rank : failed_) in_group.push_back(job_.failures.group_rank_of(rank));
     g_.trainer.rewind(replace_failed(g_.comm, in_group, std::move(before_)));
+    g_.trainer.forget_peers(in_group);
     r.stats = g_.trainer.step(r.batch->x.data(), r.batch->y.data());
     r.runs = 2;
     job_.failures.pending = PendingFault{r.step, failed_, t_fail};

@@ -70,8 +70,17 @@ Group open_group(const Config& c, const mpi::Comm& comm, JobState& job, GroupObj
   }
   plan_failures(c, job, comm.size(), total);
   JobFailures& f = job.failures;
+  if (!f.carry && !f.plan.events.empty()) {
+    // The survivors of a forward recovery keep these settings (fault.mtbf_steps' failures are
+    // known only now); the node layout as the fullest node has it, so that every rank agrees.
+    double on_node = g.ranks_on_node;
+    comm.allreduce_max(&on_node, 1);
+    check_forward_survivors(c, comm.size(), static_cast<int>(on_node), f.plan.events);
+  }
   if (f.carry) {
     g.first = g.recovery.continue_from(*f.carry, f.carry_step, f.carry_per_epoch);
+    // Slots of lost ranks filled with another rank's state (supervise --replace-lost).
+    if (f.real_failure && f.real_failure->replace) g.trainer.forget_peers(f.real_failure->lost);
     // Later failures happen at the same point of training, in the survivors' steps.
     for (size_t i = f.plan.next; i < f.plan.events.size(); ++i)
       f.plan.events[i].step = g.recovery.same_point(f.plan.events[i].step, f.carry_per_epoch);
@@ -394,10 +403,15 @@ Ending train_group(const Config& c, const mpi::Comm& comm, JobState& job, GroupO
 // the groups it was in, with them.
 RunSummary wait_as_failed(JobState& job) {
   job.metrics = MetricsWriter();
-  wait_for_wake(job.world, [] {
+  const std::string error = wait_for_wake(job.world, [] {
     if (const int sig = StopSignals::requested())  // the survivors stop too, without waking it
       throw StopRequested(sig, std::string("stopped by ") + signal_name(sig));
   });
+  // The survivors ended on a usage error: this rank ends with it (and, as rank 0, prints it).
+  if (!error.empty()) {
+    job.world.mark_peer_lost();
+    throw UsageError(error);
+  }
   job.failures.parked.clear();
   RunSummary gone;
   gone.steps = job.summary.steps;
@@ -461,9 +475,13 @@ Ending train_group_or_end(const Config& c, const mpi::Comm& comm, JobState& job,
                           GroupObjects& objects) {
   try {
     return train_group(c, comm, job, objects);
-  } catch (const UsageError&) {  // every rank has it (agreed, or from the config alike)
+  } catch (const UsageError& e) {  // every rank has it (agreed, or from the config alike)
     // Unwinding must not wait to free windows with a rank that left: the job is ending anyway.
-    if (!job.failures.parked.empty()) job.world.mark_peer_lost();
+    // The ranks that left wait for the survivors' end: they end with this error too.
+    if (!job.failures.parked.empty()) {
+      job.world.mark_peer_lost();
+      wake_failed(job.world, comm, job.failures, e.what());
+    }
     throw;
   } catch (const StopRequested&) {  // every rank stopped at the same step boundary
     if (!job.failures.parked.empty()) job.world.mark_peer_lost();

@@ -251,6 +251,9 @@ RankState Recovery::average_states(const std::string& folder, const Manifest& m)
       s.momentum_copies.clear();
       s.weight_factors.clear();
       s.momentum_factors.clear();
+      s.grad_residue.clear();  // what rounding owed rank 0, not every rank
+      s.weight_residue.clear();
+      s.momentum_residue.clear();
       continue;
     }
     if (one.params.size() != s.params.size() || one.buffers.size() != s.buffers.size())

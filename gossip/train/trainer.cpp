@@ -500,8 +500,11 @@ void Trainer::restore_model(const RankState& s) {
                                                                : net_.from_plain(s.delayed_delta));
   if (model_exchange_) model_exchange_->restore_distance(s.consensus_distance);
   // A residue saved by a run with error feedback is dropped by one without (and vice versa: zero).
-  const auto residue = [this](BucketExchange* e, const std::vector<float>& r) {
-    if (e) e->set_wire_residue(r.empty() ? r : net_.from_plain(r));
+  // It is what rounding still owes of that rank's own values: another rank's state (a rollback's
+  // donor, a survivor's under supervise) brings none, or the debt would be paid twice.
+  const bool own = own_state(s);
+  const auto residue = [this, own](BucketExchange* e, const std::vector<float>& r) {
+    if (e) e->set_wire_residue(r.empty() || !own ? std::vector<float>() : net_.from_plain(r));
   };
   residue(exchange_.get(), s.grad_residue);
   residue(model_exchange_.get(), s.weight_residue);
@@ -513,11 +516,15 @@ void Trainer::restore_model(const RankState& s) {
   sgd_.set_started(s.sgd_started);
 }
 
+bool Trainer::own_state(const RankState& s) const {
+  return s.ranks == world_.size() && s.rank == world_.rank();
+}
+
 void Trainer::restore_copies(const RankState& s) {
   // Public copies and low-rank factors name their peers by rank in this group: a state of another
   // rank (another rank count, an average of ranks) has none that fit, and every rank then starts
   // again from none.
-  const bool same_rank = s.ranks == world_.size() && s.rank == world_.rank();
+  const bool same_rank = own_state(s);
   const auto copies = [&](BucketExchange* e, const std::vector<PublicCopy>& saved) {
     if (!e) return;
     std::vector<PublicCopy> v;
@@ -539,6 +546,21 @@ void Trainer::resume_at(int64_t step, uint64_t dropout_step) {
   step_ = step;
   if (train_exec_) train_exec_->set_dropout_step(dropout_step);
   set_first_step(step);
+}
+
+void Trainer::forget_peers(const std::vector<int>& lost) {
+  if (lost.empty()) return;
+  const auto keep = [&](std::vector<PublicCopy> v) {
+    std::erase_if(v, [&](const PublicCopy& c) {
+      return std::find(lost.begin(), lost.end(), c.peer) != lost.end();
+    });
+    return v;
+  };
+  for (BucketExchange* e : {model_exchange_.get(), momentum_exchange_.get()}) {
+    if (!e) continue;
+    e->set_public_copies(keep(e->public_copies()));
+    e->set_low_rank_factors(keep(e->low_rank_factors()));
+  }
 }
 
 void Trainer::rewind(const RankState& s) {

@@ -115,12 +115,18 @@ class Trainer {
   // boundary): the model as restore_model, the step counter and dropout masks as they were, so
   // the steps since are redone with the same partners (a rollback). Every rank must rewind alike.
   void rewind(const RankState& s);
+  // Ranks of this group whose state was lost and replaced by another rank's (a rollback, a lost
+  // slot filled under supervise) start their public copies and low-rank factors again from none
+  // (restore_model); a pair holds the same on both ends, so every rank drops what it shares with
+  // them. Every rank calls it with the same ranks.
+  void forget_peers(const std::vector<int>& lost);
   void set_lr_scale(double scale) { lr_scale_ = scale; }
 
  private:
-  void choose_layout();                     // before any executor is compiled
-  void make_exchanges();                    // before any executor is compiled
-  void restore_copies(const RankState& s);  // gossip.choco's public copies (restore_model)
+  void choose_layout();                      // before any executor is compiled
+  void make_exchanges();                     // before any executor is compiled
+  void restore_copies(const RankState& s);   // gossip.choco's public copies (restore_model)
+  bool own_state(const RankState& s) const;  // saved by this rank of a group of this size
   GossipOptions exchange_options(const GossipPlan& plan, const partners::Schedule& schedule,
                                  Mixed what) const;
   // The step's parts after backward: the optimizer (or its emulated wait), the weight exchange

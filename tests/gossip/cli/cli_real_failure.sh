@@ -6,7 +6,7 @@
 # one step redone, within 15 s of the kill, a top-1 within 0.5% of the failure-free run's, and
 # the metrics record the failure. Then a corrupted emergency state: the supervisor says so in
 # one line and restarts from the newest full checkpoint. And a rank lost with its state under
-# supervise --replace-lost: the job goes on at its size.
+# supervise --replace-lost (CHOCO's public copies on): the job goes on at its size.
 set -euo pipefail
 BIN="$1"; ROOT="$2"; MPIEXEC="$3"
 TMP=$(mktemp -d); trap 'kill -9 $(pgrep -f "$TMP/") 2>/dev/null || true; [ -n "${GG_KEEP_TMP:-}" ] && echo "kept $TMP" || rm -rf "$TMP"' EXIT
@@ -118,9 +118,15 @@ grep -q "the job completed after 1 restart(s)" err2.log || fail "corrupt state: 
 
 # 5. supervise --replace-lost: rank 2 and its saver SIGKILLed together at step 80 (its state is
 # lost, as with a lost machine): the job goes on at 4 ranks, rank 2's slot starting from the
-# state of the rank it last sent to.
+# state of the rank it last sent to. With CHOCO's public copies, which a pair holds alike on both
+# ends: rank 2's partners drop theirs as its slot starts again from none (kept, the pairs mixed
+# mismatched copies and the ranks drifted apart).
+CHOCO=(--gossip.mode model --gossip.model_wire int4 --gossip.choco true --gossip.rotate false)
+timeout 120 "$MPIEXEC" -n 4 "$BIN" "${RUN[@]}" "${LONG[@]}" "${CHOCO[@]}" --log.metrics base5.jsonl \
+  > base5.log 2>&1 || fail "failure-free CHOCO run: $(tail -5 base5.log)"
+base=$(summary base5.jsonl)
 timeout 150 "$BIN" supervise --max-restarts 2 --replace-lost -- "$MPIEXEC" -n 4 "$BIN" \
-  "${RUN[@]}" "${LONG[@]}" --checkpoint.dir "$TMP/ck5" --checkpoint.every 50 \
+  "${RUN[@]}" "${LONG[@]}" "${CHOCO[@]}" --checkpoint.dir "$TMP/ck5" --checkpoint.every 50 \
   --log.metrics m5.jsonl \
   > out5.log 2> err5.log &
 sup=$!
