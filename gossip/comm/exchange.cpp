@@ -217,7 +217,7 @@ void GossipExchange::start(Job& j) {
   const int64_t t = j.step - first_step_;
   if (in_place(j.peers)) return transport_->publish(j.peers.send_to, t, j.bucket);
   transport_->expect(j.peers.recv_from, t, j.bucket);
-  const uint64_t key = wire_key(o_.schedule.seed, comm_.rank(), j.step);
+  const uint64_t key = wire_key(o_.schedule.seed, comm_.rank(), j.step, o_.stream);
   transport_->send(j.peers.send_to, t, j.bucket, encode_outgoing(*rule_, codec_, j.bucket, key));
 }
 

@@ -41,6 +41,7 @@ struct GossipOptions {
   Wire wire = Wire::Fp32;
   bool error_feedback = false;    // a lossy wire only
   bool stochastic = false;        // int8 / int4: stochastic rounding (wire_key of seed, rank, step)
+  int stream = 0;                 // which buffer this exchanges (wire_key's stream)
   bool measure_distance = false;  // the rule adds up ||x - partner||^2 (consensus control)
   // CHOCO-SGD: the difference to public copies both partners hold travels (staleness 0 only).
   bool public_copies = false;

@@ -73,6 +73,16 @@ std::vector<MatrixView> matrix_views(const kernels::Graph& g, const kernels::Par
   return out;
 }
 
+int largest_gaining_rank(const kernels::Graph& g) {
+  int64_t best = 0;
+  for (const kernels::TensorSpec& t : g.params())
+    if (t.dims.size() >= 2 && t.dims[0] > 0) {
+      const int64_t rows = t.dims[0], cols = t.size() / rows;
+      best = std::max(best, (rows * cols - 1) / (rows + cols));  // r (rows + cols) < rows cols
+    }
+  return static_cast<int>(std::min<int64_t>(best, 1 << 30));
+}
+
 LowRankMix::LowRankMix(std::vector<MatrixView> views, const std::vector<kernels::Bucket>& buckets,
                        int rank, int self, int period)
     : in_bucket_(buckets.size()), rank_(rank), self_(self), period_(std::max(1, period)) {

@@ -28,6 +28,8 @@ namespace gg::gossip {
 // vectors otherwise, in the store's layout.
 std::vector<MatrixView> matrix_views(const kernels::Graph& g, const kernels::ParamLayout& layout,
                                      int rank);
+// The largest rank at which some matrix of the graph gains (0: none at any rank).
+int largest_gaining_rank(const kernels::Graph& g);
 
 class LowRankMix {
  public:

@@ -130,10 +130,11 @@ float quantize_block(std::span<const float> v, int top, int8_t* q, float* residu
 
 }  // namespace
 
-uint64_t wire_key(uint64_t seed, int rank, int64_t step) {
-  return shuffle::splitmix64(
+uint64_t wire_key(uint64_t seed, int rank, int64_t step, int stream) {
+  const uint64_t key = shuffle::splitmix64(
       shuffle::splitmix64(seed ^ 0x5EED) ^
       shuffle::splitmix64(static_cast<uint64_t>(rank) << 40 ^ static_cast<uint64_t>(step)));
+  return stream == 0 ? key : shuffle::splitmix64(key ^ static_cast<uint64_t>(stream) << 56);
 }
 uint64_t bucket_key(uint64_t key, int bucket) {
   return shuffle::splitmix64(key ^ (static_cast<uint64_t>(bucket) + 1) * 0xD1B54A32D192ED03ull);

@@ -52,10 +52,11 @@ void pack_quant(Wire w, std::span<const float> x, std::span<float> residue, floa
                 std::optional<uint64_t> stochastic = std::nullopt);
 void unpack_quant(Wire w, const float* in, std::span<float> x);
 
-// The stochastic rounding key of what `rank` sends in exchange `step` of a run seeded `seed`, and
-// of its bucket b: a function of these alone, so that a resumed run, a replay and virtual ranks
-// round alike.
-uint64_t wire_key(uint64_t seed, int rank, int64_t step);
+// The stochastic rounding key of what `rank` sends in exchange `step` of buffer `stream` (0 the
+// gradients, 1 the weights, 2 the momentum: each buffer's draws of a step are its own) of a run
+// seeded `seed`, and of its bucket b: a function of these alone, so that a resumed run, a replay
+// and virtual ranks round alike.
+uint64_t wire_key(uint64_t seed, int rank, int64_t step, int stream = 0);
 uint64_t bucket_key(uint64_t key, int bucket);
 
 // One flat buffer's buckets on a wire: where each bucket lies in the transport's layout, and the

@@ -232,6 +232,10 @@ void check_combinations(const Config& c) {
                                {c.checkpoint.every_epochs, "checkpoint.every_epochs"}})
     if (v > 0 && c.checkpoint.dir.empty())
       throw UsageError(std::string(key) + " = " + std::to_string(v) + " needs checkpoint.dir");
+  if (c.train.stop_at > 0 && c.train.max_steps > 0 && c.train.stop_at >= c.train.max_steps)
+    throw UsageError("train.stop_at = " + std::to_string(c.train.stop_at) +
+                     " is not before train.max_steps = " + std::to_string(c.train.max_steps) +
+                     ": it would never stop the run; set it lower or leave it at 0");
   if (c.checkpoint.every_minutes > 0 && c.checkpoint.dir.empty())
     throw UsageError("checkpoint.every_minutes needs checkpoint.dir");
   if (c.checkpoint.resume == "auto" && c.checkpoint.dir.empty())
@@ -429,6 +433,7 @@ GossipOptions exchange_options(const Config& c, const GossipPlan& plan, Mixed wh
   o.low_rank = after_update ? c.gossip.low_rank : 0;
   o.stochastic =
       c.gossip.rounding == "stochastic" && (o.wire == Wire::Int8 || o.wire == Wire::Int4);
+  o.stream = static_cast<int>(what);  // the weights' and the momentum's draws differ
   o.error_feedback =
       o.wire != Wire::Fp32 && c.gossip.error_feedback && !o.public_copies && o.low_rank == 0;
   o.delayed = after_update && c.gossip.overlap_model;

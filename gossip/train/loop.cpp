@@ -50,7 +50,14 @@ Group open_group(const Config& c, const mpi::Comm& comm, JobState& job, GroupObj
   o.trainer = std::make_unique<Trainer>(c, comm, data.input(), data.classes(), total, per_epoch);
   o.recovery = std::make_unique<Recovery>(c, comm, *o.trainer, data,
                                           model_spec(c, 0, data.input(), data.classes()));
-  if (c.train.stop_at > 0) o.recovery->plan_stop_at(at_plan_point(c.train.stop_at));
+  if (c.train.stop_at > 0) {
+    // At or after the last step it would never stop the run (the end checkpoints anyway).
+    if (at_plan_point(c.train.stop_at) >= total)
+      throw UsageError("train.stop_at = " + std::to_string(c.train.stop_at) +
+                       " is not before the run's last step (" + std::to_string(total) +
+                       " steps): it would never stop the run; set it lower or leave it at 0");
+    o.recovery->plan_stop_at(at_plan_point(c.train.stop_at));
+  }
   Group g{c, comm, data, *o.trainer, *o.recovery};
   g.threads = threads;
   g.ranks_on_node = comm.split_shared().size();

@@ -116,6 +116,16 @@ void Trainer::choose_layout() {
   }
 }
 
+void check_low_rank_gains(const Config& c, const kernels::Graph& g) {
+  const int most = largest_gaining_rank(g);
+  if (c.gossip.low_rank > most)
+    throw UsageError("gossip.low_rank = " + std::to_string(c.gossip.low_rank) +
+                     " compresses no weight matrix of " + c.model.name +
+                     " (a rows x cols matrix gains where r (rows + cols) < rows cols; every one "
+                     "would travel whole): use at most " +
+                     std::to_string(most));
+}
+
 partners::Schedule gossip_schedule(const Config& c, int p) {
   try {
     const partners::Schedule s{partners::parse_kind(c.gossip.schedule), p, c.gossip.rotate,
@@ -138,6 +148,9 @@ void Trainer::make_exchanges() {
     exchange_ = std::make_unique<AllreduceExchange>(world_, store.grads.data(), net_.buckets());
     return;
   }
+  // One rank (a run without mpirun, the last survivor of a forward recovery) has no partner:
+  // nothing is mixed or sent (a rank mixing with its own copy on a lossy wire would only round).
+  if (world_.size() == 1) return;
   const partners::Schedule schedule = gossip_schedule(c_, world_.size());
   if (plan.node_hierarchy) {
     try {
@@ -178,7 +191,10 @@ GossipOptions Trainer::exchange_options(const GossipPlan& plan, const partners::
                                         Mixed what) const {
   GossipOptions o = gg::gossip::exchange_options(c_, plan, what);
   o.schedule = schedule;
-  if (o.low_rank > 0) o.matrices = matrix_views(graph(), net_.layout(), o.low_rank);
+  if (o.low_rank > 0) {
+    check_low_rank_gains(c_, graph());
+    o.matrices = matrix_views(graph(), net_.layout(), o.low_rank);
+  }
   return o;
 }
 

@@ -193,6 +193,10 @@ class Trainer {
 // gossip.hierarchy = node). Throws UsageError naming gossip.schedule when it cannot serve p.
 partners::Schedule gossip_schedule(const Config& c, int p);
 
+// gossip.low_rank above the rank at which any weight matrix of `g` gains (where every matrix
+// would travel whole, as with low_rank 0): UsageError naming the largest that does.
+void check_low_rank_gains(const Config& c, const kernels::Graph& g);
+
 // Compute threads for this rank: the configured count, or this node's cores shared evenly by
 // the ranks on this node.
 int compute_threads(const Config& c, const mpi::Comm& world);

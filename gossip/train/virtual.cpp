@@ -58,7 +58,7 @@ class VirtualExchange {
   VirtualExchange(const std::vector<float*>& x, const GossipOptions& o,
                   const std::vector<kernels::Bucket>& buckets,
                   std::function<bool(int64_t, int)> late = {})
-      : buckets_(buckets), late_(std::move(late)) {
+      : buckets_(buckets), late_(std::move(late)), stream_(o.stream) {
     for (float* v : x) {
       codecs_.push_back(std::make_unique<WireCodec>(o.wire, o.error_feedback,
                                                     wire_buckets(o, buckets), o.stochastic));
@@ -82,7 +82,7 @@ class VirtualExchange {
       for (int b = 0; b < buckets; ++b) {
         rules_[r]->capture(b);
         const float* image = encode_outgoing(*rules_[r], *codecs_[r], b,
-                                             wire_key(s.seed, static_cast<int>(r), step));
+                                             wire_key(s.seed, static_cast<int>(r), step, stream_));
         std::copy(image, image + layout[b].size(), wire_.data() + r * floats + layout[b].begin);
       }
     }
@@ -122,6 +122,7 @@ class VirtualExchange {
   std::vector<std::unique_ptr<MixingRule>> rules_;
   std::vector<float> wire_;  // every rank's outgoing image, ranks x the codec's floats
   std::function<bool(int64_t, int)> late_;
+  int stream_ = 0;  // wire_key's stream: which buffer
   bool pending_ = false;
 };
 
@@ -381,7 +382,10 @@ void VirtualRun::make_exchanges() {
   const auto options = [&](Mixed what) {
     GossipOptions o = exchange_options(c, plan, what);
     o.schedule = schedule_;
-    if (o.low_rank > 0) o.matrices = matrix_views(net_.graph(), net_.layout(), o.low_rank);
+    if (o.low_rank > 0) {
+      check_low_rank_gains(c, net_.graph());
+      o.matrices = matrix_views(net_.graph(), net_.layout(), o.low_rank);
+    }
     return o;
   };
   if (algorithm_.grads && plan.node_hierarchy)

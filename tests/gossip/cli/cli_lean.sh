@@ -156,4 +156,17 @@ assert skip[0] == 0, skip        # skip never mixes last step's bucket
 assert skip[1] > 0, skip         # ... and leaves the ones not here unmixed
 assert prev[0] > 0, prev         # previous mixes them late instead
 PY
-echo "PASS: model_every bytes, exact resume (also with error feedback), consensus control, late = skip"
+# What the model or the data decide is refused before the first step, in one line: a low rank
+# at which no weight matrix gains (every one would travel whole), a stop after the last step.
+refused() {  # refused WHAT EXPECTED ARGS...
+  local what="$1" want="$2" rc=0; shift 2
+  train "$@" --log.metrics r.jsonl > r.log 2> r.err || rc=$?
+  [ $rc = 2 ] && [ "$(grep -c error r.err)" = 1 ] && grep -qF "$want" r.err ||
+    fail "$what: exit $rc: $(cat r.err)"
+}
+refused "low rank 64" "gossip.low_rank = 64 compresses no weight matrix of resnet8" \
+  --gossip.mode model --gossip.low_rank 64 --gossip.schedule hypercube --gossip.rotate false
+refused "stop after the end" "train.stop_at = 500 is not before the run's last step (93 steps)" \
+  --checkpoint.dir never --train.stop_at 500
+[ ! -e never ] || fail "the refused run made its checkpoint folder"
+echo "PASS: model_every bytes, exact resume (also with error feedback), consensus control, late = skip, refusals"

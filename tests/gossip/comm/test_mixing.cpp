@@ -176,6 +176,11 @@ TEST_CASE("stochastic rounding: within one step, unbiased, the same draws for th
   }
   CHECK(wire_key(1, 0, 5) != wire_key(1, 1, 5));
   CHECK(wire_key(1, 0, 5) != wire_key(2, 0, 5));
+  // The weights' and the momentum's exchange of a step (gossipgrad) draw apart; the gradients'
+  // key is stream 0's.
+  CHECK(wire_key(1, 0, 5) == wire_key(1, 0, 5, 0));
+  CHECK(wire_key(1, 0, 5, 1) != wire_key(1, 0, 5, 0));
+  CHECK(wire_key(1, 0, 5, 1) != wire_key(1, 0, 5, 2));
   CHECK(bucket_key(9, 0) != bucket_key(9, 1));
   CHECK_THROWS_AS(WireCodec(Wire::Bf16, false, {{0, 4}}, true), std::invalid_argument);
 }

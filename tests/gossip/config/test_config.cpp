@@ -317,6 +317,19 @@ TEST_CASE("gossip.rounding = stochastic only where an int8 or int4 wire carries 
                   "--gossip.model_wire", "int8", "--gossip.error_feedback", "true"})
             .empty());
   CHECK(error_of({"--gossip.rounding", "up"}).find("gossip.rounding") != std::string::npos);
+  // Each buffer rounds with its own draws: gossipgrad's weights and momentum of one step, and the
+  // gradients and weights of `both`, would otherwise share them value for value.
+  const Config c = parse_train_args({"--gossip.rounding", "stochastic", "--gossip.mode", "both",
+                                     "--gossip.wire", "int4", "--gossip.model_wire", "int4"});
+  const gg::gossip::GossipPlan plan = gg::gossip::gossip_plan(c);
+  using gg::gossip::Mixed;
+  std::set<int> streams;
+  for (Mixed m : {Mixed::Grads, Mixed::Weights, Mixed::Momentum}) {
+    const gg::gossip::GossipOptions o = gg::gossip::exchange_options(c, plan, m);
+    CHECK(o.stochastic);
+    streams.insert(o.stream);
+  }
+  CHECK(streams.size() == 3);
 }
 
 TEST_CASE("gossip.low_rank: PowerGossip where pairs meet again, else one line") {

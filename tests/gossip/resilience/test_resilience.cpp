@@ -383,5 +383,7 @@ TEST_CASE("resilience options are range-checked with one clear line", "[resilien
   bad({"--guard.lr_factor", "0"}, "guard.lr_factor = 0 is out of range");
   bad({"--gossip.timeout_s", "-1"}, "gossip.timeout_s = -1 is out of range");
   bad({"--train.stop_at", "5"}, "train.stop_at = 5 needs checkpoint.dir");
+  bad({"--train.stop_at", "20", "--train.max_steps", "20", "--checkpoint.dir", "/tmp/gg-never"},
+      "train.stop_at = 20 is not before train.max_steps = 20: it would never stop the run");
   CHECK(parse_fault_kill("3:120") == std::pair<int, int64_t>{3, 120});
 }
