@@ -24,6 +24,30 @@
 namespace gg::gossip {
 namespace {
 
+// Where group g starts: the state a failure carried over (a forward recovery, or the survivors
+// of a real failure), else a resumed checkpoint or step 0; the job's failures planned first, and
+// checked against the survivors they leave.
+int64_t first_step(const Config& c, const mpi::Comm& comm, Group& g, JobState& job) {
+  plan_failures(c, job, comm.size(), g.total);
+  JobFailures& f = job.failures;
+  if (!f.carry && !f.plan.events.empty()) {
+    // The survivors of a forward recovery keep these settings (fault.mtbf_steps' failures are
+    // known only now); the node layout as the fullest node has it, so that every rank agrees.
+    double on_node = g.ranks_on_node;
+    comm.allreduce_max(&on_node, 1);
+    check_forward_survivors(c, comm.size(), static_cast<int>(on_node), f.plan.events);
+  }
+  if (!f.carry) return g.recovery.resume();
+  const int64_t first = g.recovery.continue_from(*f.carry, f.carry_step, f.carry_per_epoch);
+  // Slots of lost ranks filled with another rank's state (supervise --replace-lost).
+  if (f.real_failure && f.real_failure->replace) g.trainer.forget_peers(f.real_failure->lost);
+  // Later failures happen at the same point of training, in the survivors' steps.
+  for (size_t i = f.plan.next; i < f.plan.events.size(); ++i)
+    f.plan.events[i].step = g.recovery.same_point(f.plan.events[i].step, f.carry_per_epoch);
+  f.carry.reset();
+  return first;
+}
+
 // The data, the trainer and its recovery over `comm`, and where this group starts: a resumed
 // checkpoint, the state a forward recovery carried over, or step 0.
 Group open_group(const Config& c, const mpi::Comm& comm, JobState& job, GroupObjects& o) {
@@ -75,26 +99,7 @@ Group open_group(const Config& c, const mpi::Comm& comm, JobState& job, GroupObj
         planned_epochs, static_cast<long long>(total));
     std::fflush(stdout);
   }
-  plan_failures(c, job, comm.size(), total);
-  JobFailures& f = job.failures;
-  if (!f.carry && !f.plan.events.empty()) {
-    // The survivors of a forward recovery keep these settings (fault.mtbf_steps' failures are
-    // known only now); the node layout as the fullest node has it, so that every rank agrees.
-    double on_node = g.ranks_on_node;
-    comm.allreduce_max(&on_node, 1);
-    check_forward_survivors(c, comm.size(), static_cast<int>(on_node), f.plan.events);
-  }
-  if (f.carry) {
-    g.first = g.recovery.continue_from(*f.carry, f.carry_step, f.carry_per_epoch);
-    // Slots of lost ranks filled with another rank's state (supervise --replace-lost).
-    if (f.real_failure && f.real_failure->replace) g.trainer.forget_peers(f.real_failure->lost);
-    // Later failures happen at the same point of training, in the survivors' steps.
-    for (size_t i = f.plan.next; i < f.plan.events.size(); ++i)
-      f.plan.events[i].step = g.recovery.same_point(f.plan.events[i].step, f.carry_per_epoch);
-    f.carry.reset();
-  } else {
-    g.first = g.recovery.resume();
-  }
+  g.first = first_step(c, comm, g, job);
   if (c.apoptosis.enable && apoptosis_layers(c, g.trainer.graph()).empty())
     throw UsageError("apoptosis.layers = " + c.apoptosis.layers + ": " + c.model.name +
                      " has no such layer whose units may be removed (units that reach a residual "
