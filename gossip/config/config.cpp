@@ -299,8 +299,7 @@ void check_virtual(const Config& c, int ranks) {
            "gossip.hierarchy = node: network.ranks_per_node = " + std::to_string(k) +
                " (the logical node) must divide the virtual ranks");
     try {
-      partners::validate({partners::parse_kind(c.gossip.schedule), c.train.virtual_ranks / k,
-                          c.gossip.rotate, static_cast<uint64_t>(c.train.seed)});
+      schedule_of(c, c.train.virtual_ranks / k);
     } catch (const std::invalid_argument& e) {
       throw UsageError(v + ", gossip.hierarchy = node: the schedule over " +
                        std::to_string(c.train.virtual_ranks / k) + " nodes: " + e.what());
@@ -344,8 +343,7 @@ void check_forward_survivors(const Config& c, int ranks, int ranks_on_node,
                        instead);
     if (mixing_of(c).allreduce) continue;
     try {
-      partners::validate({partners::parse_kind(c.gossip.schedule), left, c.gossip.rotate,
-                          static_cast<uint64_t>(c.train.seed)});
+      schedule_of(c, left);
     } catch (const std::invalid_argument& e) {
       const std::string why = e.what();  // "...; use another schedule": said below instead
       throw UsageError(after + ", and gossip.schedule " + why.substr(0, why.find(';')) + ": " +
@@ -366,8 +364,7 @@ void check_ranks(const Config& c, int ranks, bool supervised_restart) {
   }
   if (!mixing_of(c).allreduce && c.gossip.hierarchy == "none") {
     try {
-      partners::validate({partners::parse_kind(c.gossip.schedule), ranks, c.gossip.rotate,
-                          static_cast<uint64_t>(c.train.seed)});
+      schedule_of(c, ranks);
     } catch (const std::invalid_argument& e) {
       throw UsageError(std::string("gossip.schedule: ") + e.what());
     }
@@ -394,6 +391,13 @@ void check_ranks(const Config& c, int ranks, bool supervised_restart) {
 }
 
 const Algorithm& mixing_of(const Config& c) { return find_algorithm(c.gossip.mode); }
+
+partners::Schedule schedule_of(const Config& c, int p) {
+  const partners::Schedule s{partners::parse_kind(c.gossip.schedule), p, c.gossip.rotate,
+                             static_cast<uint64_t>(c.train.seed)};
+  partners::validate(s);
+  return s;
+}
 
 namespace {
 // The option's choices (gossip.wire, gossip.model_wire) as the codec's type.

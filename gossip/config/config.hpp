@@ -13,6 +13,7 @@
 #include "gossip/config/algorithms.hpp"
 #include "gossip/config/fault_spec.hpp"  // the grammar of the fault.* values
 #include "kernels/executor.hpp"
+#include "partners/schedule.hpp"
 
 namespace gg::gossip {
 
@@ -222,6 +223,10 @@ Config parse_train_args(const std::vector<std::string>& args);
 // restart by gossipgrad supervise, possibly at fewer ranks, where fault.kill and fault.stall
 // never fire (test_hooks.hpp) and so bound nothing. Throws UsageError.
 void check_ranks(const Config& c, int ranks, bool supervised_restart = false);
+
+// The partner schedule the config describes for `p` participants (ranks, or nodes with
+// gossip.hierarchy = node); std::invalid_argument (partners::validate) when it cannot serve p.
+partners::Schedule schedule_of(const Config& c, int p);
 
 // fault.strategy forward: the survivors go on with the same settings after each failure of
 // `plan`; their counts must suit them (the gossip schedule's rank counts; gossip.hierarchy = node

@@ -128,10 +128,7 @@ void check_low_rank_gains(const Config& c, const kernels::Graph& g) {
 
 partners::Schedule gossip_schedule(const Config& c, int p) {
   try {
-    const partners::Schedule s{partners::parse_kind(c.gossip.schedule), p, c.gossip.rotate,
-                               static_cast<uint64_t>(c.train.seed)};
-    partners::validate(s);
-    return s;
+    return schedule_of(c, p);
   } catch (const std::invalid_argument& e) {
     throw UsageError(std::string("gossip.schedule: ") + e.what());
   }
