@@ -234,6 +234,7 @@ void write_manifest(const std::string& folder, const Manifest& m) {
                         {"batch_norm", m.model.batch_norm}}},
                       {"files", files}};
   if (!m.widths.empty()) j["model"]["widths"] = m.widths;
+  if (m.unreported_bytes != 0) j["unreported_bytes"] = m.unreported_bytes;
   const std::string text = j.dump(2) + "\n";
   write_file_durably((fs::path(folder) / kManifest).string(), text.data(), text.size());
 }
@@ -262,6 +263,8 @@ Manifest read_manifest(const std::string& folder) {
       for (const auto& [name, units] : m.widths)
         if (units < 1) throw std::runtime_error("width of " + name + " out of range");
     }
+    m.unreported_bytes = j.value("unreported_bytes", int64_t{0});  // absent: none
+    if (m.unreported_bytes < 0) throw std::runtime_error("unreported_bytes out of range");
     for (const auto& [name, d] : j.at("files").items()) {
       if (name.find('/') != std::string::npos || name == ".." || name.empty())
         throw std::runtime_error("bad file name '" + name + "'");

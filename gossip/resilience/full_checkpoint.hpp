@@ -38,6 +38,9 @@ struct Manifest {
   // The prunable layers apoptosis shrank, at their widths now (empty: the model as built).
   std::map<std::string, int64_t> widths;
   std::map<std::string, FileDigest> files;
+  // Bytes rank 0 had sent that its metrics had not counted (Trainer::unreported_bytes): the
+  // resumed run's first step counts them.
+  int64_t unreported_bytes = 0;
 };
 
 constexpr const char* kManifest = "MANIFEST.json";

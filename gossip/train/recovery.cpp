@@ -91,7 +91,8 @@ int64_t Recovery::resume() {
     step = same_point(s.step, s.steps_per_epoch);
     data_.shuffle_start_at(step);
   }
-  continue_at(step, s);
+  // Rank 0 writes the metrics: what it sent and had not counted, its next step counts.
+  continue_at(step, s, same_ranks && world_.rank() == 0 ? m.unreported_bytes : 0);
   if (world_.rank() == 0) {
     if (same_ranks)
       std::printf("gossipgrad: resumed from %s at step %lld\n", folder.c_str(),
@@ -282,12 +283,12 @@ int64_t Recovery::continue_from(const RankState& own, int64_t old_step, int64_t 
   data_.shuffle_start_at(step);
   trainer_.restore_model(own);
   // The survivors' checkpoints join the run's (none of them is removed as an earlier run's).
-  continue_at(step, own);
+  continue_at(step, own, 0);
   return step;
 }
 
-void Recovery::continue_at(int64_t step, const RankState& s) {
-  trainer_.resume_at(step, s.dropout_step);
+void Recovery::continue_at(int64_t step, const RankState& s, int64_t unreported_bytes) {
+  trainer_.resume_at(step, s.dropout_step, unreported_bytes);
   guard_.continue_with(s.nan_restores, s.lr_scale);
   resumed_ = true;
   last_written_ = step;
@@ -381,6 +382,7 @@ void Recovery::write_manifest_of(const std::string& folder, int64_t steps, int64
       m.ranks = world_.size();
       m.steps_per_epoch = data_.steps_per_epoch();
       m.model = model_;
+      m.unreported_bytes = trainer_.unreported_bytes();  // after the capture in write_own_file
       m.widths = kernels::changed_widths(kernels::build_model(model_), trainer_.graph());
       for (int r = 0; r < world_.size(); ++r) {
         FileDigest d;

@@ -81,8 +81,9 @@ class Recovery {
 
  private:
   // After the model of `s` is restored: training goes on at `step` with its counters and
-  // learning-rate scale, as a resumed run (no fault injected again, no checkpoint removed).
-  void continue_at(int64_t step, const RankState& s);
+  // learning-rate scale, as a resumed run (no fault injected again, no checkpoint removed); its
+  // first step also counts unreported_bytes (Trainer::unreported_bytes).
+  void continue_at(int64_t step, const RankState& s, int64_t unreported_bytes);
   RankState capture();
   // resume(), step by step (collectives, but the const ones): the folder to resume from (empty:
   // none yet), its manifest checked against this run's model (which takes the checkpoint's

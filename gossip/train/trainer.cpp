@@ -499,6 +499,13 @@ void Trainer::capture_state(RankState& s) {
   s.momentum_factors = factors(momentum_exchange_.get());
 }
 
+int64_t Trainer::unreported_bytes() const {
+  if (algorithm_.allreduce) return 0;
+  int64_t sent = 0;
+  for (const BucketExchange* e : exchanges()) sent += e->bytes_sent();
+  return sent - sent_bytes_;
+}
+
 void Trainer::restore_model(const RankState& s) {
   if (static_cast<int64_t>(s.params.size()) != store().params.size() ||
       static_cast<int64_t>(s.buffers.size()) != store().buffers.size() ||
@@ -524,6 +531,11 @@ void Trainer::restore_model(const RankState& s) {
   residue(momentum_exchange_.get(), s.momentum_residue);
   restore_copies(s);
   net_.from_plain(s.params, store().params.data());
+  // A correction pending in a state of an overlapped run, restored by a run that does not overlap
+  // (or sends no weights): the pair average it completes is applied now, before the next forward.
+  if (!s.delayed_delta.empty() && !(model_exchange_ && c_.gossip.overlap_model))
+    apply_correction({store().params.data(), static_cast<size_t>(store().params.size())},
+                     net_.from_plain(s.delayed_delta));
   std::copy(s.buffers.begin(), s.buffers.end(), store().buffers.begin());
   net_.from_plain(s.velocity, sgd_.velocity().data());
   sgd_.set_started(s.sgd_started);
@@ -555,8 +567,9 @@ void Trainer::restore_copies(const RankState& s) {
   factors(momentum_exchange_.get(), s.momentum_factors);
 }
 
-void Trainer::resume_at(int64_t step, uint64_t dropout_step) {
+void Trainer::resume_at(int64_t step, uint64_t dropout_step, int64_t unreported_bytes) {
   step_ = step;
+  sent_bytes_ -= unreported_bytes;  // counted by the first step, as in an uninterrupted run
   if (train_exec_) train_exec_->set_dropout_step(dropout_step);
   set_first_step(step);
 }

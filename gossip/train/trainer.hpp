@@ -107,10 +107,15 @@ class Trainer {
   // Recovery (gossip/train/recovery.hpp). capture_state fills the model part of a RankState
   // (weights, running statistics, momentum, a pending weight exchange's correction, counters)
   // without changing what training computes next; restore_model puts a captured model back;
-  // resume_at makes this freshly built trainer continue at `step`, before its first step.
+  // resume_at makes this freshly built trainer continue at `step`, before its first step, whose
+  // metrics then also count `unreported_bytes` (see unreported_bytes()).
   void capture_state(RankState& s);
   void restore_model(const RankState& s);
-  void resume_at(int64_t step, uint64_t dropout_step);
+  void resume_at(int64_t step, uint64_t dropout_step, int64_t unreported_bytes);
+  // Bytes the exchanges sent since the last step's metrics: after capture_state, the weight
+  // exchange it settled (pipelined, also what was still on its way at the step's end). A
+  // checkpoint's manifest keeps rank 0's, whose metrics the resumed run's first step completes.
+  int64_t unreported_bytes() const;
   // Goes back to a state captured earlier in this run (s.step <= steps_done(), at a step
   // boundary): the model as restore_model, the step counter and dropout masks as they were, so
   // the steps since are redone with the same partners (a rollback). Every rank must rewind alike.

@@ -10,7 +10,8 @@
 #   late = previous mixes them late;
 # - resume is exact with the int4 / int8 wires and error feedback (the residues are saved), and
 #   with stochastic rounding (keyed draws, no state), gossip.choco (the public copies are saved)
-#   and gossip.low_rank (the factors are saved);
+#   and gossip.low_rank (the factors are saved), and the metrics of a stopped and resumed run
+#   count the same bytes as an uninterrupted run's;
 # - gossip.consensus_bound: the same global averages, and the same state files, resumed or not.
 set -euo pipefail
 BIN="$1"; ROOT="$2"; MPIEXEC="$3"
@@ -84,7 +85,19 @@ exact_resume() { # what A B options...: uninterrupted in A, stopped and resumed 
   for f in "$a"/ckpt-000000000016/rank-*.bin; do
     cmp -s "$f" "$b/${f#"$a"/}" || fail "$what: $f and $b/${f#"$a"/} differ"
   done
-  echo "exact resume with $what: ok"
+  # The bytes too: the exchange the stopped run settled at its checkpoint is counted once, by
+  # the resumed run's first step, as the uninterrupted run's step 9 counts it.
+  local sent
+  sent=$(sent_bytes "$a.jsonl")
+  [[ $sent -gt 0 && $sent == "$(sent_bytes "$b.jsonl")" ]] ||
+    fail "$what: $sent bytes sent in one go, $(sent_bytes "$b.jsonl") stopped and resumed"
+  echo "exact resume with $what: ok ($sent bytes either way)"
+}
+sent_bytes() { # the sum of the step records' sent_bytes in a metrics file
+  /usr/bin/python3 -c '
+import json, sys
+print(sum(r.get("sent_bytes") or 0 for r in map(json.loads, open(sys.argv[1]))
+          if r.get("event") == "step"))' "$1"
 }
 # The lossy wires' error-feedback residues are part of a rank's state: int4 gradients and int8
 # weights.

@@ -154,7 +154,17 @@ TEST_CASE("a written checkpoint verifies; a changed, truncated or missing file d
   CHECK(m.step == 40);
   CHECK(m.ranks == 2);
   CHECK(m.files.size() == 2);
+  CHECK(m.unreported_bytes == 0);  // none written: none read
   const fs::path f = fs::path(folder) / rank_file_name(1);
+  SECTION("rank 0's unreported bytes travel in the manifest; a negative count is refused") {
+    Manifest w = m;
+    w.unreported_bytes = 20568;
+    write_manifest(folder, w);
+    CHECK(read_manifest(folder).unreported_bytes == 20568);
+    w.unreported_bytes = -1;
+    write_manifest(folder, w);
+    CHECK_THROWS_WITH(read_manifest(folder), Catch::Contains("unreported_bytes out of range"));
+  }
   SECTION("one byte changed") {
     std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
     io.seekp(20);
