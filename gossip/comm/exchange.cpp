@@ -131,7 +131,7 @@ std::unique_ptr<MixingRule> make_rule(const GossipOptions& o, float* buffer,
   else if (o.public_copies && o.delayed)
     rule = std::make_unique<ChocoDelayed>(buffer, buckets);
   else if (o.public_copies)
-    rule = std::make_unique<ChocoAverage>(buffer, buckets);
+    rule = std::make_unique<ChocoAverage>(buffer, buckets, o.wire == Wire::Fp32);
   else if (o.delayed)
     rule = std::make_unique<DelayedAverage>(buffer, buckets);
   else if (o.staleness == 1)
@@ -224,11 +224,12 @@ void GossipExchange::start(Job& j) {
 void GossipExchange::complete(const Job& j) {
   const int64_t t = j.step - first_step_;
   if (in_place(j.peers)) return transport_->average_in_place(j.peers.send_to, t, j.bucket);
-  const float* in = codec_.decode(j.bucket, transport_->received(j.peers.recv_from, t, j.bucket));
+  const float* wire = transport_->received(j.peers.recv_from, t, j.bucket);
   // The outgoing bucket may still be read by MPI (p2p rendezvous) until the send completes:
-  // only then may it be overwritten by the mix.
+  // only then may it be overwritten by the mix. Decoded after it: while it waits, this thread may
+  // start other buckets, whose echo reuses the thread's decoding room.
   transport_->finish_send(j.peers.send_to, t, j.bucket);
-  rule_->received(j.bucket, j.step, in);
+  rule_->received(j.bucket, j.step, codec_.decode(j.bucket, wire));
   transport_->release(j.peers.recv_from, t, j.bucket);
 }
 

@@ -134,13 +134,20 @@ void PublicCopies::load(std::vector<PublicCopy> copies) {
   for (PublicCopy& c : copies) (c.mine ? mine_ : theirs_)[c.peer] = std::move(c.values);
 }
 
-ChocoAverage::ChocoAverage(float* buffer, const std::vector<kernels::Bucket>& buckets)
-    : WithPublicCopies(buckets), x_(buffer), diff_(count_of(buckets)) {}
+ChocoAverage::ChocoAverage(float* buffer, const std::vector<kernels::Bucket>& buckets,
+                           bool sent_as_is)
+    : WithPublicCopies(buckets), x_(buffer), diff_(sent_as_is ? count_of(buckets) : 0) {}
 
 const float* ChocoAverage::outgoing(int b) {
   const kernels::Bucket& k = copy_buckets_[b];
-  difference(span_of(x_, k), copies_.mine(k), span_of(diff_.data(), k));
-  return diff_.data() + k.begin;
+  if (!diff_.empty()) {
+    difference(span_of(x_, k), copies_.mine(k), span_of(diff_.data(), k));
+    return diff_.data() + k.begin;
+  }
+  thread_local std::vector<float> room;
+  room.resize(static_cast<size_t>(k.size()));
+  difference(span_of(x_, k), copies_.mine(k), room);
+  return room.data();
 }
 
 void ChocoAverage::received(int b, int64_t, const float* partner) {

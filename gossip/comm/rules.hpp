@@ -218,9 +218,12 @@ class WithPublicCopies : public Base {
 
 // Staleness 0 with public copies: bucket b sends d = x - mine, and when the partner's difference
 // q arrives, theirs += q and x += (theirs - mine) / 2 (with an exact wire, the pair average).
+// d lies in a room of the sending thread, valid until its next outgoing() (a lossy wire packs it
+// at once); sent_as_is (the fp32 wire sends d itself, read until the send completes): in a
+// buffer of the model's size.
 class ChocoAverage final : public WithPublicCopies<MixingRule> {
  public:
-  ChocoAverage(float* buffer, const std::vector<kernels::Bucket>& buckets);
+  ChocoAverage(float* buffer, const std::vector<kernels::Bucket>& buckets, bool sent_as_is = true);
   const float* outgoing(int b) override;
   void received(int b, int64_t step, const float* partner) override;
 

@@ -222,7 +222,6 @@ WireCodec::WireCodec(Wire wire, bool error_feedback, std::vector<kernels::Bucket
     floats_ = layout_[b].end;
   }
   packed_.assign(static_cast<size_t>(floats_), 0.f);
-  unpacked_.assign(static_cast<size_t>(count), 0.f);
   if (error_feedback) residue_.assign(static_cast<size_t>(count), 0.f);
 }
 
@@ -246,8 +245,10 @@ const float* WireCodec::encode(int b, const float* x, uint64_t key) {
 const float* WireCodec::decode(int b, const float* in) {
   if (wire_ == Wire::Fp32) return in;
   const kernels::Bucket& k = buckets_[static_cast<size_t>(b)];
-  float* x = unpacked_.data() + k.begin;
-  const std::span<float> out(x, static_cast<size_t>(k.size()));
+  thread_local std::vector<float> room;
+  room.resize(static_cast<size_t>(k.size()));
+  float* x = room.data();
+  const std::span<float> out(x, room.size());
   if (wire_ == Wire::Bf16)
     unpack_bf16(reinterpret_cast<const uint16_t*>(in), out);
   else

@@ -60,9 +60,9 @@ uint64_t wire_key(uint64_t seed, int rank, int64_t step, int stream = 0);
 uint64_t bucket_key(uint64_t key, int bucket);
 
 // One flat buffer's buckets on a wire: where each bucket lies in the transport's layout, and the
-// rooms that hold this rank's packed buckets, the partner's unpacked ones and the error-feedback
-// residue (error_feedback: a lossy wire's). fp32 passes values through untouched. No MPI, no
-// threads: bucket b is encoded and decoded by one thread at a time.
+// rooms that hold this rank's packed buckets and the error-feedback residue (error_feedback: a
+// lossy wire's). fp32 passes values through untouched. No MPI, no threads: bucket b is encoded
+// and decoded by one thread at a time.
 class WireCodec {
  public:
   // stochastic: int8 / int4 with stochastic rounding (encode's key then picks the draws).
@@ -75,7 +75,9 @@ class WireCodec {
   int64_t floats() const { return floats_; }
   // Bucket b's values x as they go on the wire: x itself (fp32), or its packed image.
   const float* encode(int b, const float* x, uint64_t key = 0);
-  // The partner's bucket b as it came off the wire, as fp32 values.
+  // The partner's bucket b as it came off the wire, as fp32 values (fp32: `in` itself). A lossy
+  // wire's values lie in a room of the calling thread, valid until its next decode by any codec:
+  // they are mixed at once, so no model-sized room is kept.
   const float* decode(int b, const float* in);
   // The error-feedback residue (empty without): a rank's state, saved with its checkpoints. Safe
   // while another thread encodes (staleness 1 leaves buckets in flight at a step's end).
@@ -89,7 +91,7 @@ class WireCodec {
   bool stochastic_ = false;
   std::vector<kernels::Bucket> buckets_, layout_;
   int64_t floats_ = 0;
-  std::vector<float> packed_, unpacked_, residue_;
+  std::vector<float> packed_, residue_;
   mutable std::mutex residue_mu_;  // residue_ (error feedback only)
 };
 
