@@ -83,7 +83,14 @@ h100) FWD=35 BWD=68 UPD=1 BATCH=256 ;;
 *) echo "study.sh: --profile $PROFILE: use p100 or h100" >&2 && exit 2 ;;
 esac
 BUCKET_KB=4096 # configs/p100-ib.ini and h100.ini
-WARMUP=2 STEPS=5
+# Steps per point: the first WARMUP are not measured (GG_STUDY_WARMUP, default 2; a schedule
+# that cycles through d partners meets a new connection in each of its first d steps:
+# dissemination at p = 16 has d = 4), then STEPS measured ones (GG_STUDY_STEPS, default 5).
+WARMUP=${GG_STUDY_WARMUP:-2} STEPS=${GG_STUDY_STEPS:-5}
+[[ $WARMUP =~ ^[0-9]+$ && $STEPS =~ ^[1-9][0-9]*$ ]] || {
+    echo "study.sh: GG_STUDY_WARMUP ($WARMUP) must be a count >= 0 and GG_STUDY_STEPS ($STEPS) >= 1" >&2
+    exit 2
+}
 # Across nodes p2p (MPI_Isend/Irecv) is what auto picks; GG_STUDY_TRANSPORT=rma compares.
 TRANSPORT=${GG_STUDY_TRANSPORT:-p2p}
 read -r -a STUDY_EXTRA <<<"${GG_STUDY_EXTRA:-}"
