@@ -376,15 +376,13 @@ void Trainer::account(StepStats& s) {
     s.consensus = consensus_distance();
   }
   if (algorithm_.allreduce) return;
-  int64_t sent = 0;
+  s.sent_bytes = unreported_bytes();
+  sent_bytes_ += s.sent_bytes;
   BucketExchange::Lateness now;
   for (BucketExchange* e : exchanges()) {
-    sent += e->bytes_sent();
     now.late += e->lateness().late;
     now.unmixed += e->lateness().unmixed;
   }
-  s.sent_bytes = sent - sent_bytes_;
-  sent_bytes_ = sent;
   if (c_.gossip.staleness == 0) return;
   s.late_buckets = now.late - lateness_.late;
   s.unmixed_buckets = now.unmixed - lateness_.unmixed;
