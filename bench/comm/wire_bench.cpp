@@ -1,6 +1,7 @@
 // The wire codecs' cost on one core: encode (with error feedback) and decode of a flat buffer of
-// N values in buckets of B KiB, for each wire, the median of R runs. What a lossy wire adds to a
-// rank's communication thread per exchange, beside the bytes it saves.
+// N values in buckets of B KiB, for each wire, the median of R runs; int8 and int4 also with
+// stochastic rounding (the -sr rows: a new key each run, as each exchange has). What a lossy wire
+// adds to a rank's communication thread per exchange, beside the bytes it saves.
 // usage: gg_bench_wire [--values N (default 25557032, ResNet-50's)] [--bucket-kb B (4096)]
 //                      [--runs R (5)]
 // Output: CSV wire,values,bytes_on_wire,encode_ms,decode_ms (median of the runs).
@@ -10,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gossip/comm/wire.hpp"
@@ -55,14 +57,19 @@ int main(int argc, char** argv) {
   std::vector<float> x(static_cast<size_t>(values));
   for (size_t i = 0; i < x.size(); ++i) x[i] = 0.05f * std::sin(0.001f * static_cast<float>(i));
   std::printf("wire,values,bytes_on_wire,encode_ms,decode_ms\n");
-  for (Wire w : {Wire::Bf16, Wire::Int8, Wire::Int4}) {
-    WireCodec codec(w, true, buckets);
+  for (const auto& [w, stochastic] : {std::pair{Wire::Bf16, false},
+                                      {Wire::Int8, false},
+                                      {Wire::Int4, false},
+                                      {Wire::Int8, true},
+                                      {Wire::Int4, true}}) {
+    WireCodec codec(w, true, buckets, stochastic);
     std::vector<double> enc, dec;
     std::vector<const float*> images(buckets.size());
     for (int64_t r = 0; r < runs; ++r) {
       auto t0 = std::chrono::steady_clock::now();
       for (size_t b = 0; b < buckets.size(); ++b)
-        images[b] = codec.encode(static_cast<int>(b), x.data() + buckets[b].begin);
+        images[b] =
+            codec.encode(static_cast<int>(b), x.data() + buckets[b].begin, wire_key(1, 0, r));
       auto t1 = std::chrono::steady_clock::now();
       float sink = 0;
       for (size_t b = 0; b < buckets.size(); ++b)
@@ -73,7 +80,8 @@ int main(int argc, char** argv) {
       dec.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
     }
     const char* name = w == Wire::Bf16 ? "bf16" : w == Wire::Int8 ? "int8" : "int4";
-    std::printf("%s,%lld,%lld,%.2f,%.2f\n", name, static_cast<long long>(values),
-                static_cast<long long>(codec.floats() * 4), median(enc), median(dec));
+    std::printf("%s%s,%lld,%lld,%.2f,%.2f\n", name, stochastic ? "-sr" : "",
+                static_cast<long long>(values), static_cast<long long>(codec.floats() * 4),
+                median(enc), median(dec));
   }
 }

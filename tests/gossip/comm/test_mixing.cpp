@@ -11,6 +11,7 @@
 
 #include "gossip/comm/mixing.hpp"
 #include "gossip/comm/wire.hpp"
+#include "shuffle/rng.hpp"
 
 using namespace gg::gossip;
 
@@ -183,6 +184,35 @@ TEST_CASE("stochastic rounding: within one step, unbiased, the same draws for th
   CHECK(wire_key(1, 0, 5, 1) != wire_key(1, 0, 5, 2));
   CHECK(bucket_key(9, 0) != bucket_key(9, 1));
   CHECK_THROWS_AS(WireCodec(Wire::Bf16, false, {{0, 4}}, true), std::invalid_argument);
+}
+
+// Tagged [isa]: tests/CMakeLists.txt runs it again with oneDNN capped to AVX2 and SSE4.1, whose
+// builds of the draws (kernels/onednn/isa.hpp) must give these bits too.
+TEST_CASE("stochastic rounding: each value's draw is splitmix64(key + its index), on every ISA",
+          "[isa]") {
+  std::vector<float> x(300);  // 4 full blocks and a partial one
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = std::sin(0.61f * static_cast<float>(i)) * (i < 128 ? 0.02f : 4.f);
+  for (Wire w : {Wire::Int8, Wire::Int4}) {
+    const float top = w == Wire::Int8 ? 127.f : 7.f;
+    for (uint64_t key : {uint64_t{5}, bucket_key(wire_key(3, 2, 11), 4)}) {
+      std::vector<float> room(static_cast<size_t>(wire_floats(w, 300))), back(300);
+      pack_quant(w, x, {}, room.data(), key);
+      unpack_quant(w, room.data(), back);
+      int mismatches = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        const size_t lo = i / kQuantBlock * kQuantBlock;
+        float m = 0;
+        for (size_t j = lo; j < std::min(x.size(), lo + kQuantBlock); ++j)
+          m = std::max(m, std::fabs(x[j]));
+        const float u = static_cast<float>(gg::shuffle::splitmix64(key + i) >> 40) * 0x1.0p-24f;
+        const float level = std::clamp(std::floor(x[i] * (top / m) + u), -top, top);
+        mismatches += back[i] != level * (m / top);
+      }
+      CAPTURE(w == Wire::Int8, key);
+      CHECK(mismatches == 0);
+    }
+  }
 }
 
 TEST_CASE("int8 and int4 wires: every value within half its block's step, NaN kept") {
