@@ -144,8 +144,9 @@ uint64_t bucket_key(uint64_t key, int bucket) {
 namespace {
 // Uniform draws in [0, 1) for values first .. first + m of a buffer rounded with `key`. Integer
 // hashing, a 24-bit integer converted exactly and scaled by a power of two: the same bits on every
-// instruction set, so they are built for the widest vectors here (kernels/onednn/isa.hpp): a
-// scalar splitmix64 per value was a fifth of stochastic rounding's cost.
+// instruction set, so they are built for the widest vectors here (kernels/onednn/isa.hpp). A
+// scalar splitmix64 per value took about a tenth of stochastic rounding's encode; most of the
+// rest was the floor's branch below (gossip/comm/CMakeLists.txt).
 [[gnu::always_inline]] inline void draws_body(uint64_t key, size_t first, size_t m, float* u) {
   for (size_t i = 0; i < m; ++i) {
     const auto bits = static_cast<int32_t>(shuffle::splitmix64(key + first + i) >> 40);
