@@ -87,10 +87,8 @@ BUCKET_KB=4096 # configs/p100-ib.ini and h100.ini
 # that cycles through d partners meets a new connection in each of its first d steps:
 # dissemination at p = 16 has d = 4), then STEPS measured ones (GG_STUDY_STEPS, default 5).
 WARMUP=${GG_STUDY_WARMUP:-2} STEPS=${GG_STUDY_STEPS:-5}
-[[ $WARMUP =~ ^[0-9]+$ && $STEPS =~ ^[1-9][0-9]*$ ]] || {
-    echo "study.sh: GG_STUDY_WARMUP ($WARMUP) must be a count >= 0 and GG_STUDY_STEPS ($STEPS) >= 1" >&2
-    exit 2
-}
+gg_int GG_STUDY_WARMUP "$WARMUP" 0
+gg_int GG_STUDY_STEPS "$STEPS" 1
 # Across nodes p2p (MPI_Isend/Irecv) is what auto picks; GG_STUDY_TRANSPORT=rma compares.
 TRANSPORT=${GG_STUDY_TRANSPORT:-p2p}
 read -r -a STUDY_EXTRA <<<"${GG_STUDY_EXTRA:-}"

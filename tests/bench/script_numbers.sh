@@ -36,6 +36,8 @@ expect "scaling huge STEPS" "STEPS = '99999999999999999999'" -- env STEPS=999999
 expect "resilience RANKS=1" "RANKS = '1'" -- env RANKS=1 bench/resilience/run.sh
 expect "loader seconds" "SECONDS = 'fast'" -- bench/loader/run.sh fast
 expect "study jitter" "GG_STUDY_JITTER = 'lots'" -- env GG_STUDY_JITTER=lots bench/cluster/study.sh
+expect "study GG_STUDY_WARMUP=-1" "GG_STUDY_WARMUP = '-1'" -- env GG_BIN=/bin/true GG_COMM_BIN=/bin/true GG_STUDY_WARMUP=-1 bench/cluster/study.sh
+expect "study GG_STUDY_STEPS=0" "GG_STUDY_STEPS = '0'" -- env GG_BIN=/bin/true GG_COMM_BIN=/bin/true GG_STUDY_STEPS=0 bench/cluster/study.sh
 expect "study GG_STUDY_POINTS" "point '16 abc quiet model'" -- env GG_BIN=/bin/true GG_COMM_BIN=/bin/true GG_STUDY_POINTS="16 abc quiet model" bench/cluster/study.sh
 expect "real --rounds 0" "--rounds 0: a whole number >= 1" -- bench/cluster/real.sh --rounds 0
 expect "real --nodes x" "--nodes x: a whole number >= 1" -- bench/cluster/real.sh --nodes x
