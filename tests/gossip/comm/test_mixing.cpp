@@ -97,12 +97,16 @@ std::vector<float> round_trip(Wire w, const std::vector<float>& x, std::vector<f
   unpack_quant(w, room.data(), back);
   return back;
 }
-// The step of the block of kQuantBlock values that holds x[i]: its largest magnitude / level.
-float block_step(const std::vector<float>& x, size_t i, int top) {
+// The largest magnitude in the block of kQuantBlock values that holds x[i].
+float block_max(const std::vector<float>& x, size_t i) {
   const size_t lo = i / kQuantBlock * kQuantBlock, hi = std::min(x.size(), lo + kQuantBlock);
   float m = 0;
   for (size_t j = lo; j < hi; ++j) m = std::max(m, std::fabs(x[j]));
-  return m / static_cast<float>(top);
+  return m;
+}
+// The step of that block: its largest magnitude / level.
+float block_step(const std::vector<float>& x, size_t i, int top) {
+  return block_max(x, i) / static_cast<float>(top);
 }
 }  // namespace
 
@@ -201,10 +205,7 @@ TEST_CASE("stochastic rounding: each value's draw is splitmix64(key + its index)
       unpack_quant(w, room.data(), back);
       int mismatches = 0;
       for (size_t i = 0; i < x.size(); ++i) {
-        const size_t lo = i / kQuantBlock * kQuantBlock;
-        float m = 0;
-        for (size_t j = lo; j < std::min(x.size(), lo + kQuantBlock); ++j)
-          m = std::max(m, std::fabs(x[j]));
+        const float m = block_max(x, i);
         const float u = static_cast<float>(gg::shuffle::splitmix64(key + i) >> 40) * 0x1.0p-24f;
         const float level = std::clamp(std::floor(x[i] * (top / m) + u), -top, top);
         mismatches += back[i] != level * (m / top);
