@@ -161,16 +161,10 @@ print(d["forward_flops"], 2 * d["training_useful_macs"], sep=",")')
   echo "$model,$res,$f" >>"$OUT.flops.csv"
 done
 # The floor of each setting: the model's own convolution and fully connected shapes timed alone
-# at oneDNN's best, plus the SGD update (gg_bench_peak --model).
-echo "model,batch,res,threads,precision,floor_ms" >"$OUT.floor.csv"
-for s in "${SETTINGS[@]}"; do
-  IFS=: read -r model batch res threads precision <<<"$s"
-  precision=${precision:-fp32}
-  OMP_NUM_THREADS=$threads build/bench/gg_bench_peak --model "$model" --res "$res" --batch "$batch" \
-    --threads "$threads" --precision "$precision" --seconds 0.05 | tee -a "$OUT.txt" |
-    awk -F, -v k="$model,$batch,$res,$threads,$precision" '$1 == "floor" { print k "," $NF }' \
-      >>"$OUT.floor.csv"
-done
+# at oneDNN's best, plus the SGD update (gg_bench_peak --model). Measured once per repeat, just
+# before that repeat's steps, so that it drifts with them (this VM's speed moves by up to 25%
+# within minutes); the tables use the median of the repeats' floors.
+echo "model,batch,res,threads,precision,repeat,floor_ms" >"$OUT.floor.csv"
 for s in "${SETTINGS[@]}"; do
   IFS=: read -r model batch res threads precision <<<"$s"
   precision=${precision:-fp32}
@@ -178,6 +172,10 @@ for s in "${SETTINGS[@]}"; do
     --warmup "$WARMUP")
   for ((r = 1; r <= REPEATS; r++)); do
     export OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads
+    build/bench/gg_bench_peak --model "$model" --res "$res" --batch "$batch" --threads "$threads" \
+      --precision "$precision" --seconds 0.05 | tee -a "$OUT.txt" |
+      awk -F, -v k="$model,$batch,$res,$threads,$precision,$r" '$1 == "floor" { print k "," $NF }' \
+        >>"$OUT.floor.csv"
     build/bench/gg_bench_compute "${args[@]}" --precision "$precision" | tee -a "$OUT.txt" >>"$OUT.csv"
     # PyTorch's default (NCHW, fp32: the reference column) and its best for this precision.
     /usr/bin/python3 bench/compute/torch_bench.py "${args[@]}" | tee -a "$OUT.txt" >>"$OUT.csv"
@@ -213,8 +211,11 @@ print("| model | batch | res | threads | precision | gossipgrad img/s | PyTorch 
       "| gossipgrad share of ceiling | PyTorch best share | gossipgrad peak MB "
       "| PyTorch best peak MB |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-floors = {tuple(r[c] for c in ("model", "batch", "res", "threads", "precision")): float(r["floor_ms"])
-          for r in csv.DictReader(open(out + ".floor.csv"))}
+floor_runs = {}
+for r in csv.DictReader(open(out + ".floor.csv")):
+    k = tuple(r[c] for c in ("model", "batch", "res", "threads", "precision"))
+    floor_runs.setdefault(k, []).append(float(r["floor_ms"]))
+floors = {k: statistics.median(v) for k, v in floor_runs.items()}
 bounds = []
 for k in keys:
     ours = [r for r in rows if r["impl"].startswith("gossipgrad") and setting(r) + (r["precision"],) == k]
@@ -236,8 +237,12 @@ for k in keys:
     # best alone, and the SGD update; no step built on oneDNN's kernels beats PyTorch by more.
     fl = floors.get(k)
     step, best_step = int(k[1]) / a * 1e3, int(k[1]) / b * 1e3
+    # Each repeat's step over the floor measured just before it: the pairs drift together.
+    paired = [float(r["median_step_s"]) * 1e3 / f for r, f in zip(ours, floor_runs.get(k, []))]
+    pair = (f"{statistics.median(paired):.2f}x ({min(paired):.2f}-{max(paired):.2f})"
+            if paired else "")
     bounds.append(f"| {' | '.join(k)} | {step:.0f} | {best_step:.0f} | "
-                  + (f"{fl:.0f} | {fl / step:.0%} | {best_step / fl:.2f}x" if fl else " | | ")
+                  + (f"{fl:.0f} | {fl / step:.0%} | {pair} | {best_step / fl:.2f}x" if fl else " | | | ")
                   + f" | {bound} |")
     mo = max(float(r["peak_rss_mb"]) for r in ours)
     mb = max(float(r["peak_rss_mb"]) for r in best)
@@ -259,15 +264,17 @@ print("Ceiling: oneDNN's best training convolution (forward + backward-data + ba
       "implementation doing that work (every algorithm but Winograd, which oneDNN has for fp32 "
       "only) can beat PyTorch by more.")
 print()
-print("What bounds each row (ms per step, medians above): the floor is the model's own "
+print("What bounds each row (ms per step, medians above): the floor (the median of one "
+      "measurement per repeat, each just before that repeat's steps) is the model's own "
       "convolution and fully connected shapes, each pass timed alone at the best of oneDNN's "
       "algorithms and layouts (gg_bench_peak --model; warm caches, no batch norm, pooling or "
       "reorders), plus the SGD update over its parameters: no step built on oneDNN's kernels "
       "goes below it, and none beats PyTorch's best by more than PyTorch's step over it.")
 print()
 print("| model | batch | res | threads | precision | gossipgrad step | PyTorch best step | floor "
-      "| floor / gossipgrad step | PyTorch best / floor | bound vs best (instruction peak) |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
+      "| floor / gossipgrad step | gossipgrad step / floor, paired by repeat: median (range) "
+      "| PyTorch best / floor | bound vs best (instruction peak) |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 print("\n".join(bounds))
 PY
 cat "$OUT.md"
