@@ -50,25 +50,18 @@ using dt = memory::data_type;
   return nan != 0;
 }
 
-[[gnu::always_inline]] inline float bf16_to_f32(uint16_t v) {
-  const uint32_t u = uint32_t{v} << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-// fp32 to bf16, to nearest even (a NaN stays a quiet NaN), as oneDNN rounds.
-[[gnu::always_inline]] inline uint16_t f32_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-  return static_cast<uint16_t>(nan ? (u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 // a + b for two bf16 values, in fp32 and rounded once to nearest even, as oneDNN's sum rounds (a
 // NaN stays a quiet NaN).
 [[gnu::always_inline]] inline uint16_t bf16_sum(uint16_t a, uint16_t b) {
-  return f32_to_bf16(bf16_to_f32(a) + bf16_to_f32(b));
+  float fa, fb;
+  const uint32_t ua = uint32_t{a} << 16, ub = uint32_t{b} << 16;
+  std::memcpy(&fa, &ua, 4);
+  std::memcpy(&fb, &ub, 4);
+  const float sum = fa + fb;
+  uint32_t u;
+  std::memcpy(&u, &sum, 4);
+  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+  return static_cast<uint16_t>(nan ? (u >> 16) | 0x40u : (u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
 // y = relu(a + b), NaN kept, returning whether a value was NaN: a residual add and the ReLU that
@@ -163,22 +156,6 @@ constexpr int64_t kSumChunk = 2048;
   }
 }
 
-// bf16: summed from +0 as oneDNN's sum does (so -0 + -0 is +0 there, where f32 keeps -0).
-[[gnu::always_inline]] inline void sum_bf16(const uint16_t* const* s, int k, uint16_t* dst,
-                                            int64_t n) {
-  float acc[kSumChunk];
-  for (int64_t c = 0; c < n; c += kSumChunk) {
-    const int64_t m = std::min(kSumChunk, n - c);
-    const uint16_t *a = s[0] + c, *b = s[1] + c;
-    for (int64_t i = 0; i < m; ++i) acc[i] = (0.f + bf16_to_f32(a[i])) + bf16_to_f32(b[i]);
-    for (int j = 2; j < k; ++j) {
-      const uint16_t* x = s[j] + c;
-      for (int64_t i = 0; i < m; ++i) acc[i] += bf16_to_f32(x[i]);
-    }
-    for (int64_t i = 0; i < m; ++i) dst[c + i] = f32_to_bf16(acc[i]);
-  }
-}
-
 }  // namespace
 
 bool relu_keeping_nan(const memory& x, const memory& y, bool report) {
@@ -243,23 +220,15 @@ void relu_backward_sum2(const memory& y, const memory& a, const memory& b, const
 }
 
 void sum_of(const std::vector<memory>& srcs, const memory& dst) {
-  const memory::desc md = dst.get_desc();
-  const bool f32 = md.data_type() == dt::f32;
-  const int64_t size = f32 ? 4 : 2;
-  const int64_t n = static_cast<int64_t>(md.get_size()) / size;
+  const int64_t n = static_cast<int64_t>(dst.get_desc().get_size()) / 4;
   const int k = static_cast<int>(srcs.size());
-  std::vector<const char*> from;
-  for (const memory& m : srcs) from.push_back(static_cast<const char*>(m.get_data_handle()));
-  char* to = static_cast<char*>(dst.get_data_handle());
-  split_over_threads(n, size, [&](int64_t first, int64_t count) {
-    std::vector<const char*> s(from.size());
-    for (int j = 0; j < k; ++j) s[j] = from[j] + first * size;
-    if (f32)
-      vectorised<sum_f32>(reinterpret_cast<const float* const*>(s.data()), k,
-                          reinterpret_cast<float*>(to) + first, count);
-    else
-      vectorised<sum_bf16>(reinterpret_cast<const uint16_t* const*>(s.data()), k,
-                           reinterpret_cast<uint16_t*>(to) + first, count);
+  std::vector<const float*> from;
+  for (const memory& m : srcs) from.push_back(static_cast<const float*>(m.get_data_handle()));
+  float* to = static_cast<float*>(dst.get_data_handle());
+  split_over_threads(n, 4, [&](int64_t first, int64_t count) {
+    std::vector<const float*> s(from.size());
+    for (int j = 0; j < k; ++j) s[j] = from[j] + first;
+    vectorised<sum_f32>(s.data(), k, to + first, count);
     return 0;
   });
 }

@@ -27,10 +27,10 @@ bool add_relu_keeping_nan(const dnnl::memory& a, const dnnl::memory& b, const dn
 void relu_backward_sum2(const dnnl::memory& y, const dnnl::memory& a, const dnnl::memory& b,
                         const dnnl::memory& dx);
 
-// dst = srcs[0] + srcs[1] + ... (at least two, all in dst's layout and type), summed left to right
-// in fp32 and, for bf16, from +0 and rounded once to nearest even: the same bits as oneDNN's sum
-// primitive (its simple:any, which it runs for every layout, is not vectorised for the CPU: about
-// 0.65x our speed on the gradients of GoogLeNet's inception inputs, four readers each).
+// dst = srcs[0] + srcs[1] + ... (f32, at least two, all in dst's layout), summed left to right:
+// the same bits as oneDNN's f32 sum primitive, whose simple:any loop (what it runs for f32 on
+// every layout) takes about 1.5x our time on the gradients of GoogLeNet's inception inputs, four
+// readers each. (For bf16 oneDNN has a JIT sum on every CPU that runs bf16.)
 void sum_of(const std::vector<dnnl::memory>& srcs, const dnnl::memory& dst);
 
 }  // namespace gg::kernels

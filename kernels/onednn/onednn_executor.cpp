@@ -104,13 +104,21 @@ class OneDnnExecutor final : public Executor {
             Action{{}, {}, [y, a, b, dx]() { relu_backward_sum2(y, a, b, dx); }, {y, a, b, dx}});
         continue;
       }
-      // Our sum_of, where oneDNN's sum primitive (the same bits) ran a scalar loop.
-      const std::vector<memory> edges = v.edges;
       const memory dx = diff_of(static_cast<int>(id));
-      std::vector<memory> touched = edges;
-      touched.push_back(dx);
-      bwd_[id].insert(bwd_[id].begin(),
-                      Action{{}, {}, [edges, dx]() { sum_of(edges, dx); }, std::move(touched)});
+      if (v.md.data_type() == dt::f32) {  // sum_of: oneDNN's f32 sum ran a scalar loop
+        const std::vector<memory> edges = v.edges;
+        std::vector<memory> touched = edges;
+        touched.push_back(dx);
+        bwd_[id].insert(bwd_[id].begin(),
+                        Action{{}, {}, [edges, dx]() { sum_of(edges, dx); }, std::move(touched)});
+        continue;
+      }
+      std::vector<memory::desc> mds(v.edges.size(), v.md);
+      dnnl::sum::primitive_desc pd(v.md, std::vector<float>(v.edges.size(), 1.f), mds, eng_, attr_);
+      Args args{{DNNL_ARG_DST, dx}};
+      for (size_t i = 0; i < v.edges.size(); ++i)
+        args[DNNL_ARG_MULTIPLE_SRC + static_cast<int>(i)] = v.edges[i];
+      bwd_[id].insert(bwd_[id].begin(), Action{dnnl::sum(pd), std::move(args), {}, {}});
     }
     // A tensor that nothing reads and that is not the output gets a zero gradient, as in the
     // reference; left unwritten, its producer's backward would read uninitialised memory.
