@@ -4,7 +4,9 @@
 # reordered every step. Alternates `gg_bench_compute --layout plain` and `--layout native` REPEATS
 # times per setting and prints, per layout, the minimum, 10th percentile and median of every
 # timed step of all its runs (this VM's speed drifts between runs; the low percentiles show the
-# cost of the work itself best). With OLD=<a build directory>, alternates that build's
+# cost of the work itself best), and the median over the repeats of one variant's median step over
+# the other's in the same repeat (the pairs run back to back, so drift between repeats cancels).
+# With OLD=<a build directory>, alternates that build's
 # gg_bench_compute ("old") and BUILD's ("new") instead, both in the native layout: a change's step
 # against the step before it, run the same way (build the old one with bench/compute/common.sh's
 # build_bench in a worktree of the old commit).
@@ -37,8 +39,9 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 echo "# $(date -u +%FT%TZ) $(hostname), $(nproc) cores; repeats=$REPEATS steps=$STEPS warmup=3"
 echo "${OLD:+old: $OLD, new: $BUILD}"
-echo "| setting | $([ -n "$OLD" ] && echo build || echo layout) | steps | min s | p10 s | median s |"
-echo "|---|---|---|---|---|---|"
+echo "| setting | $([ -n "$OLD" ] && echo build || echo layout) | steps | min s | p10 s | median s" \
+  "| ${VARIANTS[1]} / ${VARIANTS[0]}, each repeat's run medians paired: median (range) |"
+echo "|---|---|---|---|---|---|---|"
 for s in "${SETTINGS[@]}"; do
   IFS=: read -r model batch res threads precision <<<"$s"
   : >"$TMP/steps"
@@ -53,20 +56,29 @@ for s in "${SETTINGS[@]}"; do
         --res "$res" --threads "$threads" --steps "$STEPS" --warmup 3 --precision "$precision" \
         --layout "$layout_arg" 2>&1 >/dev/null | tr '\r' '\n' |
         grep -o 'step [0-9]*/[0-9]* [0-9.]*' |
-        awk -v l="$layout" '{ split($2, a, "/"); if (a[1] > 3) print l, $3 }' >>"$TMP/steps"
+        awk -v l="$layout" -v r="$r" '{ split($2, a, "/"); if (a[1] > 3) print l, $3, r }' \
+          >>"$TMP/steps"
     done
   done
   /usr/bin/python3 - "$TMP/steps" "$s" "${VARIANTS[@]}" <<'PY'
 import statistics, sys
-times = {}
+times, runs = {}, {}
 for line in open(sys.argv[1]):
-    layout, t = line.split()
+    layout, t, r = line.split()
     times.setdefault(layout, []).append(float(t))
+    runs.setdefault((layout, r), []).append(float(t))
+first, second = sys.argv[3:5]
+# Each repeat's second variant over its first, run back to back: the VM's drift between repeats
+# cancels in the pair.
+pairs = sorted(statistics.median(runs[(second, r)]) / statistics.median(runs[(first, r)])
+               for (l, r) in runs if l == first and (second, r) in runs)
 for layout in sys.argv[3:]:
     v = sorted(times.get(layout, []))
     if not v:
         sys.exit(f"layout_ab.sh: no steps for {sys.argv[2]} {layout}")
+    pair = (f"{statistics.median(pairs):.3f} ({pairs[0]:.3f}-{pairs[-1]:.3f})"
+            if layout == second and pairs else "")
     print(f"| {sys.argv[2]} | {layout} | {len(v)} | {v[0]:.3f} | {v[len(v) // 10]:.3f} | "
-          f"{statistics.median(v):.3f} |")
+          f"{statistics.median(v):.3f} | {pair} |")
 PY
 done
