@@ -51,11 +51,18 @@ for s in "${SETTINGS[@]}"; do
       bin=$BUILD layout_arg=$layout
       [ "$layout" = old ] && bin=$OLD
       [ -n "$OLD" ] && layout_arg=native
-      # gg_bench_compute reports every step on stderr ("step i/n t s"); the warm-up ones are left out.
+      # gg_bench_compute reports every step on stderr ("step i/n t s"); the warm-up ones are left
+      # out. A run it refuses ends the script with its reason in one line (it ended silently).
+      rc=0
       OMP_NUM_THREADS=$threads "$bin/bench/gg_bench_compute" --model "$model" --batch "$batch" \
         --res "$res" --threads "$threads" --steps "$STEPS" --warmup 3 --precision "$precision" \
-        --layout "$layout_arg" 2>&1 >/dev/null | tr '\r' '\n' |
-        grep -o 'step [0-9]*/[0-9]* [0-9.]*' |
+        --layout "$layout_arg" 2>"$TMP/err" >/dev/null || rc=$?
+      if [ "$rc" != 0 ]; then
+        echo "layout_ab.sh: gg_bench_compute failed for $s ($layout, exit $rc):" \
+          "$(grep -m1 '^gg_bench' "$TMP/err" || tail -n 1 "$TMP/err")" >&2
+        exit "$rc"
+      fi
+      tr '\r' '\n' <"$TMP/err" | grep -o 'step [0-9]*/[0-9]* [0-9.]*' |
         awk -v l="$layout" -v r="$r" '{ split($2, a, "/"); if (a[1] > 3) print l, $3, r }' \
           >>"$TMP/steps"
     done

@@ -6,7 +6,9 @@
 # backward-weights, batch norm, sum, ...) and the reorders split by what they move (weights
 # into a primitive's layout, weight gradients back to the flat buffer's, activations), with each
 # one's share of the primitives' total. The step's wall time is printed beside it: host work
-# (loss, NaN checks, running statistics) is the difference. With TORCH=1 (default), PyTorch at
+# (loss, NaN checks, running statistics) is the difference. A second table puts each convolution
+# pass of the step beside the same shape timed alone (gg_bench_peak --model, the floor's layers)
+# and lists the largest gaps. With TORCH=1 (default), PyTorch at
 # its best (torch_bench.py --channels-last, bf16 under autocast) is profiled the same way: Debian's
 # PyTorch runs its convolutions on the same oneDNN library, so the two convolution totals say how
 # much of a lead is left to win outside them. PyTorch's per-step figures are the difference of a
@@ -29,7 +31,7 @@ gg_int TORCH "$TORCH" 0 1
 gg_name NAME "${NAME:=compute-profile-$(hostname)}"
 BUILD=${BUILD:-build}
 . bench/compute/common.sh
-build_bench "$BUILD" gg_bench_compute
+build_bench "$BUILD" gg_bench_compute gg_bench_peak
 OUT=bench/results/$NAME
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
@@ -42,24 +44,42 @@ trap 'rm -rf "$TMP"' EXIT
   echo "Command: \`bench/compute/profile.sh ${SETTINGS[*]}\` (STEPS=$STEPS after 1 warm-up step;"
   echo "ONEDNN_VERBOSE=1 times each primitive, which adds a little to every call)."
 } >"$OUT.md"
+# quiet WHAT COMMAND...: runs COMMAND with its stderr set aside; when it fails, says so in one line
+# with the command's own reason (our tools' first line naming themselves, else its last line, as
+# a Python traceback ends) and exits with its status (it used to exit silently).
+quiet() {
+  local what=$1 rc=0 why
+  shift
+  "$@" 2>"$TMP/err.txt" || rc=$?
+  if [ "$rc" != 0 ]; then
+    why=$(grep -m1 '^gg_bench' "$TMP/err.txt" || tail -n 1 "$TMP/err.txt")
+    echo "profile.sh: $what failed for $s (exit $rc): $why" >&2
+    exit "$rc"
+  fi
+}
 for s in "${SETTINGS[@]}"; do
   IFS=: read -r model batch res threads precision <<<"$s"
   echo "profile.sh: $model batch $batch ${res}px $threads threads $precision" >&2
-  ONEDNN_VERBOSE=1 OMP_NUM_THREADS=$threads "$BUILD/bench/gg_bench_compute" --model "$model" \
-    --batch "$batch" --res "$res" --threads "$threads" --steps "$STEPS" --warmup 1 \
-    --precision "$precision" >"$TMP/verbose.txt" 2>"$TMP/err.txt"
+  quiet gg_bench_compute env ONEDNN_VERBOSE=1 OMP_NUM_THREADS="$threads" \
+    "$BUILD/bench/gg_bench_compute" --model "$model" --batch "$batch" --res "$res" \
+    --threads "$threads" --steps "$STEPS" --warmup 1 --precision "$precision" >"$TMP/verbose.txt"
+  # The same convolution shapes timed alone (the floor's layers), for the per-layer table.
+  quiet gg_bench_peak env OMP_NUM_THREADS="$threads" "$BUILD/bench/gg_bench_peak" --model "$model" \
+    --res "$res" --batch "$batch" --threads "$threads" --precision "$precision" --seconds 0.05 \
+    >"$TMP/alone.csv"
   : >"$TMP/torch1.txt"
   : >"$TMP/torch2.txt"
   if [ "$TORCH" = 1 ]; then
     for k in 1 2; do
-      ONEDNN_VERBOSE=1 OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads /usr/bin/python3 \
-        bench/compute/torch_bench.py --model "$model" --batch "$batch" --res "$res" \
-        --threads "$threads" --steps $(((2 * k - 1) * STEPS)) --warmup 1 --channels-last \
-        --precision "$precision" >"$TMP/torch$k.txt" 2>"$TMP/err.txt"
+      quiet torch_bench.py env ONEDNN_VERBOSE=1 OMP_NUM_THREADS="$threads" \
+        OPENBLAS_NUM_THREADS="$threads" /usr/bin/python3 bench/compute/torch_bench.py \
+        --model "$model" --batch "$batch" --res "$res" --threads "$threads" \
+        --steps $(((2 * k - 1) * STEPS)) --warmup 1 --channels-last --precision "$precision" \
+        >"$TMP/torch$k.txt"
     done
   fi
   /usr/bin/python3 - "$TMP" "$STEPS" "$batch" "$s" >>"$OUT.md" <<'PY'
-import collections, sys
+import collections, csv, re, sys
 tmp, steps, batch, setting = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 
 
@@ -108,6 +128,31 @@ print("| primitive | ms per step | share of primitives |")
 print("|---|---|---|")
 for k, v in total.most_common():
     print(f"| {k} | {v:.1f} | {100 * v / prims:.1f}% |")
+# Each convolution pass in the step against the same shape timed alone (gg_bench_peak --model:
+# the fastest of its repeats, warm caches): the layers where the step loses most to the floor.
+alone = {}
+for r in csv.DictReader(open(f"{tmp}/alone.csv")):
+    m = re.match(r"conv c(\d+) k(\d+) (\d+)x\d+ r(\d+) s(\d+)", r["layer"])
+    if m:
+        alone[tuple(map(int, m.groups()))] = {
+            p: int(r["count"]) * float(r[p + "_ms"])
+            for p in ("forward", "backward_data", "backward_weights")}
+layers = collections.Counter()
+for f in execs[-per_step * steps:]:
+    m = re.search(r"ic(\d+)oc(\d+)_ih(\d+)oh\d+kh(\d+)sh(\d+)", f[-2])
+    if f[3] == "convolution" and m:
+        layers[(tuple(map(int, m.groups())), f[5].replace("_training", ""))] += float(f[-1]) / steps
+gaps = sorted(((v - alone[k][p], k, p, v) for (k, p), v in layers.items()
+               if k in alone and p in alone[k]), reverse=True)
+if gaps:
+    print(f"\nConvolutions in the step against the same shapes alone (gg_bench_peak --model), the "
+          f"{min(8, len(gaps))} largest gaps; all convolutions: {sum(layers.values()):.0f} ms in "
+          f"the step, {sum(sum(v.values()) for v in alone.values()):.0f} ms alone:\n")
+    print("| layer (in, out, size, kernel, stride) | pass | ms in the step | ms alone | gap |")
+    print("|---|---|---|---|---|")
+    for gap, k, p, v in gaps[:8]:
+        print(f"| c{k[0]} k{k[1]} {k[2]}px r{k[3]} s{k[4]} | {p} | {v:.1f} | {v - gap:.1f} "
+              f"| {gap:+.1f} |")
 (short, short_rows), (long, long_rows) = (execs_of(f"{tmp}/torch{k}.txt") for k in (1, 2))
 torch_rows = [l for l in long_rows if l.startswith("pytorch-")]
 if not torch_rows:
