@@ -22,26 +22,23 @@ if [ "$rc" -ne 0 ] || ! grep -q "^Convolutions in the step against the same shap
 else
   echo "ok: resnet8: the per-layer table"
 fi
-err=$(BUILD="$BUILD" TORCH=0 STEPS=1 NAME=$NAME timeout 60 bench/compute/profile.sh \
-  nosuch:2:32:1:fp32 2>&1 >/dev/null)
-rc=$?
-last=$(tail -n 1 <<<"$err")
-want="profile.sh: gg_bench_compute failed for nosuch:2:32:1:fp32 (exit 1): gg_bench_compute: error: unknown model 'nosuch'"
-if [ "$rc" -eq 0 ] || [[ "$last" != "$want"* ]]; then
-  echo "FAIL: an unknown model: exit $rc, last line: $last"
-  fail=1
-else
-  echo "ok: an unknown model -> $last"
-fi
-err=$(BUILD="$BUILD" REPEATS=1 STEPS=1 timeout 60 bench/compute/layout_ab.sh nosuch:2:32:1:fp32 \
-  2>&1 >/dev/null)
-rc=$?
-last=$(tail -n 1 <<<"$err")
-want="layout_ab.sh: gg_bench_compute failed for nosuch:2:32:1:fp32 (plain, exit 1): gg_bench_compute: error: unknown model 'nosuch'"
-if [ "$rc" -eq 0 ] || [[ "$last" != "$want"* ]]; then
-  echo "FAIL: layout_ab.sh, an unknown model: exit $rc, last line: $last"
-  fail=1
-else
-  echo "ok: layout_ab.sh, an unknown model -> $last"
-fi
+refused() {  # refused NAME WANT -- COMMAND...: a non-zero exit whose last line starts with WANT
+  local name="$1" want="$2" err rc last
+  shift 3
+  err=$(timeout 60 "$@" 2>&1 >/dev/null)
+  rc=$?
+  last=$(tail -n 1 <<<"$err")
+  if [ "$rc" -eq 0 ] || [[ "$last" != "$want"* ]]; then
+    echo "FAIL: $name: exit $rc, last line: $last"
+    fail=1
+  else
+    echo "ok: $name -> $last"
+  fi
+}
+refused "profile.sh, an unknown model" \
+  "profile.sh: gg_bench_compute failed for nosuch:2:32:1:fp32 (exit 1): gg_bench_compute: error: unknown model 'nosuch'" \
+  -- env BUILD="$BUILD" TORCH=0 STEPS=1 NAME="$NAME" bench/compute/profile.sh nosuch:2:32:1:fp32
+refused "layout_ab.sh, an unknown model" \
+  "layout_ab.sh: gg_bench_compute failed for nosuch:2:32:1:fp32 (plain, exit 1): gg_bench_compute: error: unknown model 'nosuch'" \
+  -- env BUILD="$BUILD" REPEATS=1 STEPS=1 bench/compute/layout_ab.sh nosuch:2:32:1:fp32
 exit $fail
