@@ -10,3 +10,9 @@ build_bench() {
     cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DGG_BENCH=ON >&2
   cmake --build "$dir" --target "$@" >&2
 }
+# tool_reason FILE: why a tool failed, from its stderr kept in FILE: our tools' first line naming
+# themselves (gg_bench_...: a usage text may follow it), else the last line, where a Python
+# traceback ends.
+tool_reason() {
+  grep -m1 '^gg_bench' "$1" || tail -n 1 "$1"
+}

@@ -59,7 +59,7 @@ for s in "${SETTINGS[@]}"; do
         --layout "$layout_arg" 2>"$TMP/err" >/dev/null || rc=$?
       if [ "$rc" != 0 ]; then
         echo "layout_ab.sh: gg_bench_compute failed for $s ($layout, exit $rc):" \
-          "$(grep -m1 '^gg_bench' "$TMP/err" || tail -n 1 "$TMP/err")" >&2
+          "$(tool_reason "$TMP/err")" >&2
         exit "$rc"
       fi
       tr '\r' '\n' <"$TMP/err" | grep -o 'step [0-9]*/[0-9]* [0-9.]*' |

@@ -45,15 +45,14 @@ trap 'rm -rf "$TMP"' EXIT
   echo "ONEDNN_VERBOSE=1 times each primitive, which adds a little to every call)."
 } >"$OUT.md"
 # quiet WHAT COMMAND...: runs COMMAND with its stderr set aside; when it fails, says so in one line
-# with the command's own reason (our tools' first line naming themselves, else its last line, as
-# a Python traceback ends) and exits with its status (it used to exit silently).
+# with the command's own reason (common.sh's tool_reason) and exits with its status (it used to
+# exit silently).
 quiet() {
-  local what=$1 rc=0 why
+  local what=$1 rc=0
   shift
   "$@" 2>"$TMP/err.txt" || rc=$?
   if [ "$rc" != 0 ]; then
-    why=$(grep -m1 '^gg_bench' "$TMP/err.txt" || tail -n 1 "$TMP/err.txt")
-    echo "profile.sh: $what failed for $s (exit $rc): $why" >&2
+    echo "profile.sh: $what failed for $s (exit $rc): $(tool_reason "$TMP/err.txt")" >&2
     exit "$rc"
   fi
 }
