@@ -116,7 +116,8 @@ result = [l for l in result if l.startswith("gossipgrad-onednn,")]
 if not execs or not result:
     sys.exit(f"profile.sh: no oneDNN timings for {setting} (is oneDNN built with verbose?)")
 per_step = len(execs) // (steps + 1)  # every step executes the same primitives
-total = tally(execs[-per_step * steps:])  # the warm-up step's first executions are left out
+timed = execs[-per_step * steps:]  # the warm-up step's first executions are left out
+total = tally(timed)
 total = collections.Counter({k: v / steps for k, v in total.items()})
 prims = sum(total.values())
 step_s = float(result[0].split(",")[6])
@@ -137,7 +138,7 @@ for r in csv.DictReader(open(f"{tmp}/alone.csv")):
             p: int(r["count"]) * float(r[p + "_ms"])
             for p in ("forward", "backward_data", "backward_weights")}
 layers = collections.Counter()
-for f in execs[-per_step * steps:]:
+for f in timed:
     m = re.search(r"ic(\d+)oc(\d+)_ih(\d+)oh\d+kh(\d+)sh(\d+)", f[-2])
     if f[3] == "convolution" and m:
         layers[(tuple(map(int, m.groups())), f[5].replace("_training", ""))] += float(f[-1]) / steps
