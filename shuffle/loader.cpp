@@ -49,6 +49,15 @@ std::vector<int64_t> partition(int64_t n, int rank, int ranks, uint64_t seed, in
   }
   // Every rank draws the whole permutation (O(n), cheap next to an epoch of training) rather
   // than agreeing on it over the network.
+  std::vector<int64_t> perm = permutation(n, seed, epoch);
+  const int64_t per = n / ranks;
+  perm.erase(perm.begin() + (rank + 1) * per, perm.end());
+  perm.erase(perm.begin(), perm.begin() + rank * per);
+  return perm;
+}
+
+std::vector<int64_t> permutation(int64_t n, uint64_t seed, int64_t epoch) {
+  if (n < 0) throw std::invalid_argument("permutation: negative sample count " + std::to_string(n));
   std::vector<int64_t> perm(static_cast<size_t>(n));
   std::iota(perm.begin(), perm.end(), int64_t{0});
   std::mt19937_64 rng(stream_seed({kPermutationStream, seed, static_cast<uint64_t>(epoch)}));
@@ -56,9 +65,6 @@ std::vector<int64_t> partition(int64_t n, int rank, int ranks, uint64_t seed, in
     const auto j = static_cast<int64_t>(uniform_below(rng, static_cast<uint64_t>(i) + 1));
     std::swap(perm[static_cast<size_t>(i)], perm[static_cast<size_t>(j)]);
   }
-  const int64_t per = n / ranks;
-  perm.erase(perm.begin() + (rank + 1) * per, perm.end());
-  perm.erase(perm.begin(), perm.begin() + rank * per);
   return perm;
 }
 
@@ -179,8 +185,8 @@ PrefetchLoader::PrefetchLoader(const SampleSource& source, LoaderOptions o, int6
 }
 
 void PrefetchLoader::start() {
-  if (opt_.workers < 1 || opt_.workers > 256)
-    throw std::invalid_argument("PrefetchLoader: workers must be in [1, 256], got " +
+  if (opt_.workers < 0 || opt_.workers > 256)
+    throw std::invalid_argument("PrefetchLoader: workers must be in [0, 256], got " +
                                 std::to_string(opt_.workers));
   if (src_.encoding() == Encoding::Jpeg) {
     const JpegOptions& j = opt_.jpeg;
@@ -197,6 +203,7 @@ void PrefetchLoader::start() {
   for (int v = 0; v < 256; ++v) {
     lut_[v] = (static_cast<float>(v) / 255.f - opt_.norm.mean) / opt_.norm.std;
   }
+  if (opt_.workers == 0) own_scratch_ = std::make_unique<Scratch>();
   for (int w = 0; w < opt_.workers; ++w) workers_.emplace_back([this] { run(); });
 }
 
@@ -220,6 +227,16 @@ double PrefetchLoader::wait_seconds() const {
 bool PrefetchLoader::next(Batch& out) {
   std::unique_lock<std::mutex> lk(mu_);
   if (next_out_ >= total_) return false;
+  if (own_scratch_) {  // workers = 0: built here, in order; an error is thrown as it happens
+    lk.unlock();
+    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t epoch = first_epoch_ + next_out_ / batches_per_epoch_;
+    fill(out, *order_of(epoch), epoch, next_out_ % batches_per_epoch_, *own_scratch_);
+    lk.lock();
+    ++next_out_;
+    wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return true;
+  }
   if (done_.find(next_out_) == done_.end()) {
     const auto t0 = std::chrono::steady_clock::now();
     ready_cv_.wait(lk, [this] { return done_.find(next_out_) != done_.end(); });
@@ -257,7 +274,10 @@ std::shared_ptr<const std::vector<int64_t>> PrefetchLoader::order_of(int64_t epo
   std::lock_guard<std::mutex> lk(order_mu_);
   auto [it, inserted] = orders_.emplace(epoch, std::move(order));
   // Workers span a few epochs at most (prefetch + workers batches); an evicted order is recomputed.
-  while (orders_.size() > 4) orders_.erase(orders_.begin() == it ? std::next(it) : orders_.begin());
+  // Without workers the batches come in order: the epoch in use is the only one kept.
+  const size_t keep = opt_.workers == 0 ? 1 : 4;
+  while (orders_.size() > keep)
+    orders_.erase(orders_.begin() == it ? std::next(it) : orders_.begin());
   return it->second;
 }
 

@@ -41,7 +41,7 @@ struct LoaderOptions {
   Augment augment;
   JpegOptions jpeg;       // encoded sources (image.hpp)
   int prefetch = 4;       // bounded queue depth (batches)
-  int workers = 1;        // threads building batches
+  int workers = 1;        // threads building batches; 0: next() builds each batch itself
   bool shuffle = true;    // false: sequential order (evaluation)
   bool drop_last = true;  // false: the last partial batch is padded with label -1 rows (x zeros)
 };
@@ -79,11 +79,17 @@ struct Batch {
 std::vector<int64_t> partition(int64_t n, int rank, int ranks, uint64_t seed, int64_t epoch,
                                bool shuffle);
 
+// The seeded permutation of [0, n) of an epoch that partition() cuts into slices: rank r's slice
+// is [r * floor(n/ranks), (r + 1) * floor(n/ranks)).
+std::vector<int64_t> permutation(int64_t n, uint64_t seed, int64_t epoch);
+
 // Identical on every rank when shuffle=true; with shuffle=false it counts this rank's slice.
 int64_t batches_per_epoch(int64_t n, const LoaderOptions& o);
 
 // A prefetching loader: `workers` threads build the batches of the epochs
-// [first_epoch, first_epoch + epochs) into a bounded queue, handed out in order. Pixel samples
+// [first_epoch, first_epoch + epochs) into a bounded queue, handed out in order. With workers = 0
+// there are no threads: next() builds the batch in the caller's thread (thousands of virtual
+// ranks each own a loader; a thread each would cost more than their batches). Pixel samples
 // get the pad-crop/flip augmentation, JPEG samples are decoded (TurboJPEG, DCT-scaled) and
 // transformed as JpegOptions says. The augmentation RNG is seeded from (seed, rank, epoch, batch
 // index), so batches are reproducible and independent of thread count, timing and `prefetch`.
@@ -150,8 +156,9 @@ class PrefetchLoader {
   double wait_seconds_ = 0;
   std::atomic<int64_t> skipped_{0};
   std::mutex skip_mu_;
-  std::set<int64_t> logged_;          // samples already reported as corrupt
-  std::vector<std::thread> workers_;  // last: started after every member above is initialised
+  std::set<int64_t> logged_;              // samples already reported as corrupt
+  std::unique_ptr<Scratch> own_scratch_;  // workers = 0: next()'s decode state
+  std::vector<std::thread> workers_;      // last: started after every member above is initialised
 };
 
 }  // namespace gg::shuffle

@@ -401,13 +401,21 @@ shuffle::LoaderOptions evaluation_loader(shuffle::LoaderOptions o, int64_t batch
   return o;
 }
 
+int64_t evaluation_batch(int64_t eval_batch, int64_t samples, int ranks) {
+  const int64_t share = (samples + ranks - 1) / std::max(1, ranks);
+  return std::max<int64_t>(1, std::min(eval_batch, share));
+}
+
 EvalSums evaluation_sums(kernels::Executor& exec, int64_t classes,
                          const shuffle::SampleSource& data, shuffle::LoaderOptions o, int rank,
                          int ranks) {
   o = evaluation_loader(o, exec.batch(), rank, ranks);
+  EvalSums sums = {0, 0, 0, 0};
+  // The last ranks' shares of a test set cut into slices of ceil(n / ranks) may be empty (10,000
+  // samples over 4,096 ranks: 3 each for 3,334 ranks, none for the rest).
+  if (shuffle::batches_per_epoch(data.size(), o) == 0) return sums;
   shuffle::PrefetchLoader loader(data, o, 0, 1);
   shuffle::Batch b;
-  EvalSums sums = {0, 0, 0, 0};
   while (loader.next(b)) {
     const float* logits = exec.forward(b.x.data(), false);
     const auto r = kernels::softmax_cross_entropy(logits, b.y.data(), o.batch, classes, nullptr);
@@ -442,7 +450,8 @@ EvalStats Trainer::evaluate(const shuffle::SampleSource& data, shuffle::LoaderOp
   }
   const double consensus =
       distance_to_average(own_params.data(), store().params.data(), store().params.size());
-  if (!eval_exec_) eval_exec_ = &net_.at_batch(c_.train.eval_batch);
+  if (!eval_exec_)
+    eval_exec_ = &net_.at_batch(evaluation_batch(c_.train.eval_batch, data.size(), world_.size()));
   EvalSums sums =
       evaluation_sums(*eval_exec_, graph().classes(), data, o, world_.rank(), world_.size());
   world_.allreduce_sum(sums.data(), static_cast<int64_t>(sums.size()));

@@ -57,6 +57,9 @@ using EvalSums = std::array<double, 4>;
 // the last batch padded.
 shuffle::LoaderOptions evaluation_loader(shuffle::LoaderOptions o, int64_t batch, int rank,
                                          int ranks);
+// The evaluation pass's batch: train.eval_batch, or one rank's share of `samples` where that is
+// smaller (padding costs what samples cost: 4096 ranks over 10,000 samples evaluate 3 each).
+int64_t evaluation_batch(int64_t eval_batch, int64_t samples, int ranks);
 EvalSums evaluation_sums(kernels::Executor& exec, int64_t classes,
                          const shuffle::SampleSource& data, shuffle::LoaderOptions o, int rank,
                          int ranks);

@@ -3,7 +3,8 @@
 # job under `mpirun -n 4` (one thread per rank on both sides) write the same per-rank losses
 # (log.losses, the exact %a form) for every step, bit for bit, and the same bytes sent per step
 # (metrics: sent_bytes) and the same evaluations (one inside the steps, at the end of the first
-# epoch, and one at the end), in the gossip modes: both (the overlapped weight exchange), model with
+# epoch, and one at the end), and every metrics event with the same fields, types and values but
+# for timings (the step's loss: rank 0's), in the gossip modes: both (the overlapped weight exchange), model with
 # the bf16 wire, error feedback and consensus control (the same steps end in a global average,
 # some of the steps but not all), model with the int8 wire and both with int4 wires (error
 # feedback; int8 with stochastic rounding), CHOCO's public copies (model + int4 overlapped, gossipgrad + int8), low-rank gossip
@@ -101,6 +102,27 @@ evals = lambda evs: [(e["step"], e["top1"]) for e in evs if e["event"] == "eval"
 assert tol > 0 or evals(events) == evals(real_events), f"{name}: evaluations {evals(events)} vs {evals(real_events)}"
 # Training goes on after an evaluation (every 50 steps), in every case.
 assert len(evals(events)) >= 2 and evals(events)[0][0] < steps, f"{name}: evaluations {evals(events)}"
+# Every event of the real run, with the same fields, types and values (timings aside; staleness 1
+# on time against staleness 0 counts lateness where the real run does not); the virtual run's
+# own fields come beside them.
+timing = {"images_per_s", "step_s", "comm_s", "wall_s", "data_wait_s", "shuffle_s", "exposed_comm_share"}
+own = {"step": {"loss_mean", "loss_min", "loss_max"}, "start": {"memory_estimate_bytes"},
+       "summary": {"memory_estimate_bytes", "peak_memory_bytes", "sent_bytes_per_step",
+                   "late_buckets", "unmixed_buckets"}}
+if name == "stale-on-time":
+    timing |= {"late_buckets", "unmixed_buckets"}
+assert [e["event"] for e in events] == [e["event"] for e in real_events], \
+    f"{name}: events {[e['event'] for e in events][:6]} vs {[e['event'] for e in real_events][:6]}"
+for v, r in zip(events, real_events):
+    extra = set(v) - set(r) - {"virtual"} - own.get(v["event"], set())
+    assert set(r) <= set(v) and not extra, f"{name}: {v['event']}: missing {set(r) - set(v)}, extra {extra}"
+    for k in set(r) - timing:
+        a, b = r[k], v[k]
+        assert type(a) == type(b), f"{name}: {v['event']} {k}: {type(a).__name__} vs {type(b).__name__}"
+        if tol > 0 and isinstance(a, float):
+            assert abs(a - b) <= tol * abs(a), f"{name}: {v['event']} step {v.get('step')} {k}: {a!r} vs {b!r}"
+        else:
+            assert a == b, f"{name}: {v['event']} step {v.get('step')} {k}: {a!r} vs {b!r}"
 if name.endswith("-cc"):
     assert 0 < len(averaged(events)) < steps, f"{name}: {len(averaged(events))} global averages in {steps} steps"
 print(f"{name}: 4 ranks x {steps} steps, " +
