@@ -162,6 +162,22 @@ void check_pipeline(const Config& c, bool weights) {
         "them; gossip.staleness = 1 never waits: set one of them back");
 }
 
+// Options that ask for a mechanism this mode lacks (as gossip.model_every without weights): the
+// user expects their effect, so they are refused (inert_settings warns about the harmless).
+void check_honoured(const Config& c, bool weights, bool allreduce) {
+  const std::string& mode = c.gossip.mode;
+  if (c.gossip.pipeline_weights && !weights)
+    throw UsageError(
+        "gossip.pipeline_weights = true waits for the weights' buckets in the next forward; "
+        "gossip.mode = " +
+        mode + " exchanges no weights: leave it false (or use model, both or gossipgrad)");
+  if (c.gossip.global_every != 0 && allreduce)
+    throw UsageError("gossip.global_every = " + std::to_string(c.gossip.global_every) +
+                     " averages the gossiping ranks' weights every so many steps; gossip.mode = "
+                     "allreduce keeps them equal at every step: leave it at 0 (or use a gossip "
+                     "mode)");
+}
+
 // Which exchanges run and how: an option that would change what the exchange does, given where
 // it does nothing, is refused (the user expects its effect); see inert_settings for the harmless.
 void check_exchange(const Config& c) {
@@ -188,16 +204,7 @@ void check_exchange(const Config& c) {
         "the next step and must complete; set gossip.overlap_model = false (weights mixed one "
         "step stale) or gossip.staleness = 0");
   check_pipeline(c, weights);
-  if (c.gossip.pipeline_weights && !weights)
-    throw UsageError(
-        "gossip.pipeline_weights = true waits for the weights' buckets in the next forward; "
-        "gossip.mode = " +
-        mode + " exchanges no weights: leave it false (or use model, both or gossipgrad)");
-  if (c.gossip.global_every != 0 && allreduce)
-    throw UsageError("gossip.global_every = " + std::to_string(c.gossip.global_every) +
-                     " averages the gossiping ranks' weights every so many steps; gossip.mode = "
-                     "allreduce keeps them equal at every step: leave it at 0 (or use a gossip "
-                     "mode)");
+  check_honoured(c, weights, allreduce);
   if (c.gossip.late == "skip" && c.gossip.staleness != 1)
     throw UsageError(
         "gossip.late = skip is for buckets that have not arrived without waiting: set "
