@@ -100,6 +100,14 @@ expect "simulate with low-rank gossip" 2 "simulate does not model gossip.low_ran
   "$BIN" simulate --config "$CFG" --ranks 2,4 --simulate.forward_ms 5 --simulate.backward_ms 10 \
   --gossip.mode model --gossip.low_rank 2 --gossip.schedule hypercube --gossip.rotate false
 
+# Issue 52 siblings: what simulate's cost model leaves out is refused, not predicted as absent.
+for opt in "gossip.transport rma" "gossip.threading concurrent" "train.virtual_ranks 4"; do
+  read -r key value <<<"$opt"
+  expect "simulate with $key" 2 "simulate does not model $key" -- \
+    "$BIN" simulate --config "$CFG" --ranks 2,4 --simulate.forward_ms 5 --simulate.backward_ms 10 \
+    --"$key" "$value"
+done
+
 # A dry run that passes prints the settings once, for the launcher's rank count.
 "${M[@]}" -n 2 "$BIN" "${T[@]}" --dry-run >dry.out 2>&1 || { echo "FAIL: dry-run at 2 ranks"; fail=1; }
 [ "$(grep -c '^# gossipgrad train, resolved settings' dry.out)" = 1 ] &&
