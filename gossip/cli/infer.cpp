@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <cstdio>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -15,6 +16,7 @@
 #include "kernels/models.hpp"
 #include "kernels/net.hpp"
 #include "kernels/npz.hpp"
+#include "kernels/tensor.hpp"
 #include "kernels/weights.hpp"
 
 namespace gg::gossip {
@@ -81,8 +83,19 @@ std::optional<InferRequest> parse_infer_args(const std::vector<std::string>& arg
   return r;
 }
 
+// A file the command line names that is no valid .npy or .npz (truncated, Fortran-ordered, of
+// another dtype, corrupt): the user's input, refused with the option that names it (exit 2).
+template <typename Read>
+auto read_named(const std::string& option, Read read) {
+  try {
+    return read();
+  } catch (const gk::NpyError& e) {
+    throw UsageError(option + " " + e.what());
+  }
+}
+
 gk::NpyArray read_images(const std::string& input) {
-  gk::NpyArray x = gk::read_npy(input);
+  gk::NpyArray x = read_named("--input", [&] { return gk::read_npy(input); });
   if (!x.is_float() || x.shape.size() != 4)
     throw UsageError("--input " + input + " holds " + gk::npy_type_name(x.type) + " " +
                      gk::to_string(x.shape) + ": expected float32 images of shape (N, C, H, W)");
@@ -113,11 +126,83 @@ int64_t classes_from_weights(const gk::ModelSpec& spec, const gk::NpzEntries& w,
   return a && !a->shape.empty() && a->shape[0] >= 2 ? a->shape[0] : fallback;
 }
 
+// Weights that give NaN logits are refused as train.init_from refuses them.
+gk::NpzEntries read_weights(const std::string& path) {
+  gk::NpzEntries w = read_named("--weights", [&] { return gk::read_npz(path); });
+  for (const auto& [name, a] : w)
+    if (a.is_float() && !gk::all_finite(a.f))
+      throw UsageError("--weights " + path + ": '" + name +
+                       "' holds NaN or inf: every logit would be NaN (was the model they came "
+                       "from diverging?)");
+  return w;
+}
+
+bool small_net(const std::string& name) { return name == "resnet8" || name == "cnn"; }
+
+// --width and --batch_norm against the weights: the weights of an unshrunk model of another
+// width, or with(out) running statistics, would load (as a shrunk model) or fail naming the
+// weights; the option is the culprit.
+void check_given_shape(const InferRequest& r, const gk::NpzEntries& w, bool holds_stats) {
+  if ((r.width_given || r.batch_norm_given) && !small_net(r.spec.name))
+    throw UsageError(std::string(r.width_given ? "--width" : "--batch_norm") +
+                     " applies to resnet8 and cnn only, not " + r.spec.name);
+  if (r.batch_norm_given && r.spec.batch_norm != holds_stats)
+    throw UsageError(std::string("--batch_norm ") + (r.spec.batch_norm ? "true" : "false") +
+                     ": the weights " + r.weights + " hold " + (holds_stats ? "" : "no ") +
+                     "batch-norm running statistics; leave --batch_norm out to read it off them");
+  if (!r.width_given) return;
+  if (r.spec.width < 1)
+    throw UsageError("--width " + std::to_string(r.spec.width) + " must be at least 1");
+  gk::ModelSpec held = r.spec;
+  held.width = width_from_weights(r.spec, w, -1);
+  if (held.width < 1 || held.width == r.spec.width) return;
+  // Unshrunk weights of another width: every layer as wide as that width makes it.
+  if (!gk::widths_in_weights(gk::build_model(held), w).empty()) return;
+  const gk::Graph asked = gk::build_model(r.spec);
+  const gk::TensorSpec& first = asked.params().front();
+  throw UsageError("--width " + std::to_string(r.spec.width) + ": the weights " + r.weights +
+                   " are of width " + std::to_string(held.width) + " ('" + first.name +
+                   "' has shape " + gk::to_string(gk::find_array(w, first.name)->shape) +
+                   ", width " + std::to_string(r.spec.width) + " has " + gk::to_string(first.dims) +
+                   "); leave --width out to read it off them");
+}
+
+// Images of a shape the weights were not made for: the first tensor whose shape follows the
+// input's (the first convolution's channels, a flattening layer's features) names --input, not
+// the weights. Only where every name fits: weights of another model are the weights' fault.
+void check_images_fit(const InferRequest& r, const gk::Graph& g,
+                      const std::map<std::string, int64_t>& widths, const gk::NpzEntries& w) {
+  gk::ModelSpec other = r.spec;
+  other.input = {r.spec.input[0] + 1, 2 * r.spec.input[1], 2 * r.spec.input[2]};
+  const gk::Graph moved = gk::apply_widths(gk::build_model(other), widths);
+  for (const gk::TensorSpec& t : g.params())
+    if (!gk::find_array(w, t.name)) return;
+  for (size_t k = 0; k < g.params().size(); ++k) {
+    const gk::TensorSpec& t = g.params()[k];
+    const gk::NpyArray* a = gk::find_array(w, t.name);
+    if (a->shape == t.dims) continue;
+    if (k >= moved.params().size() || moved.params()[k].dims == t.dims) return;
+    throw UsageError("--input " + r.input + " holds images of shape " +
+                     gk::to_string(r.spec.input) + ", which the weights " + r.weights +
+                     " do not take: '" + t.name + "' has shape " + gk::to_string(a->shape) +
+                     ", these images need " + gk::to_string(t.dims));
+  }
+}
+
 // Batch norm, width and class count that the command line left open, read off the weights.
 void complete_spec(InferRequest& r, const gk::NpzEntries& w) {
-  if (!r.batch_norm_given)
-    r.spec.batch_norm = std::any_of(
-        w.begin(), w.end(), [](const auto& e) { return e.first.ends_with(".running_var"); });
+  const auto names = gk::model_names();
+  if (std::find(names.begin(), names.end(), r.spec.name) != names.end()) {
+    try {
+      gk::build_model(r.spec);
+    } catch (const std::invalid_argument& e) {  // the model exists: the images do not fit it
+      throw UsageError("--input " + r.input + ": " + e.what());
+    }
+  }
+  const bool holds_stats = std::any_of(
+      w.begin(), w.end(), [](const auto& e) { return e.first.ends_with(".running_var"); });
+  check_given_shape(r, w, holds_stats);
+  if (!r.batch_norm_given) r.spec.batch_norm = holds_stats;
   if (!r.width_given) r.spec.width = width_from_weights(r.spec, w, r.spec.width);
   if (!r.classes_given) {
     r.spec.classes = classes_from_weights(r.spec, w, r.spec.classes);
@@ -149,7 +234,9 @@ void infer(InferRequest& r, const gk::NpyArray& x, const gk::NpzEntries& w) {
   // Weights of a model shrunk by apoptosis carry its layers' widths.
   gk::Graph base = gk::build_model(r.spec);
   const auto widths = gk::widths_in_weights(base, w);
-  gk::Net net(gk::apply_widths(base, widths), r.backend, int64_t{1} << 40);
+  gk::Graph g = gk::apply_widths(base, widths);
+  check_images_fit(r, g, widths, w);
+  gk::Net net(std::move(g), r.backend, int64_t{1} << 40);
   gk::import_weights(net.graph(), net.store(), w, r.weights);
 
   const int64_t n = x.shape[0], k = r.spec.classes;
@@ -166,7 +253,7 @@ int cmd_infer(const std::vector<std::string>& args) {
   if (!r) return 0;
   const gk::NpyArray x = read_images(r->input);
   r->spec.input = {x.shape[1], x.shape[2], x.shape[3]};
-  const gk::NpzEntries w = gk::read_npz(r->weights);
+  const gk::NpzEntries w = read_weights(r->weights);
   try {
     infer(*r, x, w);
   } catch (const std::invalid_argument& e) {

@@ -321,6 +321,13 @@ void refuse_unmodelled(const Config& c) {
       {c.gossip.low_rank != d.gossip.low_rank,
        "gossip.low_rank = " + std::to_string(c.gossip.low_rank) +
            " (its messages follow each layer's shape, not the buckets' bytes)"},
+      {c.gossip.transport != d.gossip.transport,
+       "gossip.transport = " + c.gossip.transport +
+           " (its network is bandwidth and latency alone)"},
+      {c.gossip.threading != d.gossip.threading,
+       "gossip.threading = " + c.gossip.threading + " (one exchange at a time, as funneled)"},
+      {c.train.virtual_ranks != d.train.virtual_ranks,
+       "train.virtual_ranks (it predicts real ranks: --ranks gives their counts)"},
       {c.gossip.consensus_bound != d.gossip.consensus_bound,
        "gossip.consensus_bound (when it averages depends on the training: give gossip.global_every "
        "= the steps between the averages of a training run, its summary's consensus_averages, "

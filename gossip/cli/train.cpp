@@ -14,6 +14,8 @@
 #include "gossip/comm/mpi.hpp"
 #include "gossip/config/config.hpp"
 #include "gossip/train/agree.hpp"
+#include "gossip/train/apoptosis.hpp"
+#include "gossip/train/data.hpp"
 #include "gossip/train/loop.hpp"
 #include "gossip/train/preflight.hpp"
 #include "gossip/train/stop_signals.hpp"
@@ -42,12 +44,23 @@ bool supervised_restart() {
 }
 int env_rank() { return std::max({0, env_int("PMI_RANK"), env_int("OMPI_COMM_WORLD_RANK")}); }
 
-// --dry-run: train.init_from against the model it must fit, as the real run finds it once the
-// data is open, where this machine holds both the file and the data; a usage error when not.
-void check_init_from_fits(const Config& c) {
-  if (c.train.init_from.empty() || emulated(c) ||
-      !std::filesystem::is_regular_file(c.train.init_from))
-    return;
+// The model the run builds on this data (emulated compute: the model it stands for).
+kernels::Graph model_on(const Config& c, const shuffle::SampleSource& s) {
+  if (emulated(c)) return kernels::build_model(usual_model_spec(c, 0));
+  const auto [ch, h, w] = s.shape();
+  const kernels::Dims input = s.encoding() == shuffle::Encoding::Jpeg
+                                  ? kernels::Dims{3, c.data.crop, c.data.crop}
+                                  : kernels::Dims{ch, h, w};
+  return kernels::build_model(model_spec(c, 0, input, s.classes()));
+}
+
+// --dry-run: what the real run finds once its data is open and its model built, at `ranks` ranks
+// (train.virtual_ranks: that many virtual ones), where this machine holds the data: the batch
+// against a rank's share of the samples, train.stop_at against the run's last step,
+// gossip.low_rank against the model's matrices, apoptosis.layers and a virtual run's dropout
+// against its layers, train.init_from against its tensors (issue 52 row 8: the dry run said 0
+// where the run refused). Opening the data reads its index (or its idx files), not its samples.
+void check_model_and_data(const Config& c, int ranks) {
   shuffle::DataSplits data;
   try {
     const std::string labels = val_labels_file(c);
@@ -56,11 +69,31 @@ void check_init_from_fits(const Config& c) {
     return;  // the data is another machine's: warned about by check_run_files
   }
   const shuffle::SampleSource& s = *data.train;
-  const auto [ch, h, w] = s.shape();
-  const kernels::Dims input = s.encoding() == shuffle::Encoding::Jpeg
-                                  ? kernels::Dims{3, c.data.crop, c.data.crop}
-                                  : kernels::Dims{ch, h, w};
-  const kernels::Graph g = kernels::build_model(model_spec(c, 0, input, s.classes()));
+  const bool virtual_ranks = c.train.virtual_ranks > 0;
+  const int p = virtual_ranks ? c.train.virtual_ranks : ranks;
+  const int64_t per_epoch = full_batches_per_epoch(c, s.size(), p);
+  if (per_epoch < 1) throw UsageError(no_full_batch(c, s.size(), p, virtual_ranks));
+  int64_t total = per_epoch * c.train.epochs;
+  if (c.train.max_steps > 0) total = std::min(total, c.train.max_steps);
+  if (c.train.stop_at > 0 && c.train.stop_at >= total)
+    throw UsageError("train.stop_at = " + std::to_string(c.train.stop_at) +
+                     " is not before the run's last step (" + std::to_string(total) +
+                     " steps): it would never stop the run; set it lower or leave it at 0");
+  const kernels::Graph g = model_on(c, s);
+  if (c.gossip.low_rank > 0) check_low_rank_gains(c, g);
+  if (c.apoptosis.enable && apoptosis_layers(c, g).empty())
+    throw UsageError("apoptosis.layers = " + c.apoptosis.layers + ": " + c.model.name +
+                     " has no such layer whose units may be removed (units that reach a residual "
+                     "add, a concat or the output stay)");
+  if (virtual_ranks)
+    for (const kernels::Node& node : g.nodes())
+      if (node.op == kernels::Op::Dropout)
+        throw UsageError("train.virtual_ranks: " + c.model.name +
+                         " has dropout, whose masks are seeded per rank; virtual ranks share one "
+                         "network and do not reproduce them: use a model without dropout");
+  if (c.train.init_from.empty() || emulated(c) ||
+      !std::filesystem::is_regular_file(c.train.init_from))
+    return;
   kernels::ParamStore store(g);
   try {
     kernels::load_weights(c.train.init_from, g, store);
@@ -68,6 +101,13 @@ void check_init_from_fits(const Config& c) {
     throw UsageError(std::string("train.init_from: ") + e.what());
   } catch (const std::exception&) {  // an unreadable file: check_run_files names it
   }
+}
+
+// "4 ranks", "1 rank", or the virtual ranks one process runs: "8 virtual ranks in 1 process".
+std::string ranks_text(const Config& c, int ranks) {
+  const int p = c.train.virtual_ranks > 0 ? c.train.virtual_ranks : ranks;
+  return std::to_string(p) + (c.train.virtual_ranks > 0 ? " virtual" : "") + " rank" +
+         (p == 1 ? "" : "s") + (c.train.virtual_ranks > 0 ? " in 1 process" : "");
 }
 
 void warn_inert(const Config& c) {
@@ -85,7 +125,7 @@ int dry_run(std::vector<std::string> args) {
   try {
     const Config c = parse_train_args(args);
     check_ranks(c, env_ranks(), supervised_restart());
-    check_init_from_fits(c);
+    check_model_and_data(c, env_ranks());
     if (!lead) return 0;
     warn_inert(c);
     try {
@@ -95,8 +135,8 @@ int dry_run(std::vector<std::string> args) {
       std::fprintf(stderr, "gossipgrad: warning: not on this machine: %s\n", e.what());
     }
     std::cout << "# gossipgrad train, resolved settings"
-              << (c.config_path.empty() ? "" : " of " + c.config_path) << " for " << env_ranks()
-              << " rank" << (env_ranks() == 1 ? "" : "s") << "\n"
+              << (c.config_path.empty() ? "" : " of " + c.config_path) << " for "
+              << ranks_text(c, env_ranks()) << "\n"
               << to_ini(c);
     return 0;
   } catch (const UsageError& e) {

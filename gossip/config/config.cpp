@@ -162,6 +162,22 @@ void check_pipeline(const Config& c, bool weights) {
         "them; gossip.staleness = 1 never waits: set one of them back");
 }
 
+// Options that ask for a mechanism this mode lacks (as gossip.model_every without weights): the
+// user expects their effect, so they are refused (inert_settings warns about the harmless).
+void check_honoured(const Config& c, bool weights, bool allreduce) {
+  const std::string& mode = c.gossip.mode;
+  if (c.gossip.pipeline_weights && !weights)
+    throw UsageError(
+        "gossip.pipeline_weights = true waits for the weights' buckets in the next forward; "
+        "gossip.mode = " +
+        mode + " exchanges no weights: leave it false (or use model, both or gossipgrad)");
+  if (c.gossip.global_every != 0 && allreduce)
+    throw UsageError("gossip.global_every = " + std::to_string(c.gossip.global_every) +
+                     " averages the gossiping ranks' weights every so many steps; gossip.mode = "
+                     "allreduce keeps them equal at every step: leave it at 0 (or use a gossip "
+                     "mode)");
+}
+
 // Which exchanges run and how: an option that would change what the exchange does, given where
 // it does nothing, is refused (the user expects its effect); see inert_settings for the harmless.
 void check_exchange(const Config& c) {
@@ -188,6 +204,7 @@ void check_exchange(const Config& c) {
         "the next step and must complete; set gossip.overlap_model = false (weights mixed one "
         "step stale) or gossip.staleness = 0");
   check_pipeline(c, weights);
+  check_honoured(c, weights, allreduce);
   if (c.gossip.late == "skip" && c.gossip.staleness != 1)
     throw UsageError(
         "gossip.late = skip is for buckets that have not arrived without waiting: set "
@@ -293,6 +310,21 @@ void check_virtual(const Config& c, int ranks) {
          "[emulate] replaces the arithmetic by waiting; virtual ranks compute it "
          "(leave [emulate] out, or run emulated compute on real ranks)");
   refuse(c.train.backend == "cuda", "virtual ranks run on the CPU backends (onednn, reference)");
+  // How bytes move between processes: virtual ranks move none, so what these choose is not run.
+  refuse(c.gossip.transport != d.gossip.transport,
+         "gossip.transport = " + c.gossip.transport +
+             " moves buckets between processes; virtual ranks share one process and move "
+             "none: leave it at " +
+             d.gossip.transport + " (or run real ranks under mpirun)");
+  refuse(c.gossip.threading != d.gossip.threading,
+         "gossip.threading = " + c.gossip.threading +
+             " chooses the threads that talk to MPI; virtual ranks do not talk to MPI: leave it "
+             "at " +
+             d.gossip.threading + " (or run real ranks under mpirun)");
+  refuse(c.gossip.pipeline_weights,
+         "gossip.pipeline_weights = true waits for each bucket of the weights in the next "
+         "forward; virtual ranks mix the weights after the update and wait for nothing: leave "
+         "it false (the numbers are the same)");
   if (c.gossip.hierarchy == "node") {  // logical nodes of network.ranks_per_node ranks
     const int k = c.network.ranks_per_node;
     refuse(c.train.virtual_ranks % k != 0,
@@ -492,13 +524,9 @@ std::vector<std::string> inert_settings(const Config& c) {
                          c.guard.lr_factor != d.guard.lr_factor || c.guard.lag != d.guard.lag;
   note(guard_set, c.train.virtual_ranks > 0,
        "[guard] does nothing with train.virtual_ranks: a NaN or inf loss stops the virtual run");
-  note(c.gossip.transport != d.gossip.transport || c.gossip.threading != d.gossip.threading ||
-           c.gossip.timeout_s != d.gossip.timeout_s ||
-           c.gossip.pipeline_weights != d.gossip.pipeline_weights,
-       c.train.virtual_ranks > 0,
-       "gossip.transport, threading, timeout_s and pipeline_weights do nothing with "
-       "train.virtual_ranks: no bytes move between processes (what is mixed does not depend on "
-       "them)");
+  // Transport, threading and pipeline_weights are refused with virtual ranks (check_virtual).
+  note(c.gossip.timeout_s != d.gossip.timeout_s, c.train.virtual_ranks > 0,
+       "gossip.timeout_s does nothing with train.virtual_ranks: no rank waits on another");
   note(c.train.rank_eval_samples != d.train.rank_eval_samples, c.train.virtual_ranks == 0,
        "train.rank_eval_samples does nothing without train.virtual_ranks (real ranks evaluate "
        "their average model only)");
@@ -512,10 +540,8 @@ std::vector<std::string> inert_settings(const Config& c) {
        "gossip.comm_threads does nothing unless gossip.threading = concurrent");
   note(c.gossip.overlap_model != d.gossip.overlap_model, !weights,
        "gossip.overlap_model does nothing with gossip.mode = " + mode + " (no weight exchange)");
-  note(c.gossip.pipeline_weights != d.gossip.pipeline_weights, !weights,
-       "gossip.pipeline_weights does nothing with gossip.mode = " + mode + " (no weight exchange)");
-  note(c.gossip.global_every != d.gossip.global_every, !gossip,
-       "gossip.global_every" + allreduce + ": the ranks' weights are always equal");
+  // pipeline_weights = true without a weight exchange and global_every with allreduce ask for
+  // what the run cannot do: refused (check_exchange). overlap_model = false asks for less.
   note(c.data.shuffle_per_step != d.data.shuffle_per_step, c.data.shuffle == "off",
        "data.shuffle_per_step does nothing with data.shuffle = off");
   note(c.fault.strategy != d.fault.strategy, c.fault.inject.empty() && c.fault.mtbf_steps <= 0,

@@ -122,10 +122,22 @@ TrainingData::TrainingData(const Config& c, const mpi::Comm& world) : c_(c), wor
       steps_per_epoch_ = shuffle_->batches_per_epoch();
     }
   }
-  if (steps_per_epoch_ < 1)
-    throw UsageError("train.batch = " + std::to_string(c.train.batch) +
-                     " is too large: " + std::to_string(train_->size()) + " samples over " +
-                     std::to_string(ranks) + " ranks give no full batch");
+  if (steps_per_epoch_ < 1) throw UsageError(no_full_batch(c, train_->size(), ranks, false));
+}
+
+int64_t full_batches_per_epoch(const Config& c, int64_t samples, int ranks) {
+  if (shuffle::parse_shuffle_mode(c.data.shuffle) != shuffle::ShuffleMode::Off)
+    return samples / ranks / c.train.batch;
+  shuffle::LoaderOptions o;  // a training loader: every rank takes samples / ranks of them
+  o.batch = c.train.batch;
+  o.ranks = ranks;
+  return shuffle::batches_per_epoch(samples, o);
+}
+
+std::string no_full_batch(const Config& c, int64_t samples, int ranks, bool virtual_ranks) {
+  return "train.batch = " + std::to_string(c.train.batch) +
+         " is too large: " + std::to_string(samples) + " samples over " + std::to_string(ranks) +
+         (virtual_ranks ? " virtual" : "") + " ranks give no full batch";
 }
 
 TrainingData::~TrainingData() {

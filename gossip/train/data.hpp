@@ -23,6 +23,14 @@ namespace gg::gossip {
 shuffle::LoaderOptions rank_loader_options(const Config& c, const shuffle::SampleSource& train,
                                            int rank, int ranks);
 
+// A rank's training steps per epoch over `ranks` ranks (real or virtual) from the sample count
+// alone, as TrainingData and the virtual run count them: 0 when train.batch exceeds a rank's
+// share of the samples. What `train --dry-run` checks without a loader.
+int64_t full_batches_per_epoch(const Config& c, int64_t samples, int ranks);
+// The refusal of that case: "train.batch = B is too large: N samples over P [virtual] ranks give
+// no full batch".
+std::string no_full_batch(const Config& c, int64_t samples, int ranks, bool virtual_ranks);
+
 // Opens the configured training and evaluation data on every rank. A missing or unreadable data
 // path, or data whose splits disagree (image shapes, labels outside the classes), becomes a
 // UsageError with one line on every rank (the first failing rank's message), so all ranks stop

@@ -145,6 +145,8 @@ void Trainer::make_exchanges() {
     exchange_ = std::make_unique<AllreduceExchange>(world_, store.grads.data(), net_.buckets());
     return;
   }
+  // A rank that gains nothing is refused at every rank count, as --dry-run refuses it.
+  if (c_.gossip.low_rank > 0) check_low_rank_gains(c_, graph());
   // One rank (a run without mpirun, the last survivor of a forward recovery) has no partner:
   // nothing is mixed or sent (a rank mixing with its own copy on a lossy wire would only round).
   if (world_.size() == 1) return;

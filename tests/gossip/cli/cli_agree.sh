@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 31, rows 6, 8, 11, 12: the ranks agree on the resolved settings before anything else
+# Issue 31, rows 6, 8, 11, 12 (and issue 52 row 8): the ranks agree on the resolved settings before anything else
 # (MPMD launches with other options: one line, exit 2, no hang); --dry-run gives the real run's
 # verdict at the launcher's rank count, printed once; options that would do nothing where they
 # are given are refused (or warned about, where harmless); lines that name the real problem.
@@ -100,6 +100,14 @@ expect "simulate with low-rank gossip" 2 "simulate does not model gossip.low_ran
   "$BIN" simulate --config "$CFG" --ranks 2,4 --simulate.forward_ms 5 --simulate.backward_ms 10 \
   --gossip.mode model --gossip.low_rank 2 --gossip.schedule hypercube --gossip.rotate false
 
+# Issue 52 siblings: what simulate's cost model leaves out is refused, not predicted as absent.
+for opt in "gossip.transport rma" "gossip.threading concurrent" "train.virtual_ranks 4"; do
+  read -r key value <<<"$opt"
+  expect "simulate with $key" 2 "simulate does not model $key" -- \
+    "$BIN" simulate --config "$CFG" --ranks 2,4 --simulate.forward_ms 5 --simulate.backward_ms 10 \
+    --"$key" "$value"
+done
+
 # A dry run that passes prints the settings once, for the launcher's rank count.
 "${M[@]}" -n 2 "$BIN" "${T[@]}" --dry-run >dry.out 2>&1 || { echo "FAIL: dry-run at 2 ranks"; fail=1; }
 [ "$(grep -c '^# gossipgrad train, resolved settings' dry.out)" = 1 ] &&
@@ -125,6 +133,39 @@ for run in dry real; do
     "${M[@]}" -n 2 "$BIN" "${TB[@]}" --model.name resnet8 --train.init_from ck/model.npz \
     "${extra[@]}"
 done
+
+# Issue 52 row 8: what the run finds once its data is open and its model built (the batch
+# against the samples, low_rank against the model's matrices, stop_at against the last step,
+# apoptosis.layers and dropout against the layers): the dry run's verdict is the real run's, at
+# 1 rank, 2 ranks and 4 virtual ranks.
+S=(--data.source synthetic:1x28x28:10:1000)
+LR=(--gossip.mode model --gossip.low_rank 64 --gossip.schedule hypercube --gossip.rotate false)
+V=(--train.virtual_ranks 4 --data.shuffle off --train.rank_eval_samples 0)
+cases=(
+  "1|use at most 29|${T[*]} ${LR[*]} ${S[*]} --train.max_steps 3"
+  "2|use at most 29|${T[*]} ${LR[*]} ${S[*]} --train.max_steps 3"
+  "2|train.batch = 600 is too large: 1000 samples over 2 ranks give no full batch|${T[*]} ${S[*]} --train.batch 600"
+  "1|train.batch = 300 is too large: 1000 samples over 4 virtual ranks give no full batch|${T[*]} ${S[*]} ${V[*]} --train.batch 300"
+  "1|use at most 29|${T[*]} ${LR[*]} ${S[*]} ${V[*]} --train.max_steps 3"
+  "2|train.stop_at = 5000 is not before the run's last step|${T[*]} ${S[*]} --train.batch 100 --checkpoint.dir ck-stop --train.stop_at 5000"
+  "1|apoptosis.layers = fc: resnet8 has no such layer|${TB[*]} --model.name resnet8 ${S[*]} --apoptosis.enable true --apoptosis.layers fc"
+  "1|googlenet has dropout|train --config $CFG --log.progress false --train.threads 1 --model.name googlenet --data.source synthetic:3x32x32:10:100 --train.batch 2 ${V[*]}"
+)
+n=0
+for case in "${cases[@]}"; do
+  n=$((n + 1))
+  IFS='|' read -r ranks pattern opts <<<"$case"
+  read -r -a opts <<<"$opts"
+  launch=(); [ "$ranks" = 2 ] && launch=("${M[@]}" -n 2)
+  for run in dry real; do
+    extra=(--log.metrics "$TMP/m-$run-$n.jsonl"); [ $run = dry ] && extra=(--dry-run)
+    expect "$run at $ranks: ${opts[*]: -4}" 2 "$pattern" -- "${launch[@]}" "$BIN" "${opts[@]}" \
+      "${extra[@]}"
+  done
+done
+# A virtual run's dry run says how many ranks it stands for.
+"$BIN" "${T[@]}" "${V[@]}" --dry-run >dry.out 2>&1 && grep -q "for 4 virtual ranks in 1 process" dry.out ||
+  { echo "FAIL: a virtual dry run's header:"; head -3 dry.out; fail=1; }
 
 [ $fail = 0 ] && echo "PASS: ranks agree on settings, dry-run verdicts, ignored options refused"
 exit $fail

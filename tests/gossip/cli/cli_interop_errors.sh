@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # export / infer / init_from / checkpoint errors: usage errors (missing files, shapes that do
-# not fit, existing outputs) exit 2 and malformed files (corrupt zip, truncated npy) exit 1, each
-# with exactly one line naming the file and the problem; an existing output is never touched.
+# not fit, existing outputs, and infer's or init_from's inputs that are malformed: a corrupt
+# zip, a truncated or Fortran-ordered npy, weights holding NaN) exit 2, a malformed checkpoint
+# exits 1, each with exactly one line naming the culprit (the option, the file, the problem); an
+# existing output is never touched.
 set -uo pipefail
 BIN="$1"; ROOT="$2"
 TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
@@ -30,6 +32,11 @@ np.save("x3d.npy", np.zeros((3, 28, 28), np.float32))
 np.save("xint.npy", np.zeros((3, 1, 28, 28), np.int64))
 np.save("x3ch.npy", np.zeros((3, 3, 28, 28), np.float32))
 np.save("xtiny.npy", np.zeros((3, 1, 4, 4), np.float32))
+np.save("xfortran.npy", np.asfortranarray(np.zeros((3, 1, 28, 28), np.float32)))
+np.save("x32.npy", np.zeros((3, 1, 32, 32), np.float32))
+w = dict(np.load("w.npz"))
+w["fc.bias"] = np.full_like(w["fc.bias"], np.nan)
+np.savez("nan.npz", **w)
 PY
 head -c 300 x.npy >truncated.npy
 echo "not a zip archive" >notzip.npz
@@ -54,15 +61,28 @@ expect "infer: unknown backend" 2 "backend" -- "${I[@]}" --input x.npy --output 
 expect "infer: batch out of range" 2 "batch 0" -- "${I[@]}" --input x.npy --output y.npy --batch 0
 expect "infer: input not NCHW" 2 "x3d.npy holds float32 \[3,28,28\]" -- "${I[@]}" --input x3d.npy --output y.npy
 expect "infer: integer input" 2 "xint.npy holds int64" -- "${I[@]}" --input xint.npy --output y.npy
-expect "infer: input channels do not fit the weights" 2 "'conv1.weight' has shape \[2,1,3,3\], the model expects \[2,3,3,3\]" -- "${I[@]}" --input x3ch.npy --output y.npy
-expect "infer: input too small for the model" 2 "H,W >= 8" -- "${I[@]}" --input xtiny.npy --output y.npy
-expect "infer: weights of another width" 2 "'conv1.weight' has shape \[2,1,3,3\], the model expects \[8,1,3,3\]" -- "${I[@]}" --input x.npy --output y.npy --width 8
+expect "infer: input channels do not fit the weights" 2 "error: --input x3ch.npy holds images of shape \[3,28,28\], which the weights w.npz do not take: 'conv1.weight' has shape \[2,1,3,3\], these images need \[2,3,3,3\]" -- "${I[@]}" --input x3ch.npy --output y.npy
+expect "infer: input too small for the model" 2 "error: --input xtiny.npy: .*H,W >= 8" -- "${I[@]}" --input xtiny.npy --output y.npy
+expect "infer: weights of another width" 2 "error: --width 8: the weights w.npz are of width 2 ('conv1.weight' has shape \[2,1,3,3\], width 8 has \[8,1,3,3\])" -- "${I[@]}" --input x.npy --output y.npy --width 8
 expect "infer: weights of another model" 2 "w.npz: 'conv2.weight' is missing" -- infer --model cnn --weights w.npz --input x.npy --output y.npy
 expect "infer: wrong class count" 2 "--classes 7: the weights w.npz hold 10 classes" -- "${I[@]}" --input x.npy --output y.npy --classes 7
-expect "infer: corrupt zip" 1 "notzip.npz: not a zip archive" -- infer --model resnet8 --weights notzip.npz --input x.npy --output y.npy
-expect "infer: truncated zip" 1 "truncated.npz: not a zip archive" -- infer --model resnet8 --weights truncated.npz --input x.npy --output y.npy
-expect "infer: corrupt member" 1 "flipped.npz: member 'fc.weight.npy': CRC-32 mismatch" -- infer --model resnet8 --weights flipped.npz --input x.npy --output y.npy
-expect "infer: truncated npy" 1 "truncated.npy: shape \[3,1,28,28\] of float32 needs 9408 data bytes" -- "${I[@]}" --input truncated.npy --output y.npy
+expect "infer: corrupt zip" 2 "error: --weights notzip.npz: not a zip archive" -- infer --model resnet8 --weights notzip.npz --input x.npy --output y.npy
+expect "infer: truncated zip" 2 "error: --weights truncated.npz: not a zip archive" -- infer --model resnet8 --weights truncated.npz --input x.npy --output y.npy
+expect "infer: corrupt member" 2 "error: --weights flipped.npz: member 'fc.weight.npy': CRC-32 mismatch" -- infer --model resnet8 --weights flipped.npz --input x.npy --output y.npy
+expect "infer: truncated npy" 2 "error: --input truncated.npy: shape \[3,1,28,28\] of float32 needs 9408 data bytes" -- "${I[@]}" --input truncated.npy --output y.npy
+# Issue 52 row 6: the real culprit named, exit 2.
+expect "infer: Fortran-order input" 2 "error: --input xfortran.npy: .npy header: fortran_order True is not supported" -- "${I[@]}" --input xfortran.npy --output y.npy
+expect "infer: weights holding NaN" 2 "error: --weights nan.npz: 'fc.bias' holds NaN or inf" -- infer --model resnet8 --weights nan.npz --input x.npy --output y.npy
+expect "infer: batch_norm the weights lack" 2 "error: --batch_norm false: the weights w.npz hold batch-norm running statistics" -- "${I[@]}" --input x.npy --output y.npy --batch_norm false
+expect "infer: width of a torchvision model" 2 "error: --width applies to resnet8 and cnn only, not resnet18" -- infer --model resnet18 --weights w.npz --input x.npy --output y.npy --width 8
+OMP_NUM_THREADS=1 "$BIN" train --config "$CFG" --train.max_steps 1 --model.name cnn --model.width 4 \
+  --train.threads 1 --gossip.mode allreduce --log.progress false --log.metrics m3.jsonl \
+  --train.eval_batch 2000 --checkpoint.dir ckcnn >train.log 2>&1 || { cat train.log; exit 1; }
+"$BIN" export --checkpoint ckcnn --output wcnn.npz >/dev/null || { echo "FAIL: export cnn"; exit 1; }
+C=(infer --model cnn --weights wcnn.npz --output y.npy)
+expect "infer: cnn weights of width 4 given --width 8" 2 "error: --width 8: the weights wcnn.npz are of width 4 ('conv1.weight' has shape \[4,1,3,3\], width 8 has \[8,1,3,3\])" -- "${C[@]}" --input x.npy --width 8
+expect "infer: cnn weights given 3-channel images" 2 "error: --input x3ch.npy holds images of shape \[3,28,28\], which the weights wcnn.npz do not take: 'conv1.weight'" -- "${C[@]}" --input x3ch.npy
+expect "infer: cnn weights given 32x32 images" 2 "error: --input x32.npy holds images of shape \[1,32,32\], which the weights wcnn.npz do not take" -- "${C[@]}" --input x32.npy
 expect "infer: existing output" 2 "taken.npy already exists" -- "${I[@]}" --input x.npy --output taken.npy
 expect "infer: output folder missing" 2 "no/such does not exist" -- "${I[@]}" --input x.npy --output no/such/y.npy
 grep -qx keep taken.npy || { echo "FAIL: taken.npy was touched"; fail=1; }

@@ -36,6 +36,16 @@ refused 1 "train.precision = bf16 needs train.backend" -- --train.precision bf16
 refused 1 "checkpoint.every = 5 needs checkpoint.dir" -- --checkpoint.every 5
 refused 1 "fault.kill" -- --fault.kill 5:3
 refused 1 "out of range" -- --gossip.staleness 2
+# Issue 52 row 7: options the run cannot honour, refused like gossip.model_every above.
+for mode in grad allreduce; do
+  refused 1 "gossip.pipeline_weights = true waits" -- --gossip.mode $mode \
+    --gossip.overlap_model false --gossip.pipeline_weights true
+done
+refused 1 "gossip.global_every = 5 averages" -- --gossip.mode allreduce --gossip.global_every 5
+refused 1 "virtual_ranks = 4: gossip.transport = rma" -- --train.virtual_ranks 4 \
+  --gossip.transport rma
+refused 1 "virtual_ranks = 4: gossip.threading = concurrent" -- --train.virtual_ranks 4 \
+  --gossip.threading concurrent
 # The check itself can fail: the same environment makes MPI_Init fail for an accepted config.
 PMI_PORT=127.0.0.1:1 PMI_RANK=0 PMI_SIZE=1 timeout 60 "$BIN" train --config "$ROOT/configs/laptop.ini" \
   --train.max_steps 1 --log.progress false >out 2>&1

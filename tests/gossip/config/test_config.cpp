@@ -382,3 +382,38 @@ TEST_CASE("train.weight_layout set for a backend other than onednn is reported a
   c.train.weight_layout = "native";  // the default: nothing set, nothing said
   CHECK_FALSE(warned());
 }
+
+TEST_CASE("an option the run cannot honour is refused, not ignored (issue 52 row 7)") {
+  for (const char* mode : {"grad", "allreduce"}) {
+    CAPTURE(mode);
+    CHECK(error_of({"--gossip.mode", mode, "--gossip.overlap_model", "false",
+                    "--gossip.pipeline_weights", "true"})
+              .starts_with("gossip.pipeline_weights = true waits for the weights' buckets"));
+    // Asking for less than the default (no overlap) where nothing overlaps is harmless: a warning.
+    Config c = parse_train_args({"--gossip.mode", mode, "--gossip.overlap_model", "false"});
+    CHECK(inert_settings(c).size() == 1);
+  }
+  CHECK(error_of({"--gossip.mode", "allreduce", "--gossip.global_every", "5"})
+            .starts_with("gossip.global_every = 5 averages the gossiping ranks' weights"));
+  CHECK(error_of({"--gossip.mode", "grad", "--gossip.global_every", "5"}).empty());
+
+  const auto virtual_error = [](std::vector<std::string> args) {
+    args.insert(args.end(), {"--train.virtual_ranks", "4", "--data.shuffle", "off"});
+    try {
+      gg::gossip::check_ranks(parse_train_args(args), 1, false);
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(virtual_error({}).empty());
+  CHECK(virtual_error({"--gossip.transport", "rma"})
+            .starts_with("train.virtual_ranks = 4: gossip.transport = rma moves buckets"));
+  CHECK(virtual_error({"--gossip.threading", "concurrent"})
+            .starts_with("train.virtual_ranks = 4: gossip.threading = concurrent"));
+  CHECK(virtual_error({"--gossip.mode", "model", "--gossip.overlap_model", "false",
+                       "--gossip.pipeline_weights", "true"})
+            .starts_with("train.virtual_ranks = 4: gossip.pipeline_weights = true"));
+  // A bound on waiting where no rank waits: harmless, a warning.
+  CHECK(virtual_error({"--gossip.timeout_s", "5"}).empty());
+}
