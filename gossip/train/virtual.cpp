@@ -459,7 +459,8 @@ class VirtualRun {
   shuffle::LoaderOptions lo_;
   kernels::Net net_;
   kernels::Executor* train_ = nullptr;
-  kernels::Executor* eval_ = nullptr;  // evaluation_batch's executor (with evaluation data)
+  kernels::Executor* eval_ = nullptr;       // evaluation_batch's executor (with evaluation data)
+  kernels::Executor* rank_eval_ = nullptr;  // each rank's own top-1 (train.rank_eval_samples)
   partners::Schedule schedule_;
   std::vector<Rank> rank_;
   std::unique_ptr<SharedPermutation> permutation_;
@@ -523,10 +524,7 @@ VirtualRun::VirtualRun(const Config& c)
                        "network and do not reproduce them: use a model without dropout");
   // The ranks' shards: rank r's loader takes slice r of P of each epoch's permutation.
   per_epoch_ = shuffle::batches_per_epoch(data_.train->size(), lo_);
-  if (per_epoch_ < 1)
-    throw UsageError("train.batch = " + std::to_string(c.train.batch) +
-                     " is too large: " + std::to_string(data_.train->size()) + " samples over " +
-                     std::to_string(ranks_) + " virtual ranks give no full batch");
+  if (per_epoch_ < 1) throw UsageError(no_full_batch(c, data_.train->size(), ranks_, true));
   total_ = per_epoch_ * c.train.epochs;
   planned_epochs_ = static_cast<double>(c.train.epochs);
   if (c.train.max_steps > 0 && c.train.max_steps / per_epoch_ < c.train.epochs) {
@@ -563,9 +561,10 @@ void VirtualRun::warm_up() {
   train_->forward(x.data(), true);
   std::fill(dlogits_.begin(), dlogits_.end(), 0.f);
   train_->backward(dlogits_.data(), {});
-  if (eval_) {
-    x.assign(static_cast<size_t>(eval_->batch()) * input, 0.f);
-    eval_->forward(x.data(), false);
+  for (kernels::Executor* e : {eval_, rank_eval_}) {
+    if (!e) continue;
+    x.assign(static_cast<size_t>(e->batch()) * input, 0.f);
+    e->forward(x.data(), false);
   }
   store.buffers = buffers;  // the training pass moved the running statistics
 }
@@ -612,6 +611,9 @@ void VirtualRun::make_ranks() {
   train_ = &net_.at_batch(c.train.batch);
   if (data_.eval)
     eval_ = &net_.at_batch(evaluation_batch(c.train.eval_batch, data_.eval->size(), ranks_));
+  if (data_.eval && c.train.rank_eval_samples > 0)
+    rank_eval_ = &net_.at_batch(evaluation_batch(
+        c.train.eval_batch, std::min(c.train.rank_eval_samples, data_.eval->size()), 1));
   const kernels::SgdOptions so{static_cast<float>(c.train.momentum),
                                static_cast<float>(c.train.weight_decay), c.train.nesterov};
   warm_up();
@@ -660,12 +662,14 @@ void VirtualRun::plan_memory() {
   if (more <= left) return;
   const int64_t fit =
       std::max<int64_t>(0, (left - shared) / std::max<int64_t>(1, per_rank_bytes_) + 1);
-  throw UsageError("train.virtual_ranks = " + std::to_string(ranks_) + " needs about " +
-                   gigabytes(memory_estimate_) + " (" + gigabytes(per_rank_bytes_) +
-                   " per virtual rank, measured on rank 0, with " + gigabytes(now) +
-                   " for the network and data) but " + gigabytes(left + now) + " is the limit (" +
-                   bound + "): use at most " + std::to_string(fit) +
-                   " virtual ranks, or a smaller model or batch");
+  char per_rank[32];
+  std::snprintf(per_rank, sizeof per_rank, "%.2f MB", static_cast<double>(per_rank_bytes_) / 1e6);
+  throw UsageError(
+      "train.virtual_ranks = " + std::to_string(ranks_) + " needs about " +
+      gigabytes(memory_estimate_) + " (" + gigabytes(now) + " for the network and data, " +
+      per_rank + " per virtual rank as measured on rank 0, " + gigabytes(shared) +
+      " shared) but only " + gigabytes(left) + " more can be had (" + bound + "): use at most " +
+      std::to_string(fit) + " virtual ranks, or a smaller model or batch");
 }
 
 // Every rank's exchanges, with the options of a real rank's (exchange_options, config.hpp); the
@@ -883,17 +887,33 @@ EvalStats VirtualRun::evaluate() {
 
 RankTop1 VirtualRun::rank_top1() {
   RankTop1 t;
-  if (c_.train.rank_eval_samples <= 0) return t;
-  kernels::Executor& exec = *eval_;
+  if (!rank_eval_) return t;
+  kernels::Executor& exec = *rank_eval_;
   shuffle::LoaderOptions o = evaluation_loader(lo_, exec.batch(), 0, 1);
   o.workers = 0;
   shuffle::PrefetchLoader loader(*data_.eval, o, 0, 1);
   shuffle::Batch b;
   std::vector<int64_t> correct(rank_.size(), 0);
+  // Ranks x batches forward passes: at thousands of ranks, minutes; a progress line shows them.
+  const int64_t wanted = std::min(c_.train.rank_eval_samples, data_.eval->size());
+  const int64_t passes = (wanted + exec.batch() - 1) / exec.batch() * ranks_;
+  const auto t0 = Clock::now();
+  double printed = 0;
+  int64_t done = 0;
   // Whole evaluation batches, until at least rank_eval_samples samples.
   while (t.samples < c_.train.rank_eval_samples && loader.next(b)) {
-    for (size_t r = 0; r < rank_.size(); ++r) {
+    for (size_t r = 0; r < rank_.size(); ++r, ++done) {
       stop_if_asked(summary_.steps);
+      if (const double now = seconds_since(t0);
+          c_.log.progress && now - printed >= c_.log.interval && done > 0) {
+        printed = now;
+        std::printf(
+            "VIRTUAL each rank's own top-1: %lld/%lld forward passes  ETA %s\n",
+            static_cast<long long>(done), static_cast<long long>(passes),
+            format_duration(now * static_cast<double>(passes - done) / static_cast<double>(done))
+                .c_str());
+        std::fflush(stdout);
+      }
       load(rank_[r]);
       const float* logits = exec.forward(b.x.data(), false);
       correct[r] += kernels::softmax_cross_entropy(logits, b.y.data(), exec.batch(),
