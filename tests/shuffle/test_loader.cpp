@@ -339,6 +339,38 @@ TEST_CASE("augmentation is deterministic for a seed, whatever the prefetch depth
   CHECK(first.x != a[0].x);
 }
 
+TEST_CASE("a loader without workers builds in next() the batches a threaded loader builds",
+          "[shuffle][loader]") {
+  const Dataset d = make_dataset(60, 1, 8, 8);
+  LoaderOptions o;
+  o.batch = 4;
+  o.augment.enabled = true;
+  o.seed = 7;
+  o.rank = 1;
+  o.ranks = 3;
+  PrefetchLoader threaded(d, o, 1, 2);
+  o.workers = 0;
+  PrefetchLoader inline_loader(d, o, 1, 2);
+  const std::vector<Batch> a = drain(threaded), b = drain(inline_loader);
+  REQUIRE(a.size() == 10);  // 20 samples a rank, 5 batches, 2 epochs
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    CHECK(a[i].ids == b[i].ids);
+    CHECK(a[i].x == b[i].x);
+    CHECK(a[i].epoch == b[i].epoch);
+  }
+  o.workers = -1;
+  CHECK_THROWS_WITH(PrefetchLoader(d, o, 0, 1), Contains("workers must be in [0, 256]"));
+}
+
+TEST_CASE("permutation is the order partition cuts into rank slices", "[shuffle][partition]") {
+  const std::vector<int64_t> perm = gg::shuffle::permutation(103, 9, 4);
+  for (int r = 0; r < 5; ++r) {
+    const std::vector<int64_t> slice = partition(103, r, 5, 9, 4, true);
+    CHECK(slice == std::vector<int64_t>(perm.begin() + r * 20, perm.begin() + (r + 1) * 20));
+  }
+}
+
 TEST_CASE("drop_last=false pads the last partial batch with label -1 rows of zeros",
           "[shuffle][loader]") {
   const Dataset d = make_dataset(10, 1, 2, 3);
