@@ -1167,7 +1167,7 @@ RunSummary VirtualRun::run() {
 
 RunSummary run_virtual(const Config& c) {
   // SIGTERM, SIGINT: the run stops between two ranks' turns (VirtualRun::stop_if_asked).
-  StopSignals stop_signals(60);
+  StopSignals stop_signals(600);  // a rank's turn (one forward and backward) is far shorter
   VirtualRun run(c);
   return run.run();
 }

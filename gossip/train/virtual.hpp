@@ -4,17 +4,18 @@
 // the same rules (comm/mixing.hpp), wire codecs (comm/wire.hpp) and partner schedule as `mpirun -n
 // P` would, so that what P ranks learn is known without P machines. One network computes every
 // rank's forward and backward in turn (its buffers swapped in and out): the compute is about that
-// of one rank training the same epochs, the memory P times the per-rank state.
+// of one rank training the same epochs, the memory P times the per-rank state (measured on rank 0
+// and refused up front when it would not fit; no thread per rank).
 //
 // What it models, in a real rank's order within a step: the overlapped weight exchange of the
 // previous update (its correction applied before this update), forward and backward, the
-// gradients' exchange (grad, both; allreduce as a sum over ranks in rank order), the update, the
-// weights' and momentum's exchange (model, both, gossipgrad; every gossip.model_every updates),
-// the exact global average (gossip.global_every), the consensus distance. Staleness 1 (whose
-// result depends on when buckets arrive), the node hierarchy, the distributed shuffle,
-// checkpoints and fault hooks are refused at the start (gossip/config: check_ranks).
-// Its proof: tests/mpi/virtual_ranks.sh compares its per-rank losses (log.losses) with a real
-// `mpirun -n 4` run's, bit for bit.
+// gradients' exchange (grad, both; allreduce as a sum over ranks in MPICH's order; the node
+// hierarchy on logical nodes), the update, the weights' and momentum's exchange (model, both,
+// gossipgrad; every gossip.model_every updates), the exact global average (gossip.global_every),
+// the consensus distance; staleness 1 through a stated lateness model (train.virtual_late). The
+// distributed shuffle, checkpoints and fault hooks are refused at the start (gossip/config:
+// check_virtual). Its proof: tests/gossip/cli/virtual_ranks.sh compares its per-rank losses
+// (log.losses) and every metrics event with a real `mpirun -n 4` run's, bit for bit.
 #pragma once
 
 #include "gossip/config/config.hpp"
