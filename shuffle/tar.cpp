@@ -335,11 +335,15 @@ PackResult pack(const PackOptions& o, const std::function<void(const PackProgres
 
   std::mutex mu;
   std::atomic<size_t> next{0};
-  std::atomic<bool> failed{false};
+  std::atomic<bool> failed{false}, stopped{false};
   std::exception_ptr error;
+  const auto asked_to_stop = [&] {
+    if (o.stop && !stopped && o.stop()) stopped = failed = true;
+    return failed.load();
+  };
   const auto work = [&] {
     std::vector<uint8_t> buf;
-    while (!failed) {
+    while (!asked_to_stop()) {
       const size_t j = next++;
       if (j >= jobs.size()) return;
       const Job& job = jobs[j];
@@ -350,7 +354,7 @@ PackResult pack(const PackOptions& o, const std::function<void(const PackProgres
           archive_write_set_format_pax_restricted(w.a);
           if (archive_write_open_filename(w.a, tmp.c_str()) != ARCHIVE_OK)
             throw std::runtime_error(tmp + ": cannot create (" + archive_error(w.a) + ")");
-          for (size_t i = job.begin; i < job.end && !failed; ++i) {
+          for (size_t i = job.begin; i < job.end && !asked_to_stop(); ++i) {
             const PackItem& it = (*job.items)[i];
             std::ifstream in(it.path, std::ios::binary);
             buf.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
@@ -366,7 +370,11 @@ PackResult pack(const PackOptions& o, const std::function<void(const PackProgres
           if (archive_write_close(w.a) != ARCHIVE_OK)
             throw std::runtime_error(tmp + ": cannot finish (" + archive_error(w.a) + ")");
         }
-        if (failed) return;
+        if (failed) {  // another shard failed, or a stop: this one is not finished
+          std::error_code ignore;
+          fs::remove(tmp, ignore);
+          return;
+        }
         fs::rename(tmp, job.file);
         std::lock_guard<std::mutex> lk(mu);
         prog.shards_done += 1;
@@ -385,6 +393,7 @@ PackResult pack(const PackOptions& o, const std::function<void(const PackProgres
   for (int t = 0; t < n; ++t) pool.emplace_back(work);
   for (std::thread& t : pool) t.join();
   if (error) std::rethrow_exception(error);
+  if (stopped) throw PackStopped(prog.shards_done, prog.shards);
   PackResult r;
   r.images = prog.images;
   r.bytes = prog.bytes;

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,19 @@ struct PackOptions {
   int64_t shard_bytes = int64_t{256} << 20;  // a shard closes once it holds this much
   int threads = 2;
   uint64_t shuffle_seed = 0;  // 0: keep the sorted order (the same ids as the folder reader)
+  // Asked between two images: true ends the packing (PackStopped), the shard being written
+  // removed, the finished ones kept.
+  std::function<bool()> stop;
+};
+
+// pack() ended by PackOptions::stop.
+struct PackStopped : std::runtime_error {
+  PackStopped(int done, int shards)
+      : std::runtime_error(std::to_string(done) + " of " + std::to_string(shards) +
+                           " shards written"),
+        done(done),
+        shards(shards) {}
+  int done, shards;
 };
 
 struct PackProgress {

@@ -14,6 +14,7 @@
 #include "gossip/cli/args.hpp"
 #include "gossip/cli/commands.hpp"
 #include "gossip/config/config.hpp"
+#include "gossip/train/stop_signals.hpp"
 #include "shuffle/tar.hpp"
 
 namespace gg::gossip {
@@ -105,9 +106,23 @@ shuffle::PackResult pack_with_progress(const shuffle::PackOptions& o) {
 }  // namespace
 
 int cmd_pack(const std::vector<std::string>& args) {
-  const std::optional<shuffle::PackOptions> o = parse_pack_args(args);
+  std::optional<shuffle::PackOptions> o = parse_pack_args(args);
   if (!o) return 0;
-  const shuffle::PackResult r = pack_with_progress(*o);
+  // SIGTERM, Ctrl-C: the shard being written is removed, the finished ones kept, one line.
+  StopSignals stop_signals(60);
+  o->stop = [] { return StopSignals::requested() != 0; };
+  shuffle::PackResult r;
+  try {
+    r = pack_with_progress(*o);
+  } catch (const shuffle::PackStopped& e) {
+    const int sig = StopSignals::requested();
+    stop_signals.taken_up();
+    std::fprintf(stderr,
+                 "\ngossipgrad: pack stopped by %s: %s under %s, the rest not: remove the folder "
+                 "and run pack again\n",
+                 signal_name(sig), e.what(), o->output.c_str());
+    return 128 + sig;
+  }
   std::printf("pack: wrote %lld images (%.1f MB) into %d shards under %s\n",
               static_cast<long long>(r.images), r.bytes / 1e6, r.shards, o->output.c_str());
   return 0;

@@ -284,6 +284,33 @@ TEST_CASE("pack writes tar shards that hold the folder's images with the same id
   CHECK_THROWS_AS(pack(o, {}), std::invalid_argument);
 }
 
+TEST_CASE("pack asked to stop keeps its finished shards whole and leaves no partial one",
+          "[shuffle][tar]") {
+  TempDir d;
+  gg::test::make_imagenet(d / "in", 3, 5, 0);
+  PackOptions o;
+  o.input = d / "in";
+  o.output = d / "out";
+  o.shard_bytes = 4000;
+  o.threads = 1;
+  int asked = 0;
+  o.stop = [&] { return ++asked > 8; };  // a few images in, inside a shard
+  try {
+    pack(o, {});
+    FAIL("pack did not stop");
+  } catch (const gg::shuffle::PackStopped& e) {
+    CHECK(e.done >= 1);
+    CHECK(e.done < e.shards);
+  }
+  int whole = 0;
+  for (const auto& e : std::filesystem::directory_iterator(d / "out/train")) {
+    CHECK(e.path().extension() == ".tar");  // the shard being written is removed
+    ++whole;
+  }
+  CHECK(whole >= 1);
+  CHECK_NOTHROW(ShardSource(d / "out/train"));  // what is there reads as whole shards
+}
+
 TEST_CASE("the ImageNet folder and its tar shards give the same batches, with any worker count",
           "[shuffle][tar][loader]") {
   TempDir d;
