@@ -27,17 +27,7 @@ export OMP_NUM_THREADS=1
 common=(train --config "$ROOT/configs/laptop.ini" --model.width 8 --train.batch 8
         --train.threads 1 --train.max_steps "$STEPS" --log.progress false
         --gossip.consensus_every 0 --train.rank_eval_samples 0 --data.source "idx:$TMP/small")
-python3 - "$TMP/small" <<'PY'
-import gzip, os, sys
-src, out = "/usr/share/datasets/fashion-mnist", sys.argv[1]
-os.makedirs(out)
-for split, n in (("train", 1600), ("t10k", 500)):
-    for kind, head, size in (("images-idx3", 16, 784), ("labels-idx1", 8, 1)):
-        raw = gzip.open(f"{src}/{split}-{kind}-ubyte.gz").read()
-        data = bytearray(raw[:head + n * size])
-        data[4:8] = n.to_bytes(4, "big")
-        open(f"{out}/{split}-{kind}-ubyte", "wb").write(data)
-PY
+python3 "$ROOT/tests/gossip/cli/fmnist_subset.py" "$TMP/small" 1600 500
 cases=(
   "both|--gossip.mode both"
   "model-bf16-ef-cc|--gossip.mode model --gossip.model_wire bf16 --gossip.error_feedback true --gossip.consensus_bound 2e-6"
