@@ -8,6 +8,9 @@
 # job script's arguments. The job script sets CONFIG (configs/NAME.ini), SRUN_OPTS (srun options
 # of its machine), ROOT (the checkout, holding CONFIG), PROG (NAME.sbatch, the prefix of every
 # message) and die (print "PROG: message" on stderr, exit 1). Ends in exec of the launch line.
+# With --nodes and MPICH's mpirun (no Slurm, no GG_LAUNCH), one process is first started on every
+# node within GG_LAUNCH_PROBE_S seconds (60): a host that does not resolve or answer is named in
+# one line (exit 2) instead of a launch that waits for ever.
 set -euo pipefail
 SCRIPT=$1
 shift
@@ -37,7 +40,8 @@ while (($#)); do
     *) pass+=("$1") && shift ;;
     esac
 done
-[[ -z $hosts || $hosts =~ ^[A-Za-z0-9._-]+(,[A-Za-z0-9._-]+)*$ ]] ||
+# A host name starts with a letter or digit: '-localhost' reached mpirun as an option and hung.
+[[ -z $hosts || $hosts =~ ^[A-Za-z0-9][A-Za-z0-9._-]*(,[A-Za-z0-9][A-Za-z0-9._-]*)*$ ]] ||
     usage_error "--nodes '$hosts' is not a comma-separated list of host names"
 
 # Nodes: --nodes, else the Slurm allocation. Ranks per node: --ranks-per-node, else Slurm's,
@@ -49,14 +53,20 @@ elif [[ -n ${SLURM_JOB_NODELIST:-} ]]; then
     mode=slurm
     hosts=$SLURM_JOB_NODELIST
     nnodes=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-}}
-    [[ $nnodes =~ ^[1-9][0-9]*$ ]] || die "SLURM_JOB_NODELIST is set but SLURM_JOB_NUM_NODES is not a node count"
+    [[ $nnodes =~ ^[1-9][0-9]{0,5}$ ]] || die "SLURM_JOB_NODELIST is set but SLURM_JOB_NUM_NODES = '$nnodes' is not a node count"
     [[ -n $ppn ]] || ppn=${SLURM_NTASKS_PER_NODE:-}
 else
     usage_error "no node list: give --nodes host1,host2,... or submit with sbatch (SLURM_JOB_NODELIST is not set)"
 fi
 [[ -n $ppn ]] || ppn=$(intended_ppn)
-[[ $ppn =~ ^[1-9][0-9]*$ ]] || usage_error "--ranks-per-node '$ppn' must be a whole number of at least 1"
+# Bounded before any arithmetic: 4611686018427387904 per node wrapped to a negative rank count
+# (mpirun died by SIGFPE), 9999999999999999999 to "-8446744073709551617 ranks".
+if ! [[ $ppn =~ ^[1-9][0-9]{0,5}$ ]] || ((ppn > 4096)); then
+    usage_error "--ranks-per-node '$ppn' must be a whole number in [1, 4096]"
+fi
+((nnodes <= 65536)) || usage_error "$nnodes nodes: at most 65536"
 np=$((nnodes * ppn))
+((np <= 1048576)) || usage_error "$nnodes nodes x $ppn ranks per node = $np ranks: at most 1048576"
 
 # The launcher: GG_LAUNCH, else srun in a Slurm allocation, else MPICH's mpirun -hosts.
 if [[ -n ${GG_LAUNCH:-} ]]; then
@@ -81,6 +91,15 @@ if [[ ${launch[0]} == mpirun && $(mpirun --version 2>/dev/null || true) != *[Hh]
     die "this mpirun is not MPICH's hydra (no -hosts, -ppn): set GG_LAUNCH, e.g. 'mpirun --host {hosts} -N {ppn}'"
 fi
 
+# --nodes through MPICH's own launcher: one process on every node first, within a bound (it
+# waited for ever on a host that does not resolve or answer), GG_LAUNCH_PROBE_S seconds (60).
+if [[ $mode == hosts && -z ${GG_LAUNCH:-} ]]; then
+    probe_s=${GG_LAUNCH_PROBE_S:-60}
+    [[ $probe_s =~ ^[1-9][0-9]{0,4}$ ]] || usage_error "GG_LAUNCH_PROBE_S '$probe_s' must be a whole number of seconds in [1, 99999]"
+    if ! probe=$(timeout "$probe_s" mpirun -hosts "$hosts" -n "$nnodes" -ppn 1 true 2>&1); then
+        usage_error "mpirun could not start a process on every node of '$hosts' within $probe_s s (a host that does not resolve or answer?): $(tail -n 1 <<<"$probe" | cut -c1-160)"
+    fi
+fi
 if ((dry_run)); then
     cmd=("${launch[@]}" "$BIN" layout --config "$ROOT/$CONFIG" "${pass[@]}")
 else

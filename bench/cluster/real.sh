@@ -75,7 +75,7 @@ gossip() { # name options...
         --train.eval_batch 1000 --train.epochs 1 --gossip.consensus_every 0 \
         --gossip.timeout_s 600 --log.progress false --log.metrics "$file" --log.overwrite true \
         "$@" >"$OUT/$name-r$round.log" 2>&1 ||
-        { echo "real.sh: $name failed (see $OUT/$name-r$round.log)" >&2; return 0; }
+        { echo "real.sh: $name failed (see $OUT/$name-r$round.log)" >&2; FAILED+=("$name-r$round"); return 0; }
     local med
     med=$(/usr/bin/python3 -c '
 import json, statistics, sys
@@ -92,7 +92,7 @@ ddp() { # name options...
         --data "$DATA" --batch 32 --threads $THREADS --steps "$STEPS" --warmup 3 \
         --master-addr 10.213.0.1 --ifname "$PREFIX-eth" --json-out "$file" "$@" \
         >"$OUT/$name-r$round.log" 2>&1 ||
-        { echo "real.sh: $name failed (see $OUT/$name-r$round.log)" >&2; return 0; }
+        { echo "real.sh: $name failed (see $OUT/$name-r$round.log)" >&2; FAILED+=("$name-r$round"); return 0; }
     local med
     med=$(/usr/bin/python3 -c 'import json, sys; print("%.4f" % json.load(open(sys.argv[1]))["median_step_s"])' "$file")
     echo "$name,$round,$med,$(basename "$file")" >>"$CSV"
@@ -114,6 +114,7 @@ method() { # name
     *) die "GG_REAL_METHODS: unknown method '$1'" ;;
     esac
 }
+FAILED=()  # points that failed: the others run, the script ends non-zero naming them
 for ((round = 1; round <= ROUNDS; round++)); do
     for m in "${METHODS[@]}"; do method "$m"; done
 done
@@ -128,3 +129,7 @@ for m, v in sorted(med.items(), key=lambda kv: kv[1]):
     ratio = f"{best_ddp / v:.2f}x DDP's best" if best_ddp else ""
     print(f"real.sh: {m:18s} median {v:.3f} s over {len(rows[m])} rounds  {ratio}")
 PY
+if ((${#FAILED[@]})); then
+    echo "real.sh: ${#FAILED[@]} point(s) failed: ${FAILED[*]} (their logs in $OUT)" >&2
+    exit 1
+fi

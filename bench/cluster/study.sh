@@ -45,6 +45,9 @@
 # use another --out for such a study.
 # Output: DIR/points.csv (one line per point), DIR/*.jsonl|json (the runs), DIR/latency.csv, and
 # bench/cluster/summarize.py makes the table, the plot and the simulator's predictions.
+# A method word it does not know, or a point the run would refuse (each gossip point's dry run at
+# its p), ends it in one line, exit 2, before anything is made; a point that fails is logged, the
+# others run, and the study ends with exit 1 naming the failed points.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -269,6 +272,98 @@ for point in "${PLANNED[@]}"; do
     [[ $point =~ ^[1-9][0-9]*\ [1-9][0-9]*\ (quiet|jitter|straggler)\ [a-z0-9@+]+(\ [1-9][0-9]*)?$ ]] ||
         { echo "study.sh: point '$point': write 'p rate_mbit quiet|jitter|straggler method [K]' (see --help)" >&2 && exit 2; }
 done
+# The methods' words: a word the runs below do not know ran as something else under its name
+# (a wire misspelt ran fp32), so each is checked: ddp, ddp+fp16, ddp+powersgd, or
+# MODE[@TRANSPORT] and tags.
+method_ok() {
+    local m=$1 tag
+    [[ $m == ddp || $m == ddp+fp16 || $m == ddp+powersgd ]] && return 0
+    [[ ${m%%+*} =~ ^(grad|both|model|gossipgrad|allreduce)(@(p2p|rma|shm|auto))?$ ]] || return 1
+    [[ $m == *+* ]] || return 0
+    # +nooverlap asks for what grad and allreduce do anyway (their run would only warn).
+    [[ ${m%%[@+]*} =~ ^(grad|allreduce)$ && $m == *+nooverlap* ]] && return 1
+    local IFS=+
+    for tag in ${m#*+}; do
+        [[ $tag =~ ^(every4|bf16|int8|int4|choco|sr|ring|lowrank[1-9][0-9]*|nooverlap|pipeline|stale|lag|ppn2|hier)$ ]] ||
+            return 1
+    done
+}
+for point in "${PLANNED[@]}"; do
+    read -r _ _ _ method _ <<<"$point"
+    method_ok "$method" || {
+        echo "study.sh: point '$point': unknown method '$method' (ddp, ddp+fp16, ddp+powersgd, or MODE[@TRANSPORT][+every4][+bf16|+int8|+int4][+choco][+sr][+ring][+lowrankN][+nooverlap|+pipeline][+stale][+lag][+ppn2|+hier])" >&2
+        exit 2
+    }
+done
+# Ranks per node of a method: 2 for +ppn2 and +hier, else 1.
+ppn_of() { [[ $1 == *+ppn2* || $1 == *+hier* ]] && echo 2 || echo 1; }
+
+# The train options of a gossip point (p method fwd bwd upd jitter slow), one per line.
+gossip_args() {
+    local p=$1 method=$2 fwd=$3 bwd=$4 upd=$5 jitter=$6 slow=$7
+    local ppn
+    ppn=$(ppn_of "$method")
+    # MODE[@TRANSPORT][+every4][+bf16|+int8|+int4][+choco][+sr][+lowrankN][+nooverlap|+pipeline][+stale][+lag][+ppn2|+hier]
+    local spec=${method%%+*} wire=fp32 stale=0 lag=0 hier=none every=1
+    local overlap=true feedback=false pipeline=false
+    local mode=${spec%@*} transport=$TRANSPORT
+    ((ppn > 1)) && transport=auto
+    [[ $spec == *@* ]] && transport=${spec#*@}
+    [[ $method == *+hier* ]] && hier=node
+    [[ $method == *+every4* ]] && every=4
+    [[ $method == *+bf16* ]] && wire=bf16
+    [[ $method == *+int8* ]] && wire=int8 && feedback=true
+    [[ $method == *+int4* ]] && wire=int4 && feedback=true
+    [[ $method == *+nooverlap* ]] && overlap=false
+    [[ $method == *+pipeline* ]] && overlap=false && pipeline=true
+    # +choco: the weights' difference to CHOCO's public copies (no error feedback; choco
+    # needs the same partners again, so the schedule does not rotate).
+    local choco=()
+    [[ $method == *+choco* ]] && feedback=false && choco=(--gossip.choco true)
+    # +ring: the ring schedule (one partner each way, the same every step).
+    [[ $method == *+ring* ]] && choco+=(--gossip.schedule ring)
+    [[ $method == *+sr* ]] && choco+=(--gossip.rounding stochastic)
+    [[ $method == *+choco* || $method == *+ring* ]] && choco+=(--gossip.rotate false)
+    # +lowrankN: low-rank gossip of rank N (PowerGossip: the hypercube's pairs, no rotation).
+    [[ $method =~ \+lowrank([0-9]+) ]] &&
+        choco+=(--gossip.low_rank "${BASH_REMATCH[1]}" --gossip.schedule hypercube --gossip.rotate false)
+    # Each wire only where the mode sends that buffer (a wire for a buffer the mode never
+    # sends is refused): the gradients' in grad and both, the weights' in the others.
+    local grad_wire=fp32 model_wire=fp32
+    [[ $mode == grad || $mode == both ]] && grad_wire=$wire
+    [[ $mode == model || $mode == both || $mode == gossipgrad ]] && model_wire=$wire
+    [[ $method == *+stale* ]] && stale=1
+    [[ $method == *+lag* ]] && lag=1
+    printf '%s\n' --config "$BASE" --model.name resnet50 --train.batch "$BATCH" \
+        --train.threads 1 --data.augment false --train.max_steps $((WARMUP + STEPS)) \
+        --gossip.mode "$mode" --gossip.transport "$transport" \
+        --gossip.wire "$grad_wire" --gossip.model_wire "$model_wire" --gossip.bucket_kb $BUCKET_KB \
+        --gossip.error_feedback $feedback "${choco[@]}" \
+        --gossip.consensus_every 0 --gossip.staleness $stale --guard.lag $lag \
+        --gossip.hierarchy $hier --gossip.model_every $every --gossip.overlap_model $overlap \
+        --gossip.pipeline_weights $pipeline \
+        --gossip.timeout_s 1200 --emulate.forward_ms "$fwd" \
+        --emulate.backward_ms "$bwd" --emulate.update_ms "$upd" \
+        --emulate.jitter_p99 "$jitter" --emulate.slow "$slow" --log.progress false "${STUDY_EXTRA[@]}"
+}
+
+# Every gossip point's verdict from the dry run at its rank count before anything runs (a
+# schedule that needs another p, a tag its mode does not honour): one line, exit 2.
+check_points() {
+    local point p method err args base=$ROOT/configs/laptop.ini
+    [[ -f $OUT/base.ini ]] && base=$OUT/base.ini
+    for point in "${PLANNED[@]}"; do
+        read -r p _ _ method _ <<<"$point"
+        [[ $method == ddp* ]] && continue
+        mapfile -t args < <(BASE=$base gossip_args "$p" "$method" 1 1 1 1 '')
+        if ! err=$(env PMI_SIZE="$p" GG_RANKS_PER_NODE="$(ppn_of "$method")" "$BIN" train "${args[@]}" \
+            --dry-run 2>&1 >/dev/null); then
+            echo "study.sh: point '$point': $(grep -m1 'error:' <<<"$err" | sed 's/^gossipgrad: error: //')" >&2
+            exit 2
+        fi
+    done
+}
+check_points
 mkdir -p "$OUT"
 CSV=$OUT/points.csv
 [[ -f $CSV ]] || echo "p,rate_mbit,condition,method,dilation,link_mbit,warmup,steps,file" >"$CSV"
@@ -283,9 +378,6 @@ trap 'exit 130' INT TERM
 dilation() { echo $((($1 * $2 + BUDGET - 1) / BUDGET)); }
 
 times_k() { awk -v a="$1" -v k="$2" 'BEGIN { printf "%g", a * k }'; }
-
-# Ranks per node of a method: 2 for +ppn2 and +hier, else 1.
-ppn_of() { [[ $1 == *+ppn2* || $1 == *+hier* ]] && echo 2 || echo 1; }
 
 run_point() { # p rate condition method K
     local p=$1 rate=$2 cond=$3 method=$4
@@ -317,54 +409,16 @@ run_point() { # p rate condition method K
             --warmup "$WARMUP" --master-addr 10.213.0.1 --ifname "$PREFIX-eth" --timeout-s 600 \
             --json-out "$file" >"$OUT/$name.log" 2>&1 || {
             echo "study.sh: $name failed (see $OUT/$name.log)" >&2
+            FAILED+=("$name")
             return 0
         }
     else
-        # MODE[@TRANSPORT][+every4][+bf16|+int8|+int4][+choco][+sr][+lowrankN][+nooverlap|+pipeline][+stale][+lag][+ppn2|+hier]
-        local file=$OUT/$name.jsonl spec=${method%%+*} wire=fp32 stale=0 lag=0 hier=none every=1
-        local overlap=true feedback=false pipeline=false
-        local mode=${spec%@*} transport=$TRANSPORT
-        ((ppn > 1)) && transport=auto
-        [[ $spec == *@* ]] && transport=${spec#*@}
-        [[ $method == *+hier* ]] && hier=node
-        [[ $method == *+every4* ]] && every=4
-        [[ $method == *+bf16* ]] && wire=bf16
-        [[ $method == *+int8* ]] && wire=int8 && feedback=true
-        [[ $method == *+int4* ]] && wire=int4 && feedback=true
-        [[ $method == *+nooverlap* ]] && overlap=false
-        [[ $method == *+pipeline* ]] && overlap=false && pipeline=true
-        # +choco: the weights' difference to CHOCO's public copies (no error feedback; choco
-        # needs the same partners again, so the schedule does not rotate).
-        local choco=()
-        [[ $method == *+choco* ]] && feedback=false && choco=(--gossip.choco true)
-        # +ring: the ring schedule (one partner each way, the same every step).
-        [[ $method == *+ring* ]] && choco+=(--gossip.schedule ring)
-        [[ $method == *+sr* ]] && choco+=(--gossip.rounding stochastic)
-        [[ $method == *+choco* || $method == *+ring* ]] && choco+=(--gossip.rotate false)
-        # +lowrankN: low-rank gossip of rank N (PowerGossip: the hypercube's pairs, no rotation).
-        [[ $method =~ \+lowrank([0-9]+) ]] &&
-            choco+=(--gossip.low_rank "${BASH_REMATCH[1]}" --gossip.schedule hypercube --gossip.rotate false)
-        # Each wire only where the mode sends that buffer (a wire for a buffer the mode never
-        # sends is refused): the gradients' in grad and both, the weights' in the others.
-        local grad_wire=fp32 model_wire=fp32
-        [[ $mode == grad || $mode == both ]] && grad_wire=$wire
-        [[ $mode == model || $mode == both || $mode == gossipgrad ]] && model_wire=$wire
-        [[ $method == *+stale* ]] && stale=1
-        [[ $method == *+lag* ]] && lag=1
-        "$CLUSTER" --prefix "$PREFIX" run -n "$p" -ppn "$ppn" -- "$BIN" train \
-            --config "$BASE" --model.name resnet50 --train.batch "$BATCH" \
-            --train.threads 1 --data.augment false --train.max_steps $((WARMUP + STEPS)) \
-            --gossip.mode "$mode" --gossip.transport "$transport" \
-            --gossip.wire "$grad_wire" --gossip.model_wire "$model_wire" --gossip.bucket_kb $BUCKET_KB \
-            --gossip.error_feedback $feedback "${choco[@]}" \
-            --gossip.consensus_every 0 --gossip.staleness $stale --guard.lag $lag \
-            --gossip.hierarchy $hier --gossip.model_every $every --gossip.overlap_model $overlap \
-            --gossip.pipeline_weights $pipeline \
-            --gossip.timeout_s 1200 --emulate.forward_ms "$fwd" \
-            --emulate.backward_ms "$bwd" --emulate.update_ms "$upd" \
-            --emulate.jitter_p99 "$jitter" --emulate.slow "$slow" --log.progress false \
-            --log.metrics "$file" --log.overwrite true "${STUDY_EXTRA[@]}" >"$OUT/$name.log" 2>&1 || {
+        local file=$OUT/$name.jsonl args
+        mapfile -t args < <(gossip_args "$p" "$method" "$fwd" "$bwd" "$upd" "$jitter" "$slow")
+        "$CLUSTER" --prefix "$PREFIX" run -n "$p" -ppn "$ppn" -- "$BIN" train "${args[@]}" \
+            --log.metrics "$file" --log.overwrite true >"$OUT/$name.log" 2>&1 || {
             echo "study.sh: $name failed (see $OUT/$name.log)" >&2
+            FAILED+=("$name")
             return 0
         }
     fi
@@ -385,6 +439,7 @@ measure_latency() { # p K link_mbit
         --runs 9 --methods p2p 2>/dev/null | grep "^$1,p2p,4096," || true)
     [[ -n $row ]] || {
         echo "study.sh: the latency at p = $1 could not be measured" >&2
+        FAILED+=("latency-p$1")
         return 0
     }
     echo "$1,$2,$3,$(cut -d, -f4 <<<"$row")" >>"$LAT"
@@ -393,6 +448,7 @@ measure_latency() { # p K link_mbit
 # A point already in points.csv (an interrupted study run again) is not run again.
 done_already() { grep -q "^$1,$2,$3,$4," "$CSV"; }
 
+FAILED=()  # points that failed: the others run, the study ends non-zero naming them
 echo "study.sh: ${#PLANNED[@]} points, plan $PLAN, profile $PROFILE, budget $BUDGET Mbit/s, out $OUT"
 nodes=0
 for point in "${PLANNED[@]}"; do
@@ -417,4 +473,8 @@ for point in "${PLANNED[@]}"; do
     ((need == p)) && measure_latency "$p" "$k" "$((rate / k))"
     run_point "$p" "$rate" "$cond" "$method" "$k"
 done
+if ((${#FAILED[@]})); then
+    echo "study.sh: ${#FAILED[@]} point(s) failed: ${FAILED[*]} (their logs in $OUT); the others are in $CSV" >&2
+    exit 1
+fi
 echo "study.sh: done; summarize with: /usr/bin/python3 $HERE/summarize.py $OUT"

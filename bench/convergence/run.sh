@@ -19,7 +19,9 @@
 # model-lowrank4 (low-rank gossip of rank 1 / 4, PowerGossip: gossip.low_rank, fp32 factors, the
 # hypercube without rotation), grad-global (grad with an exact average of
 # the weights every 50 steps), grad-skip (staleness 1, late buckets skipped, guard.lag 1)).
-# Default: all but the lean ones.
+# Default: all but the lean ones. A variant it does not know, or one whose run would be refused at
+# a rank count (the dry run at that count, PMI_SIZE), ends it in one line before anything runs;
+# the first run that fails ends it with exit 1.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RANKS=("${@:-2 4 8}")
@@ -30,13 +32,21 @@ gg_int EPOCHS "$EPOCHS" 1 100000
 gg_ints RANKS 1 4096 "${RANKS[@]}"
 NAME=${NAME:-$(hostname)}
 gg_name NAME "$NAME"
+KNOWN=(single allreduce both grad model both-norotate both-shuffle grad-bf16 model-bf16 both-bf16
+  model-int8 model-int4 model-int8-choco model-int4-choco model-int8-choco-sr model-int4-choco-sr
+  model-lowrank1 model-lowrank4 grad-stale both-every4 both-every4-bf16 grad-global grad-skip grad-hier)
+read -r -a VARIANTS <<<"${VARIANTS:-single allreduce both grad model both-norotate both-shuffle}"
+((${#VARIANTS[@]})) || { echo "bench/convergence: VARIANTS is empty: name some of: ${KNOWN[*]}" >&2; exit 2; }
+for v in "${VARIANTS[@]}"; do
+  [[ " ${KNOWN[*]} " == *" $v "* ]] ||
+    { echo "bench/convergence: VARIANTS: unknown variant '$v'; known: ${KNOWN[*]}" >&2; exit 2; }
+done
 if [ -n "${GG_BIN:-}" ] && [ ! -x "$GG_BIN" ]; then
   echo "bench/convergence: GG_BIN=$GG_BIN is not an executable" >&2
   exit 2
 fi
 read -r -a EXTRA <<<"${EXTRA:-}"
 ./scripts/deps.sh
-command -v gnuplot >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gnuplot-nox >/dev/null; }
 # GG_BIN: a gossipgrad already built from this checkout (default: build it in build/).
 BIN=${GG_BIN:-}
 if [ -z "$BIN" ]; then
@@ -46,19 +56,31 @@ if [ -z "$BIN" ]; then
 fi
 OUT=bench/results/convergence-$NAME
 RUNS=$OUT.runs
-mkdir -p "$RUNS"
+# PHASE check: every run's verdict from the dry run at its rank count (PMI_SIZE), before any
+# runs; PHASE run: the runs, the first that fails ends the script with its line (exit 1).
+PHASE=check
 run() { # name ranks options...
   local name=$1 p=$2
   shift 2
+  if [ "$PHASE" = check ]; then
+    local err
+    if ! err=$(env PMI_SIZE="$p" ${RUN_ENV:-} "$BIN" train --config configs/laptop.ini \
+      --train.epochs "$EPOCHS" --log.progress false "${EXTRA[@]}" "$@" --dry-run 2>&1 >/dev/null); then
+      echo "convergence: $name ($p ranks): $(grep -m1 'error:' <<<"$err" | sed 's/^gossipgrad: error: //')" >&2
+      exit 2
+    fi
+    return 0
+  fi
   echo "convergence: $name ($p ranks)" >&2
   local over=()
   [ "$p" -le "$(nproc)" ] && over=(-bind-to core)
   OMP_NUM_THREADS=1 ${RUN_ENV:-} mpirun -n "$p" "${over[@]}" "$BIN" train --config configs/laptop.ini \
     --train.epochs "$EPOCHS" --log.metrics "$RUNS/$name.jsonl" --log.overwrite true \
-    --log.progress false "${EXTRA[@]}" "$@" >"$RUNS/$name.log" 2>&1
+    --log.progress false "${EXTRA[@]}" "$@" >"$RUNS/$name.log" 2>&1 ||
+    { echo "convergence: $name failed: $(tail -2 "$RUNS/$name.log")" >&2; exit 1; }
 }
-read -r -a VARIANTS <<<"${VARIANTS:-single allreduce both grad model both-norotate both-shuffle}"
 want() { [[ " ${VARIANTS[*]} " == *" $1 "* ]]; }
+all_runs() {
 if want single; then run "p1-single" 1 --gossip.mode allreduce; fi
 for p in "${RANKS[@]}"; do
   if want allreduce; then run "p$p-allreduce" "$p" --gossip.mode allreduce; fi
@@ -114,6 +136,12 @@ for p in "${RANKS[@]}"; do
       --gossip.hierarchy node
   fi
 done
+}
+all_runs
+command -v gnuplot >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gnuplot-nox >/dev/null; }
+PHASE=run
+mkdir -p "$RUNS"
+all_runs
 python3 - "$RUNS" "$OUT" <<'PY'
 import glob, json, os, sys
 runs, out = sys.argv[1], sys.argv[2]

@@ -45,7 +45,10 @@
 #   *-cc<B>       any gossip mode with consensus control, gossip.consensus_bound B (a global
 #                 average when the ranks' relative distance estimate exceeds B), e.g.
 #                 model-bf16-cc1e-4
-# (default: allreduce both model-bf16 gossipgrad).
+# (default: allreduce both model-bf16 gossipgrad). A mode it does not know, a suffix that would
+# change nothing for its mode (model-choco without a lossy wire, allreduce-global50,
+# grad-nooverlap), a p and BATCH with no step per epoch, or a point the run would refuse (the dry
+# run: model-lowrank1 at p = 6) ends it in one line, exit 2, before anything runs.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/checks.sh
@@ -66,36 +69,57 @@ gg_int MIN_STEPS "$MIN_STEPS" 0 1000000
 gg_int RANK_EVAL "$RANK_EVAL" 0 10000
 gg_ints P 2 4096 "${PS[@]}"
 gg_ints SEEDS 0 1000000 "${SEEDS[@]}"
-options_of() { # mode -> its train options
-  local mode=$1 global="" bound=""
+options_of() { # mode -> its train options; a name that would run something else: one line, exit 2
+  local mode=$1 global="" bound="" nooverlap="" ring="" lowrank="" choco=""
+  refuse() { echo "bench/scale: mode '$1': $2" >&2; exit 2; }
   if [[ $mode =~ ^(.*)-cc([0-9.]+(e-?[0-9]+)?)$ ]]; then mode=${BASH_REMATCH[1]}; bound=${BASH_REMATCH[2]}; fi
   if [[ $mode =~ ^(.*)-global([0-9]+)$ ]]; then mode=${BASH_REMATCH[1]}; global=${BASH_REMATCH[2]}; fi
-  if [[ $mode =~ ^(.*)-nooverlap$ ]]; then mode=${BASH_REMATCH[1]}; echo "--gossip.overlap_model false"; fi
+  if [[ $mode =~ ^(.*)-nooverlap$ ]]; then mode=${BASH_REMATCH[1]}; nooverlap=1; echo "--gossip.overlap_model false"; fi
   local fixed=""  # choco and the ring: the same partners again, no rotation
-  if [[ $mode =~ ^(.*)-ring$ ]]; then mode=${BASH_REMATCH[1]}; fixed=1; echo "--gossip.schedule ring"; fi
+  if [[ $mode =~ ^(.*)-ring$ ]]; then mode=${BASH_REMATCH[1]}; fixed=1; ring=1; echo "--gossip.schedule ring"; fi
   if [[ $mode =~ ^(.*-int[48].*)-sr$ ]]; then mode=${BASH_REMATCH[1]}; echo "--gossip.rounding stochastic"; fi
   if [[ $mode =~ ^(model|gossipgrad)-lowrank([0-9]+)$ ]]; then
-    mode=${BASH_REMATCH[1]}
+    mode=${BASH_REMATCH[1]}; lowrank=1
     echo "--gossip.low_rank ${BASH_REMATCH[2]} --gossip.schedule hypercube --gossip.rotate false"
   fi
   local feedback="--gossip.error_feedback true"
-  if [[ $mode =~ ^(.*)-choco$ ]]; then mode=${BASH_REMATCH[1]}; fixed=1; feedback="--gossip.choco true"; fi
+  if [[ $mode =~ ^(.*)-choco$ ]]; then mode=${BASH_REMATCH[1]}; fixed=1; choco=1; feedback="--gossip.choco true"; fi
   [ -z "$fixed" ] || echo "--gossip.rotate false"
+  # Suffixes that would run a mode as another one under this name (issue 52: model-choco ran
+  # plain model): refused.
+  [ -z "$ring" ] || [ -z "$lowrank" ] ||
+    refuse "$1" "low-rank gossip runs on the hypercube's pairs, not the ring: drop -ring"
   case $mode in
-    allreduce | both | model | gossipgrad | grad) echo "--gossip.mode $mode" ;;
+    allreduce | grad)
+      [ -z "$choco$nooverlap" ] ||
+        refuse "$1" "-choco and -nooverlap act on the weights' gossip, which $mode has not"
+      [ "$mode" != allreduce ] || [ -z "$global$bound$ring" ] ||
+        refuse "$1" "allreduce averages exactly at every step: -global, -cc and -ring would change nothing"
+      echo "--gossip.mode $mode" ;;
+    both | model | gossipgrad)
+      [ -z "$choco" ] ||
+        refuse "$1" "-choco sends a lossy wire's difference to the public copies: name the wire first, e.g. model-int4-choco"
+      echo "--gossip.mode $mode" ;;
     model-bf16 | model-int8 | model-int4 | gossipgrad-bf16 | gossipgrad-int8 | gossipgrad-int4)
       echo "--gossip.mode ${mode%-*} --gossip.model_wire ${mode##*-} $feedback" ;;
-    *) echo "bench/scale: unknown mode '$1' (see the usage at the top of $0)" >&2; exit 2 ;;
+    *) refuse "$1" "unknown (see the usage at the top of $0)" ;;
   esac
   [ -z "$global" ] || echo "--gossip.global_every $global"
   [ -z "$bound" ] || echo "--gossip.consensus_bound $bound"
 }
 for m in "${MODES[@]}"; do options_of "$m" >/dev/null; done
+# Steps per epoch at each p: Fashion-MNIST's 60,000 training images over p x BATCH (none: the
+# epoch loop below would never end).
+for p in "${PS[@]}"; do
+  if ((60000 / (p * BATCH) < 1)); then
+    echo "bench/scale: BATCH = $BATCH at p = $p leaves no step in an epoch (60000 images / (p x BATCH) = 0): lower BATCH or p" >&2
+    exit 2
+  fi
+done
 if [ -n "${GG_BIN:-}" ] && [ ! -x "$GG_BIN" ]; then
   echo "bench/scale: GG_BIN = $GG_BIN is not an executable" >&2
   exit 2
 fi
-command -v gnuplot >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gnuplot-nox >/dev/null; }
 # GG_BIN: a gossipgrad already built (of this checkout: it must accept configs/laptop.ini).
 BIN=${GG_BIN:-}
 if [ -z "$BIN" ]; then
@@ -105,6 +129,30 @@ if [ -z "$BIN" ]; then
   BIN=build/gossip/gossipgrad
 fi
 [ -x "$BIN" ] || { echo "bench/scale: GG_BIN = $BIN is not an executable" >&2; exit 2; }
+epochs_at() { # p -> the epochs of that p's runs
+  local per_epoch=$((60000 / ($1 * BATCH))) epochs=$EPOCHS
+  while ((epochs * per_epoch < MIN_STEPS)); do epochs=$((epochs + 1)); done
+  echo "$epochs"
+}
+train_args() { # p mode seed -> the run's train options, one per line
+  printf '%s\n' train --config configs/laptop.ini --train.virtual_ranks "$1" --train.batch "$BATCH" \
+    --train.epochs "$(epochs_at "$1")" --train.seed "$3" --train.rank_eval_samples "$RANK_EVAL" \
+    --gossip.consensus_every 0 --log.progress false
+  options_of "$2" | tr ' ' '\n' | sed '/^$/d'
+  ((${#EXTRA[@]} == 0)) || printf '%s\n' "${EXTRA[@]}"
+}
+# Every point's verdict before any runs (the dry run refuses what the run would: a schedule that
+# needs another p, a setting the mode does not honour): one line, exit 2, nothing made.
+for p in "${PS[@]}"; do
+  for mode in "${MODES[@]}"; do
+    mapfile -t args < <(train_args "$p" "$mode" "${SEEDS[0]}")
+    if ! err=$("$BIN" "${args[@]}" --dry-run 2>&1 >/dev/null); then
+      echo "bench/scale: p = $p, mode $mode: $(grep -m1 'error:' <<<"$err" | sed 's/^gossipgrad: error: //')" >&2
+      exit 2
+    fi
+  done
+done
+command -v gnuplot >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gnuplot-nox >/dev/null; }
 OUT=bench/results/scale-$NAME
 RUNS=$OUT.runs
 mkdir -p "$RUNS"
@@ -115,17 +163,10 @@ for seed in "${SEEDS[@]}"; do
   for p in "${PS[@]}"; do
     for mode in "${MODES[@]}"; do
       n=$((n + 1)); run="p$p-$mode-s$seed"
-      read -r -a opts <<<"$(options_of "$mode" | tr '\n' ' ')"
+      mapfile -t args < <(train_args "$p" "$mode" "$seed")
       echo "bench/scale: [$n/$total] $run" >&2
       start=$(date +%s)
-      # Fashion-MNIST's 60,000 training images, the last partial global batch dropped.
-      per_epoch=$((60000 / (p * BATCH)))
-      epochs=$EPOCHS
-      while ((epochs * per_epoch < MIN_STEPS)); do epochs=$((epochs + 1)); done
-      "$BIN" train --config configs/laptop.ini --train.virtual_ranks "$p" \
-        --train.batch "$BATCH" --train.epochs "$epochs" --train.seed "$seed" \
-        --train.rank_eval_samples "$RANK_EVAL" --gossip.consensus_every 0 --log.progress false \
-        --log.metrics "$RUNS/$run.jsonl" --log.overwrite true "${opts[@]}" "${EXTRA[@]}" \
+      "$BIN" "${args[@]}" --log.metrics "$RUNS/$run.jsonl" --log.overwrite true \
         >"$RUNS/$run.log" 2>&1 || { echo "bench/scale: $run failed: $(tail -2 "$RUNS/$run.log")" >&2; exit 1; }
       echo "  $(grep '^done' "$RUNS/$run.log" | cut -c1-150) ($(($(date +%s) - start)) s)" >&2
     done
