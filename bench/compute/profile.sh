@@ -43,7 +43,7 @@ trap 'rm -rf "$TMP"' EXIT
   echo
   echo "Command: \`bench/compute/profile.sh ${SETTINGS[*]}\` (STEPS=$STEPS after 1 warm-up step;"
   echo "ONEDNN_VERBOSE=1 times each primitive, which adds a little to every call)."
-} >"$OUT.md"
+} >"$TMP/report.md"  # moved over $OUT.md once every setting ran: a failure keeps the old one
 # quiet WHAT COMMAND...: runs COMMAND with its stderr set aside; when it fails, says so in one line
 # with the command's own reason (common.sh's tool_reason) and exits with its status (it used to
 # exit silently).
@@ -77,7 +77,7 @@ for s in "${SETTINGS[@]}"; do
         >"$TMP/torch$k.txt"
     done
   fi
-  /usr/bin/python3 - "$TMP" "$STEPS" "$batch" "$s" >>"$OUT.md" <<'PY'
+  /usr/bin/python3 - "$TMP" "$STEPS" "$batch" "$s" >>"$TMP/report.md" <<'PY'
 import collections, csv, re, sys
 tmp, steps, batch, setting = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 
@@ -172,5 +172,6 @@ print(f"\nPyTorch ({torch_rows[0].split(',')[0]}, same oneDNN), per step: "
       f"convolutions (it spends {step_s * 1e3 - conv(total):.0f}).")
 PY
 done
+mv "$TMP/report.md" "$OUT.md"
 cat "$OUT.md"
 echo "profile.sh: wrote $OUT.md" >&2

@@ -28,6 +28,31 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/checks.sh
+# check_settings PRECISIONS SETTING...: each MODEL:BATCH:RES:THREADS[:PRECISION] (CUDA:
+# MODEL:BATCH:RES:PRECISION) names a torchvision model both sides build and numbers in range;
+# checked before anything runs or a results file is rewritten (an unknown model truncated the
+# results, then failed in a traceback).
+check_settings() {
+  local precisions=$1 s model batch res threads precision
+  shift
+  for s in "$@"; do
+    if [ "$BACKEND" = cuda ]; then
+      IFS=: read -r model batch res precision <<<"$s"
+      threads=1
+    else
+      IFS=: read -r model batch res threads precision <<<"$s"
+    fi
+    case $model in
+      resnet18 | resnet34 | resnet50 | resnet101 | resnet152 | googlenet) ;;
+      *) echo "run.sh: setting '$s': model '$model' is not one both gossipgrad and torchvision build (resnet18, resnet34, resnet50, resnet101, resnet152, googlenet)" >&2; exit 2 ;;
+    esac
+    gg_int "BATCH of '$s'" "$batch" 1 4096
+    gg_int "RES of '$s'" "$res" 32 1024
+    gg_int "THREADS of '$s'" "$threads" 1 1024
+    [[ " $precisions " == *" ${precision:-fp32} "* ]] ||
+      { echo "run.sh: setting '$s': precision '$precision' is not one of: $precisions" >&2; exit 2; }
+  done
+}
 if [ "${1:-}" = "--backend" ]; then
   BACKEND="${2:?--backend needs a value}"
   shift 2
@@ -41,6 +66,7 @@ fi
 if [ "$BACKEND" = "cuda" ]; then
   SETTINGS=("${@:-resnet50:256:224:tf32 resnet50:256:224:bf16 googlenet:256:224:tf32 googlenet:256:224:bf16}")
   read -r -a SETTINGS <<<"${SETTINGS[*]}"
+  check_settings "tf32 bf16 fp32" "${SETTINGS[@]}"
   REPEATS=${REPEATS:-3}
   STEPS=${STEPS:-20}
   WARMUP=${WARMUP:-5}
@@ -105,6 +131,7 @@ PY
 fi
 SETTINGS=("${@:-resnet50:16:224:2 googlenet:16:224:2 resnet50:16:64:2 googlenet:16:64:2 resnet50:16:224:2:bf16 googlenet:16:224:2:bf16 resnet50:16:64:2:bf16 googlenet:16:64:2:bf16}")
 read -r -a SETTINGS <<<"${SETTINGS[*]}"
+check_settings "fp32 bf16" "${SETTINGS[@]}"
 REPEATS=${REPEATS:-3}
 STEPS=${STEPS:-10}
 WARMUP=${WARMUP:-3}

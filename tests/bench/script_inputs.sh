@@ -57,6 +57,14 @@ expect "exchanges no weights" -- env GG_STUDY_POINTS="4 1000 quiet grad+int4+cho
 [ ! -e "$TMP/s1" ] || { echo "FAIL: study.sh made its folder before refusing"; fail=1; }
 unset GG_COMM_BIN
 
+# bench/compute/run.sh: a setting's model or numbers, before it rewrites its results (an unknown
+# model truncated bench/results/compute-*.csv, then ended in a Python traceback).
+expect "model 'resnet51' is not one both gossipgrad and torchvision build" -- bench/compute/run.sh resnet51:16:224:2
+expect "precision 'fp16' is not one of: fp32 bf16" -- bench/compute/run.sh resnet50:16:224:2:fp16
+expect "THREADS of 'googlenet:16:64:99999' = '99999'" -- bench/compute/run.sh googlenet:16:64:99999
+expect "precision 'int8' is not one of" -- bench/compute/run.sh --backend cuda resnet50:16:224:int8
+[ -z "$(git status --porcelain bench/results)" ] || { echo "FAIL: bench/results changed"; fail=1; }
+
 # The job scripts (configs/*.sbatch through configs/launch.sh): numbers that wrapped, a host that
 # reached mpirun as an option, a host that does not answer (MPICH's launcher waited for ever).
 for s in cpu-cluster h100 p100-ib knl-aries; do
