@@ -5,6 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RANKS=("${@:-2}")
+read -r -a RANKS <<<"${RANKS[*]}"
+. scripts/checks.sh
+gg_ints RANKS 2 1024 "${RANKS[@]}"
 ./scripts/deps.sh
 command -v gnuplot >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gnuplot-nox; }
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DGG_BENCH=ON >/dev/null
@@ -15,8 +18,11 @@ OUT=bench/results/comm-$(hostname)
   echo "# $(date -u +%FT%TZ) $(uname -srm), $(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 } >"$OUT.txt"
 for p in "${RANKS[@]}"; do
-  OMP_NUM_THREADS=1 mpirun -n "$p" build/bench/gg_bench_comm | tee -a "$OUT.txt" | grep -v '^#' |
-    grep -v '^ranks' >>"$OUT.csv" || true
+  # A rank count that fails ends the script with its line (its rows were silently missing).
+  OMP_NUM_THREADS=1 mpirun -n "$p" build/bench/gg_bench_comm >"$OUT.p$p.tmp" 2>&1 ||
+    { echo "bench/comm: p = $p failed: $(tail -2 "$OUT.p$p.tmp")" >&2; rm -f "$OUT.p$p.tmp"; exit 1; }
+  tee -a "$OUT.txt" <"$OUT.p$p.tmp" | grep -v '^#' | { grep -v '^ranks' || true; } >>"$OUT.csv"
+  rm -f "$OUT.p$p.tmp"
 done
 sed -i '1i ranks,method,bytes,median_s,min_s,runs' "$OUT.csv"
 python3 - "$OUT.csv" <<'PY' >"$OUT.md"

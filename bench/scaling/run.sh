@@ -25,6 +25,9 @@ gg_int WARM "$WARM" 0
 gg_int THREADS "$THREADS" 1 1024
 gg_ints RANKS 1 4096 "${RANKS[@]}"
 ((WARM < STEPS)) || { echo "run.sh: WARM = $WARM must be below STEPS = $STEPS" >&2; exit 2; }
+[ -f "$CONFIG" ] || { echo "run.sh: config '$CONFIG' is not a file (usage: bench/scaling/run.sh [CONFIG] [RANKS...])" >&2; exit 2; }
+[[ " ${RANKS[*]} " == *" 1 "* ]] ||
+  { echo "run.sh: RANKS = '${RANKS[*]}' must include 1: the one-rank step drives the simulator and the efficiency" >&2; exit 2; }
 read -r -a EXTRA <<<"${EXTRA:-}"
 ./scripts/deps.sh
 command -v gnuplot >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gnuplot-nox >/dev/null; }
@@ -45,7 +48,8 @@ for p in "${RANKS[@]}"; do
     echo "scaling: $p rank(s), $mode" >&2
     OMP_NUM_THREADS=$THREADS mpirun -n "$p" "$BIN" train --config "$CONFIG" \
       --train.max_steps "$STEPS" --train.threads "$THREADS" --gossip.mode "$mode" \
-      --log.metrics "$TMP/$p-$mode.jsonl" --log.progress false "${EXTRA[@]}" >>"$OUT.txt" 2>&1
+      --log.metrics "$TMP/$p-$mode.jsonl" --log.progress false "${EXTRA[@]}" >>"$OUT.txt" 2>&1 ||
+      { echo "scaling: $p rank(s), $mode failed: $(tail -2 "$OUT.txt")" >&2; exit 1; }
   done
 done
 # The one-rank compute per step, measured in the same session, drives the simulator.

@@ -65,6 +65,12 @@ expect "THREADS of 'googlenet:16:64:99999' = '99999'" -- bench/compute/run.sh go
 expect "precision 'int8' is not one of" -- bench/compute/run.sh --backend cuda resnet50:16:224:int8
 [ -z "$(git status --porcelain bench/results)" ] || { echo "FAIL: bench/results changed"; fail=1; }
 
+# bench/comm and bench/scaling: rank counts unchecked (comm) and a failed count silently left out;
+# a config that is not a file, and no one-rank run for the simulator (a traceback at the end).
+expect "RANKS = 'x' must be a whole number in \[2, 1024\]" -- bench/comm/run.sh 2 x
+expect "config 'configs/nope.ini' is not a file" -- bench/scaling/run.sh configs/nope.ini 1 2
+expect "must include 1" -- bench/scaling/run.sh configs/laptop.ini 2 4
+
 # The job scripts (configs/*.sbatch through configs/launch.sh): numbers that wrapped, a host that
 # reached mpirun as an option, a host that does not answer (MPICH's launcher waited for ever).
 for s in cpu-cluster h100 p100-ib knl-aries; do
