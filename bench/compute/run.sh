@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # bench/compute: training images/s (forward + backward + SGD update) of gossipgrad's oneDNN
-# backend side by side with PyTorch (Debian's python3-torch, /usr/bin/python3) on the same model,
-# batch, resolution and thread count, one process each, alternating, REPEATS times per setting.
+# backend side by side with PyTorch on the same model, batch, resolution and thread count, one
+# process each, alternating, REPEATS times per setting. PyTorch is 2.15 (pinned, from PyPI, in the
+# environment bench/torch_env.sh makes), run eager in channels_last and under torch.compile (model
+# and optimizer step); its best is the faster of the two. TORCH=debian runs Debian's python3-torch
+# (1.13, eager only) instead, the anchor of the results before 2026-11-29.
 # Writes bench/results/compute-<host>.csv and a markdown table with the ratio of the medians.
 # Usage: bench/compute/run.sh [MODEL:BATCH:RES:THREADS[:PRECISION] ...]
 #   default: ResNet-50 and GoogLeNet at 224 and 64, batch 16, 2 threads, fp32 and bf16.
-#   PRECISION (fp32 default, or bf16): gossipgrad's, and PyTorch's best setting's (channels_last,
-#   bf16 under autocast); PyTorch's default (NCHW fp32) runs beside as the reference. PyTorch's
+#   PRECISION (fp32 default, or bf16): gossipgrad's, and PyTorch's channels_last runs' (bf16 under
+#   autocast), eager and compiled; PyTorch's default (NCHW fp32, eager) runs beside as the reference. PyTorch's
 #   BLAS is OpenBLAS (installed). Each model's achieved FLOP/s (3 x its forward FLOPs per image)
 #   is stated as a share of oneDNN's best training convolution on this CPU (gg_bench_peak). A
 #   second table says what bounds each row: the instruction peak, and the floor of the step on
@@ -139,7 +142,12 @@ gg_int REPEATS "$REPEATS" 1
 gg_int STEPS "$STEPS" 1
 gg_int WARMUP "$WARMUP" 0
 gg_name NAME "${NAME:=compute-$(hostname)}"
+TORCH=${TORCH:-2.15}
+[ "$TORCH" = 2.15 ] || [ "$TORCH" = debian ] ||
+  { echo "run.sh: TORCH = '$TORCH' must be 2.15 (PyPI, the default) or debian (python3-torch 1.13)" >&2; exit 2; }
 ./scripts/deps.sh
+TORCH_PY=/usr/bin/python3
+[ "$TORCH" = debian ] || TORCH_PY=$(bench/torch_env.sh)
 if ! /usr/bin/python3 -c 'import torch, torchvision' 2>/dev/null; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
@@ -161,8 +169,8 @@ echo "impl,model,batch,res,threads,precision,median_step_s,images_per_s,peak_rss
   echo "# $(date -u +%FT%TZ) $(uname -srm), $(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
   echo "# flags: $(grep -m1 '^flags' /proc/cpuinfo | grep -o 'avx512[a-z_0-9]*\|avx2\|amx[a-z_0-9]*' | sort -u | xargs)"
   echo "# instruction sets capped: ONEDNN_MAX_CPU_ISA=${ONEDNN_MAX_CPU_ISA:-none} ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-none}"
-  echo "# oneDNN: $(dpkg-query -W -f '${Version}' libdnnl-dev 2>/dev/null), torch: $(/usr/bin/python3 -c 'import torch; print(torch.__version__)'), libblas.so.3: $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3)"
-  echo "# repeats=$REPEATS steps=$STEPS warmup=$WARMUP; PyTorch: default (NCHW, fp32) and best (channels_last; bf16 rows under autocast bf16)"
+  echo "# oneDNN: $(dpkg-query -W -f '${Version}' libdnnl-dev 2>/dev/null), torch: $("$TORCH_PY" -c 'import torch; print(torch.__version__)') ($TORCH_PY), libblas.so.3: $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3)"
+  echo "# repeats=$REPEATS steps=$STEPS warmup=$WARMUP; PyTorch: default (NCHW, fp32, eager), channels_last eager and compiled (bf16 rows under autocast bf16)"
 } >"$OUT.txt"
 # The ceiling of each (threads, precision): oneDNN's best training convolution (gg_bench_peak),
 # and beside it the instruction peak (register-only FMA / bf16 dot products), the bound on any kernel.
@@ -204,10 +212,14 @@ for s in "${SETTINGS[@]}"; do
       awk -F, -v k="$model,$batch,$res,$threads,$precision,$r" '$1 == "floor" { print k "," $NF }' \
         >>"$OUT.floor.csv"
     build/bench/gg_bench_compute "${args[@]}" --precision "$precision" | tee -a "$OUT.txt" >>"$OUT.csv"
-    # PyTorch's default (NCHW, fp32: the reference column) and its best for this precision.
-    /usr/bin/python3 bench/compute/torch_bench.py "${args[@]}" | tee -a "$OUT.txt" >>"$OUT.csv"
-    /usr/bin/python3 bench/compute/torch_bench.py "${args[@]}" --channels-last \
+    # PyTorch's default (NCHW, fp32, eager: the reference column), and channels_last at this
+    # precision, eager and (PyTorch 2.x) compiled: its best is the faster of the two.
+    "$TORCH_PY" bench/compute/torch_bench.py "${args[@]}" | tee -a "$OUT.txt" >>"$OUT.csv"
+    "$TORCH_PY" bench/compute/torch_bench.py "${args[@]}" --channels-last \
       --precision "$precision" | tee -a "$OUT.txt" >>"$OUT.csv"
+    [ "$TORCH" = debian ] ||
+      "$TORCH_PY" bench/compute/torch_bench.py "${args[@]}" --channels-last --compile \
+        --precision "$precision" | tee -a "$OUT.txt" >>"$OUT.csv"
   done
 done
 # The machine first: every figure below is this CPU's (and, when capped, that instruction set's).
@@ -233,11 +245,15 @@ setting = lambda r: (r["model"], r["batch"], r["res"], r["threads"])
 med = lambda rs: statistics.median(float(r["images_per_s"]) for r in rs)
 keys = list(dict.fromkeys(setting(r) + (r["precision"],) for r in rows
                           if r["impl"].startswith("gossipgrad")))
+versions = sorted({r["impl"].split("-")[1] for r in rows if r["impl"].startswith("pytorch-")})
+print(f"PyTorch {', '.join(versions)}: eager and compiled (torch.compile of the model and the "
+      "optimizer step) in channels_last at the row's precision; best = the faster of the two.")
+print()
 print("| model | batch | res | threads | precision | gossipgrad img/s | PyTorch default (NCHW fp32) "
-      "| PyTorch best (channels_last, same precision) | vs best | vs default "
+      "| PyTorch eager (channels_last) | PyTorch compiled (channels_last) | vs best | vs default "
       "| gossipgrad share of ceiling | PyTorch best share | gossipgrad peak MB "
       "| PyTorch best peak MB |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 floor_runs = {}
 for r in csv.DictReader(open(out + ".floor.csv")):
     k = tuple(r[c] for c in ("model", "batch", "res", "threads", "precision"))
@@ -246,12 +262,16 @@ floors = {k: statistics.median(v) for k, v in floor_runs.items()}
 bounds = []
 for k in keys:
     ours = [r for r in rows if r["impl"].startswith("gossipgrad") and setting(r) + (r["precision"],) == k]
-    default = [r for r in rows if r["impl"].startswith("pytorch") and not r["impl"].endswith("channels_last")
+    default = [r for r in rows if r["impl"].startswith("pytorch") and "channels_last" not in r["impl"]
                and setting(r) == k[:4]]
-    best = [r for r in rows if r["impl"].endswith("channels_last") and setting(r) + (r["precision"],) == k]
-    if not ours or not default or not best:
+    eager = [r for r in rows if r["impl"].endswith("-channels_last") and setting(r) + (r["precision"],) == k]
+    compiled = [r for r in rows if r["impl"].endswith("-channels_last-compiled")
+                and setting(r) + (r["precision"],) == k]
+    if not ours or not default or not eager:
         continue
+    best = compiled if compiled and med(compiled) > med(eager) else eager
     a, d, b = med(ours), med(default), med(best)
+    e, cm = med(eager), (f"{med(compiled):.2f}" if compiled else "–")
     # Training FLOPs per image: 3 x the forward's (forward, backward-data, backward-weights).
     c = ceiling.get((k[3], k[4]))
     f = flops.get((k[0], k[2]))
@@ -273,7 +293,7 @@ for k in keys:
                   + f" | {bound} |")
     mo = max(float(r["peak_rss_mb"]) for r in ours)
     mb = max(float(r["peak_rss_mb"]) for r in best)
-    print(f"| {' | '.join(k)} | {a:.2f} | {d:.2f} | {b:.2f} | {a / b:.2f}x | {a / d:.2f}x "
+    print(f"| {' | '.join(k)} | {a:.2f} | {d:.2f} | {e:.2f} | {cm} | {a / b:.2f}x | {a / d:.2f}x "
           f"| {share(a)} | {share(b)} | {mo:.0f} | {mb:.0f} |")
 print()
 print("Ceiling: oneDNN's best training convolution (forward + backward-data + backward-weights, "
