@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The sibling hunt of issue 52 over the bench and job scripts, beyond script_inputs.sh: input that
+# a script ran under a name that is not what ran (a result mislabelled), a number that wrapped or
+# ran a point as something else, a failure blamed on the wrong thing. Each case ends the script
+# with one line on stderr and exit 2 (or the exit given), before anything runs or is made; every
+# call is bounded by `timeout 60`, so a hang fails. No cluster, no MPI run.
+# Usage: script_siblings.sh ROOT GOSSIPGRAD
+set -uo pipefail
+ROOT="$1"; BIN="$2"
+cd "$ROOT"
+TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
+fail=0
+expect() {  # expect [-rc N] PATTERN -- COMMAND...: exit N (2), one line on stderr with PATTERN
+  local want=2 pattern out rc
+  [ "$1" = -rc ] && { want=$2; shift 2; }
+  pattern="$1"; shift 2
+  out=$(timeout 60 "$@" 2>&1 >/dev/null); rc=$?
+  if [ "$rc" -ne "$want" ] || [ "$(printf '%s\n' "$out" | wc -l)" -ne 1 ] || ! grep -qF -- "$pattern" <<<"$out"; then
+    echo "FAIL: $*: exit $rc (expected $want, one line with '$pattern'):"; printf '%s\n' "$out" | tail -5; fail=1
+  else
+    echo "ok: $out"
+  fi
+}
+
+# bench/cluster/study.sh: method words it knows that together ran something else under the name
+# (a second wire won, allreduce ran fp32 under +bf16 and ignored +ring and @rma, +pipeline won
+# over +nooverlap), a clash blamed on an option given twice (+lowrank1+ring), point numbers that
+# wrapped or shaped the links to 0 Mbit/s after the cluster was made, a p of +hier's 2 ranks per
+# node that is odd, GG_STUDY_TRANSPORT that relabelled nothing; nothing made.
+study=(env GG_BIN="$BIN" GG_COMM_BIN=/bin/true bench/cluster/study.sh --out "$TMP/s")
+expect "method 'model+int4+int8': two wires" -- env GG_STUDY_POINTS="16 1000 quiet model+int4+int8" "${study[@]}"
+expect "method 'grad+bf16+bf16': +bf16 twice" -- env GG_STUDY_POINTS="16 1000 quiet grad+bf16+bf16" "${study[@]}"
+for m in allreduce+bf16 allreduce+ring allreduce@rma; do
+  expect "method '$m': allreduce moves its bytes with MPI_Allreduce in fp32" -- env GG_STUDY_POINTS="16 1000 quiet $m" "${study[@]}"
+done
+expect "+nooverlap and +pipeline are two ways" -- env GG_STUDY_POINTS="16 1000 quiet model+int4+choco+ring+pipeline+nooverlap" "${study[@]}"
+expect "+hier runs two ranks per node already" -- env GG_STUDY_POINTS="16 1000 quiet grad+ppn2+hier" "${study[@]}"
+expect "@shm reaches no partner on another node" -- env GG_STUDY_POINTS="16 1000 quiet grad@shm" "${study[@]}"
+expect "+lowrankN sends fp32 factors" -- env GG_STUDY_POINTS="16 1000 quiet model+lowrank1+ring" "${study[@]}"
+expect "+lowrankN sends fp32 factors" -- env GG_STUDY_POINTS="16 1000 quiet model+int4+choco+lowrank4" "${study[@]}"
+expect "p = '99999999999999999999' must be a whole number in [2, 500]" -- env GG_STUDY_POINTS="99999999999999999999 1000 quiet ddp" "${study[@]}"
+expect "rate_mbit = '99999999999999999999' must be" -- env GG_STUDY_POINTS="16 99999999999999999999 quiet ddp" "${study[@]}"
+expect "K = '5000' must be a whole number in [1, 1000]" -- env GG_STUDY_POINTS="16 1000 quiet ddp 5000" "${study[@]}"
+expect "p must be a multiple of 2" -- env GG_STUDY_POINTS="5 1000 quiet grad+hier" "${study[@]}"
+expect "dilation K = 1600 leaves the link 1000 / 1600 < 1 Mbit/s" -- env GG_STUDY_BUDGET_MBIT=10 GG_STUDY_POINTS="16 1000 quiet ddp" "${study[@]}"
+expect "GG_STUDY_TRANSPORT = 'shm': use p2p, rma or auto" -- env GG_STUDY_TRANSPORT=shm GG_STUDY_POINTS="16 1000 quiet grad" "${study[@]}"
+expect "GG_STUDY_SLOW_START_AFTER_IDLE = 'yes'" -- env GG_STUDY_SLOW_START_AFTER_IDLE=yes GG_STUDY_POINTS="16 1000 quiet grad" "${study[@]}"
+[ ! -e "$TMP/s" ] || { echo "FAIL: study.sh made its folder before refusing"; fail=1; }
+
+[ "$fail" = 0 ] && echo "PASS: the scripts refuse what they would run under another name, in one line, before any work"
+exit $fail
