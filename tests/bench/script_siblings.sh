@@ -10,10 +10,9 @@ ROOT="$1"; BIN="$2"
 cd "$ROOT"
 TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
 fail=0
-expect() {  # expect [-rc N] PATTERN -- COMMAND...: exit N (2), one line on stderr with PATTERN
-  local want=2 pattern out rc
-  [ "$1" = -rc ] && { want=$2; shift 2; }
-  pattern="$1"; shift 2
+expect() {  # expect PATTERN -- COMMAND...: exit 2, one line on stderr holding PATTERN
+  local want=2 pattern="$1" out rc
+  shift 2
   out=$(timeout 60 "$@" 2>&1 >/dev/null); rc=$?
   if [ "$rc" -ne "$want" ] || [ "$(printf '%s\n' "$out" | wc -l)" -ne 1 ] || ! grep -qF -- "$pattern" <<<"$out"; then
     echo "FAIL: $*: exit $rc (expected $want, one line with '$pattern'):"; printf '%s\n' "$out" | tail -5; fail=1
@@ -46,6 +45,36 @@ expect "dilation K = 1600 leaves the link 1000 / 1600 < 1 Mbit/s" -- env GG_STUD
 expect "GG_STUDY_TRANSPORT = 'shm': use p2p, rma or auto" -- env GG_STUDY_TRANSPORT=shm GG_STUDY_POINTS="16 1000 quiet grad" "${study[@]}"
 expect "GG_STUDY_SLOW_START_AFTER_IDLE = 'yes'" -- env GG_STUDY_SLOW_START_AFTER_IDLE=yes GG_STUDY_POINTS="16 1000 quiet grad" "${study[@]}"
 [ ! -e "$TMP/s" ] || { echo "FAIL: study.sh made its folder before refusing"; fail=1; }
+
+# A gossipgrad that answers the dry run and runs nothing (exit 3): the scripts below train on a
+# regression instead of refusing; this way they fail at once.
+printf '#!/usr/bin/env bash\n[[ " $* " == *" --dry-run "* ]] && exec %q "$@"\necho "stand-in: no run" >&2\nexit 3\n' "$BIN" >"$TMP/dry-only"
+chmod +x "$TMP/dry-only"
+before=$(ls bench/results | wc -l)
+
+# bench/resilience: a fraction F above the run's steps gave fault.mtbf_steps 0, a run without a
+# single failure under the name of its strategy and F; a batch from the config alone (EXTRA's
+# train.batch missed); a run the dry run refuses surfaced as an arithmetic error.
+res=(env BIN="$TMP/dry-only" TAG=siblings bench/resilience/run.sh)
+expect "FRACTIONS: F = 500 gives MTBF = 234 steps / 500 = 0, a run without failures" -- env FRACTIONS="2 500" "${res[@]}"
+expect "FRACTIONS: F = 300 gives MTBF = 117 steps / 300 = 0" -- env FRACTIONS=300 EXTRA="--train.batch 128" "${res[@]}"
+expect "bench/resilience: train.batch = 64 is too large: 60000 samples over 4096 ranks" -- env RANKS=4096 "${res[@]}"
+expect "config 'configs/nope.ini' is not a file" -- "${res[@]}" configs/nope.ini
+
+# bench/apoptosis: fewer than 9 steps an epoch gave apoptosis.interval 0, refused by the apoptosis
+# run after the plain one had run (and ended without a word); APOP checked by the dry run.
+apo=(env BIN="$TMP/dry-only" TAG=siblings bench/apoptosis/run.sh)
+expect "at 128 rank(s) of batch 64 an epoch has 8 step(s): too few" -- env RANKS="2 128" "${apo[@]}"
+expect "at 64 rank(s) of batch 128 an epoch has 8 step(s)" -- env RANKS=64 EXTRA="--train.batch 128" "${apo[@]}"
+expect "2 rank(s): apoptosis.layers = nope is unknown" -- env RANKS=2 APOP="--apoptosis.layers nope" "${apo[@]}"
+out=$(timeout 60 env RANKS=1 "${apo[@]}" 2>&1 >/dev/null); rc=$?
+if [ "$rc" != 1 ] || [ "$(tail -1 <<<"$out")" != "bench/apoptosis: 1 rank(s), plain, run 1 failed: stand-in: no run" ]; then
+  echo "FAIL: a failed apoptosis run: exit $rc (expected 1 and its line): $(tail -3 <<<"$out")"; fail=1
+else
+  echo "ok: $(tail -1 <<<"$out")"
+fi
+rm -f bench/results/apoptosis-*-siblings.txt  # the failed run's log (written when runs begin)
+[ "$(ls bench/results | wc -l)" = "$before" ] || { echo "FAIL: files made under bench/results before refusing"; fail=1; }
 
 [ "$fail" = 0 ] && echo "PASS: the scripts refuse what they would run under another name, in one line, before any work"
 exit $fail
