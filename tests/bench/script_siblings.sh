@@ -76,5 +76,20 @@ fi
 rm -f bench/results/apoptosis-*-siblings.txt  # the failed run's log (written when runs begin)
 [ "$(ls bench/results | wc -l)" = "$before" ] || { echo "FAIL: files made under bench/results before refusing"; fail=1; }
 
+# bench/comm/ratios.sh: its count of invocations unchecked ('abc' ran none, then a traceback,
+# after the build). bench/loader: IMAGES ignored once the images' folder existed, the report
+# naming IMAGES JPEGs of a folder holding another number (now a folder per count, its count
+# checked before the build).
+expect "ratios.sh: INVOCATIONS = 'abc' must be a whole number in [1, 1000]" -- bench/comm/ratios.sh abc
+expect "ratios.sh: INVOCATIONS = '99999999999999999999' must be" -- bench/comm/ratios.sh 99999999999999999999
+mkdir -p "$TMP/b/bench-loader-images-3/n1" && touch "$TMP/b/bench-loader-images-3/n1/img_0.JPEG"
+out=$(timeout 60 env BUILD="$TMP/b" bench/loader/run.sh 5 3 2>&1 >/dev/null); rc=$?
+if [ "$rc" != 1 ] || [ "$out" != "bench/loader: $TMP/b/bench-loader-images-3 holds 1 JPEGs, not 3 (a make cut short?): remove it" ]; then
+  echo "FAIL: bench/loader with 1 of 3 images made: exit $rc: $(tail -3 <<<"$out")"; fail=1
+else
+  echo "ok: $out"
+fi
+[ ! -e "$TMP/b/CMakeCache.txt" ] || { echo "FAIL: bench/loader configured a build before refusing"; fail=1; }
+
 [ "$fail" = 0 ] && echo "PASS: the scripts refuse what they would run under another name, in one line, before any work"
 exit $fail
