@@ -91,5 +91,16 @@ else
 fi
 [ ! -e "$TMP/b/CMakeCache.txt" ] || { echo "FAIL: bench/loader configured a build before refusing"; fail=1; }
 
+# configs/launch.sh (every job script): a bad ranks-per-node count from Slurm's environment or
+# the #SBATCH line was blamed on --ranks-per-node, which the user had not given.
+for s in cpu-cluster h100 p100-ib knl-aries; do
+  expect "$s.sbatch: SLURM_NTASKS_PER_NODE '99999999999999999999' must be a whole number in [1, 4096]" -- \
+    env GG_BIN=/bin/true SLURM_JOB_NODELIST='n[1-2]' SLURM_JOB_NUM_NODES=2 \
+    SLURM_NTASKS_PER_NODE=99999999999999999999 bash "configs/$s.sbatch" --dry-run
+done
+sed 's/^#SBATCH --ntasks-per-node=.*/#SBATCH --ntasks-per-node=0/' configs/h100.sbatch >"$TMP/zero.sbatch"
+expect "zero.sbatch's #SBATCH --ntasks-per-node '0' must be a whole number in [1, 4096]" -- \
+  env GG_BIN=/bin/true GG_ROOT="$ROOT" bash "$TMP/zero.sbatch" --nodes localhost --dry-run
+
 [ "$fail" = 0 ] && echo "PASS: the scripts refuse what they would run under another name, in one line, before any work"
 exit $fail
