@@ -8,7 +8,9 @@
 set -uo pipefail
 ROOT="$1"; BIN="$2"
 cd "$ROOT"
-TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
+TMP=$(mktemp -d)
+# (what a regressed script would leave under bench/results, under this test's own names)
+trap 'rm -rf "$TMP" bench/results/convergence-siblings.runs bench/results/*-siblings.txt' EXIT
 fail=0
 expect() {  # expect PATTERN -- COMMAND...: exit 2, one line on stderr holding PATTERN
   local want=2 pattern="$1" out rc
@@ -73,6 +75,11 @@ if [ "$rc" != 1 ] || [ "$(tail -1 <<<"$out")" != "bench/apoptosis: 1 rank(s), pl
 else
   echo "ok: $(tail -1 <<<"$out")"
 fi
+# bench/convergence: a gossip variant at 1 rank ran as a single rank under its gossip name; grad-hier
+# at an odd p failed on its uneven simulated nodes after the folder was made.
+conv=(env GG_BIN="$TMP/dry-only" NAME=siblings bench/convergence/run.sh)
+expect "convergence: p1-gossip-both: one rank has no partner" -- env VARIANTS="single both" "${conv[@]}" 1 2
+expect "convergence: p3-gossip-grad-hier: grad-hier simulates nodes of 2 ranks" -- env VARIANTS="grad grad-hier" "${conv[@]}" 2 3
 rm -f bench/results/apoptosis-*-siblings.txt  # the failed run's log (written when runs begin)
 [ "$(ls bench/results | wc -l)" = "$before" ] || { echo "FAIL: files made under bench/results before refusing"; fail=1; }
 
