@@ -98,6 +98,14 @@ else
 fi
 [ ! -e "$TMP/b/CMakeCache.txt" ] || { echo "FAIL: bench/loader configured a build before refusing"; fail=1; }
 
+# bench/cluster/real.sh: a second invocation into the same --out at another rate pooled its
+# rounds with the first's under each method's median (points.csv has no rate column).
+mkdir "$TMP/real"
+printf 'method,round,median_step_s,file\nddp,1,0.5,ddp-r1.json\n' >"$TMP/real/points.csv"
+echo "bench/cluster/real.sh --nodes 4 --rate 1000 --steps 20 --rounds 1" >"$TMP/real/commands.txt"
+expect "holds points of --nodes 4 --rate 1000 --steps 20: their medians would pool with --nodes 4 --rate 200 --steps 20" -- \
+  env GG_BIN=/bin/true bench/cluster/real.sh --out "$TMP/real" --rate 200
+
 # configs/launch.sh (every job script): a bad ranks-per-node count from Slurm's environment or
 # the #SBATCH line was blamed on --ranks-per-node, which the user had not given.
 for s in cpu-cluster h100 p100-ib knl-aries; do
