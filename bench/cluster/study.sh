@@ -437,7 +437,17 @@ check_points() {
     done
 }
 check_points
+# One folder, one setting: a point already in points.csv is not run again, and its row carries no
+# profile, jitter, TCP setting or extra options (a study with --profile h100 into a p100 study's
+# folder reused the p100 points under the h100 study; GG_STUDY_STEPS skipped points measured over
+# other steps). The first invocation writes DIR/settings.txt.
+SETTINGS="profile $PROFILE, jitter p99 $JITTER, warmup $WARMUP, steps $STEPS, tcp_slow_start_after_idle ${GG_STUDY_SLOW_START_AFTER_IDLE:-1}, extra '${STUDY_EXTRA[*]}'"
+if [[ -f $OUT/settings.txt && $(cat "$OUT/settings.txt") != "$SETTINGS" ]]; then
+    echo "study.sh: $OUT holds points of $(cat "$OUT/settings.txt"), not $SETTINGS: use another --out" >&2
+    exit 2
+fi
 mkdir -p "$OUT"
+[[ -f $OUT/settings.txt ]] || echo "$SETTINGS" >"$OUT/settings.txt"
 CSV=$OUT/points.csv
 [[ -f $CSV ]] || echo "p,rate_mbit,condition,method,dilation,link_mbit,warmup,steps,file" >"$CSV"
 # The base config, copied once: the points of one study share it even if the checkout changes.

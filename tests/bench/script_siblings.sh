@@ -47,6 +47,12 @@ expect "dilation K = 1600 leaves the link 1000 / 1600 < 1 Mbit/s" -- env GG_STUD
 expect "GG_STUDY_TRANSPORT = 'shm': use p2p, rma or auto" -- env GG_STUDY_TRANSPORT=shm GG_STUDY_POINTS="16 1000 quiet grad" "${study[@]}"
 expect "GG_STUDY_SLOW_START_AFTER_IDLE = 'yes'" -- env GG_STUDY_SLOW_START_AFTER_IDLE=yes GG_STUDY_POINTS="16 1000 quiet grad" "${study[@]}"
 [ ! -e "$TMP/s" ] || { echo "FAIL: study.sh made its folder before refusing"; fail=1; }
+# ... and a folder of another study's setting, whose points it would skip as done and report as
+# its own (points.csv carries no profile).
+mkdir "$TMP/p100"
+echo "profile p100, jitter p99 2.5, warmup 2, steps 5, tcp_slow_start_after_idle 1, extra ''" >"$TMP/p100/settings.txt"
+expect "/p100 holds points of profile p100, jitter p99 2.5, warmup 2, steps 5, tcp_slow_start_after_idle 1, extra '', not profile h100" -- \
+  env GG_BIN="$BIN" GG_COMM_BIN=/bin/true GG_STUDY_POINTS="16 1000 quiet ddp" bench/cluster/study.sh --out "$TMP/p100" --profile h100
 
 # A gossipgrad that answers the dry run and runs nothing (exit 3): the scripts below train on a
 # regression instead of refusing; this way they fail at once.
