@@ -150,9 +150,18 @@ for p in "${RANKS[@]}"; do
 done
 }
 all_runs
+# One runs folder, one recipe: the table sets every run in it against the allreduce run of its
+# rank count, and a run's name carries no epochs (an invocation at other EPOCHS or EXTRA kept the
+# earlier runs beside its own). The first invocation writes settings.txt.
+SETTINGS="EPOCHS=$EPOCHS EXTRA='${EXTRA[*]}'"
+if [ -f "$RUNS/settings.txt" ] && [ "$(cat "$RUNS/settings.txt")" != "$SETTINGS" ]; then
+  echo "bench/convergence: $RUNS holds runs of $(cat "$RUNS/settings.txt"), not $SETTINGS: use another NAME" >&2
+  exit 2
+fi
 command -v gnuplot >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gnuplot-nox >/dev/null; }
 PHASE=run
 mkdir -p "$RUNS"
+[ -f "$RUNS/settings.txt" ] || echo "$SETTINGS" >"$RUNS/settings.txt"
 all_runs
 python3 - "$RUNS" "$OUT" <<'PY'
 import glob, json, os, sys

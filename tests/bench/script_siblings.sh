@@ -10,7 +10,7 @@ ROOT="$1"; BIN="$2"
 cd "$ROOT"
 TMP=$(mktemp -d)
 # (what a regressed script would leave under bench/results, under this test's own names)
-trap 'rm -rf "$TMP" bench/results/convergence-siblings.runs bench/results/*-siblings.txt' EXIT
+trap 'rm -rf "$TMP" bench/results/convergence-siblings.runs bench/results/scale-siblings.runs bench/results/*-siblings.txt' EXIT
 fail=0
 expect() {  # expect PATTERN -- COMMAND...: exit 2, one line on stderr holding PATTERN
   local want=2 pattern="$1" out rc
@@ -86,6 +86,18 @@ fi
 conv=(env GG_BIN="$TMP/dry-only" NAME=siblings bench/convergence/run.sh)
 expect "convergence: p1-gossip-both: one rank has no partner" -- env VARIANTS="single both" "${conv[@]}" 1 2
 expect "convergence: p3-gossip-grad-hier: grad-hier simulates nodes of 2 ranks" -- env VARIANTS="grad grad-hier" "${conv[@]}" 2 3
+# bench/scale and bench/convergence: a runs folder of another recipe (BATCH, EPOCHS, EXTRA, ...),
+# whose runs the table set beside the new ones under the same names.
+mkdir -p bench/results/scale-siblings.runs bench/results/convergence-siblings.runs
+echo "EPOCHS=2 MIN_STEPS=0 BATCH=8 RANK_EVAL=500 EXTRA=''" >bench/results/scale-siblings.runs/settings.txt
+echo "EPOCHS=12 EXTRA=''" >bench/results/convergence-siblings.runs/settings.txt
+expect "scale-siblings.runs holds runs of EPOCHS=2 MIN_STEPS=0 BATCH=8 RANK_EVAL=500 EXTRA='', not EPOCHS=2 MIN_STEPS=0 BATCH=16" -- \
+  env GG_BIN="$TMP/dry-only" BATCH=16 MODES=model NAME=siblings bench/scale/run.sh 8
+expect "convergence-siblings.runs holds runs of EPOCHS=12 EXTRA='', not EPOCHS=3 EXTRA=''" -- \
+  env EPOCHS=3 VARIANTS=both "${conv[@]}" 2
+[ "$(ls bench/results/scale-siblings.runs bench/results/convergence-siblings.runs | grep -cv '^$\|:$\|settings.txt')" = 0 ] ||
+  { echo "FAIL: a refused invocation wrote into the runs folder"; fail=1; }
+rm -rf bench/results/scale-siblings.runs bench/results/convergence-siblings.runs
 rm -f bench/results/apoptosis-*-siblings.txt  # the failed run's log (written when runs begin)
 [ "$(ls bench/results | wc -l)" = "$before" ] || { echo "FAIL: files made under bench/results before refusing"; fail=1; }
 
