@@ -2,8 +2,9 @@
 # The sibling hunt of issue 52 over the bench and job scripts, beyond script_inputs.sh: input that
 # a script ran under a name that is not what ran (a result mislabelled), a number that wrapped or
 # ran a point as something else, a failure blamed on the wrong thing. Each case ends the script
-# with one line on stderr and exit 2 (or the exit given), before anything runs or is made; every
-# call is bounded by `timeout 60`, so a hang fails. No cluster, no MPI run.
+# with one line on stderr and exit 2 (1 for a failed run, a half-made images folder), before
+# anything runs or is made; every call is bounded by `timeout 60`, so a hang fails. No cluster, no
+# training: the scripts get a gossipgrad that answers the dry run and fails any run.
 # Usage: script_siblings.sh ROOT GOSSIPGRAD
 set -uo pipefail
 ROOT="$1"; BIN="$2"
