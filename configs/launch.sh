@@ -24,7 +24,7 @@ intended_ppn() {
     sed -n 's/^#SBATCH  *--ntasks-per-node[= ]\([0-9][0-9]*\).*/\1/p' "$SCRIPT" | head -n 1
 }
 
-hosts='' ppn='' dry_run=0 pass=()
+hosts='' ppn='' ppn_from=--ranks-per-node dry_run=0 pass=()
 while (($#)); do
     case $1 in
     -h | --help) sed -n '/^# gossipgrad on/,/^$/s/^# \{0,1\}//p' "$SCRIPT" && exit 0 ;;
@@ -54,15 +54,15 @@ elif [[ -n ${SLURM_JOB_NODELIST:-} ]]; then
     hosts=$SLURM_JOB_NODELIST
     nnodes=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-}}
     [[ $nnodes =~ ^[1-9][0-9]{0,5}$ ]] || die "SLURM_JOB_NODELIST is set but SLURM_JOB_NUM_NODES = '$nnodes' is not a node count"
-    [[ -n $ppn ]] || ppn=${SLURM_NTASKS_PER_NODE:-}
+    [[ -n $ppn ]] || { ppn=${SLURM_NTASKS_PER_NODE:-} && ppn_from=SLURM_NTASKS_PER_NODE; }
 else
     usage_error "no node list: give --nodes host1,host2,... or submit with sbatch (SLURM_JOB_NODELIST is not set)"
 fi
-[[ -n $ppn ]] || ppn=$(intended_ppn)
+[[ -n $ppn ]] || { ppn=$(intended_ppn) && ppn_from="$(basename "$SCRIPT")'s #SBATCH --ntasks-per-node"; }
 # Bounded before any arithmetic: 4611686018427387904 per node wrapped to a negative rank count
 # (mpirun died by SIGFPE), 9999999999999999999 to "-8446744073709551617 ranks".
 if ! [[ $ppn =~ ^[1-9][0-9]{0,5}$ ]] || ((ppn > 4096)); then
-    usage_error "--ranks-per-node '$ppn' must be a whole number in [1, 4096]"
+    usage_error "$ppn_from '$ppn' must be a whole number in [1, 4096]" # named where it came from
 fi
 ((nnodes <= 65536)) || usage_error "$nnodes nodes: at most 65536"
 np=$((nnodes * ppn))

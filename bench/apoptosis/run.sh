@@ -36,6 +36,7 @@ gg_int REPEAT "$REPEAT" 1
 gg_ints RANKS 1 4096 "${RANKS[@]}"
 read -r -a APOP <<<"${APOP:---apoptosis.threshold 0.95 --apoptosis.max_share 0.2 --apoptosis.min_keep 4 --apoptosis.layers both}"
 read -r -a EXTRA <<<"${EXTRA:-}"
+[ -f "$CONFIG" ] || { echo "bench/apoptosis: config '$CONFIG' is not a file (usage: bench/apoptosis/run.sh [CONFIG])" >&2; exit 2; }
 ./scripts/deps.sh
 command -v gnuplot >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gnuplot-nox >/dev/null; }
 if [ -z "${BIN:-}" ]; then
@@ -43,6 +44,37 @@ if [ -z "${BIN:-}" ]; then
   cmake --build build --target gossipgrad >/dev/null
   BIN=$PWD/build/gossip/gossipgrad
 fi
+common_args() { # the train options of both variants, one per line
+  printf '%s\n' --config "$CONFIG" --model.name "$MODEL" --model.width "$WIDTH" --log.progress false \
+    "${EXTRA[@]}"
+}
+dry_run() { # p options... -> the dry run's settings at p ranks; a refusal: one line, exit 2
+  local p=$1 out
+  shift
+  out=$(PMI_SIZE=$p "$BIN" train "$@" --dry-run 2>&1) || {
+    echo "bench/apoptosis: $p rank(s): $({ grep -m1 'error:' <<<"$out" || tail -1 <<<"$out"; } | sed 's/^gossipgrad: error: //')" >&2
+    exit 2
+  }
+  echo "$out"
+}
+# Every rank count's runs checked before any runs: the batch they train with (the dry run of
+# their options: 64 was assumed whatever CONFIG or EXTRA said), an epoch long enough for a
+# decision every ~1/9 of it (at fewer than 9 steps apoptosis.interval was 0, refused by the
+# apoptosis run after the plain one had run), and the apoptosis run's own dry run (APOP).
+declare -A INTERVAL APOP_UNTIL
+for p in "${RANKS[@]}"; do
+  mapfile -t args < <(common_args)
+  batch=$(dry_run "$p" "${args[@]}" --train.epochs "$EPOCHS" | awk -F' = ' '/^batch = /{print $2; exit}') || exit 2
+  spe=$(((60000 + batch * p - 1) / (batch * p)))  # Fashion-MNIST's 60,000 samples
+  ((spe >= 9)) || {
+    echo "bench/apoptosis: at $p rank(s) of batch $batch an epoch has $spe step(s): too few for a decision every 1/9 epoch (9 needed)" >&2
+    exit 2
+  }
+  INTERVAL[$p]=$((spe / 9))
+  APOP_UNTIL[$p]=$(python3 -c "print(min(1.0, ($DECISIONS * ${INTERVAL[$p]} + 1) / ($spe * $APOP_EPOCHS)))")
+  dry_run "$p" "${args[@]}" --train.epochs "$APOP_EPOCHS" --apoptosis.enable true \
+    --apoptosis.interval "${INTERVAL[$p]}" --apoptosis.until "${APOP_UNTIL[$p]}" "${APOP[@]}" >/dev/null
+done
 OUT=bench/results/apoptosis-$(hostname)${TAG:+-$TAG}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
@@ -57,19 +89,15 @@ for p in "${RANKS[@]}"; do
       echo "apoptosis bench: $p rank(s), $variant, run $r" >&2
       args=(--train.epochs "$EPOCHS")
       if [ "$variant" = apoptosis ]; then
-        # Fashion-MNIST: 60,000 samples, train.batch 64 per rank (laptop.ini).
-        spe=$(((60000 + 64 * p - 1) / (64 * p)))
-        interval=$((spe / 9))
-        until=$(python3 -c "print(min(1.0, ($DECISIONS * $interval + 1) / ($spe * $APOP_EPOCHS)))")
-        args=(--train.epochs "$APOP_EPOCHS" --apoptosis.enable true --apoptosis.interval "$interval"
-              --apoptosis.until "$until" "${APOP[@]}")
+        args=(--train.epochs "$APOP_EPOCHS" --apoptosis.enable true --apoptosis.interval "${INTERVAL[$p]}"
+              --apoptosis.until "${APOP_UNTIL[$p]}" "${APOP[@]}")
       fi
       # All cores shared by the ranks (train.threads 0), the same for both variants.
       OMP_WAIT_POLICY=passive OMP_NUM_THREADS=$(($(nproc) / p > 0 ? $(nproc) / p : 1)) \
         /usr/bin/time -f "%U %S" -o "$TMP/$p-$variant-$r.cpu" mpirun -n "$p" "$BIN" train \
         --config "$CONFIG" --model.name "$MODEL" --model.width "$WIDTH" \
         --log.metrics "$TMP/$p-$variant-$r.jsonl" --log.progress false "${args[@]}" "${EXTRA[@]}" \
-        >>"$OUT.txt" 2>&1
+        >>"$OUT.txt" 2>&1 || { echo "bench/apoptosis: $p rank(s), $variant, run $r failed: $(tail -1 "$OUT.txt")" >&2; exit 1; }
     done
   done
 done

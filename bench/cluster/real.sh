@@ -22,7 +22,9 @@
 # bench/results/cluster-real-$(hostname). GG_REAL_METHODS: the methods to run, in that order
 # (default: all of the above). GG_BIN: the gossipgrad to run (default
 # build/gossip/gossipgrad). Writes DIR/points.csv (method, round, median step s) and the runs;
-# prints the medians over rounds and each method's ratio to DDP's best.
+# prints the medians over rounds and each method's ratio to DDP's best. A DIR holding points of
+# other --nodes, --rate or --steps is refused (their medians would pool); rounds go on from its
+# last.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
@@ -49,6 +51,14 @@ read -r -a METHODS <<<"${GG_REAL_METHODS:-$ALL}"
 for m in "${METHODS[@]}"; do
     [[ " $ALL " == *" $m "* ]] || die "GG_REAL_METHODS: unknown method '$m'; known: $ALL"
 done
+# One folder, one setting: a method's median pools every row of points.csv, which carries no
+# nodes, rate or steps (a second invocation at another --rate was pooled under the same name).
+settings="--nodes $NODES --rate $RATE --steps $STEPS"
+if [[ -f $OUT/points.csv ]]; then
+    prev=$(sed -n 's/.*real\.sh \(--nodes [0-9]* --rate [0-9]* --steps [0-9]*\).*/\1/p' "$OUT/commands.txt" 2>/dev/null | tail -n 1)
+    [[ -z $prev || $prev == "$settings" ]] ||
+        die "$OUT holds points of $prev: their medians would pool with $settings; use another --out"
+fi
 BIN=${GG_BIN:-$ROOT/build/gossip/gossipgrad}
 [[ -x $BIN ]] || die "no gossipgrad at $BIN: build it first (cmake --build build) or set GG_BIN"
 DATA=/usr/share/datasets/fashion-mnist
@@ -115,7 +125,10 @@ method() { # name
     esac
 }
 FAILED=()  # points that failed: the others run, the script ends non-zero naming them
-for ((round = 1; round <= ROUNDS; round++)); do
+# Rounds go on from the folder's last (a second invocation wrote its round 1 over the first's
+# files, whose rows stayed in points.csv, now naming other runs).
+first=$(awk -F, 'NR > 1 && $2 + 0 > m { m = $2 + 0 } END { print m + 1 }' "$CSV")
+for ((round = first; round < first + ROUNDS; round++)); do
     for m in "${METHODS[@]}"; do method "$m"; done
 done
 /usr/bin/python3 - "$CSV" <<'PY'

@@ -45,9 +45,12 @@
 # use another --out for such a study.
 # Output: DIR/points.csv (one line per point), DIR/*.jsonl|json (the runs), DIR/latency.csv, and
 # bench/cluster/summarize.py makes the table, the plot and the simulator's predictions.
-# A method word it does not know, or a point the run would refuse (each gossip point's dry run at
-# its p), ends it in one line, exit 2, before anything is made; a point that fails is logged, the
-# others run, and the study ends with exit 1 naming the failed points.
+# A method word it does not know, words that together would run something else (two wires,
+# allreduce with a wire, +ring or @TRANSPORT, +lowrankN with +ring), a point's number out of range
+# or a p the method's ranks per node do not divide, or a point the run would refuse (each gossip
+# point's dry run at its p), ends it in one line, exit 2, before anything is made; a point that
+# fails is logged, the others run, and the study ends with exit 1 naming the failed points.
+# GG_STUDY_TRANSPORT (rma or auto) is written into the methods it changes (grad -> grad@rma).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -61,6 +64,8 @@ JITTER=${GG_STUDY_JITTER:-2.5}
 . "$ROOT/scripts/checks.sh"
 gg_int GG_STUDY_BUDGET_MBIT "$BUDGET" 1
 gg_decimal GG_STUDY_JITTER "$JITTER" 1
+[[ -z ${GG_STUDY_SLOW_START_AFTER_IDLE:-} ]] ||
+    gg_int GG_STUDY_SLOW_START_AFTER_IDLE "$GG_STUDY_SLOW_START_AFTER_IDLE" 0 1
 PLAN=session
 OUT=$ROOT/bench/results/cluster-study
 PROFILE=p100
@@ -267,6 +272,18 @@ points() {
 # The points, checked before anything is made.
 planned=$(points) || exit 2
 mapfile -t PLANNED <<<"$planned"
+# GG_STUDY_TRANSPORT: written into the method of every gossip point that names no transport and
+# runs one rank per node (grad -> grad@rma), so that points.csv and the file names say what ran
+# (they said grad); allreduce, +ppn2 and +hier take none from it, as before.
+if [[ $TRANSPORT != p2p ]]; then
+    [[ $TRANSPORT =~ ^(rma|auto)$ ]] ||
+        { echo "study.sh: GG_STUDY_TRANSPORT = '$TRANSPORT': use p2p, rma or auto (shm reaches no other node)" >&2 && exit 2; }
+    for i in "${!PLANNED[@]}"; do
+        read -r p rate cond method k <<<"${PLANNED[$i]}"
+        [[ $method =~ ^(ddp|allreduce) || $method == *[@]* || $method =~ \+(ppn2|hier) ]] && continue
+        PLANNED[i]="$p $rate $cond ${method%%+*}@$TRANSPORT${method#"${method%%+*}"}${k:+ $k}"
+    done
+fi
 [[ -n $planned ]] || { echo "study.sh: no points to run (GG_STUDY_POINTS is empty?)" >&2 && exit 2; }
 for point in "${PLANNED[@]}"; do
     [[ $point =~ ^[1-9][0-9]*\ [1-9][0-9]*\ (quiet|jitter|straggler)\ [a-z0-9@+]+(\ [1-9][0-9]*)?$ ]] ||
@@ -295,8 +312,64 @@ for point in "${PLANNED[@]}"; do
         exit 2
     }
 done
+# Known words that together would run something other than the name says: the runs below match
+# tags by substring, so a second wire won over the first (model+int4+int8 ran int8), +pipeline
+# over +nooverlap, +hier over +ppn2; allreduce ran fp32 under +bf16 and ignored +ring and
+# @TRANSPORT (its run only warns); +lowrankN with +ring or +choco was blamed on an option given
+# twice; @shm reaches no partner on another node. Echoes why, or nothing.
+method_clash() {
+    local m=$1 tags tag seen=' ' wires=0
+    [[ $m == ddp* ]] && return 0
+    tags=${m#"${m%%+*}"}
+    for tag in ${tags//+/ }; do
+        [[ $seen != *" $tag "* ]] || { echo "+$tag twice" && return 0; }
+        seen+="$tag "
+        [[ $tag =~ ^(bf16|int8|int4)$ ]] && wires=$((wires + 1))
+    done
+    ((wires <= 1)) || { echo "two wires: a run sends one (+bf16, +int8 or +int4)" && return 0; }
+    [[ $seen == *" nooverlap "* && $seen == *" pipeline "* ]] &&
+        echo "+nooverlap and +pipeline are two ways to wait for the weights: choose one" && return 0
+    [[ $seen == *" ppn2 "* && $seen == *" hier "* ]] &&
+        echo "+hier runs two ranks per node already: drop +ppn2" && return 0
+    [[ $m == *@shm* ]] &&
+        echo "@shm reaches no partner on another node, and every point spans nodes: use @auto" && return 0
+    if [[ ${m%%[@+]*} == allreduce && ($m == *@* || $seen =~ \ (bf16|int8|int4|ring)\ ) ]]; then
+        echo "allreduce moves its bytes with MPI_Allreduce in fp32: a wire, +ring or @TRANSPORT would change nothing"
+        return 0
+    fi
+    if [[ $seen =~ \ lowrank[0-9]+\  && $seen =~ \ (bf16|int8|int4|choco|sr|ring)\  ]]; then
+        echo "+lowrankN sends fp32 factors on the hypercube's pairs: it takes no wire, +choco, +sr or +ring"
+    fi
+}
+for point in "${PLANNED[@]}"; do
+    read -r _ _ _ method _ <<<"$point"
+    why=$(method_clash "$method")
+    [[ -z $why ]] || { echo "study.sh: point '$point': method '$method': $why" >&2 && exit 2; }
+done
 # Ranks per node of a method: 2 for +ppn2 and +hier, else 1.
 ppn_of() { [[ $1 == *+ppn2* || $1 == *+hier* ]] && echo 2 || echo 1; }
+
+# The points' numbers, in range before any arithmetic (20 digits wrapped), p a whole number of
+# nodes of the method's ranks per node (3 ranks of +ppn2 ran on 1 node), and a link of at least
+# 1 Mbit/s once dilated (a forced K above the rate, or more nodes than GG_STUDY_BUDGET_MBIT,
+# shaped the links to 0 Mbit/s after the cluster was made).
+for point in "${PLANNED[@]}"; do
+    read -r p rate _ method forced_k <<<"$point"
+    gg_int "point '$point': p" "$p" 2 500
+    gg_int "point '$point': rate_mbit" "$rate" 1 1000000
+    [[ -z $forced_k ]] || gg_int "point '$point': K" "$forced_k" 1 "$rate"
+    ppn=$(ppn_of "$method")
+    nodes=$((p / ppn))
+    ((p % ppn == 0 && nodes <= 250)) || {
+        echo "study.sh: point '$point': $method runs $ppn rank(s) per node: p must be a multiple of $ppn, on at most 250 nodes" >&2
+        exit 2
+    }
+    k=${forced_k:-$(((nodes * rate + BUDGET - 1) / BUDGET))}
+    ((rate / k >= 1)) || {
+        echo "study.sh: point '$point': dilation K = $k leaves the link $rate / $k < 1 Mbit/s (raise GG_STUDY_BUDGET_MBIT or K's rate)" >&2
+        exit 2
+    }
+done
 
 # The train options of a gossip point (p method fwd bwd upd jitter slow), one per line.
 gossip_args() {
@@ -364,7 +437,17 @@ check_points() {
     done
 }
 check_points
+# One folder, one setting: a point already in points.csv is not run again, and its row carries no
+# profile, jitter, TCP setting or extra options (a study with --profile h100 into a p100 study's
+# folder reused the p100 points under the h100 study; GG_STUDY_STEPS skipped points measured over
+# other steps). The first invocation writes DIR/settings.txt.
+SETTINGS="profile $PROFILE, jitter p99 $JITTER, warmup $WARMUP, steps $STEPS, tcp_slow_start_after_idle ${GG_STUDY_SLOW_START_AFTER_IDLE:-1}, extra '${STUDY_EXTRA[*]}'"
+if [[ -f $OUT/settings.txt && $(cat "$OUT/settings.txt") != "$SETTINGS" ]]; then
+    echo "study.sh: $OUT holds points of $(cat "$OUT/settings.txt"), not $SETTINGS: use another --out" >&2
+    exit 2
+fi
 mkdir -p "$OUT"
+[[ -f $OUT/settings.txt ]] || echo "$SETTINGS" >"$OUT/settings.txt"
 CSV=$OUT/points.csv
 [[ -f $CSV ]] || echo "p,rate_mbit,condition,method,dilation,link_mbit,warmup,steps,file" >"$CSV"
 # The base config, copied once: the points of one study share it even if the checkout changes.

@@ -7,6 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 N=${1:-5}
+. scripts/checks.sh
+gg_int INVOCATIONS "$N" 1 1000  # 'abc' ran none and ended in a traceback, after the build
 ./scripts/deps.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DGG_BENCH=ON >/dev/null
 cmake --build build --target gg_bench_comm >/dev/null
@@ -15,8 +17,12 @@ RAW=$(mktemp)
 trap 'rm -f "$RAW"' EXIT
 for ((i = 1; i <= N; i++)); do
   echo "invocation $i/$N" >&2
-  OMP_NUM_THREADS=1 mpirun -n 2 build/bench/gg_bench_comm --max-bytes 102228128 --runs 7 |
-    grep '^2,.*,102228128,' | sed "s/^/$i,/" >>"$RAW"
+  # A failed invocation, or one without the rows, ends it with its line (it ended without a word).
+  out=$(OMP_NUM_THREADS=1 mpirun -n 2 build/bench/gg_bench_comm --max-bytes 102228128 --runs 7 2>&1) ||
+    { echo "bench/comm/ratios.sh: invocation $i failed: $(tail -1 <<<"$out")" >&2; exit 1; }
+  rows=$(grep '^2,.*,102228128,' <<<"$out") ||
+    { echo "bench/comm/ratios.sh: invocation $i printed no row at 102228128 bytes: $(tail -1 <<<"$out")" >&2; exit 1; }
+  sed "s/^/$i,/" <<<"$rows" >>"$RAW"
 done
 python3 - "$RAW" "$N" <<'PY' | tee "$OUT.md"
 import statistics, sys

@@ -20,7 +20,8 @@
 # hypercube without rotation), grad-global (grad with an exact average of
 # the weights every 50 steps), grad-skip (staleness 1, late buckets skipped, guard.lag 1)).
 # Default: all but the lean ones. A variant it does not know, or one whose run would be refused at
-# a rank count (the dry run at that count, PMI_SIZE), ends it in one line before anything runs;
+# a rank count (the dry run at that count, PMI_SIZE; a gossip variant at 1 rank, grad-hier at an
+# odd count), ends it in one line before anything runs;
 # the first run that fails ends it with exit 1.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -64,6 +65,17 @@ run() { # name ranks options...
   shift 2
   if [ "$PHASE" = check ]; then
     local err
+    # What the dry run cannot see: one rank has no partner (p1-gossip-both ran as a single rank
+    # under its gossip name), and grad-hier's simulated nodes of 2 need an even p (at p = 3 the
+    # run failed on its uneven nodes after the folder was made).
+    if [ "$p" = 1 ] && [ "$name" != p1-single ]; then
+      echo "convergence: $name: one rank has no partner, it would run as 'single' under this name: give RANKS of at least 2" >&2
+      exit 2
+    fi
+    if [[ $name == *-grad-hier ]] && ((p % 2)); then
+      echo "convergence: $name: grad-hier simulates nodes of 2 ranks (GG_RANKS_PER_NODE=2): give an even rank count" >&2
+      exit 2
+    fi
     if ! err=$(env PMI_SIZE="$p" ${RUN_ENV:-} "$BIN" train --config configs/laptop.ini \
       --train.epochs "$EPOCHS" --log.progress false "${EXTRA[@]}" "$@" --dry-run 2>&1 >/dev/null); then
       echo "convergence: $name ($p ranks): $(grep -m1 'error:' <<<"$err" | sed 's/^gossipgrad: error: //')" >&2
@@ -138,9 +150,18 @@ for p in "${RANKS[@]}"; do
 done
 }
 all_runs
+# One runs folder, one recipe: the table sets every run in it against the allreduce run of its
+# rank count, and a run's name carries no epochs (an invocation at other EPOCHS or EXTRA kept the
+# earlier runs beside its own). The first invocation writes settings.txt.
+SETTINGS="EPOCHS=$EPOCHS EXTRA='${EXTRA[*]}'"
+if [ -f "$RUNS/settings.txt" ] && [ "$(cat "$RUNS/settings.txt")" != "$SETTINGS" ]; then
+  echo "bench/convergence: $RUNS holds runs of $(cat "$RUNS/settings.txt"), not $SETTINGS: use another NAME" >&2
+  exit 2
+fi
 command -v gnuplot >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gnuplot-nox >/dev/null; }
 PHASE=run
 mkdir -p "$RUNS"
+[ -f "$RUNS/settings.txt" ] || echo "$SETTINGS" >"$RUNS/settings.txt"
 all_runs
 python3 - "$RUNS" "$OUT" <<'PY'
 import glob, json, os, sys

@@ -14,14 +14,22 @@ IMAGES=${2:-200}
 gg_decimal SECONDS "$SECONDS_PER" 0.1
 gg_int IMAGES "$IMAGES" 1
 gg_int ROUNDS "${ROUNDS:-3}" 1
+IMAGES=$((10#$IMAGES))
+BUILD=${BUILD:-build}
+# The JPEGs, made once per count: IMAGES was ignored once the folder existed (the report said
+# IMAGES JPEGs of a folder holding another number), and a make cut short left fewer.
+IMG=$BUILD/bench-loader-images-$IMAGES
+jpegs() { find "$IMG" -name '*.JPEG' | wc -l; }
+if [ -d "$IMG" ] && [ "$(jpegs)" != "$IMAGES" ]; then
+  echo "bench/loader: $IMG holds $(jpegs) JPEGs, not $IMAGES (a make cut short?): remove it" >&2
+  exit 1
+fi
 ./scripts/deps.sh
 dpkg-query -W python3-torchvision >/dev/null 2>&1 || {
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torchvision; }
-BUILD=${BUILD:-build}
 [ -f "$BUILD/CMakeCache.txt" ] ||
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DGG_BENCH=ON >/dev/null
 cmake --build "$BUILD" --target gg_bench_loader
-IMG=$BUILD/bench-loader-images
 [ -d "$IMG" ] || "$BUILD"/bench/gg_bench_loader make "$IMG" "$IMAGES"
 OUT=bench/results/loader-$(hostname)
 {

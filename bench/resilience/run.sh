@@ -30,6 +30,7 @@ gg_int EPOCHS "$EPOCHS" 1 100000
 gg_int REPEAT "$REPEAT" 1
 gg_ints FRACTIONS 1 100000 "${FRACTIONS[@]}"
 [ -z "${CKPT_EVERY:-}" ] || gg_int CKPT_EVERY "$CKPT_EVERY" 1
+[ -f "$CONFIG" ] || { echo "bench/resilience: config '$CONFIG' is not a file (usage: bench/resilience/run.sh [CONFIG])" >&2; exit 2; }
 read -r -a EXTRA <<<"${EXTRA:-}"
 if [ -z "${BIN:-}" ]; then
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF >/dev/null
@@ -39,10 +40,26 @@ fi
 OUT=bench/results/resilience-$(hostname)${TAG:+-$TAG}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-# Fashion-MNIST: 60,000 samples; train.batch from the config (64 in laptop.ini).
-BATCH=$("$BIN" train --config "$CONFIG" --dry-run | awk -F' = ' '/^batch = /{print $2; exit}')
+# The batch the runs train with: the dry run of their own options at P ranks (the config's alone
+# missed a train.batch in EXTRA, and a refused setting surfaced as an arithmetic error).
+if ! dry=$(PMI_SIZE=$P "$BIN" train --config "$CONFIG" --model.name "$MODEL" --model.width "$WIDTH" \
+  --train.epochs "$EPOCHS" --train.threads 1 "${EXTRA[@]}" --dry-run 2>&1); then
+  echo "bench/resilience: $({ grep -m1 'error:' <<<"$dry" || tail -1 <<<"$dry"; } | sed 's/^gossipgrad: error: //')" >&2
+  exit 2
+fi
+BATCH=$(awk -F' = ' '/^batch = /{print $2; exit}' <<<"$dry")
+# Fashion-MNIST's 60,000 training images. A fraction F with steps / F = 0 ran without a single
+# failure (fault.mtbf_steps 0 means none) under the name of its strategy and F: refused, as is a
+# run with no step; restart checkpoints at least every step.
 STEPS=$((60000 / (BATCH * P) * EPOCHS))
-CKPT_EVERY=${CKPT_EVERY:-$((STEPS / 8))}
+((STEPS >= 1)) || { echo "bench/resilience: $P ranks x batch $BATCH leave no step in $EPOCHS epoch(s) of 60000 images" >&2; exit 2; }
+for f in "${FRACTIONS[@]}"; do
+  ((STEPS / f >= 1)) || {
+    echo "bench/resilience: FRACTIONS: F = $f gives MTBF = $STEPS steps / $f = 0, a run without failures (fault.mtbf_steps 0): use F <= $STEPS" >&2
+    exit 2
+  }
+done
+CKPT_EVERY=${CKPT_EVERY:-$((STEPS / 8 > 0 ? STEPS / 8 : 1))}
 export OMP_NUM_THREADS=1
 {
   echo "# $(date -u +%FT%TZ) $(uname -srm), $(nproc --all) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"

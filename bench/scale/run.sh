@@ -152,10 +152,19 @@ for p in "${PS[@]}"; do
     fi
   done
 done
-command -v gnuplot >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gnuplot-nox >/dev/null; }
 OUT=bench/results/scale-$NAME
 RUNS=$OUT.runs
+# One runs folder, one recipe: the table pairs every run in it by p, mode and seed, and a run's
+# name carries none of these (an invocation at another BATCH replaced some runs and kept the
+# others: allreduce at BATCH 8 beside model at 16). The first invocation writes settings.txt.
+SETTINGS="EPOCHS=$EPOCHS MIN_STEPS=$MIN_STEPS BATCH=$BATCH RANK_EVAL=$RANK_EVAL EXTRA='${EXTRA[*]}'"
+if [ -f "$RUNS/settings.txt" ] && [ "$(cat "$RUNS/settings.txt")" != "$SETTINGS" ]; then
+  echo "bench/scale: $RUNS holds runs of $(cat "$RUNS/settings.txt"), not $SETTINGS: use another NAME" >&2
+  exit 2
+fi
 mkdir -p "$RUNS"
+[ -f "$RUNS/settings.txt" ] || echo "$SETTINGS" >"$RUNS/settings.txt"
+command -v gnuplot >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gnuplot-nox >/dev/null; }
 # Every invocation's command, for the table (several invocations fill one runs folder).
 echo "${ONEDNN_MAX_CPU_ISA:+ONEDNN_MAX_CPU_ISA=$ONEDNN_MAX_CPU_ISA }${GG_BIN:+GG_BIN=$GG_BIN }bench/scale/run.sh ${PS[*]} (EPOCHS=$EPOCHS$( ((MIN_STEPS == 0)) || echo " MIN_STEPS=$MIN_STEPS") BATCH=$BATCH SEEDS='${SEEDS[*]}' MODES='${MODES[*]}' RANK_EVAL=$RANK_EVAL${EXTRA:+ EXTRA='${EXTRA[*]}'})" >>"$RUNS/commands.txt"
 total=$((${#PS[@]} * ${#MODES[@]} * ${#SEEDS[@]})); n=0
