@@ -148,6 +148,9 @@ TORCH=${TORCH:-2.15}
 ./scripts/deps.sh
 TORCH_PY=/usr/bin/python3
 [ "$TORCH" = debian ] || TORCH_PY=$(bench/torch_env.sh)
+# torch.compile's cache, one per ATen instruction-set cap: a kernel compiled uncapped and reused
+# under ATEN_CPU_CAPABILITY=avx2 gave garbage indices in ResNet-50's backward (PyTorch 2.15).
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-${TMPDIR:-/tmp}/gossipgrad-inductor-${ATEN_CPU_CAPABILITY:-native}}
 if ! /usr/bin/python3 -c 'import torch, torchvision' 2>/dev/null; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
