@@ -39,3 +39,9 @@ gg_name() {
     exit 2
   fi
 }
+
+# gg_refusal TEXT: why a gossipgrad command refused, from its output TEXT: the first line saying
+# "error:" without gossipgrad's prefix, else the last line (a crash's).
+gg_refusal() {
+  { grep -m1 'error:' <<<"$1" || tail -n 1 <<<"$1"; } | sed 's/^gossipgrad: error: //'
+}

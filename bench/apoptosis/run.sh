@@ -52,7 +52,7 @@ dry_run() { # p options... -> the dry run's settings at p ranks; a refusal: one 
   local p=$1 out
   shift
   out=$(PMI_SIZE=$p "$BIN" train "$@" --dry-run 2>&1) || {
-    echo "bench/apoptosis: $p rank(s): $({ grep -m1 'error:' <<<"$out" || tail -1 <<<"$out"; } | sed 's/^gossipgrad: error: //')" >&2
+    echo "bench/apoptosis: $p rank(s): $(gg_refusal "$out")" >&2
     exit 2
   }
   echo "$out"

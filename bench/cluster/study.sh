@@ -431,7 +431,7 @@ check_points() {
         mapfile -t args < <(BASE=$base gossip_args "$p" "$method" 1 1 1 1 '')
         if ! err=$(env PMI_SIZE="$p" GG_RANKS_PER_NODE="$(ppn_of "$method")" "$BIN" train "${args[@]}" \
             --dry-run 2>&1 >/dev/null); then
-            echo "study.sh: point '$point': $(grep -m1 'error:' <<<"$err" | sed 's/^gossipgrad: error: //')" >&2
+            echo "study.sh: point '$point': $(gg_refusal "$err")" >&2
             exit 2
         fi
     done

@@ -78,7 +78,7 @@ run() { # name ranks options...
     fi
     if ! err=$(env PMI_SIZE="$p" ${RUN_ENV:-} "$BIN" train --config configs/laptop.ini \
       --train.epochs "$EPOCHS" --log.progress false "${EXTRA[@]}" "$@" --dry-run 2>&1 >/dev/null); then
-      echo "convergence: $name ($p ranks): $(grep -m1 'error:' <<<"$err" | sed 's/^gossipgrad: error: //')" >&2
+      echo "convergence: $name ($p ranks): $(gg_refusal "$err")" >&2
       exit 2
     fi
     return 0

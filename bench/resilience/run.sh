@@ -44,7 +44,7 @@ trap 'rm -rf "$TMP"' EXIT
 # missed a train.batch in EXTRA, and a refused setting surfaced as an arithmetic error).
 if ! dry=$(PMI_SIZE=$P "$BIN" train --config "$CONFIG" --model.name "$MODEL" --model.width "$WIDTH" \
   --train.epochs "$EPOCHS" --train.threads 1 "${EXTRA[@]}" --dry-run 2>&1); then
-  echo "bench/resilience: $({ grep -m1 'error:' <<<"$dry" || tail -1 <<<"$dry"; } | sed 's/^gossipgrad: error: //')" >&2
+  echo "bench/resilience: $(gg_refusal "$dry")" >&2
   exit 2
 fi
 BATCH=$(awk -F' = ' '/^batch = /{print $2; exit}' <<<"$dry")

@@ -147,7 +147,7 @@ for p in "${PS[@]}"; do
   for mode in "${MODES[@]}"; do
     mapfile -t args < <(train_args "$p" "$mode" "${SEEDS[0]}")
     if ! err=$("$BIN" "${args[@]}" --dry-run 2>&1 >/dev/null); then
-      echo "bench/scale: p = $p, mode $mode: $(grep -m1 'error:' <<<"$err" | sed 's/^gossipgrad: error: //')" >&2
+      echo "bench/scale: p = $p, mode $mode: $(gg_refusal "$err")" >&2
       exit 2
     fi
   done
