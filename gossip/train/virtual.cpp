@@ -650,7 +650,7 @@ void VirtualRun::plan_memory() {
           kernels::numel(net_.graph().input_dims()) * 4 +
       TreeSum<float>::bytes(ranks_) + 3 * model +
       static_cast<int64_t>(ranks_) * 16 +  // per-rank distances, top-1 counts
-      (hierarchy_ || (algorithm_.grads && gossip_plan(c_).node_hierarchy)
+      (algorithm_.grads && gossip_plan(c_).node_hierarchy
            ? VirtualHierarchy::bytes(ranks_, std::max(1, c_.network.ranks_per_node))
            : 0) +
       (c_.log.losses.empty() ? 0 : 2 * kLossesHeld);
