@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/onednn/api.hpp"
 #include "kernels/onednn/eltwise.hpp"
 #include "kernels/onednn/isa.hpp"
 #include "kernels/onednn/onednn_executor.hpp"
@@ -84,9 +85,9 @@ int main(int argc, char** argv) {
     }
     std::memcpy(c3.get_data_handle(), pr, md.get_size());
     std::memcpy(c4.get_data_handle(), pa, md.get_size());
-    const dnnl::sum sum(dnnl::sum::primitive_desc(md, {1.f, 1.f}, {md, md}, eng));
-    const dnnl::sum sum4(
-        dnnl::sum::primitive_desc(md, {1.f, 1.f, 1.f, 1.f}, {md, md, md, md}, eng));
+    namespace api = gg::kernels::onednn;
+    const dnnl::sum sum(api::sum(eng, md, {1.f, 1.f}, {md, md}));
+    const dnnl::sum sum4(api::sum(eng, md, {1.f, 1.f, 1.f, 1.f}, {md, md, md, md}));
     std::vector<double> before, after, grad2, sum4_onednn, sum4_ours;
     for (int r = 0; r < repeats; ++r) {
       auto t0 = std::chrono::steady_clock::now();

@@ -26,6 +26,7 @@
 #include "dnnl.hpp"
 #include "kernels/graph.hpp"
 #include "kernels/models.hpp"
+#include "kernels/onednn/api.hpp"
 #include "kernels/onednn/onednn_executor.hpp"
 #include "kernels/optimizer.hpp"
 
@@ -114,7 +115,7 @@ double time_it(const std::function<void()>& run, double seconds) {
 memory fresh(const memory::desc& md, const dnnl::engine& eng) {
   memory m(md, eng);
   // Small finite values: denormals or NaNs must not change the speed.
-  if (md.data_type() == dt::f32) {
+  if (gg::kernels::onednn::type_of(md) == dt::f32) {
     auto* p = static_cast<float*>(m.get_data_handle());
     for (size_t i = 0; i < md.get_size() / sizeof(float); ++i) p[i] = 0.01f * (i % 7);
   } else {
@@ -191,12 +192,12 @@ PassTimes conv_times(const ConvShape& cv, dnnl::algorithm alg, const Args& a,
       dst{cv.n, cv.k, oh, ow}, st{cv.stride, cv.stride}, pd{cv.pad, cv.pad};
   const memory::desc src_md(src, act, tag::any), w_md(w, act, tag::any), dst_md(dst, act, tag::any),
       dw_md(w, dt::f32, tag::any);
-  dnnl::convolution_forward::primitive_desc f(
-      {dnnl::prop_kind::forward_training, alg, src_md, w_md, dst_md, st, pd, pd}, eng);
-  dnnl::convolution_backward_data::primitive_desc d({alg, src_md, w_md, dst_md, st, pd, pd}, eng,
-                                                    f);
-  dnnl::convolution_backward_weights::primitive_desc g({alg, src_md, dw_md, dst_md, st, pd, pd},
-                                                       eng, f);
+  namespace api = gg::kernels::onednn;
+  const memory::desc no_bias;
+  const api::ConvFwd f = api::conv_fwd(eng, alg, src_md, w_md, no_bias, dst_md, st, pd, pd);
+  const api::ConvBwdD d = api::conv_bwd_data(eng, alg, src_md, w_md, dst_md, st, pd, pd, f);
+  const api::ConvBwdW g =
+      api::conv_bwd_weights(eng, alg, src_md, dw_md, no_bias, dst_md, st, pd, pd, f);
   return time_passes<dnnl::convolution_forward, dnnl::convolution_backward_data,
                      dnnl::convolution_backward_weights>(f, d, g, a, eng, s);
 }
@@ -226,7 +227,7 @@ double matmul(const Args& a, const dnnl::engine& eng, dnnl::stream& s) {
   const dt act = a.precision == "bf16" ? dt::bf16 : dt::f32;
   const memory::desc am({m, m}, act, tag::ab), bm({m, m}, act, tag::any),
       cm({m, m}, dt::f32, tag::ab);
-  dnnl::matmul::primitive_desc pd({am, bm, cm}, eng);
+  const auto pd = gg::kernels::onednn::matmul(eng, am, bm, cm);
   memory x = fresh(pd.src_desc(), eng), w = fresh(pd.weights_desc(), eng),
          y = fresh(pd.dst_desc(), eng);
   dnnl::matmul mm(pd);
@@ -380,10 +381,11 @@ PassTimes fc_times(const memory::dims& in, int64_t out, const Args& a, const dnn
   const memory::desc src_md(in, act, tag::any), w_md(w_dims, act, tag::any),
       dw_md(w_dims, dt::f32, tag::any), dst_md({in[0], out}, dt::f32, tag::nc),
       ddst_md({in[0], out}, act, tag::nc);
-  dnnl::inner_product_forward::primitive_desc f(
-      {dnnl::prop_kind::forward_training, src_md, w_md, dst_md}, eng);
-  dnnl::inner_product_backward_data::primitive_desc d({src_md, w_md, ddst_md}, eng, f);
-  dnnl::inner_product_backward_weights::primitive_desc g({src_md, dw_md, ddst_md}, eng, f);
+  namespace api = gg::kernels::onednn;
+  const memory::desc no_bias;
+  const api::IpFwd f = api::ip_fwd(eng, src_md, w_md, no_bias, dst_md);
+  const api::IpBwdD d = api::ip_bwd_data(eng, src_md, w_md, ddst_md, f);
+  const api::IpBwdW g = api::ip_bwd_weights(eng, src_md, dw_md, no_bias, ddst_md, f);
   return time_passes<dnnl::inner_product_forward, dnnl::inner_product_backward_data,
                      dnnl::inner_product_backward_weights>(f, d, g, a, eng, s);
 }

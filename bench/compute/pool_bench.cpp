@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kernels/models.hpp"
+#include "kernels/onednn/api.hpp"
 #include "kernels/onednn/isa.hpp"
 #include "kernels/onednn/max_pool.hpp"
 
@@ -115,17 +116,11 @@ int main(int argc, char** argv) {
     const memory::dim k = s.k, st = s.stride, p = s.pad;
     const memory::dims pad_r = {std::max<memory::dim>(p, (s.oh - 1) * st + k - s.h - p),
                                 std::max<memory::dim>(p, (s.ow - 1) * st + k - s.w - p)};
-    const dnnl::pooling_forward::primitive_desc fpd({dnnl::prop_kind::forward_training,
-                                                     dnnl::algorithm::pooling_max,
-                                                     x_md,
-                                                     y_md,
-                                                     {st, st},
-                                                     {k, k},
-                                                     {p, p},
-                                                     pad_r},
-                                                    eng);
-    const dnnl::pooling_backward::primitive_desc bpd(
-        {dnnl::algorithm::pooling_max, x_md, y_md, {st, st}, {k, k}, {p, p}, pad_r}, eng, fpd);
+    namespace api = gg::kernels::onednn;
+    const auto max = dnnl::algorithm::pooling_max;
+    const api::PoolFwd fpd = api::pool_fwd(eng, max, x_md, y_md, {st, st}, {k, k}, {p, p}, pad_r);
+    const api::PoolBwd bpd =
+        api::pool_bwd(eng, max, x_md, y_md, {st, st}, {k, k}, {p, p}, pad_r, fpd);
     memory ws(fpd.workspace_desc(), eng);
     const dnnl::pooling_forward fwd(fpd);
     const dnnl::pooling_backward bwd(bpd);

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels/onednn/api.hpp"
 #include "kernels/onednn/isa.hpp"
 
 namespace gg::kernels {
@@ -160,7 +161,7 @@ constexpr int64_t kSumChunk = 2048;
 
 bool relu_keeping_nan(const memory& x, const memory& y, bool report) {
   const memory::desc md = x.get_desc();
-  const bool f32 = md.data_type() == dt::f32;
+  const bool f32 = onednn::type_of(md) == dt::f32;
   const int64_t size = f32 ? 4 : 2;
   const int64_t n = static_cast<int64_t>(md.get_size()) / size;
   char* a = static_cast<char*>(x.get_data_handle());
@@ -180,7 +181,7 @@ bool relu_keeping_nan(const memory& x, const memory& y, bool report) {
 
 bool add_relu_keeping_nan(const memory& a, const memory& b, const memory& y, bool report) {
   const memory::desc md = y.get_desc();
-  const bool f32 = md.data_type() == dt::f32;
+  const bool f32 = onednn::type_of(md) == dt::f32;
   const int64_t size = f32 ? 4 : 2;
   const int64_t n = static_cast<int64_t>(md.get_size()) / size;
   const char* pa = static_cast<const char*>(a.get_data_handle());
@@ -200,7 +201,7 @@ bool add_relu_keeping_nan(const memory& a, const memory& b, const memory& y, boo
 
 void relu_backward_sum2(const memory& y, const memory& a, const memory& b, const memory& dx) {
   const memory::desc md = y.get_desc();
-  const bool f32 = md.data_type() == dt::f32;
+  const bool f32 = onednn::type_of(md) == dt::f32;
   const int64_t n = static_cast<int64_t>(md.get_size()) / (f32 ? 4 : 2);
   const void* py = y.get_data_handle();
   const void* pa = a.get_data_handle();

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "kernels/memory_plan.hpp"
+#include "kernels/onednn/api.hpp"
 #include "kernels/onednn/eltwise.hpp"
 #include "kernels/onednn/max_pool.hpp"
 
@@ -24,6 +25,7 @@ using dnnl::memory;
 using tag = memory::format_tag;
 using dt = memory::data_type;
 using Args = std::unordered_map<int, memory>;
+namespace api = onednn;
 
 // One unit of work in a step: a primitive with its arguments, or a small host function and the
 // memories it touches (so that the memory plan sees its uses).
@@ -105,7 +107,8 @@ class OneDnnExecutor final : public Executor {
         continue;
       }
       const memory dx = diff_of(static_cast<int>(id));
-      if (v.md.data_type() == dt::f32) {  // sum_of: oneDNN's f32 sum (simple:any) took 1.5x longer
+      if (api::type_of(v.md) ==
+          dt::f32) {  // sum_of: oneDNN's f32 sum (simple:any) took 1.5x longer
         const std::vector<memory> edges = v.edges;
         std::vector<memory> touched = edges;
         touched.push_back(dx);
@@ -114,7 +117,7 @@ class OneDnnExecutor final : public Executor {
         continue;
       }
       std::vector<memory::desc> mds(v.edges.size(), v.md);
-      dnnl::sum::primitive_desc pd(v.md, std::vector<float>(v.edges.size(), 1.f), mds, eng_, attr_);
+      const auto pd = api::sum(eng_, v.md, std::vector<float>(v.edges.size(), 1.f), mds, attr_);
       Args args{{DNNL_ARG_DST, dx}};
       for (size_t i = 0; i < v.edges.size(); ++i)
         args[DNNL_ARG_MULTIPLE_SRC + static_cast<int>(i)] = v.edges[i];
@@ -304,9 +307,7 @@ class OneDnnExecutor final : public Executor {
   // window, for one, may not).
   static bool usable(const memory& m, const memory::desc& md) {
     if (m.get_desc() != md) return false;
-    const bool blocked =
-        md.data.format_kind == dnnl_blocked && md.data.format_desc.blocking.inner_nblks > 0;
-    return !blocked || reinterpret_cast<uintptr_t>(m.get_data_handle()) % 64 == 0;
+    return !api::inner_blocked(md) || reinterpret_cast<uintptr_t>(m.get_data_handle()) % 64 == 0;
   }
 
   // `m` in layout `want`: itself, or a private copy made by a reorder appended to `list`.
@@ -401,9 +402,8 @@ class OneDnnExecutor final : public Executor {
                          ? dnnl::algorithm::convolution_auto
                          : dnnl::algorithm::convolution_direct;
 
-    dnnl::convolution_forward::primitive_desc fpd(
-        {dnnl::prop_kind::forward_training, alg, src_any, w_any, b_md, dst_any, strides, pad, pad},
-        attr_, eng_);
+    const api::ConvFwd fpd =
+        api::conv_fwd(eng_, alg, src_any, w_any, b_md, dst_any, strides, pad, pad, attr_);
     std::vector<Action> tail;
     memory diff_src;
     memory src = conform(in, fpd.src_desc(), in == 0 ? nullptr : &diff_src, &tail);
@@ -426,8 +426,8 @@ class OneDnnExecutor final : public Executor {
     const bool wino_fwd = std::string(fpd.impl_info_str()).find("wino") != std::string::npos;
     dnnl::convolution_backward_weights::primitive_desc wpd =
         prefer_winograd(alg, wino_fwd, [&](dnnl::algorithm a) {
-          return dnnl::convolution_backward_weights::primitive_desc(
-              {a, src_any, dw_any, b_md, dst_any, strides, pad, pad}, attr_, eng_, fpd);
+          return api::conv_bwd_weights(eng_, a, src_any, dw_any, b_md, dst_any, strides, pad, pad,
+                                       fpd, attr_);
         });
     const memory ddst_w = as(diff_of(id), wpd.diff_dst_desc(), bwd);
     const memory src_w = as(src, wpd.src_desc(), bwd);
@@ -441,8 +441,8 @@ class OneDnnExecutor final : public Executor {
     if (in == 0) return;  // no gradient w.r.t. the data
     dnnl::convolution_backward_data::primitive_desc dpd =
         prefer_winograd(alg, wino_fwd, [&](dnnl::algorithm a) {
-          return dnnl::convolution_backward_data::primitive_desc(
-              {a, src_any, w_any, dst_any, strides, pad, pad}, attr_, eng_, fpd);
+          return api::conv_bwd_data(eng_, a, src_any, w_any, dst_any, strides, pad, pad, fpd,
+                                    attr_);
         });
     const memory ddst_d = as(ddst_w, dpd.diff_dst_desc(), bwd);
     const memory wd = dpd.weights_desc() == w.get_desc() ? w : as(w_user, dpd.weights_desc(), bwd);
@@ -493,8 +493,7 @@ class OneDnnExecutor final : public Executor {
     const memory::desc b_md = n.fc.bias ? memory::desc({o}, dt::f32, tag::x) : memory::desc();
 
     const auto forward = [&](const memory::desc& w_md) {
-      return dnnl::inner_product_forward::primitive_desc(
-          {dnnl::prop_kind::forward_training, src_any, w_md, b_md, dst_md}, attr_, eng_);
+      return api::ip_fwd(eng_, src_any, w_md, b_md, dst_md, attr_);
     };
     const dnnl::inner_product_forward::primitive_desc fpd =
         prefer_plain(forward(w_any), [&] { return forward(w_plain); });
@@ -514,8 +513,7 @@ class OneDnnExecutor final : public Executor {
 
     std::vector<Action>& bwd = bwd_[id];
     const auto backward_weights = [&](const memory::desc& dw_md) {
-      return dnnl::inner_product_backward_weights::primitive_desc({src_any, dw_md, b_md, ddst_md},
-                                                                  attr_, eng_, fpd);
+      return api::ip_bwd_weights(eng_, src_any, dw_md, b_md, ddst_md, fpd, attr_);
     };
     const dnnl::inner_product_backward_weights::primitive_desc wpd =
         prefer_plain(backward_weights(dw_any), [&] { return backward_weights(w_plain); });
@@ -529,8 +527,7 @@ class OneDnnExecutor final : public Executor {
     bwd.push_back(Action{dnnl::inner_product_backward_weights(wpd), std::move(wa), {}, {}});
     for (Action& a : after_w) bwd.push_back(std::move(a));
     if (in == 0) return;
-    dnnl::inner_product_backward_data::primitive_desc dpd({src_any, w_any, ddst_md}, attr_, eng_,
-                                                          fpd);
+    const api::IpBwdD dpd = api::ip_bwd_data(eng_, src_any, w_any, ddst_md, fpd, attr_);
     const memory ddst_d = as(ddst_w, dpd.diff_dst_desc(), bwd);
     const memory wd = dpd.weights_desc() == w.get_desc() ? w : as(w_user, dpd.weights_desc(), bwd);
     std::vector<Action> after_d;
@@ -551,12 +548,12 @@ class OneDnnExecutor final : public Executor {
   // instead, with a reorder in and out.
   memory::desc bn_layout(const memory::desc& md, float eps, dnnl::normalization_flags flags) {
     const auto jit = [&](const memory::desc& d) {
-      const dnnl::batch_normalization_forward::primitive_desc pd(
-          {dnnl::prop_kind::forward_training, d, eps, flags}, attr_, eng_);
+      const api::BnFwd pd =
+          api::bn_fwd(eng_, dnnl::prop_kind::forward_training, d, eps, flags, attr_);
       return std::string(pd.impl_info_str()).find("jit") != std::string::npos;
     };
-    if (md.dims().size() != 4 || jit(md)) return md;
-    const memory::desc blocked(md.dims(), md.data_type(), tag::nChw16c);
+    if (api::dims_of(md).size() != 4 || jit(md)) return md;
+    const memory::desc blocked(api::dims_of(md), api::type_of(md), tag::nChw16c);
     return jit(blocked) ? blocked : md;
   }
 
@@ -575,13 +572,11 @@ class OneDnnExecutor final : public Executor {
     memory diff_src;
     std::vector<Action> diff_tail;
     const memory src = in == 0 ? values_[in].mem : conform(in, md, &diff_src, &diff_tail);
-    dnnl::batch_normalization_forward::primitive_desc fpd(
-        {dnnl::prop_kind::forward_training, md, n.bn.eps, flags}, attr_, eng_);
+    const api::BnFwd fpd =
+        api::bn_fwd(eng_, dnnl::prop_kind::forward_training, md, n.bn.eps, flags, attr_);
     // Eval never fuses the ReLU: see the NaN rule below.
-    dnnl::batch_normalization_forward::primitive_desc ipd(
-        {dnnl::prop_kind::forward_inference, md, n.bn.eps,
-         affine | dnnl::normalization_flags::use_global_stats},
-        attr_, eng_);
+    const api::BnFwd ipd = api::bn_fwd(eng_, dnnl::prop_kind::forward_inference, md, n.bn.eps,
+                                       affine | dnnl::normalization_flags::use_global_stats, attr_);
     Value& out = values_[id];
     out.md = fpd.dst_desc();
     out.mem = fresh(out.md);
@@ -624,8 +619,8 @@ class OneDnnExecutor final : public Executor {
                            {mean, var}},
                     When::Train});
     if (fuse) {
-      const dnnl::batch_normalization_forward::primitive_desc rpd(
-          {dnnl::prop_kind::forward_training, md, n.bn.eps, affine}, eng_);
+      const api::BnFwd rpd =
+          api::bn_fwd(eng_, dnnl::prop_kind::forward_training, md, n.bn.eps, affine);
       const Args ra{{DNNL_ARG_SRC, src},     {DNNL_ARG_DST, out.mem}, {DNNL_ARG_SCALE, scale},
                     {DNNL_ARG_SHIFT, shift}, {DNNL_ARG_MEAN, mean},   {DNNL_ARG_VARIANCE, var}};
       fwd_.push_back({Action{{},
@@ -656,8 +651,7 @@ class OneDnnExecutor final : public Executor {
                              {out.mem}},
                       When::Eval});
 
-    dnnl::batch_normalization_backward::primitive_desc bpd(
-        {dnnl::prop_kind::backward, out.md, md, n.bn.eps, flags}, attr_, eng_, fpd);
+    const api::BnBwd bpd = api::bn_bwd(eng_, out.md, md, n.bn.eps, flags, fpd, attr_);
     Args ba{{DNNL_ARG_SRC, src},
             {DNNL_ARG_MEAN, mean},
             {DNNL_ARG_VARIANCE, var},
@@ -776,8 +770,7 @@ class OneDnnExecutor final : public Executor {
     const bool in_place = in != 0 && src.consumers == 1;
     const auto alg =
         in_place ? dnnl::algorithm::eltwise_relu_use_dst_for_bwd : dnnl::algorithm::eltwise_relu;
-    dnnl::eltwise_forward::primitive_desc fpd({dnnl::prop_kind::forward_training, alg, src.md, 0.f},
-                                              attr_, eng_);
+    const api::EltFwd fpd = api::eltwise_fwd(eng_, alg, src.md, 0.f, attr_);
     Value& out = values_[id];
     out.md = fpd.dst_desc();
     out.mem = in_place ? src.mem : fresh(out.md);
@@ -802,7 +795,7 @@ class OneDnnExecutor final : public Executor {
                 std::move(uses)},
          When::Always});
     if (in == 0) return;
-    dnnl::eltwise_backward::primitive_desc bpd({alg, out.md, src.md, 0.f}, attr_, eng_, fpd);
+    const api::EltBwd bpd = api::eltwise_bwd(eng_, alg, out.md, src.md, 0.f, fpd, attr_);
     Args ba{{DNNL_ARG_DIFF_DST, diff_of(id)},
             {DNNL_ARG_DIFF_SRC, in_place ? diff_of(in) : edge(in)}};
     ba[in_place ? DNNL_ARG_DST : DNNL_ARG_SRC] = in_place ? out.mem : src.mem;
@@ -839,10 +832,9 @@ class OneDnnExecutor final : public Executor {
       if (n.op == Op::MaxPool && n.pool.kernel * n.pool.kernel < 255 &&
           src.md == memory::desc(batched(batch_, xin), dt::f32, t))
         return compile_blocked_max_pool(id, n, t, block);
-    const memory::desc dst_any(batched(batch_, n.out), src.md.data_type(), tag::any);
-    dnnl::pooling_forward::primitive_desc fpd(
-        {dnnl::prop_kind::forward_training, alg, src.md, dst_any, strides, kernel, pad, pad_r},
-        attr_, eng_);
+    const memory::desc dst_any(batched(batch_, n.out), api::type_of(src.md), tag::any);
+    const api::PoolFwd fpd =
+        api::pool_fwd(eng_, alg, src.md, dst_any, strides, kernel, pad, pad_r, attr_);
     Value& out = values_[id];
     out.md = fpd.dst_desc();
     out.mem = fresh(out.md);
@@ -855,8 +847,8 @@ class OneDnnExecutor final : public Executor {
     push_fwd(dnnl::pooling_forward(fpd), std::move(fa));
     if (alg == dnnl::algorithm::pooling_max) push_max_pool_nan(id);
     if (in == 0) return;
-    dnnl::pooling_backward::primitive_desc bpd({alg, src.md, out.md, strides, kernel, pad, pad_r},
-                                               attr_, eng_, fpd);
+    const api::PoolBwd bpd =
+        api::pool_bwd(eng_, alg, src.md, out.md, strides, kernel, pad, pad_r, fpd, attr_);
     Args ba{{DNNL_ARG_DIFF_DST, diff_of(id)}, {DNNL_ARG_DIFF_SRC, edge(in)}};
     if (ws) ba[DNNL_ARG_WORKSPACE] = ws;
     bwd_[id].push_back(Action{dnnl::pooling_backward(bpd), std::move(ba), {}, {}});
@@ -918,7 +910,7 @@ class OneDnnExecutor final : public Executor {
       out.mem = fresh(out.md);
       out.add_terms = {a.mem, b.mem};
     } else {
-      dnnl::sum::primitive_desc pd(a.md, {1.f, 1.f}, {a.md, b.md}, eng_, attr_);
+      const auto pd = api::sum(eng_, a.md, {1.f, 1.f}, {a.md, b.md}, attr_);
       out.md = pd.dst_desc();
       out.mem = fresh(out.md);
       push_fwd(dnnl::sum(pd), {{DNNL_ARG_MULTIPLE_SRC, a.mem},
@@ -968,7 +960,7 @@ class OneDnnExecutor final : public Executor {
     for (tag t : {tag::nChw16c, tag::nChw8c, tag::nhwc, tag::nchw}) {
       const bool all = std::all_of(n.inputs.begin(), n.inputs.end(), [&](int in) {
         const memory::desc& md = values_[in].md;
-        return md == memory::desc(batched(batch_, g_.node(in).out), md.data_type(), t);
+        return md == memory::desc(batched(batch_, g_.node(in).out), api::type_of(md), t);
       });
       if (all) return t;
     }
@@ -987,7 +979,7 @@ class OneDnnExecutor final : public Executor {
       fa[DNNL_ARG_MULTIPLE_SRC + static_cast<int>(i)] = values_[n.inputs[i]].mem;
     }
     const memory::dims dims = batched(batch_, n.out);
-    const dt type = srcs[0].data_type();
+    const dt type = api::type_of(srcs[0]);
     std::vector<memory::desc> candidates;
     if (const std::optional<tag> t = common_tag(n)) candidates.emplace_back(dims, type, *t);
     candidates.emplace_back(dims, type, tag::any);
@@ -995,7 +987,7 @@ class OneDnnExecutor final : public Executor {
     dnnl::concat::primitive_desc pd;
     std::vector<memory::desc> slices;
     for (const memory::desc& dst : candidates) {
-      pd = dnnl::concat::primitive_desc(dst, 1, srcs, eng_, attr_);
+      pd = api::concat(eng_, dst, 1, srcs, attr_);
       slices = channel_slices(pd.dst_desc(), n);
       if (!slices.empty()) break;
     }
@@ -1045,8 +1037,7 @@ class OneDnnExecutor final : public Executor {
     std::vector<Action> to_layout;
     const memory mask = as(mask_plain, out.md, to_layout);
     for (Action& a : to_layout) fwd_.push_back({std::move(a), When::Train});
-    dnnl::binary::primitive_desc mul({dnnl::algorithm::binary_mul, out.md, out.md, out.md}, attr_,
-                                     eng_);
+    const auto mul = api::binary(eng_, dnnl::algorithm::binary_mul, out.md, out.md, out.md, attr_);
     push_fwd(dnnl::binary(mul),
              {{DNNL_ARG_SRC_0, src.mem}, {DNNL_ARG_SRC_1, mask}, {DNNL_ARG_DST, out.mem}},
              When::Train);
@@ -1068,9 +1059,7 @@ class OneDnnExecutor final : public Executor {
     const Value& src = values_[in];
     const auto alg = dnnl::algorithm::lrn_across_channels;
     const LrnAttr& a = n.lrn;
-    dnnl::lrn_forward::primitive_desc fpd(
-        {dnnl::prop_kind::forward_training, alg, src.md, a.size, a.alpha, a.beta, a.k}, attr_,
-        eng_);
+    const api::LrnFwd fpd = api::lrn_fwd(eng_, alg, src.md, a.size, a.alpha, a.beta, a.k, attr_);
     Value& out = values_[id];
     out.md = fpd.dst_desc();
     out.mem = fresh(out.md);
@@ -1082,8 +1071,8 @@ class OneDnnExecutor final : public Executor {
     }
     push_fwd(dnnl::lrn_forward(fpd), std::move(fa));
     if (in == 0) return;
-    dnnl::lrn_backward::primitive_desc bpd({alg, src.md, out.md, a.size, a.alpha, a.beta, a.k},
-                                           attr_, eng_, fpd);
+    const api::LrnBwd bpd =
+        api::lrn_bwd(eng_, alg, src.md, out.md, a.size, a.alpha, a.beta, a.k, fpd, attr_);
     std::vector<Action>& bwd = bwd_[id];
     const memory ddst = as(diff_of(id), bpd.diff_dst_desc(), bwd);
     std::vector<Action> after;
@@ -1111,9 +1100,7 @@ class OneDnnExecutor final : public Executor {
     };
     auto need = [](const Action& a) -> size_t {
       if (a.host) return 0;
-      const dnnl_memory_desc_t* md =
-          dnnl_primitive_desc_query_md(a.prim.get_primitive_desc(), dnnl_query_scratchpad_md, 0);
-      return md ? memory::desc(*md).get_size() : 0;
+      return api::scratchpad_bytes(a.prim);
     };
     visit([&](Action& a) { most = std::max(most, need(a)); });
     if (most == 0) return;

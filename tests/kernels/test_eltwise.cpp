@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kernels/onednn/api.hpp"
 #include "kernels/onednn/eltwise.hpp"
 #include "kernels/onednn/isa.hpp"
 #include "tests/kernels/backend_conformance.hpp"
@@ -86,7 +87,7 @@ float at(const memory& m, size_t i, bool bf16) {
 memory sum_then_relu(const memory& a, const memory& b, dt type, const dnnl::engine& eng,
                      dnnl::stream& s) {
   const memory::desc md = a.get_desc();
-  const dnnl::sum::primitive_desc pd(md, {1.f, 1.f}, {md, md}, eng);
+  const auto pd = gg::kernels::onednn::sum(eng, md, {1.f, 1.f}, {md, md});
   memory y = tensor(type, eng);
   dnnl::sum(pd).execute(
       s, {{DNNL_ARG_MULTIPLE_SRC, a}, {DNNL_ARG_MULTIPLE_SRC + 1, b}, {DNNL_ARG_DST, y}});
@@ -192,14 +193,14 @@ TEST_CASE(
   // And oneDNN's sum, then its ReLU backward from the output (as the executor ran them before).
   try {
     const memory::desc md = a.get_desc();
-    const dnnl::sum::primitive_desc spd(md, {1.f, 1.f}, {md, md}, eng);
+    namespace api = gg::kernels::onednn;
+    const auto spd = api::sum(eng, md, {1.f, 1.f}, {md, md});
     memory sum = tensor(type, eng), ref = tensor(type, eng);
     dnnl::sum(spd).execute(
         s, {{DNNL_ARG_MULTIPLE_SRC, a}, {DNNL_ARG_MULTIPLE_SRC + 1, b}, {DNNL_ARG_DST, sum}});
     const auto alg = dnnl::algorithm::eltwise_relu_use_dst_for_bwd;
-    const dnnl::eltwise_forward::primitive_desc fpd(
-        {dnnl::prop_kind::forward_training, alg, md, 0.f}, eng);
-    const dnnl::eltwise_backward::primitive_desc bpd({alg, md, md, 0.f}, eng, fpd);
+    const api::EltFwd fpd = api::eltwise_fwd(eng, alg, md, 0.f);
+    const api::EltBwd bpd = api::eltwise_bwd(eng, alg, md, md, 0.f, fpd);
     dnnl::eltwise_backward(bpd).execute(
         s, {{DNNL_ARG_DST, y}, {DNNL_ARG_DIFF_DST, sum}, {DNNL_ARG_DIFF_SRC, ref}});
     s.wait();
@@ -259,8 +260,8 @@ TEST_CASE("sum_of gives oneDNN's f32 sum primitive, bit for bit, for two to four
   }
 
   // And oneDNN's sum primitive, which the executor ran before.
-  const dnnl::sum::primitive_desc pd(md, std::vector<float>(k, 1.f),
-                                     std::vector<memory::desc>(k, md), eng);
+  const auto pd = gg::kernels::onednn::sum(eng, md, std::vector<float>(k, 1.f),
+                                           std::vector<memory::desc>(k, md));
   memory ref(md, eng);
   std::unordered_map<int, memory> args{{DNNL_ARG_DST, ref}};
   for (int j = 0; j < k; ++j) args[DNNL_ARG_MULTIPLE_SRC + j] = srcs[j];

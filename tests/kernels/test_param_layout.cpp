@@ -13,6 +13,7 @@
 #include "kernels/loss.hpp"
 #include "kernels/models.hpp"
 #include "kernels/net.hpp"
+#include "kernels/onednn/api.hpp"
 #include "kernels/onednn/onednn_executor.hpp"
 #include "kernels/optimizer.hpp"
 #include "kernels/param_layout.hpp"
@@ -126,12 +127,11 @@ TEST_CASE(
       blocked({c.out, c.in, c.kernel, c.kernel}, dt::f32, blocked_tag(b));
   const dnnl::memory::dims strides{c.stride, c.stride}, pad{c.pad, c.pad};
   const auto alg = dnnl::algorithm::convolution_direct;
-  const dnnl::convolution_forward::primitive_desc fwd(
-      {dnnl::prop_kind::forward_training, alg, src, w, dnnl::memory::desc(), dst, strides, pad,
-       pad},
-      eng);
-  const dnnl::convolution_backward_weights::primitive_desc bwd_w(
-      {alg, src, w, dnnl::memory::desc(), dst, strides, pad, pad}, eng, fwd);
+  namespace api = gg::kernels::onednn;
+  const dnnl::memory::desc no_bias;
+  const api::ConvFwd fwd = api::conv_fwd(eng, alg, src, w, no_bias, dst, strides, pad, pad);
+  const api::ConvBwdW bwd_w =
+      api::conv_bwd_weights(eng, alg, src, w, no_bias, dst, strides, pad, pad, fwd);
   INFO(fwd.impl_info_str() << " / " << bwd_w.impl_info_str());
   CHECK(fwd.weights_desc() == blocked);
   CHECK(bwd_w.diff_weights_desc() == blocked);
