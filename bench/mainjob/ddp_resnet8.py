@@ -35,8 +35,10 @@ gossip/train/{trainer,data,loop,step_hooks}.cpp):
   (forward_sync_buffers=False, broadcast_buffers=False before 2.x's rename) so that each rank's
   running statistics track its own batches, as gossipgrad's do (and DDP saves a broadcast per
   step).
-- threads: train.threads, or (0) the cores over the ranks on this node, as gossipgrad; the
-  launcher's binding (run.sh: hydra's -bind-to core, as quickstart.sh) is the same for both.
+- threads: train.threads, or (0) the machine's cores over the ranks on this node, as gossipgrad
+  (all online cores, as std::thread::hardware_concurrency counts them, not the ones a rank is
+  bound to); the launcher's binding (run.sh: hydra's -bind-to core, as quickstart.sh) is the
+  same for both.
 - images/s: as gossipgrad's summary: the global batch times the steps over the sum of the step
   times, a step's time running from the end of the previous step (batch assembly included) and
   evaluation left out; the first steps are counted.

@@ -101,8 +101,8 @@ else
 fi
 TORCH_VERSION=$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null) ||
   die "TORCH=${TORCH:-2.15}: $PY does not import torch (Debian: apt-get install python3-torch)"
-ONEDNN_LIB=$(ldd "$BIN" | awk '/libdnnl/ {print $3; exit}')
-ONEDNN_LIB=$(readlink -f "${ONEDNN_LIB:-none}" || echo none)
+ONEDNN_LIB=$(ldd "$BIN" 2>/dev/null | awk '/libdnnl/ {print $3; exit}' || true)
+if [[ -n $ONEDNN_LIB ]]; then ONEDNN_LIB=$(readlink -f "$ONEDNN_LIB"); else ONEDNN_LIB="not found by ldd"; fi
 MPICH=$(mpirun --version 2>/dev/null | awk '/Version:/ {print $2; exit}')
 
 # One folder, one setting: each method's median pools every row of points.csv, which carries no
@@ -125,7 +125,7 @@ mkdir -p "$OUT"
 [[ -f $OUT/settings.txt ]] || echo "$settings" >"$OUT/settings.txt"
 echo "$resolved" >"$OUT/settings.ini"
 CSV=$OUT/points.csv
-[[ -f $CSV ]] || echo "method,round,images_per_s,top1_pct,wall_s,steps,loss_tail,run" >"$CSV"
+[[ -f $CSV ]] || echo "method,round,images_per_s,top1_pct,wall_s,steps,loss_tail,threads,run" >"$CSV"
 echo "$(date -u +%FT%TZ) ${TORCH:+TORCH=$TORCH }${GG_BIN:+GG_BIN=$GG_BIN }bench/mainjob/run.sh ${EPOCHS:+--epochs $EPOCHS }${MAX_STEPS:+--max-steps $MAX_STEPS }--rounds $ROUNDS --variants '$VARIANTS' --timeout $TIMEOUT --out $OUT" >>"$OUT/commands.txt"
 
 now() { date +%s.%N; }
@@ -139,7 +139,7 @@ f = json.loads(line)
 top1 = "" if f["top1"] is None else f"{100 * f['top1']:.2f}"
 with open(csv, "a") as out:
     out.write(f"{method},{rnd},{f['images_per_s']:.1f},{top1},{float(wall):.1f},{f['steps']},"
-              f"{f['loss_tail']:.4f},{run}\n")
+              f"{f['loss_tail']:.4f},{f['threads']},{run}\n")
 print(f"run.sh: round {rnd} {method:10s} {f['images_per_s']:8.1f} img/s  top-1 "
       f"{top1 or '-'}%  {float(wall):.1f} s")
 PY
@@ -164,9 +164,10 @@ run_gossipgrad() {
 import json, sys
 ev = [json.loads(l) for l in open(sys.argv[1])]
 s = [e for e in ev if e["event"] == "summary"][-1]
+start = [e for e in ev if e["event"] == "start"][0]
 loss = [e["loss"] for e in ev if e["event"] == "step"][-50:]
 print(json.dumps({"images_per_s": s["images_per_s"], "top1": s["top1"], "steps": s["steps"],
-                  "loss_tail": sum(loss) / len(loss)}))
+                  "loss_tail": sum(loss) / len(loss), "threads": start["threads"]}))
 PY
   ); then failed gossipgrad "$dir" "no summary in $dir/metrics.jsonl"; return 0; fi
   record gossipgrad "$dir" "$wall" "$line"
@@ -190,7 +191,7 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 loss = r["losses"][-50:]
 print(json.dumps({"images_per_s": r["images_per_s"], "top1": r["top1"], "steps": r["steps"],
-                  "loss_tail": sum(loss) / len(loss)}))
+                  "loss_tail": sum(loss) / len(loss), "threads": r["threads"]}))
 PY
   ); then failed "$variant" "$dir" "no result in $dir/result.json"; return 0; fi
   record "$variant" "$dir" "$wall" "$line"
@@ -289,11 +290,18 @@ if gg and best:
             L.append(f"Against {m}: {gg['ips'] / s['ips']:.2f}x.")
     print(f"run.sh: gossipgrad / DDP's best ({best}): {ratio:.2f}x images/s, top-1 difference "
           f"{fmt(diff, '{:+.2f}')} points (medians over {gg['n']} / {b['n']} rounds)")
-L += ["", "## Every run", "", "| method | round | images/s | top-1 % | wall s | steps | tail loss |",
-      "|---|---|---|---|---|---|---|"]
+threads = sorted({int(r["threads"]) for r in rows})
+if threads and max(threads) > 1 and E["MJ_BIND"] != "none":
+    L += ["", f"Note: {max(threads)} compute threads per rank, each rank bound to one core "
+          "(-bind-to core): train.threads 0 divides all of this machine's cores among the ranks "
+          "on it, not the cores a rank is bound to, on both sides alike; the ranks' threads "
+          "share one core each."]
+L += ["", "## Every run", "",
+      "| method | round | images/s | top-1 % | wall s | steps | tail loss | threads/rank |",
+      "|---|---|---|---|---|---|---|---|"]
 for r in rows:
     L.append(f"| {r['method']} | {r['round']} | {r['images_per_s']} | {r['top1_pct'] or '-'} | "
-             f"{r['wall_s']} | {r['steps']} | {r['loss_tail']} |")
+             f"{r['wall_s']} | {r['steps']} | {r['loss_tail']} | {r['threads']} |")
 open(md_path, "w").write("\n".join(L) + "\n")
 print(f"run.sh: {md_path}")
 PY

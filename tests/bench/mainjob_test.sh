@@ -65,7 +65,7 @@ for r in rows:
         bad.append(f"{r['method']}: a figure is not a number: {r} ({e})")
         continue
     if r["round"] != "1" or r["steps"] != "6" or not ips > 0 or not 0 < top1 <= 100 or not wall > 0 \
-            or not 0 < loss < 10:
+            or not 0 < loss < 10 or not r["threads"].isdigit() or int(r["threads"]) < 1:
         bad.append(f"{r['method']}: insane row {r}")
 md = open(os.path.join(d, "summary.md")).read() if os.path.exists(os.path.join(d, "summary.md")) else ""
 for want in ("gossipgrad / DDP's best (", "x images/s; top-1 difference", "ISA flags:", "oneDNN ",
