@@ -17,7 +17,9 @@
 #   update). Writes also bench/results/compute-<host>.{peak,flops,floor}.csv.
 # Environment: REPEATS (default 3), STEPS (timed steps, default 10), WARMUP (default 3), NAME (the
 #   results' file name without extension, default compute-<host>: name runs on another CPU of the
-#   same host name apart, e.g. NAME=compute-avx2-vm, so that they do not replace earlier files).
+#   same host name apart, e.g. NAME=compute-avx2-vm, so that they do not replace earlier files),
+#   ONEDNN (debian: Debian's oneDNN 2.6.3, in build/, the default; 3.7: oneDNN 3.7.2 built by
+#   bench/onednn_env.sh, gossipgrad in build-onednn3/).
 #
 # bench/compute/run.sh --backend cuda [MODEL:BATCH:RES:PRECISION ...]: the GPU comparison. The
 #   CUDA backend (resident: the step never leaves the GPU) against PyTorch 2.x on the same GPU
@@ -163,8 +165,14 @@ if ! dpkg-query -W -f '${Status}' libopenblas0-pthread 2>/dev/null | grep -q "ok
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
     libopenblas0-pthread >/dev/null
 fi
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DGG_BENCH=ON >/dev/null
-cmake --build build --target gg_bench_compute gg_bench_peak gossipgrad
+case ${ONEDNN:-debian} in
+  debian) GGB=build DNNL_ARGS=() ;;
+  3.7) GGB=build-onednn3 DNNL_ARGS=("-Ddnnl_DIR=$(bench/onednn_env.sh)") ;;
+  *) echo "run.sh: ONEDNN='$ONEDNN': debian (Debian's 2.6.3) or 3.7 (bench/onednn_env.sh)" >&2; exit 2 ;;
+esac
+cmake -S . -B "$GGB" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DGG_BENCH=ON \
+  "${DNNL_ARGS[@]}" >/dev/null
+cmake --build "$GGB" --target gg_bench_compute gg_bench_peak gossipgrad
 OUT=bench/results/$NAME
 mkdir -p bench/results
 echo "impl,model,batch,res,threads,precision,median_step_s,images_per_s,peak_rss_mb,params" >"$OUT.csv"
@@ -172,7 +180,7 @@ echo "impl,model,batch,res,threads,precision,median_step_s,images_per_s,peak_rss
   echo "# $(date -u +%FT%TZ) $(uname -srm), $(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
   echo "# flags: $(grep -m1 '^flags' /proc/cpuinfo | grep -o 'avx512[a-z_0-9]*\|avx2\|amx[a-z_0-9]*' | sort -u | xargs)"
   echo "# instruction sets capped: ONEDNN_MAX_CPU_ISA=${ONEDNN_MAX_CPU_ISA:-none} ATEN_CPU_CAPABILITY=${ATEN_CPU_CAPABILITY:-none}"
-  echo "# oneDNN: $(dpkg-query -W -f '${Version}' libdnnl-dev 2>/dev/null), torch: $("$TORCH_PY" -c 'import torch; print(torch.__version__)') ($TORCH_PY), libblas.so.3: $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3)"
+  echo "# oneDNN: $(ldd "$GGB/bench/gg_bench_compute" | awk '/libdnnl/ {print $3}' | xargs readlink -f), torch: $("$TORCH_PY" -c 'import torch; print(torch.__version__)') ($TORCH_PY), libblas.so.3: $(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3)"
   echo "# repeats=$REPEATS steps=$STEPS warmup=$WARMUP; PyTorch: default (NCHW, fp32, eager), channels_last eager and compiled (bf16 rows under autocast bf16)"
 } >"$OUT.txt"
 # The ceiling of each (threads, precision): oneDNN's best training convolution (gg_bench_peak),
@@ -182,7 +190,7 @@ for s in "${SETTINGS[@]}"; do
   IFS=: read -r model batch res threads precision <<<"$s"
   precision=${precision:-fp32}
   grep -q "^$threads,$precision," "$OUT.peak.csv" && continue
-  OMP_NUM_THREADS=$threads build/bench/gg_bench_peak --threads "$threads" --precision "$precision" |
+  OMP_NUM_THREADS=$threads "$GGB"/bench/gg_bench_peak --threads "$threads" --precision "$precision" |
     tee -a "$OUT.txt" | awk -F, -v t="$threads" -v p="$precision" '
       $1 == "instruction_peak" { ip = $5 }
       $1 == "ceiling" { print t "," p "," $5 "," ip }' >>"$OUT.peak.csv"
@@ -193,7 +201,7 @@ echo "model,res,forward_flops,training_useful_flops" >"$OUT.flops.csv"
 for s in "${SETTINGS[@]}"; do
   IFS=: read -r model batch res threads precision <<<"$s"
   grep -q "^$model,$res," "$OUT.flops.csv" && continue
-  f=$(build/gossip/gossipgrad info --model "$model" --input "3,$res,$res" --classes 1000 --json |
+  f=$("$GGB"/gossip/gossipgrad info --model "$model" --input "3,$res,$res" --classes 1000 --json |
     /usr/bin/python3 -c 'import json, sys; d = json.load(sys.stdin)
 print(d["forward_flops"], 2 * d["training_useful_macs"], sep=",")')
   echo "$model,$res,$f" >>"$OUT.flops.csv"
@@ -210,11 +218,11 @@ for s in "${SETTINGS[@]}"; do
     --warmup "$WARMUP")
   for ((r = 1; r <= REPEATS; r++)); do
     export OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads
-    build/bench/gg_bench_peak --model "$model" --res "$res" --batch "$batch" --threads "$threads" \
+    "$GGB"/bench/gg_bench_peak --model "$model" --res "$res" --batch "$batch" --threads "$threads" \
       --precision "$precision" --seconds 0.05 | tee -a "$OUT.txt" |
       awk -F, -v k="$model,$batch,$res,$threads,$precision,$r" '$1 == "floor" { print k "," $NF }' \
         >>"$OUT.floor.csv"
-    build/bench/gg_bench_compute "${args[@]}" --precision "$precision" | tee -a "$OUT.txt" >>"$OUT.csv"
+    "$GGB"/bench/gg_bench_compute "${args[@]}" --precision "$precision" | tee -a "$OUT.txt" >>"$OUT.csv"
     # PyTorch's default (NCHW, fp32, eager: the reference column), and channels_last at this
     # precision, eager and (PyTorch 2.x) compiled: its best is the faster of the two.
     "$TORCH_PY" bench/compute/torch_bench.py "${args[@]}" | tee -a "$OUT.txt" >>"$OUT.csv"

@@ -6,6 +6,7 @@
 // function here is one primitive's constructor in either form.
 
 #include <oneapi/dnnl/dnnl.hpp>
+#include <optional>
 #include <vector>
 
 #if DNNL_VERSION_MAJOR >= 3
@@ -47,6 +48,17 @@ inline bool inner_blocked(const memory::desc& md) {
 #else
   return md.data.format_kind == dnnl_blocked && md.data.format_desc.blocking.inner_nblks > 0;
 #endif
+}
+
+// The view of `md` at `offsets` of shape `dims`, or nothing where the layout cannot be cut there.
+inline std::optional<memory::desc> submemory(const memory::desc& md, const memory::dims& dims,
+                                             const memory::dims& offsets) {
+  const memory::desc sub = md.submemory_desc(dims, offsets, true);
+#if GG_ONEDNN3
+  if (!sub) return std::nullopt;  // 3.x: an empty handle
+#endif
+  if (sub == memory::desc()) return std::nullopt;
+  return sub;
 }
 
 // The scratchpad a primitive asks for, in bytes.

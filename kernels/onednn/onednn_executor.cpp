@@ -655,8 +655,7 @@ class OneDnnExecutor final : public Executor {
     Args ba{{DNNL_ARG_SRC, src},
             {DNNL_ARG_MEAN, mean},
             {DNNL_ARG_VARIANCE, var},
-            {DNNL_ARG_SCALE, scale},
-            {DNNL_ARG_SHIFT, shift},
+            {DNNL_ARG_SCALE, scale},  // the shift is no input of backward (oneDNN 3 refuses it)
             {DNNL_ARG_DIFF_DST, diff_of(id)},
             {DNNL_ARG_DIFF_SCALE, param_mem(n.params[0], c_md, true)},
             {DNNL_ARG_DIFF_SHIFT, param_mem(n.params[1], c_md, true)}};
@@ -947,9 +946,9 @@ class OneDnnExecutor final : public Executor {
     memory::dim first = 0;
     for (int in : n.inputs) {
       const memory::dims dims = batched(batch_, g_.node(in).out);
-      const memory::desc sub = md.submemory_desc(dims, {0, first, 0, 0}, true);
-      if (sub == memory::desc()) return {};
-      slices.push_back(sub);
+      const std::optional<memory::desc> sub = api::submemory(md, dims, {0, first, 0, 0});
+      if (!sub) return {};
+      slices.push_back(*sub);
       first += dims[1];
     }
     return slices;
