@@ -655,10 +655,12 @@ class OneDnnExecutor final : public Executor {
     Args ba{{DNNL_ARG_SRC, src},
             {DNNL_ARG_MEAN, mean},
             {DNNL_ARG_VARIANCE, var},
-            {DNNL_ARG_SCALE, scale},  // the shift is no input of backward (oneDNN 3 refuses it)
+            {DNNL_ARG_SCALE, scale},
             {DNNL_ARG_DIFF_DST, diff_of(id)},
             {DNNL_ARG_DIFF_SCALE, param_mem(n.params[0], c_md, true)},
             {DNNL_ARG_DIFF_SHIFT, param_mem(n.params[1], c_md, true)}};
+    // 2.6's bf16 backward fails without the shift; 3.x refuses it (backward does not read it).
+    if (!GG_ONEDNN3) ba[DNNL_ARG_SHIFT] = shift;
     if (fuse) ba[DNNL_ARG_WORKSPACE] = ws;
     ba[DNNL_ARG_DIFF_SRC] = in == 0 ? fresh(md) : diff_src;
     bwd_[id].push_back(Action{dnnl::batch_normalization_backward(bpd), std::move(ba), {}, {}});
