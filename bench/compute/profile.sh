@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/compute/profile.sh: where a training step of the oneDNN backend spends its time, from
-# oneDNN's own timing of every primitive it executes (ONEDNN_VERBOSE=1, oneDNN 2.x). Runs
+# oneDNN's own timing of every primitive it executes (ONEDNN_VERBOSE=1, oneDNN 2.x or 3.x). Runs
 # gg_bench_compute for each setting and writes bench/results/compute-profile-<host>.md: the
 # milliseconds per step by primitive kind (convolution forward / backward-data /
 # backward-weights, batch norm, sum, ...) and the reorders split by what they move (weights
@@ -83,9 +83,19 @@ tmp, steps, batch, setting = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.arg
 
 
 def execs_of(path):
+    # oneDNN 2.x: "onednn_verbose,exec,cpu,PRIM,IMPL,PROP,DESCS,ATTRS,AUX,SHAPE,MS"; 3.x inserts
+    # "v1,primitive," after the first field: read as 2.x's.
     lines = open(path).read().splitlines()
-    return ([l.split(",") for l in lines if l.startswith("onednn_verbose,exec,")],
+    v3 = "onednn_verbose,v1,primitive,exec,"
+    return ([l.split(",") for l in lines if l.startswith("onednn_verbose,exec,")] +
+            [["onednn_verbose"] + l[len(v3) - 5:].split(",") for l in lines if l.startswith(v3)],
             [l for l in lines if "," in l and not l.startswith("onednn_verbose")])
+
+
+def format_tag(desc):
+    # 2.x "src_f32::blocked:ABcd16b16a:f0", 3.x "src:f32::blocked:ABcd16b16a::f0"
+    parts = desc.split(":")
+    return parts[parts.index("blocked") + 1] if "blocked" in parts else parts[3]
 
 
 def tally(execs):
@@ -100,7 +110,7 @@ def key_of(f):
     if prim == "reorder":
         # "src_f32::blocked:ABcd16b16a:f0 dst_f32::blocked:abcd:f0": the format tags. Weights
         # block dimension a (output channels); activations never block a (the batch).
-        src, dst = [d.split(":")[3] for d in descs.split(" ")[:2]]
+        src, dst = [format_tag(d) for d in descs.split(" ")[:2]]
         weights = "A" in src or "A" in dst or (src.islower() and dst.islower() and
                                                not shape.startswith(batch + "x"))
         if not weights:
