@@ -45,3 +45,30 @@ gg_name() {
 gg_refusal() {
   { grep -m1 'error:' <<<"$1" || tail -n 1 <<<"$1"; } | sed 's/^gossipgrad: error: //'
 }
+
+# gg_torch_check: TORCH (the PyTorch of the baselines) is 2.15 (the default: PyPI's, pinned, in
+# bench/torch_env.sh's virtual environment) or debian (Debian's python3-torch 1.13, the anchor of
+# the results before 2026-11-29). Checked before anything runs.
+gg_torch_check() {
+  case ${TORCH:-2.15} in
+  2.15 | debian) ;;
+  *) echo "$(basename "$0"): TORCH = '$TORCH' must be 2.15 (PyPI, the default) or debian (python3-torch 1.13)" >&2; exit 2 ;;
+  esac
+}
+
+# gg_torch_python: prints the python that runs TORCH's PyTorch (bench/torch_env.sh makes the 2.15
+# environment on first use, about 5 GB); exits 1 with one line when it cannot.
+gg_torch_python() {
+  gg_torch_check
+  local here py
+  here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  if [[ ${TORCH:-2.15} == debian ]]; then
+    py=/usr/bin/python3
+    "$py" -c 'import torch' 2>/dev/null ||
+      { echo "$(basename "$0"): TORCH=debian: /usr/bin/python3 has no torch (apt-get install python3-torch)" >&2; exit 1; }
+  else
+    py=$("$here/bench/torch_env.sh") ||
+      { echo "$(basename "$0"): bench/torch_env.sh failed (above); TORCH=debian runs Debian's torch 1.13" >&2; exit 1; }
+  fi
+  echo "$py"
+}

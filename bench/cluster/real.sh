@@ -21,9 +21,10 @@
 # Defaults: 4 nodes, 1000 Mbit/s, 20 measured steps (3 of warm-up), 2 rounds,
 # bench/results/cluster-real-$(hostname). GG_REAL_METHODS: the methods to run, in that order
 # (default: all of the above). GG_BIN: the gossipgrad to run (default
-# build/gossip/gossipgrad). Writes DIR/points.csv (method, round, median step s) and the runs;
+# build/gossip/gossipgrad). TORCH: DDP's PyTorch, 2.15 (the default: bench/torch_env.sh's pinned
+# environment) or debian (Debian's python3-torch 1.13, the rows before 2026-11-29). Writes DIR/points.csv (method, round, median step s) and the runs;
 # prints the medians over rounds and each method's ratio to DDP's best. A DIR holding points of
-# other --nodes, --rate or --steps is refused (their medians would pool); rounds go on from its
+# other --nodes, --rate, --steps or TORCH is refused (their medians would pool); rounds go on from its
 # last.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -53,9 +54,12 @@ for m in "${METHODS[@]}"; do
 done
 # One folder, one setting: a method's median pools every row of points.csv, which carries no
 # nodes, rate or steps (a second invocation at another --rate was pooled under the same name).
-settings="--nodes $NODES --rate $RATE --steps $STEPS"
+settings="TORCH=${TORCH:-2.15} --nodes $NODES --rate $RATE --steps $STEPS"
 if [[ -f $OUT/points.csv ]]; then
+    # A line from before TORCH was recorded ran Debian's 1.13.
     prev=$(sed -n 's/.*real\.sh \(--nodes [0-9]* --rate [0-9]* --steps [0-9]*\).*/\1/p' "$OUT/commands.txt" 2>/dev/null | tail -n 1)
+    torch=$(sed -n 's/.*TORCH=\([0-9a-z.]*\) .*real\.sh .*/\1/p' "$OUT/commands.txt" 2>/dev/null | tail -n 1)
+    [[ -z $prev ]] || prev="TORCH=${torch:-debian} $prev"
     [[ -z $prev || $prev == "$settings" ]] ||
         die "$OUT holds points of $prev: their medians would pool with $settings; use another --out"
 fi
@@ -63,13 +67,16 @@ BIN=${GG_BIN:-$ROOT/build/gossip/gossipgrad}
 [[ -x $BIN ]] || die "no gossipgrad at $BIN: build it first (cmake --build build) or set GG_BIN"
 DATA=/usr/share/datasets/fashion-mnist
 [[ -f $DATA/train-images-idx3-ubyte.gz ]] || die "no Fashion-MNIST in $DATA (apt-get install fashion-mnist)"
-[[ -x /usr/bin/python3 ]] || die "needs /usr/bin/python3 with torch (Debian's python3-torch)"
+. "$ROOT/scripts/checks.sh"
+gg_torch_check
+TORCH_PY=""
+for m in "${METHODS[@]}"; do [[ $m == ddp* ]] && TORCH_PY=$(gg_torch_python) && break; done
 CLUSTER=$HERE/cluster.sh
 PREFIX=${GG_REAL_PREFIX:-ggr$$}
 mkdir -p "$OUT"
 CSV=$OUT/points.csv
 [[ -f $CSV ]] || echo "method,round,median_step_s,file" >"$CSV"
-echo "${GG_BIN:+GG_BIN=$GG_BIN }bench/cluster/real.sh --nodes $NODES --rate $RATE --steps $STEPS --rounds $ROUNDS" >>"$OUT/commands.txt"
+echo "${GG_BIN:+GG_BIN=$GG_BIN }TORCH=${TORCH:-2.15} bench/cluster/real.sh --nodes $NODES --rate $RATE --steps $STEPS --rounds $ROUNDS" >>"$OUT/commands.txt"
 cleanup() { "$CLUSTER" --prefix "$PREFIX" down >/dev/null 2>&1 || true; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -98,7 +105,7 @@ print(f"{statistics.median(s):.4f}")' "$file")
 ddp() { # name options...
     local name=$1 file=$OUT/$1-r$round.json
     shift
-    "$CLUSTER" --prefix "$PREFIX" run -n "$NODES" -ppn 1 -- /usr/bin/python3 "$HERE/ddp_train.py" \
+    "$CLUSTER" --prefix "$PREFIX" run -n "$NODES" -ppn 1 -- "$TORCH_PY" "$HERE/ddp_train.py" \
         --data "$DATA" --batch 32 --threads $THREADS --steps "$STEPS" --warmup 3 \
         --master-addr 10.213.0.1 --ifname "$PREFIX-eth" --json-out "$file" "$@" \
         >"$OUT/$name-r$round.log" 2>&1 ||

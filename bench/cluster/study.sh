@@ -37,6 +37,8 @@
 # Conditions: quiet; jitter (every rank's compute x a lognormal factor per step, median 1, p99
 # GG_STUDY_JITTER, default 2.5); straggler (rank 1 always 1.5x slower).
 # GG_STUDY_EXTRA: more train options for every gossipgrad point (e.g. --log.timeline FILE).
+# TORCH: the DDP points' PyTorch, 2.15 (the default: bench/torch_env.sh's pinned environment) or
+# debian (Debian's python3-torch 1.13, the rows before 2026-11-29); part of the folder's settings.
 # GG_STUDY_POINTS: the points to run instead of the plan's, separated by ';', each "p rate_mbit
 # condition method [K]" as the plans write them (e.g. "16 1000 quiet model+int4+choco+ring").
 # GG_STUDY_SLOW_START_AFTER_IDLE=0 sets the nodes' net.ipv4.tcp_slow_start_after_idle to 0 (Linux
@@ -82,7 +84,7 @@ while (($#)); do
 done
 [[ -x $BIN ]] || die "no gossipgrad at $BIN: build it first (cmake --build build)"
 [[ -x $COMM_BIN ]] || die "no gg_bench_comm at $COMM_BIN: build it first (cmake --build build)"
-[[ -x /usr/bin/python3 ]] || die "needs /usr/bin/python3 with torch (Debian's python3-torch)"
+gg_torch_check
 
 # The profile: ms per step of one GPU, batch per rank (configs/*.ini, [simulate]).
 case $PROFILE in
@@ -441,7 +443,7 @@ check_points
 # profile, jitter, TCP setting or extra options (a study with --profile h100 into a p100 study's
 # folder reused the p100 points under the h100 study; GG_STUDY_STEPS skipped points measured over
 # other steps). The first invocation writes DIR/settings.txt.
-SETTINGS="profile $PROFILE, jitter p99 $JITTER, warmup $WARMUP, steps $STEPS, tcp_slow_start_after_idle ${GG_STUDY_SLOW_START_AFTER_IDLE:-1}, extra '${STUDY_EXTRA[*]}'"
+SETTINGS="profile $PROFILE, torch ${TORCH:-2.15}, jitter p99 $JITTER, warmup $WARMUP, steps $STEPS, tcp_slow_start_after_idle ${GG_STUDY_SLOW_START_AFTER_IDLE:-1}, extra '${STUDY_EXTRA[*]}'"
 if [[ -f $OUT/settings.txt && $(cat "$OUT/settings.txt") != "$SETTINGS" ]]; then
     echo "study.sh: $OUT holds points of $(cat "$OUT/settings.txt"), not $SETTINGS: use another --out" >&2
     exit 2
@@ -450,6 +452,15 @@ mkdir -p "$OUT"
 [[ -f $OUT/settings.txt ]] || echo "$SETTINGS" >"$OUT/settings.txt"
 CSV=$OUT/points.csv
 [[ -f $CSV ]] || echo "p,rate_mbit,condition,method,dilation,link_mbit,warmup,steps,file" >"$CSV"
+# The DDP points' PyTorch (TORCH: 2.15 by default, debian for 1.13), installed (on first use) before any point runs.
+TORCH_PY=""
+for point in "${PLANNED[@]}"; do
+    read -r _ _ _ method _ <<<"$point"
+    if [[ $method == ddp* ]]; then
+        TORCH_PY=$(gg_torch_python)
+        break
+    fi
+done
 # The base config, copied once: the points of one study share it even if the checkout changes.
 BASE=$OUT/base.ini
 [[ -f $BASE ]] || cp "$ROOT/configs/laptop.ini" "$BASE"
@@ -486,7 +497,7 @@ run_point() { # p rate condition method K
         # bucket: with several in flight gloo's TCP pair aborts (op.preamble.length <= op.nbytes).
         [[ $method == ddp+powersgd ]] && extra+=(--compress powersgd --bucket-cap-mb 1000)
         [[ -n $slow ]] && extra+=(--slow "$slow")
-        "$CLUSTER" --prefix "$PREFIX" run -n "$p" -ppn 1 -- /usr/bin/python3 "$HERE/ddp_emulate.py" \
+        "$CLUSTER" --prefix "$PREFIX" run -n "$p" -ppn 1 -- "$TORCH_PY" "$HERE/ddp_emulate.py" \
             --model resnet50 --batch "$BATCH" --forward-ms "$fwd" --backward-ms "$bwd" \
             --update-ms "$upd" --jitter "$jitter" "${extra[@]}" --steps "$STEPS" \
             --warmup "$WARMUP" --master-addr 10.213.0.1 --ifname "$PREFIX-eth" --timeout-s 600 \

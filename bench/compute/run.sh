@@ -145,8 +145,7 @@ gg_int STEPS "$STEPS" 1
 gg_int WARMUP "$WARMUP" 0
 gg_name NAME "${NAME:=compute-$(hostname)}"
 TORCH=${TORCH:-2.15}
-[ "$TORCH" = 2.15 ] || [ "$TORCH" = debian ] ||
-  { echo "run.sh: TORCH = '$TORCH' must be 2.15 (PyPI, the default) or debian (python3-torch 1.13)" >&2; exit 2; }
+gg_torch_check
 ./scripts/deps.sh
 TORCH_PY=/usr/bin/python3
 [ "$TORCH" = debian ] || TORCH_PY=$(bench/torch_env.sh)

@@ -106,4 +106,10 @@ if ip netns add "ggsi$$-probe" 2>/dev/null; then
 else
   echo "skipped: a study with a failed point (no network namespaces here)"
 fi
+
+# TORCH names the baselines' PyTorch (2.15 or debian): another value ran Debian's 1.13 under
+# 2.15's name before the scripts checked it.
+expect "TORCH = '1.13' must be 2.15" -- env TORCH=1.13 GG_STUDY_POINTS="4 1000 quiet ddp" bench/cluster/study.sh --out "$TMP/t1"
+expect "TORCH = '2.1' must be 2.15" -- env TORCH=2.1 bench/cluster/real.sh --out "$TMP/t2"
+expect "TORCH = 'latest' must be 2.15" -- env TORCH=latest bench/compute/run.sh resnet50:16:64:2
 exit $fail

@@ -122,7 +122,7 @@ fi
 mkdir "$TMP/real"
 printf 'method,round,median_step_s,file\nddp,1,0.5,ddp-r1.json\n' >"$TMP/real/points.csv"
 echo "bench/cluster/real.sh --nodes 4 --rate 1000 --steps 20 --rounds 1" >"$TMP/real/commands.txt"
-expect "holds points of --nodes 4 --rate 1000 --steps 20: their medians would pool with --nodes 4 --rate 200 --steps 20" -- \
+expect "holds points of TORCH=debian --nodes 4 --rate 1000 --steps 20: their medians would pool with TORCH=2.15 --nodes 4 --rate 200 --steps 20" -- \
   env GG_BIN=/bin/true bench/cluster/real.sh --out "$TMP/real" --rate 200
 
 # configs/launch.sh (every job script): a bad ranks-per-node count from Slurm's environment or
