@@ -39,6 +39,9 @@ import socket
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from step_watchdog import StepWatchdog  # noqa: E402
+
 PROG = "ddp_emulate.py"
 P99_Z = 2.3263  # the standard normal's 99th percentile
 
@@ -91,7 +94,7 @@ def parse_args(argv):
     p.add_argument("--master-port", type=int, default=int(os.environ.get("MASTER_PORT", "29500")),
                    help="rendezvous port (default $MASTER_PORT or 29500)")
     p.add_argument("--timeout-s", type=float, default=60.0,
-                   help="rendezvous and per-collective timeout (default 60)")
+                   help="rendezvous and per-collective timeout, and the bound on each step (default 60)")
     p.add_argument("--ifname", default=None, help="interface for gloo (sets GLOO_SOCKET_IFNAME)")
     p.add_argument("--json-out", default=None, help="rank 0 writes the results here")
     a = p.parse_args(argv)
@@ -303,6 +306,12 @@ def run(args, rank, world):
     grad_bytes = sum(p.numel() * p.element_size() for p in module.weights)
     buffer_bytes = sum(b.numel() * b.element_size() for b in module.buffers())
 
+    # gloo aborts (op.preamble.length <= op.nbytes) or hangs when PowerSGD's hook runs over
+    # several buckets in flight, under Debian's torch 1.13 and PyPI's 2.15 alike (2026-11-29).
+    if args.compress == "powersgd" and (args.bucket_cap_mb or 25.0) * 2**20 < grad_bytes:
+        raise UsageError(f"--compress powersgd needs one bucket: --bucket-cap-mb >= "
+                         f"{math.ceil(grad_bytes / 2**20)} for {args.model} (gloo aborts or hangs "
+                         "with several PowerSGD buckets in flight)")
     where = f"{args.master_addr}:{args.master_port}"
     try:
         dist.init_process_group("gloo", init_method=f"tcp://{where}", rank=rank,
@@ -347,7 +356,9 @@ def run(args, rank, world):
     every = max(1, args.steps // 10)
     dist.barrier()
     last = time.perf_counter()
+    watchdog = StepWatchdog(PROG, args.timeout_s)
     for step in range(total_steps):
+        watchdog.arm(step)
         clock.factor = float(factors[rank][step])
         loss = ddp(x)
         clock.backward_start = time.perf_counter()
@@ -365,6 +376,7 @@ def run(args, rank, world):
                 print(f"step {n}/{args.steps}: {step_s[-1]:.3f} s (compute {compute_s[-1]:.3f} s), "
                       f"median {percentile(step_s, 50):.3f} s", flush=True)
         last = now
+    watchdog.stop()
 
     logging_data = {}
     try:

@@ -16,6 +16,9 @@ import statistics
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from step_watchdog import StepWatchdog  # noqa: E402
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -63,7 +66,8 @@ def main():
     ap.add_argument("--master-addr", default="127.0.0.1")
     ap.add_argument("--master-port", type=int, default=29511)
     ap.add_argument("--ifname", default=None, help="GLOO_SOCKET_IFNAME")
-    ap.add_argument("--timeout-s", type=float, default=600)
+    ap.add_argument("--timeout-s", type=float, default=600,
+                    help="gloo's collective timeout and the bound on each step (default 600)")
     ap.add_argument("--json-out", default=None)
     a = ap.parse_args()
     if a.batch < 1 or a.steps < 1 or a.warmup < 0 or a.threads < 1:
@@ -91,7 +95,9 @@ def main():
     gen = torch.Generator().manual_seed(rank + 1)
     times, loss = [], float("nan")
     dist.barrier()
+    watchdog = StepWatchdog(PROG, a.timeout_s)
     for step in range(a.warmup + a.steps):
+        watchdog.arm(step)
         t0 = time.perf_counter()
         idx = shard[torch.randint(0, shard.numel(), (a.batch,), generator=gen)]
         xb = x[idx].contiguous(memory_format=fmt)
@@ -103,6 +109,7 @@ def main():
         loss = float(l)
         if step >= a.warmup:
             times.append(time.perf_counter() - t0)
+    watchdog.stop()
     dist.barrier()
     med = statistics.median(times)
     if rank == 0:

@@ -493,8 +493,9 @@ run_point() { # p rate condition method K
         local file=$OUT/$name.json
         local extra=()
         [[ $method == ddp+fp16 ]] && extra+=(--compress fp16)
-        # PowerSGD (rank 4, error feedback, warm start) runs over Debian's gloo only with one
-        # bucket: with several in flight gloo's TCP pair aborts (op.preamble.length <= op.nbytes).
+        # PowerSGD (rank 4, error feedback, warm start) runs over gloo only with one bucket: with
+        # several in flight gloo's TCP pair aborts (op.preamble.length <= op.nbytes) or hangs,
+        # under Debian's torch 1.13 and PyPI's 2.15 alike (ddp_emulate.py refuses it).
         [[ $method == ddp+powersgd ]] && extra+=(--compress powersgd --bucket-cap-mb 1000)
         [[ -n $slow ]] && extra+=(--slow "$slow")
         "$CLUSTER" --prefix "$PREFIX" run -n "$p" -ppn 1 -- "$TORCH_PY" "$HERE/ddp_emulate.py" \

@@ -62,6 +62,9 @@ import os
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from step_watchdog import StepWatchdog  # noqa: E402
+
 PROG = "ddp_resnet8.py"
 
 
@@ -368,12 +371,14 @@ def run(a, s):
     last_print = -1e9
     dist.barrier()
     since = time.perf_counter()
+    watchdog = StepWatchdog(PROG, a.timeout_s)
     for epoch in range((total + per_epoch - 1) // per_epoch):
         pg = torch.Generator().manual_seed(s["seed"] * 1000003 + 7919 * (epoch + 1))
         order = torch.randperm(train_x.shape[0], generator=pg)[rank * per:(rank + 1) * per]
         for i in range(per_epoch):
             if step >= total:
                 break
+            watchdog.arm(step)  # its evaluation, if any, counts to the step
             t0 = time.perf_counter()
             idx = order[i * s["batch"]:(i + 1) * s["batch"]]
             xb = augmented_batch(train_x[idx], lut, aug_gen, s["augment"]).contiguous(
@@ -404,6 +409,7 @@ def run(a, s):
                     print(f"epoch {epoch + 1}: test top-1 {100 * top1:.2f}%  loss {test_loss:.4f}",
                           flush=True)
                 since = time.perf_counter()  # evaluation is not training time
+    watchdog.stop()
     dist.barrier()
     result = {
         "torch": torch.__version__, "ranks": world, "threads": threads, "params": params,
@@ -440,7 +446,8 @@ def main(argv):
                     help="a file path that does not exist yet: the ranks' rendezvous (FileStore)")
     ap.add_argument("--channels-last", action="store_true", help="model and inputs channels_last")
     ap.add_argument("--json-out", default=None, help="rank 0 writes the result here")
-    ap.add_argument("--timeout-s", type=float, default=600, help="gloo's collective timeout")
+    ap.add_argument("--timeout-s", type=float, default=600,
+                    help="gloo's collective timeout and the bound on each step")
     a = ap.parse_args(argv)
     try:
         s = load_settings(a.settings)

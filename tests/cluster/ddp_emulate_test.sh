@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/cluster/ddp_emulate.py, the DDP baseline with emulated compute:
-#   1. usage errors exit 2 with one line; a rendezvous nobody answers exits 1 with one line
-#      naming it, within its --timeout-s.
+#   1. usage errors exit 2 with one line (PowerSGD over several buckets among them); a
+#      rendezvous nobody answers exits 1 with one line naming it, within its --timeout-s.
 #   2. On a 2-node cluster in a box (cluster.sh, 1gbit links), 2 ranks run real DDP over
 #      gloo with resnet50's parameters for 3 measured steps. The JSON says emulated, has
 #      resnet50's 25557032 parameters (102228128 gradient bytes) in several DDP buckets that
@@ -60,6 +60,17 @@ expect_error 2 "unrecognized arguments: --bogus" "$PY" "$EMULATE" --bogus
 expect_error 2 "not a torchvision model" "$PY" "$EMULATE" --model nosuchnet
 expect_error 2 "names rank 5, but the world has 2" \
     env RANK=0 WORLD_SIZE=2 "$PY" "$EMULATE" --slow 5:2
+# The baselines' bound on a step (bench/pylib/step_watchdog.py): a step that never ends stops the
+# process with one line, exit 1 (a PowerSGD hang outlived gloo's own timeout).
+expect_error 1 "probe: step 1 took more than 0.5 s" "$PY" -c "import sys, time
+sys.path.insert(0, '$BENCH/../pylib')
+from step_watchdog import StepWatchdog
+w = StepWatchdog('probe', 0.5)
+w.arm(0)
+time.sleep(10)"
+# PowerSGD over several buckets: gloo aborts or hangs (torch 1.13 and 2.15): refused up front
+expect_error 2 "--compress powersgd needs one bucket: --bucket-cap-mb >= 98" \
+    "$PY" "$EMULATE" --compress powersgd
 # rank 1 of 2 with no rank 0: the rendezvous fails within its timeout
 t0=$SECONDS
 expect_error 1 "rendezvous of 2 ranks at 127.0.0.1:1 failed" \
