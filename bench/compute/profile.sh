@@ -8,26 +8,30 @@
 # one's share of the primitives' total. The step's wall time is printed beside it: host work
 # (loss, NaN checks, running statistics) is the difference. A second table puts each convolution
 # pass of the step beside the same shape timed alone (gg_bench_peak --model, the floor's layers)
-# and lists the largest gaps. With TORCH=1 (default), PyTorch at
-# its best (torch_bench.py --channels-last, bf16 under autocast) is profiled the same way: Debian's
-# PyTorch runs its convolutions on the same oneDNN library, so the two convolution totals say how
-# much of a lead is left to win outside them. PyTorch's per-step figures are the difference of a
+# and lists the largest gaps. With TORCH=2.15 (default) or debian, PyTorch eager in channels_last
+# (torch_bench.py --channels-last, bf16 under autocast) is profiled the same way: 2.15 runs its
+# convolutions on its own oneDNN 3.13, Debian's 1.13 on the same 2.6 library as gossipgrad, so the
+# two convolution totals say how much of a lead is left to win outside them. PyTorch's per-step figures are the difference of a
 # run of 1 + STEPS and a run of 1 + 3 * STEPS steps, divided by 2 * STEPS (its first step differs).
 # Usage: bench/compute/profile.sh [MODEL:BATCH:RES:THREADS:PRECISION ...]
 #   default: resnet50:16:64:2:bf16 resnet50:16:64:2:fp32 resnet50:16:224:2:fp32
 #   resnet50:16:224:2:bf16
 # Environment: STEPS (profiled steps after one warm-up step, default 2), BUILD (default build),
-#   TORCH (1: profile PyTorch beside, default; 0: gossipgrad only), NAME (the results' file name
+#   TORCH (2.15, the default, or debian: the PyTorch profiled beside; 0: gossipgrad only), NAME (the results' file name
 #   without .md, default compute-profile-<host>).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SETTINGS=("${@:-resnet50:16:64:2:bf16 resnet50:16:64:2:fp32 resnet50:16:224:2:fp32 resnet50:16:224:2:bf16}")
 read -r -a SETTINGS <<<"${SETTINGS[*]}"
 STEPS=${STEPS:-2}
-TORCH=${TORCH:-1}
+TORCH=${TORCH:-2.15}
 . scripts/checks.sh
 gg_int STEPS "$STEPS" 1
-gg_int TORCH "$TORCH" 0 1
+TORCH_PY=""
+if [ "$TORCH" != 0 ]; then
+  gg_torch_check
+  TORCH_PY=$(gg_torch_python)
+fi
 gg_name NAME "${NAME:=compute-profile-$(hostname)}"
 BUILD=${BUILD:-build}
 . bench/compute/common.sh
@@ -68,10 +72,10 @@ for s in "${SETTINGS[@]}"; do
     >"$TMP/alone.csv"
   : >"$TMP/torch1.txt"
   : >"$TMP/torch2.txt"
-  if [ "$TORCH" = 1 ]; then
+  if [ -n "$TORCH_PY" ]; then
     for k in 1 2; do
       quiet torch_bench.py env ONEDNN_VERBOSE=1 OMP_NUM_THREADS="$threads" \
-        OPENBLAS_NUM_THREADS="$threads" /usr/bin/python3 bench/compute/torch_bench.py \
+        OPENBLAS_NUM_THREADS="$threads" "$TORCH_PY" bench/compute/torch_bench.py \
         --model "$model" --batch "$batch" --res "$res" --threads "$threads" \
         --steps $(((2 * k - 1) * STEPS)) --warmup 1 --channels-last --precision "$precision" \
         >"$TMP/torch$k.txt"
@@ -171,7 +175,7 @@ a, b = tally(short), tally(long)
 theirs = {k: (b[k] - a[k]) / (2 * steps) for k in b}
 conv = lambda t: sum(v for k, v in t.items() if k.startswith("convolution"))
 torch_step = float(torch_rows[0].split(",")[6]) * 1e3
-print(f"\nPyTorch ({torch_rows[0].split(',')[0]}, same oneDNN), per step: "
+print(f"\nPyTorch ({torch_rows[0].split(',')[0]}, eager channels_last), per step: "
       f"{torch_step:.0f} ms (median of its {3 * steps}-step run); oneDNN primitives "
       f"{sum(theirs.values()):.0f} ms, of which convolutions {conv(theirs):.0f} ms "
       + "(" + ", ".join(f"{k.split(' ', 1)[1]} {theirs.get(k, 0):.0f}" for k in
