@@ -21,7 +21,7 @@ int rounds_per_cycle(int p);
 // receives from (v - 2^k) mod p.
 Partners dissemination(int rank, int p, int64_t step);
 
-// The partner patterns a run can choose; see DESIGN.md "partners: the schedule".
+// The partner patterns a run can choose; see docs/gossip.md "Partner schedules".
 enum class Kind { Dissemination, Hypercube, Ring, Random };
 
 // "dissemination", "hypercube", "ring", "random"; anything else throws std::invalid_argument with

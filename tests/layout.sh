@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The modules' dependencies point one way (DESIGN.md, docs/layout.md): every #include "X/..." of
+# The modules' dependencies point one way (docs/layout.md): every #include "X/..." of
 # a module's sources names the module itself or one it may use. Fails with the offending lines.
 set -euo pipefail
 ROOT="${1:-$(dirname "$0")/..}"

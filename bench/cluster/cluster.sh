@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The cluster in a box: N network namespaces ("nodes") on a bridge, links shaped with tc,
-# MPI jobs launched across them with MPICH's hydra. See usage() below and DESIGN.md,
-# "Multi-node on one machine: the cluster in a box".
+# MPI jobs launched across them with MPICH's hydra. See usage() below and docs/cluster.md,
+# "The testbed: bench/cluster/cluster.sh".
 set -euo pipefail
 
 PROG=cluster.sh

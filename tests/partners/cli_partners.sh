@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `gossipgrad partners`: the JSON is exactly the documented object and every schedule in it is
-# checked against an independent Python model (permutations, inverse send/recv, the DESIGN.md
+# checked against an independent Python model (permutations, inverse send/recv, the docs/gossip.md
 # formulas, the diffusion step count); the table agrees with it; usage errors exit 2 with one line.
 set -uo pipefail
 BIN="$1"

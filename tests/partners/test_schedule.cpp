@@ -123,7 +123,7 @@ TEST_CASE("partners computed independently by each rank agree: the schedule is a
   }
 }
 
-TEST_CASE("unrotated schedules follow the formulas in DESIGN.md", "[partners]") {
+TEST_CASE("unrotated schedules follow the formulas in docs/gossip.md", "[partners]") {
   for (int p = 2; p <= 64; ++p) {
     const int R = rounds_per_cycle(p);
     for (int64_t t = 0; t < 2 * R + 1; ++t) {
