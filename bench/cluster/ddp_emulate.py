@@ -40,6 +40,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from launch import launch_env as pylib_launch_env  # noqa: E402
 from step_watchdog import StepWatchdog  # noqa: E402
 
 PROG = "ddp_emulate.py"
@@ -156,17 +157,10 @@ def parse_slow(text):
 
 def launch_env():
     """(rank, world size) from MPICH hydra's PMI_* or torchrun's RANK/WORLD_SIZE; else (0, 1)."""
-    for rank_var, size_var in (("PMI_RANK", "PMI_SIZE"), ("RANK", "WORLD_SIZE")):
-        if rank_var in os.environ or size_var in os.environ:
-            try:
-                rank, size = int(os.environ[rank_var]), int(os.environ[size_var])
-            except (KeyError, ValueError):
-                raise UsageError(
-                    f"launcher environment: {rank_var}/{size_var} are not two integers")
-            if not (size >= 1 and 0 <= rank < size):
-                raise UsageError(f"launcher environment: rank {rank} of {size} is out of range")
-            return rank, size
-    return 0, 1
+    try:
+        return pylib_launch_env()
+    except ValueError as e:
+        raise UsageError(str(e))
 
 
 def compute_factors(args, world, total_steps):

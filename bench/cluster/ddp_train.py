@@ -17,6 +17,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from launch import launch_env_or_exit  # noqa: E402
 from step_watchdog import StepWatchdog  # noqa: E402
 
 import numpy as np
@@ -25,13 +26,6 @@ import torch.distributed as dist
 import torchvision
 
 PROG = "ddp_train.py"
-
-
-def launch_env():
-    for r, s in (("PMI_RANK", "PMI_SIZE"), ("RANK", "WORLD_SIZE")):
-        if r in os.environ and s in os.environ:
-            return int(os.environ[r]), int(os.environ[s])
-    return 0, 1
 
 
 def load_images(folder):
@@ -76,7 +70,7 @@ def main():
         sys.exit(2)
     if a.ifname:
         os.environ["GLOO_SOCKET_IFNAME"] = a.ifname
-    rank, world = launch_env()
+    rank, world = launch_env_or_exit(PROG)
     torch.set_num_threads(a.threads)
     torch.manual_seed(1)
     x, y = load_images(a.data)

@@ -63,6 +63,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from launch import launch_env_or_exit  # noqa: E402
 from step_watchdog import StepWatchdog  # noqa: E402
 
 PROG = "ddp_resnet8.py"
@@ -263,13 +264,6 @@ def augmented_batch(xu8, lut, gen, augment, pad=2):
 # ---------------------------------------------------------------- the run
 
 
-def launch_env():
-    for r, s in (("PMI_RANK", "PMI_SIZE"), ("RANK", "WORLD_SIZE")):
-        if r in os.environ and s in os.environ:
-            return int(os.environ[r]), int(os.environ[s])
-    return 0, 1
-
-
 def ranks_on_node(world):
     for k in ("MPI_LOCALNRANKS", "LOCAL_WORLD_SIZE"):
         if os.environ.get(k, "").isdigit() and int(os.environ[k]) > 0:
@@ -291,7 +285,7 @@ def run(a, s):
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    rank, world = launch_env()
+    rank, world = launch_env_or_exit(PROG)
     threads = s["threads"] if s["threads"] > 0 else max(1, (os.cpu_count() or 1) // ranks_on_node(world))
     torch.set_num_threads(threads)
     t_start = time.perf_counter()
