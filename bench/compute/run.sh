@@ -146,9 +146,9 @@ gg_int WARMUP "$WARMUP" 0
 gg_name NAME "${NAME:=compute-$(hostname)}"
 TORCH=${TORCH:-2.15}
 gg_torch_check
+[[ ${ONEDNN:-debian} =~ ^(debian|3\.7)$ ]] ||
+  { echo "run.sh: ONEDNN = '$ONEDNN' must be debian (Debian's 2.6.3) or 3.7 (bench/onednn_env.sh)" >&2; exit 2; }
 ./scripts/deps.sh
-TORCH_PY=/usr/bin/python3
-[ "$TORCH" = debian ] || TORCH_PY=$(bench/torch_env.sh)
 # torch.compile's cache, one per ATen instruction-set cap: a kernel compiled uncapped and reused
 # under ATEN_CPU_CAPABILITY=avx2 gave garbage indices in ResNet-50's backward (PyTorch 2.15).
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-${TMPDIR:-/tmp}/gossipgrad-inductor-${ATEN_CPU_CAPABILITY:-native}}
@@ -167,8 +167,8 @@ fi
 case ${ONEDNN:-debian} in
   debian) GGB=build DNNL_ARGS=() ;;
   3.7) GGB=build-onednn3 DNNL_ARGS=("-Ddnnl_DIR=$(bench/onednn_env.sh)") ;;
-  *) echo "run.sh: ONEDNN='$ONEDNN': debian (Debian's 2.6.3) or 3.7 (bench/onednn_env.sh)" >&2; exit 2 ;;
 esac
+TORCH_PY=$(gg_torch_python)
 cmake -S . -B "$GGB" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DGG_BENCH=ON \
   "${DNNL_ARGS[@]}" >/dev/null
 cmake --build "$GGB" --target gg_bench_compute gg_bench_peak gossipgrad

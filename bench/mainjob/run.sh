@@ -70,10 +70,7 @@ OUT=${OUT:-$ROOT/bench/results/mainjob-$(hostname)}
 if [[ -d $OUT && ! -f $OUT/settings.txt ]] && [[ -n $(ls -A "$OUT") ]]; then
   die "--out $OUT holds files but no settings.txt (not a run.sh folder): use another --out"
 fi
-case ${TORCH:-2.15} in
-2.15 | debian) ;;
-*) die "TORCH='$TORCH': 2.15 (bench/torch_env.sh, the default) or debian (/usr/bin/python3, torch 1.13)" ;;
-esac
+gg_torch_check
 BIN=${GG_BIN:-build/gossip/gossipgrad}
 [[ -x $BIN ]] || die "no gossipgrad at $BIN: build it first (./quickstart.sh or cmake --build build --target gossipgrad) or set GG_BIN"
 DATA=/usr/share/datasets/fashion-mnist
@@ -93,12 +90,7 @@ if ((rc)) || [[ $resolved != *"[train]"* ]]; then
   die "gossipgrad refuses the recipe${EXTRA[*]:+ with ${EXTRA[*]}}: ${why:-$BIN train --dry-run exited $rc without resolved settings}"
 fi
 
-if [[ ${TORCH:-2.15} == debian ]]; then
-  PY=/usr/bin/python3
-  [[ -x $PY ]] || die "TORCH=debian: no /usr/bin/python3 (apt-get install python3-torch)"
-else
-  PY=$(bench/torch_env.sh) || { echo "run.sh: bench/torch_env.sh failed (above); TORCH=debian runs Debian's torch 1.13" >&2; exit 1; }
-fi
+PY=$(gg_torch_python)
 TORCH_VERSION=$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null) ||
   die "TORCH=${TORCH:-2.15}: $PY does not import torch (Debian: apt-get install python3-torch)"
 ONEDNN_LIB=$(ldd "$BIN" 2>/dev/null | awk '/libdnnl/ {print $3; exit}' || true)

@@ -33,7 +33,7 @@ expect "--max-steps = '0' must be a whole number in [1," -- "${RUN[@]}" --max-st
 expect "unknown argument '--steps'" -- "${RUN[@]}" --steps 6 --out "$TMP/bad"
 expect "--out needs a value" -- "${RUN[@]}" --out
 expect "--variants: unknown variant 'ddp+fp16'" -- "${RUN[@]}" --variants "ddp ddp+fp16" --out "$TMP/bad"
-expect "TORCH='nightly'" -- env TORCH=nightly GG_BIN="$BIN" bench/mainjob/run.sh --out "$TMP/bad"
+expect "TORCH = 'nightly' must be 2.15" -- env TORCH=nightly GG_BIN="$BIN" bench/mainjob/run.sh --out "$TMP/bad"
 expect "no gossipgrad at $TMP/none" -- env TORCH=debian GG_BIN="$TMP/none" bench/mainjob/run.sh --out "$TMP/bad"
 touch "$TMP/file"
 expect "--out $TMP/file is not a folder" -- "${RUN[@]}" --out "$TMP/file"

@@ -112,4 +112,5 @@ fi
 expect "TORCH = '1.13' must be 2.15" -- env TORCH=1.13 GG_STUDY_POINTS="4 1000 quiet ddp" bench/cluster/study.sh --out "$TMP/t1"
 expect "TORCH = '2.1' must be 2.15" -- env TORCH=2.1 bench/cluster/real.sh --out "$TMP/t2"
 expect "TORCH = 'latest' must be 2.15" -- env TORCH=latest bench/compute/run.sh resnet50:16:64:2
+expect "ONEDNN = '3.13' must be debian" -- env ONEDNN=3.13 bench/compute/run.sh resnet50:16:64:2
 exit $fail
