@@ -27,12 +27,11 @@ STEPS=${STEPS:-2}
 TORCH=${TORCH:-2.15}
 . scripts/checks.sh
 gg_int STEPS "$STEPS" 1
-TORCH_PY=""
-if [ "$TORCH" != 0 ]; then
-  gg_torch_check
-  TORCH_PY=$(gg_torch_python)
-fi
+[ "$TORCH" = 0 ] || gg_torch_check
 gg_name NAME "${NAME:=compute-profile-$(hostname)}"
+# After every check: the 2.15 environment is a 5 GB install on first use.
+TORCH_PY=""
+[ "$TORCH" = 0 ] || TORCH_PY=$(gg_torch_python)
 BUILD=${BUILD:-build}
 . bench/compute/common.sh
 build_bench "$BUILD" gg_bench_compute gg_bench_peak
