@@ -11,6 +11,9 @@
 // last row (op "ceiling") the best training-convolution figure, the one run.sh divides by.
 // With --model: the floor of that model's training step on oneDNN's kernels instead (see
 // model_floor), one CSV row per layer shape and a last row "floor" in milliseconds per step.
+// With --model and --algorithms: each 3x3 stride-1 shape of the model (where oneDNN's fp32
+// Winograd applies) timed by direct and by Winograd, pass by pass (model_algorithms), the evidence
+// for the executor's choice between them (kernels/onednn/onednn_executor.cpp, winograd_pays).
 #include <immintrin.h>
 #include <omp.h>
 
@@ -43,6 +46,7 @@ struct Args {
   double seconds = 0;  // 0: 1 second per case, 0.05 in the model mode (many shapes)
   std::string model;   // the model mode: this model's own layers
   int64_t res = 224, batch = 16;
+  bool algorithms = false;  // with --model: each 3x3 stride-1 layer by direct and by Winograd
 };
 
 [[noreturn]] void usage(const std::string& why, bool help = false) {
@@ -50,7 +54,7 @@ struct Args {
       help ? stdout : stderr,
       "gg_bench_peak: %s\nusage: gg_bench_peak [--threads T] [--precision fp32|bf16] "
       "[--seconds S]\n       gg_bench_peak --model NAME [--res R] [--batch B] [--threads T] "
-      "[--precision P] [--seconds S]\n",
+      "[--precision P] [--seconds S] [--algorithms]\n",
       why.c_str());
   std::exit(help ? 0 : 2);
 }
@@ -64,8 +68,13 @@ Args parse(int argc, char** argv) {
       usage(
           "oneDNN's best convolution and matmul GFLOP/s and the instruction peak on this CPU; "
           "with --model, the floor of that model's training step (its layer shapes alone at "
-          "oneDNN's best, and the SGD update), in ms",
+          "oneDNN's best, and the SGD update), in ms; with --model and --algorithms, each "
+          "3x3 stride-1 layer's passes by direct and by Winograd",
           true);
+    if (k == "--algorithms") {
+      a.algorithms = true;
+      continue;
+    }
     if (i + 1 >= argc) usage("option " + k + " needs a value");
     const std::string v = argv[++i];
     try {
@@ -93,6 +102,8 @@ Args parse(int argc, char** argv) {
   if (a.seconds < 0 || (a.seconds == 0 && seconds_given)) usage("--seconds must be > 0");
   if (a.seconds == 0) a.seconds = a.model.empty() ? 1.0 : 0.05;
   if (a.res < 1 || a.batch < 1) usage("--res and --batch must be >= 1");
+  if (a.algorithms && (a.model.empty() || a.precision != "fp32"))
+    usage("--algorithms needs --model and fp32 (oneDNN has Winograd in fp32 only)");
   return a;
 }
 
@@ -396,26 +407,85 @@ PassTimes fc_times(const memory::dims& in, int64_t out, const Args& a, const dnn
 // oneDNN's algorithms and layouts, no backward-data where the layer reads the input; beside it,
 // the SGD update (momentum and weight decay) over the model's parameters, which a step does once
 // whatever the batch. Prints each shape's milliseconds per step and, last, "floor": their sum.
-int model_floor(const Args& a, const dnnl::engine& eng, dnnl::stream& s) {
+// The model's layer shapes, each with how many layers have it: convolutions keyed (in, out,
+// height, width, kernel, stride, pad, reads the input), fully connected (out, reads the input,
+// input dims...).
+struct ModelShapes {
+  gg::kernels::Graph graph;
+  std::map<std::vector<int64_t>, int> convs, fcs;
+};
+
+ModelShapes model_shapes(const Args& a) {
   namespace gk = gg::kernels;
   gk::ModelSpec spec = gk::default_spec(a.model);
   spec.input = {3, a.res, a.res};
   spec.classes = 1000;
-  const gk::Graph g = gk::build_model(spec);
-  std::map<std::vector<int64_t>, int> convs, fcs;  // shape -> how many layers have it
-  for (const gk::Node& n : g.nodes()) {
+  ModelShapes m{gk::build_model(spec), {}, {}};
+  for (const gk::Node& n : m.graph.nodes()) {
     if (n.inputs.empty()) continue;
-    const gk::Node& in = g.node(n.inputs[0]);
+    const gk::Node& in = m.graph.node(n.inputs[0]);
     const int64_t reads_input = in.op == gk::Op::Input ? 1 : 0;
     if (n.op == gk::Op::Conv)
-      convs[{in.out[0], n.out[0], in.out[1], in.out[2], n.conv.kernel, n.conv.stride, n.conv.pad,
-             reads_input}]++;
+      m.convs[{in.out[0], n.out[0], in.out[1], in.out[2], n.conv.kernel, n.conv.stride, n.conv.pad,
+               reads_input}]++;
     else if (n.op == gk::Op::FullyConnected) {
       std::vector<int64_t> key(in.out.begin(), in.out.end());
       key.insert(key.begin(), {n.fc.out_features, reads_input});
-      fcs[key]++;
+      m.fcs[key]++;
     }
   }
+  return m;
+}
+
+std::string conv_name(const std::vector<int64_t>& k) {
+  char name[128];
+  std::snprintf(name, sizeof name, "conv c%ld k%ld %ldx%ld r%ld s%ld p%ld", static_cast<long>(k[0]),
+                static_cast<long>(k[1]), static_cast<long>(k[2]), static_cast<long>(k[3]),
+                static_cast<long>(k[4]), static_cast<long>(k[5]), static_cast<long>(k[6]));
+  return name;
+}
+
+// The algorithms mode: every 3x3 stride-1 convolution shape of the model, its three passes timed
+// by direct and by Winograd (milliseconds, one layer), and what the executor's rule
+// (winograd_pays) runs it with: oneDNN's auto (which may pick Winograd) or direct.
+int model_algorithms(const Args& a, const dnnl::engine& eng, dnnl::stream& s) {
+  const ModelShapes m = model_shapes(a);
+  std::printf(
+      "layer,count,threads,direct_forward_ms,direct_backward_data_ms,direct_backward_weights_ms,"
+      "winograd_forward_ms,winograd_backward_data_ms,winograd_backward_weights_ms,direct_ms,"
+      "winograd_ms,executor_takes\n");
+  for (const auto& [k, count] : m.convs) {
+    if (k[4] != 3 || k[5] != 1) continue;
+    const ConvShape cv{a.batch, k[0], k[1], k[2], k[3], k[4], k[5], k[6]};
+    const bool data = k[7] == 0;
+    const PassTimes d = conv_times(cv, dnnl::algorithm::convolution_direct, a, eng, s);
+    PassTimes w;
+    try {
+      w = conv_times(cv, dnnl::algorithm::convolution_winograd, a, eng, s);
+    } catch (const dnnl::error&) {
+      std::printf("%s,%d,%d,,,,,,,,,no Winograd kernel\n", conv_name(k).c_str(), count, a.threads);
+      continue;
+    }
+    const auto total = [&](const PassTimes& t) {
+      return 1e3 * (t.forward + (data ? t.backward_data : 0) + t.backward_weights);
+    };
+    const int64_t oh = k[2] + 2 * k[6] - 2, ow = k[3] + 2 * k[6] - 2;  // 3x3, stride 1
+    const bool takes = gg::kernels::onednn::winograd_pays(k[0], k[1], oh, ow);
+    std::printf("%s,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%s\n", conv_name(k).c_str(),
+                count, a.threads, 1e3 * d.forward, data ? 1e3 * d.backward_data : 0.0,
+                1e3 * d.backward_weights, 1e3 * w.forward, data ? 1e3 * w.backward_data : 0.0,
+                1e3 * w.backward_weights, total(d), total(w), takes ? "auto" : "direct");
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+int model_floor(const Args& a, const dnnl::engine& eng, dnnl::stream& s) {
+  namespace gk = gg::kernels;
+  const ModelShapes shapes = model_shapes(a);
+  const gk::Graph& g = shapes.graph;
+  const auto& convs = shapes.convs;
+  const auto& fcs = shapes.fcs;
   std::printf(
       "layer,count,precision,threads,forward_ms,backward_data_ms,backward_weights_ms,"
       "ms_per_step\n");
@@ -430,12 +500,7 @@ int model_floor(const Args& a, const dnnl::engine& eng, dnnl::stream& s) {
   };
   for (const auto& [k, count] : convs) {
     const ConvShape cv{a.batch, k[0], k[1], k[2], k[3], k[4], k[5], k[6]};
-    char name[128];
-    std::snprintf(name, sizeof name, "conv c%ld k%ld %ldx%ld r%ld s%ld p%ld",
-                  static_cast<long>(k[0]), static_cast<long>(k[1]), static_cast<long>(k[2]),
-                  static_cast<long>(k[3]), static_cast<long>(k[4]), static_cast<long>(k[5]),
-                  static_cast<long>(k[6]));
-    row(name, count, best_conv(cv, a, eng, s), k[7] == 0);
+    row(conv_name(k), count, best_conv(cv, a, eng, s), k[7] == 0);
   }
   for (const auto& [k, count] : fcs) {
     memory::dims in{a.batch};
@@ -463,6 +528,7 @@ int main(int argc, char** argv) {
   try {
     dnnl::engine eng(dnnl::engine::kind::cpu, 0);
     dnnl::stream s(eng);
+    if (a.algorithms) return model_algorithms(a, eng, s);
     if (!a.model.empty()) return model_floor(a, eng, s);
     std::printf("op,shape,precision,threads,gflops\n");
     if (const InstructionPeak p = instruction_peak(a); p.gflops > 0)

@@ -397,8 +397,10 @@ class OneDnnExecutor final : public Executor {
     const memory::desc b_md =
         n.conv.bias ? memory::desc({n.conv.out_channels}, dt::f32, tag::x) : memory::desc();
     // 3x3 stride-1 fp32 convolutions may use Winograd where oneDNN judges it faster (ResNet-50 at
-    // 224: about 10% off a training step; the oneDNN-vs-reference and torchvision tests hold).
-    const auto alg = n.conv.kernel == 3 && n.conv.stride == 1 && act_ == dt::f32
+    // 224: about 10% off a training step; the oneDNN-vs-reference and torchvision tests hold),
+    // except where winograd_pays says direct is faster in the step.
+    const auto alg = n.conv.kernel == 3 && n.conv.stride == 1 && act_ == dt::f32 &&
+                             onednn::winograd_pays(xin[0], n.out[0], n.out[1], n.out[2])
                          ? dnnl::algorithm::convolution_auto
                          : dnnl::algorithm::convolution_direct;
 
@@ -1185,6 +1187,11 @@ class OneDnnExecutor final : public Executor {
 };
 
 }  // namespace
+
+bool onednn::winograd_pays(int64_t in_channels, int64_t out_channels, int64_t height,
+                           int64_t width) {
+  return in_channels >= 32 && out_channels >= 64 && height >= 7 && width >= 7;
+}
 
 ParamLayout onednn_param_layout(const Graph& g) {
   return blocked_conv_layout(g, onednn_weight_block());
