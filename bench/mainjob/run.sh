@@ -4,7 +4,7 @@
 #   gossipgrad  quickstart.sh's command exactly: mpirun -n 2 (-bind-to core when the machine has
 #               2 cores or more) build/gossip/gossipgrad train --config configs/laptop.ini
 #               --log.metrics DIR/gossipgrad-rN/metrics.jsonl --checkpoint.dir
-#               DIR/gossipgrad-rN/checkpoint, plus --train.epochs / --train.max_steps when given
+#               DIR/gossipgrad-rN/checkpoint, plus --train.epochs / --train.max_steps / --train.seed when given
 #   ddp         the same recipe under PyTorch DDP over gloo (bench/mainjob/ddp_resnet8.py, launched
 #               by the same mpirun and binding; it reads every setting from what gossipgrad's
 #               --dry-run resolved, DIR/settings.ini; its docstring lists what matches and what
@@ -20,10 +20,10 @@
 # per-epoch evaluations and the checkpoint included). The tail loss is the mean training loss of
 # rank 0's last 50 steps (or fewer), for comparing short runs.
 #
-# usage: bench/mainjob/run.sh [--epochs E] [--max-steps S] [--rounds R] [--out DIR]
+# usage: bench/mainjob/run.sh [--epochs E] [--max-steps S] [--seed N] [--rounds R] [--out DIR]
 #                             [--variants "ddp ddp+cl"] [--timeout SECONDS]
 # Defaults: laptop.ini's 12 epochs, no step limit, 2 rounds, both DDP variants, 3600 s per run
-# (each run under `timeout`), DIR bench/results/mainjob-$(hostname). --epochs and --max-steps go
+# (each run under `timeout`), DIR bench/results/mainjob-$(hostname). --epochs, --max-steps and --seed go
 # to both sides alike. TORCH: 2.15 (default; bench/torch_env.sh's pinned virtual environment,
 # installed on first use) or debian (/usr/bin/python3 with Debian's torch 1.13, history).
 # GG_BIN: the gossipgrad to run (default build/gossip/gossipgrad).
@@ -40,11 +40,12 @@ cd "$ROOT"
 . scripts/checks.sh
 die() { echo "run.sh: $*" >&2; exit 2; }
 need() { [[ $# -ge 2 && -n $2 ]] || die "$1 needs a value (see --help)"; }
-EPOCHS="" MAX_STEPS="" ROUNDS=2 OUT="" VARIANTS="ddp ddp+cl" TIMEOUT=3600
+EPOCHS="" MAX_STEPS="" SEED="" ROUNDS=2 OUT="" VARIANTS="ddp ddp+cl" TIMEOUT=3600
 while (($#)); do
   case $1 in
   --epochs) need "$@" && EPOCHS=$2 && shift 2 ;;
   --max-steps) need "$@" && MAX_STEPS=$2 && shift 2 ;;
+  --seed) need "$@" && SEED=$2 && shift 2 ;;
   --rounds) need "$@" && ROUNDS=$2 && shift 2 ;;
   --out) need "$@" && OUT=$2 && shift 2 ;;
   --variants) need "$@" && VARIANTS=$2 && shift 2 ;;
@@ -55,6 +56,7 @@ while (($#)); do
 done
 [[ -z $EPOCHS ]] || gg_int --epochs "$EPOCHS" 1 10000
 [[ -z $MAX_STEPS ]] || gg_int --max-steps "$MAX_STEPS" 1 100000000
+[[ -z $SEED ]] || gg_int --seed "$SEED" 0 2147483647
 gg_int --rounds "$ROUNDS" 1 100
 gg_int --timeout "$TIMEOUT" 10 86400
 read -r -a VARS <<<"$VARIANTS"
@@ -81,6 +83,7 @@ command -v mpirun >/dev/null || die "no mpirun (apt-get install mpich)"
 EXTRA=()
 [[ -z $EPOCHS ]] || EXTRA+=(--train.epochs "$EPOCHS")
 [[ -z $MAX_STEPS ]] || EXTRA+=(--train.max_steps "$MAX_STEPS")
+[[ -z $SEED ]] || EXTRA+=(--train.seed "$SEED")
 ERR=$(mktemp)
 trap 'rm -f "$ERR"' EXIT
 rc=0
@@ -118,7 +121,7 @@ mkdir -p "$OUT"
 echo "$resolved" >"$OUT/settings.ini"
 CSV=$OUT/points.csv
 [[ -f $CSV ]] || echo "method,round,images_per_s,top1_pct,wall_s,steps,loss_tail,threads,run" >"$CSV"
-echo "$(date -u +%FT%TZ) ${TORCH:+TORCH=$TORCH }${GG_BIN:+GG_BIN=$GG_BIN }bench/mainjob/run.sh ${EPOCHS:+--epochs $EPOCHS }${MAX_STEPS:+--max-steps $MAX_STEPS }--rounds $ROUNDS --variants '$VARIANTS' --timeout $TIMEOUT --out $OUT" >>"$OUT/commands.txt"
+echo "$(date -u +%FT%TZ) ${TORCH:+TORCH=$TORCH }${GG_BIN:+GG_BIN=$GG_BIN }bench/mainjob/run.sh ${EPOCHS:+--epochs $EPOCHS }${MAX_STEPS:+--max-steps $MAX_STEPS }${SEED:+--seed $SEED }--rounds $ROUNDS --variants '$VARIANTS' --timeout $TIMEOUT --out $OUT" >>"$OUT/commands.txt"
 
 now() { date +%s.%N; }
 FAILED=()
@@ -243,7 +246,7 @@ L = ["# The main job: gossipgrad against PyTorch DDP (gloo), same recipe, same C
      f"{t['batch']} per rank, {t['epochs']} epochs{', at most ' + t['max_steps'] + ' steps' if t['max_steps'] != '0' else ''}, "
      f"lr {t['lr']} x global batch / {t['base_batch']}, warm-up {t['warmup_epochs']} epochs then "
      f"cosine to 0, SGD momentum {t['momentum']} (nesterov {t['nesterov']}), weight decay "
-     f"{t['weight_decay']} on every parameter, augmentation {cp['data']['augment']}, threads "
+     f"{t['weight_decay']} on every parameter, augmentation {cp['data']['augment']}, seed {t['seed']}, threads "
      f"{t['threads']} (0: cores / ranks). DDP side: bench/mainjob/ddp_resnet8.py (its docstring: "
      "what matches and what differs). images/s: training images over the sum of rank 0's step "
      "times, evaluation and checkpoints left out; top-1: after the last step; wall s: the whole "

@@ -30,6 +30,7 @@ expect() {  # expect PATTERN -- COMMAND...: exit 2, one line on stderr holding P
 }
 expect "--rounds = 'abc' must be a whole number" -- "${RUN[@]}" --rounds abc --out "$TMP/bad"
 expect "--max-steps = '0' must be a whole number in [1," -- "${RUN[@]}" --max-steps 0 --out "$TMP/bad"
+expect "--seed = 'one' must be a whole number" -- "${RUN[@]}" --seed one --out "$TMP/bad"
 expect "unknown argument '--steps'" -- "${RUN[@]}" --steps 6 --out "$TMP/bad"
 expect "--out needs a value" -- "${RUN[@]}" --out
 expect "--variants: unknown variant 'ddp+fp16'" -- "${RUN[@]}" --variants "ddp ddp+fp16" --out "$TMP/bad"
