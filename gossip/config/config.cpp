@@ -195,7 +195,7 @@ void check_exchange(const Config& c) {
                      " for the gradients");
   if (c.gossip.staleness != 0 && allreduce)
     throw UsageError(
-        "gossip.staleness = 1 is for gossip (mode grad, model or both): allreduce always waits "
+        "gossip.staleness = 1 is for gossip (every mode but allreduce): allreduce always waits "
         "for every rank's gradients");
   if (c.gossip.staleness != 0 && weights && c.gossip.overlap_model)
     throw UsageError(
