@@ -11,14 +11,15 @@
 # and lists the largest gaps. With TORCH=2.15 (default) or debian, PyTorch eager in channels_last
 # (torch_bench.py --channels-last, bf16 under autocast) is profiled the same way: 2.15 runs its
 # convolutions on its own oneDNN 3.13, Debian's 1.13 on the same 2.6 library as gossipgrad, so the
-# two convolution totals say how much of a lead is left to win outside them. PyTorch's per-step figures are the difference of a
-# run of 1 + STEPS and a run of 1 + 3 * STEPS steps, divided by 2 * STEPS (its first step differs).
+# two convolution totals say how much of a lead is left to win outside them. PyTorch's per-step
+# figures are the difference of a run of 1 + STEPS and a run of 1 + 3 * STEPS steps, divided by
+# 2 * STEPS (its first step differs).
 # Usage: bench/compute/profile.sh [MODEL:BATCH:RES:THREADS:PRECISION ...]
 #   default: resnet50:16:64:2:bf16 resnet50:16:64:2:fp32 resnet50:16:224:2:fp32
 #   resnet50:16:224:2:bf16
 # Environment: STEPS (profiled steps after one warm-up step, default 2), BUILD (default build),
-#   TORCH (2.15, the default, or debian: the PyTorch profiled beside; 0: gossipgrad only), NAME (the results' file name
-#   without .md, default compute-profile-<host>).
+#   TORCH (2.15, the default, or debian: the PyTorch profiled beside; 0: gossipgrad only), NAME
+#   (the results' file name without .md, default compute-profile-<host>).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SETTINGS=("${@:-resnet50:16:64:2:bf16 resnet50:16:64:2:fp32 resnet50:16:224:2:fp32 resnet50:16:224:2:bf16}")

@@ -4,7 +4,8 @@
 #   gossipgrad  quickstart.sh's command exactly: mpirun -n 2 (-bind-to core when the machine has
 #               2 cores or more) build/gossip/gossipgrad train --config configs/laptop.ini
 #               --log.metrics DIR/gossipgrad-rN/metrics.jsonl --checkpoint.dir
-#               DIR/gossipgrad-rN/checkpoint, plus --train.epochs / --train.max_steps / --train.seed when given
+#               DIR/gossipgrad-rN/checkpoint, plus --train.epochs / --train.max_steps /
+#               --train.seed when given
 #   ddp         the same recipe under PyTorch DDP over gloo (bench/mainjob/ddp_resnet8.py, launched
 #               by the same mpirun and binding; it reads every setting from what gossipgrad's
 #               --dry-run resolved, DIR/settings.ini; its docstring lists what matches and what
@@ -23,8 +24,8 @@
 # usage: bench/mainjob/run.sh [--epochs E] [--max-steps S] [--seed N] [--rounds R] [--out DIR]
 #                             [--variants "ddp ddp+cl"] [--timeout SECONDS]
 # Defaults: laptop.ini's 12 epochs, no step limit, 2 rounds, both DDP variants, 3600 s per run
-# (each run under `timeout`), DIR bench/results/mainjob-$(hostname). --epochs, --max-steps and --seed go
-# to both sides alike. TORCH: 2.15 (default; bench/torch_env.sh's pinned virtual environment,
+# (each run under `timeout`), DIR bench/results/mainjob-$(hostname). --epochs, --max-steps and
+# --seed go to both sides alike. TORCH: 2.15 (default; bench/torch_env.sh's pinned virtual environment,
 # installed on first use) or debian (/usr/bin/python3 with Debian's torch 1.13, history).
 # GG_BIN: the gossipgrad to run (default build/gossip/gossipgrad).
 # Writes DIR/points.csv (one row per run), DIR/summary.md (machine, versions, commands, medians

@@ -4,7 +4,8 @@
 # does not know is one clear line and exit 2. With --algorithms: one row per 3x3 stride-1 shape,
 # direct and Winograd summed pass by pass, and the executor's choice by winograd_pays (resnet8's
 # 16- and 32-channel layers direct, its 64-channel 7x7 layer oneDNN's auto); without --model or
-# in bf16 it is refused, the reason on the first line (the usage after it). Timings are not checked (bench/ measures them).
+# in bf16 it is refused, the reason on the first line (the usage after it). Timings are not
+# checked (bench/ measures them).
 set -uo pipefail
 BIN="$1"
 TMP=$(mktemp -d)
@@ -63,7 +64,8 @@ for bad in "--algorithms" "--model resnet8 --precision bf16 --algorithms"; do
   # shellcheck disable=SC2086
   "$BIN" $bad >"$TMP/out" 2>"$TMP/err"
   rc=$?
-  if [ $rc -ne 2 ] || ! head -1 "$TMP/err" | grep -q "^gg_bench_peak: --algorithms needs --model and fp32"; then
+  if [ $rc -ne 2 ] ||
+    ! head -1 "$TMP/err" | grep -q "^gg_bench_peak: --algorithms needs --model and fp32"; then
     echo "FAIL: $bad: rc $rc, stderr: $(cat "$TMP/err")"
     fail=1
   fi
