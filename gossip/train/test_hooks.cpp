@@ -51,8 +51,11 @@ std::unique_ptr<StepHook> make_test_hook(const Config& c, const mpi::Comm& comm,
                                          bool resumed) {
   if (c.fault.kill.empty() && c.fault.stall.empty() && c.fault.nan < 0 && c.fault.nan_stats < 0)
     return nullptr;
+  // Under gossipgrad supervise the attempt tells a restart (> 0), whose hooks fired already,
+  // from the job as launched (0), also one launched with checkpoint.resume. Without it, a resumed
+  // run is taken for a restart by hand.
   const char* attempt = std::getenv("GG_SUPERVISE_ATTEMPT");
-  if (resumed || (attempt != nullptr && std::string(attempt) != "0")) return nullptr;
+  if (attempt != nullptr ? std::string(attempt) != "0" : resumed) return nullptr;
   return std::make_unique<TestHook>(c, comm, trainer);
 }
 

@@ -12,8 +12,9 @@
 
 namespace gg::gossip {
 
-// nullptr when the config sets no test hook, or when they fired already: in a run that resumed
-// and in a restart by gossipgrad supervise (GG_SUPERVISE_ATTEMPT > 0).
+// nullptr when the config sets no test hook, or when they fired already: in a restart by
+// gossipgrad supervise (GG_SUPERVISE_ATTEMPT > 0) and, without supervise, in a run that resumed.
+// A supervised job launched with checkpoint.resume (attempt 0) keeps them.
 std::unique_ptr<StepHook> make_test_hook(const Config& c, const mpi::Comm& comm, Trainer& trainer,
                                          bool resumed);
 

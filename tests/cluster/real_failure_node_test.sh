@@ -56,6 +56,10 @@ TRAIN=(train --config "$ROOT/configs/laptop.ini" --data.dir /usr/share/datasets/
     --model.width 4 --train.threads 1 --train.warmup_epochs 0 --train.epochs 1
     --train.max_steps 220 --train.eval_batch 1000 --log.progress false --gossip.consensus_every 0
     --gossip.timeout_s "$TIMEOUT")
+# kill: rank 2 stalls itself before step 61 (SIGSTOP), so that the node dies at a known step
+# however loaded the machine is (a kill of a running node raced the job's end). cut: the node
+# runs on, as its rank must time out by itself; the cut comes after step 60 of 220.
+[[ $HOW == kill ]] && TRAIN+=(--fault.stall 2:61)
 timeout -k 5 240 "$BIN" supervise --max-restarts 2 -- "$TMP/mpiexec.hydra-cluster" -n 3 \
     "$BIN" "${TRAIN[@]}" --checkpoint.dir "$TMP/ck" --checkpoint.every 50 \
     --log.metrics "$TMP/m.jsonl" >"$TMP/out.log" 2>"$TMP/err.log" &
@@ -68,6 +72,13 @@ for _ in $(seq 900); do
 done
 [[ -n $s && $s -ge 60 ]] || fail "step 60 not reached in 90 s"
 node=$P-n2
+stalled() {
+    ps -o stat=,args= -p "$(ip netns pids "$node" | paste -sd,)" | grep -q "^T.*gossipgrad train"
+}
+if [[ $HOW == kill ]]; then
+    for _ in $(seq 600); do stalled && break; sleep 0.1; done
+    stalled || fail "rank 2 did not stall before step 61 in 60 s"
+fi
 killed_at=$(date +%s.%N)
 if [[ $HOW == kill ]]; then
     pids=$(ip netns pids "$node")

@@ -30,13 +30,13 @@ timeout 120 "$MPIEXEC" -n 4 "$BIN" "${RUN[@]}" "${LONG[@]}" --log.metrics base.j
   fail "failure-free run: $(tail -5 base.log)"
 base=$(summary base.jsonl)
 
-# 2. Rank 2 SIGKILLed at step 80 of 150.
+# 2. Rank 2 SIGKILLed before step 80 of 150. (Every victim below stalls itself first, before a
+# step the test names, and is killed stopped: a running one's kill raced the job's end.)
 timeout 150 "$BIN" supervise --max-restarts 2 -- "$MPIEXEC" -n 4 "$BIN" "${RUN[@]}" "${LONG[@]}" \
-  --checkpoint.dir "$TMP/ck" --checkpoint.every 50 --log.metrics m.jsonl \
+  --checkpoint.dir "$TMP/ck" --checkpoint.every 50 --fault.stall 2:80 --log.metrics m.jsonl \
   > out.log 2> err.log &
 sup=$!
-wait_step m.jsonl 80
-victim=$(rank_pid "$TMP/ck" 2) || fail "rank 2 not found"
+victim=$(stalled_rank "$TMP/ck" 2) || fail "rank 2 did not stall"
 killed_at=$(date +%s.%N)
 kill -9 "$victim"
 wait $sup || fail "supervise exited $?: $(tail -8 err.log)"
@@ -62,14 +62,14 @@ py "import sys; sys.exit(0 if abs($top1 - $base) <= 0.005 else 1)" ||
 [ ! -e ck/emergency ] || fail "emergency states left behind after the run completed"
 ! pgrep -f "_emergency-saver $TMP/" > /dev/null || fail "a saver outlived the run"
 
-# 3. A second death during the recovery: rank 1 SIGKILLed at step 60, then rank 0 of the relaunch
-# as soon as it runs (before or after its first step): the job still completes, from the states.
+# 3. A second death during the recovery: rank 1 SIGKILLed before step 60, then rank 0 of the
+# relaunch as soon as it runs (before or after its first step): the job still completes, from the
+# states.
 timeout 150 "$BIN" supervise --max-restarts 3 -- "$MPIEXEC" -n 4 "$BIN" "${RUN[@]}" "${SHORT[@]}" \
-  --checkpoint.dir "$TMP/ck3" --checkpoint.every 50 --log.metrics m3.jsonl \
+  --checkpoint.dir "$TMP/ck3" --checkpoint.every 50 --fault.stall 1:60 --log.metrics m3.jsonl \
   > out3.log 2> err3.log &
 sup=$!
-wait_step m3.jsonl 60
-victim=$(rank_pid "$TMP/ck3" 1) || fail "rank 1 not found"
+victim=$(stalled_rank "$TMP/ck3" 1) || fail "rank 1 did not stall"
 kill -9 "$victim"
 for _ in $(seq 200); do grep -q "attempt 1: " err3.log && break; sleep 0.05; done
 second=""
@@ -88,11 +88,10 @@ echo "real failure: a second death during the recovery: $(grep 'attempt 1 failed
 # can be damaged before it looks (the job runs in a process group of its own, its survivors save
 # their states and wait for the supervisor).
 timeout 150 "$BIN" supervise --max-restarts 2 -- "$MPIEXEC" -n 4 "$BIN" "${RUN[@]}" "${SHORT[@]}" \
-  --checkpoint.dir "$TMP/ck2" --checkpoint.every 50 --log.metrics m2.jsonl \
+  --checkpoint.dir "$TMP/ck2" --checkpoint.every 50 --fault.stall 1:60 --log.metrics m2.jsonl \
   > out2.log 2> err2.log &
 sup=$!
-wait_step m2.jsonl 60
-victim=$(rank_pid "$TMP/ck2" 1) || fail "rank 1 not found"
+victim=$(stalled_rank "$TMP/ck2" 1) || fail "rank 1 did not stall"
 # $sup is timeout's pid: SIGSTOP to it would stop timeout alone (it forwards only the signals it
 # can catch), and the supervisor would race the damage below. Its only child is the supervisor.
 supv=$(pgrep -P "$sup") || fail "the supervisor under timeout not found"
@@ -116,7 +115,7 @@ grep -q "resumed from $TMP/ck2/ckpt-000000000050 at step 50" out2.log ||
   fail "not resumed from the newest full checkpoint: $(grep resumed out2.log)"
 grep -q "the job completed after 1 restart(s)" err2.log || fail "corrupt state: did not complete"
 
-# 5. supervise --replace-lost: rank 2 and its saver SIGKILLed together at step 80 (its state is
+# 5. supervise --replace-lost: rank 2 and its saver SIGKILLed together before step 80 (its state is
 # lost, as with a lost machine): the job goes on at 4 ranks, rank 2's slot starting from the
 # state of the rank it last sent to. With CHOCO's public copies, which a pair holds alike on both
 # ends: rank 2's partners drop theirs as its slot starts again from none (kept, the pairs mixed
@@ -127,11 +126,10 @@ timeout 120 "$MPIEXEC" -n 4 "$BIN" "${RUN[@]}" "${LONG[@]}" "${CHOCO[@]}" --log.
 base=$(summary base5.jsonl)
 timeout 150 "$BIN" supervise --max-restarts 2 --replace-lost -- "$MPIEXEC" -n 4 "$BIN" \
   "${RUN[@]}" "${LONG[@]}" "${CHOCO[@]}" --checkpoint.dir "$TMP/ck5" --checkpoint.every 50 \
-  --log.metrics m5.jsonl \
+  --fault.stall 2:80 --log.metrics m5.jsonl \
   > out5.log 2> err5.log &
 sup=$!
-wait_step m5.jsonl 80
-victim=$(rank_pid "$TMP/ck5" 2) || fail "replace: rank 2 not found"
+victim=$(stalled_rank "$TMP/ck5" 2) || fail "replace: rank 2 did not stall"
 saver=$(pgrep -f "_emergency-saver $TMP/ck5/emergency/attempt-0 2\$") ||
   fail "replace: rank 2's saver not found: $(pgrep -af _emergency-saver)"
 killed_at=$(date +%s.%N)

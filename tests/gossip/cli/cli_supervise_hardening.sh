@@ -97,15 +97,17 @@ if want resume || want pruned; then
   cp -r ck ck2
 fi
 
-# Row 3: launched from ck/ckpt-20, a rank killed at step >= 70: the restart resumes from the
-# newest checkpoint this job wrote (60 or later), not from 20.
+# Row 3: launched from ck/ckpt-20, rank 1 stalled before step 75 and killed: the restart resumes
+# from the newest checkpoint this job wrote (60 or later), not from 20. (Every kill below is of a
+# stalled rank: a running one's kill raced the job's end, which a fast machine reached first.)
 if want resume; then
   "$BIN" supervise --emergency-dir none -- "$MPIEXEC" -n 2 "$BIN" "${T[@]}" --train.max_steps 300 \
     --checkpoint.dir "$TMP/ck" --checkpoint.every 20 --checkpoint.keep 10 \
-    --checkpoint.resume ck/ckpt-000000000020 --log.metrics pre.jsonl > r.out 2> r.err &
+    --checkpoint.resume ck/ckpt-000000000020 --fault.stall 1:75 --log.metrics pre.jsonl \
+    > r.out 2> r.err &
   sup=$!
-  wait_step pre.jsonl 70
-  kill -9 "$(rank_pid "$TMP/ck " 1)" || fail "resume: rank 1 not found"
+  victim=$(stalled_rank "$TMP/ck " 1) || fail "resume: rank 1 did not stall"
+  kill -9 "$victim"
   wait $sup || fail "resume: supervise exited $?: $(tail -5 r.err)"
   step=$({ grep -o "resumed from $TMP/ck/ckpt-[0-9]* at step [0-9]*" r.out || true; } | tail -1 |
     sed 's/.* //')
@@ -115,16 +117,18 @@ if want resume; then
   echo "resume: restarted from step $step, not 20: ok"
 fi
 
-# Row 3, pruned: checkpoint.keep 2 prunes ckpt-20 by step 60; the restore from both ranks'
-# emergency states must not stop at the missing folder (exit 2).
+# Row 3, pruned: checkpoint.keep 2 prunes ckpt-20 by step 60 (rank 1 killed before step 75);
+# the restore from both ranks' emergency states must not stop at the missing folder (exit 2).
 if want pruned; then
   "$BIN" supervise -- "$MPIEXEC" -n 2 "$BIN" "${T[@]}" --train.max_steps 300 \
     --checkpoint.dir "$TMP/ck2" --checkpoint.every 20 --checkpoint.keep 2 \
-    --checkpoint.resume ck2/ckpt-000000000020 --log.metrics p.jsonl > p.out 2> p.err &
+    --checkpoint.resume ck2/ckpt-000000000020 --fault.stall 1:75 --log.metrics p.jsonl \
+    > p.out 2> p.err &
   sup=$!
+  victim=$(stalled_rank "$TMP/ck2 " 1) || fail "pruned: rank 1 did not stall"
   wait_step p.jsonl 70
   [ ! -e ck2/ckpt-000000000020 ] || fail "pruned: ckpt-20 still there"
-  kill -9 "$(rank_pid "$TMP/ck2 " 1)" || fail "pruned: rank 1 not found"
+  kill -9 "$victim"
   wait $sup || fail "pruned: supervise exited $?: $(tail -5 p.err)"
   grep -q "2 of 2 rank states saved (lost: none); 2 ranks continue" p.err ||
     fail "pruned: no restore from the states: $(cat p.err)"
@@ -133,13 +137,13 @@ if want pruned; then
 fi
 
 # Row 4: train.max_steps 300 at 2 ranks plans 300 x 64 = 19,200 samples. Rank 1 and its saver
-# killed at step >= 100: rank 0 goes on alone (32 samples a step) and must still train them.
+# killed before step 120: rank 0 goes on alone (32 samples a step) and must still train them.
 if want forward; then
   "$BIN" supervise -- "$MPIEXEC" -n 2 "$BIN" "${T[@]}" --train.max_steps 300 \
-    --checkpoint.dir "$TMP/ck4" --checkpoint.every 100 --log.metrics f.jsonl > f.out 2> f.err &
+    --checkpoint.dir "$TMP/ck4" --checkpoint.every 100 --fault.stall 1:120 --log.metrics f.jsonl \
+    > f.out 2> f.err &
   sup=$!
-  wait_step f.jsonl 100
-  victim=$(rank_pid "$TMP/ck4" 1) || fail "forward: rank 1 not found"
+  victim=$(stalled_rank "$TMP/ck4" 1) || fail "forward: rank 1 did not stall"
   saver=$(pgrep -f "_emergency-saver $TMP/ck4/emergency/attempt-0 1\$") ||
     fail "forward: rank 1's saver not found"
   kill -9 "$saver" "$victim"
@@ -177,16 +181,18 @@ if want shrink; then
   echo "shrink: ok"
 fi
 
-# Row 13: rank 1's saver killed at step >= 40; rank 1 itself killed at step 250 (fault.kill).
+# Row 13: rank 1's saver killed while rank 1 stalls before step 40; rank 1 itself killed at step
+# 250 (fault.kill).
 if want saver; then
   "$BIN" supervise -- "$MPIEXEC" -n 2 "$BIN" "${T[@]}" --train.max_steps 400 \
-    --checkpoint.dir "$TMP/ck6" --checkpoint.every 100 --fault.kill 1:250 --log.metrics v.jsonl \
-    > v.out 2> v.err &
+    --checkpoint.dir "$TMP/ck6" --checkpoint.every 100 --fault.stall 1:40 --fault.kill 1:250 \
+    --log.metrics v.jsonl > v.out 2> v.err &
   sup=$!
-  wait_step v.jsonl 40
+  stalled=$(stalled_rank "$TMP/ck6" 1) || fail "saver: rank 1 did not stall"
   saver=$(pgrep -f "_emergency-saver $TMP/ck6/emergency/attempt-0 1\$") ||
     fail "saver: rank 1's saver not found"
   kill -9 "$saver"
+  kill -CONT "$stalled"
   wait $sup || fail "saver: supervise exited $?: $(tail -5 v.err)"
   [ "$(grep -c "rank 1: warning: its emergency saver (pid $saver) was killed by signal 9: started a new one" v.err)" = 1 ] ||
     fail "saver: no one-line warning: $(grep -i saver v.err)"
