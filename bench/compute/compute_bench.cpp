@@ -36,17 +36,18 @@ struct Args {
   std::string model = "resnet50";
   int64_t batch = 16, res = 224, classes = 1000;
   int threads = 2, steps = 10, warmup = 3;
-  std::string precision = "fp32", backend = "onednn", layout = "native";
+  std::string precision = "fp32", backend = "onednn", layout = "native", fuse;
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "gg_bench_compute: %s\nusage: gg_bench_compute [--model NAME] [--batch B] [--res R] "
                "[--classes N] [--threads T] [--steps N] [--warmup N] [--precision fp32|tf32|bf16] "
-               "[--backend onednn|reference|cuda] [--layout native|plain]\n"
+               "[--backend onednn|reference|cuda] [--layout native|plain] [--fuse on|off]\n"
                "  cuda: fp32 is strict fp32, tf32 lets convolutions and GEMMs use TF32; the "
                "step keeps everything on the GPU (input uploaded once, loss and SGD on the "
-               "device) and ends in a stream synchronisation\n",
+               "device) and ends in a stream synchronisation; --fuse off runs batch norm, "
+               "residual add and ReLU one layer at a time (default on: fused)\n",
                why.c_str());
   std::exit(2);
 }
@@ -79,6 +80,8 @@ Args parse(int argc, char** argv) {
         a.backend = v;
       else if (k == "--layout")
         a.layout = v;
+      else if (k == "--fuse")
+        a.fuse = v;
       else
         usage("unknown option " + k);
     } catch (const std::logic_error&) {
@@ -93,6 +96,9 @@ Args parse(int argc, char** argv) {
     usage("layout '" + a.layout +
           "' is unknown (native: as gossipgrad train keeps the weights; plain)");
   if (a.precision == "tf32" && a.backend != "cuda") usage("tf32 needs --backend cuda");
+  if (!a.fuse.empty() && a.fuse != "on" && a.fuse != "off")
+    usage("--fuse '" + a.fuse + "' is unknown (on or off)");
+  if (!a.fuse.empty() && a.backend != "cuda") usage("--fuse needs --backend cuda");
   if (a.precision == "bf16" && a.backend == "onednn" && !kernels::bf16_supported())
     usage("bf16 needs a CPU with AVX512_BF16 (or AMX); this one has neither");
   return a;
@@ -140,6 +146,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "gg_bench_compute: %s\n", kernels::cuda_describe().c_str());
       kernels::CudaOptions o;
       o.tf32 = a.precision == "tf32";
+      o.fuse = a.fuse != "off";
       gpu = kernels::make_cuda_executor(net.graph(), a.batch, net.store(), net.buckets(), precision,
                                         o);
       // Resident: weights, input and labels go up once; a step never leaves the GPU.

@@ -4,7 +4,7 @@
 # no MPI). Two steps:
 #
 #   1. here, where the build works:   bench/compute/gpu_device_run.sh prepare
-#      builds gossipgrad, gg_cuda_tests and gg_bench_compute with GG_CUDA=ON (in $BUILD, default
+#      builds gossipgrad, gg_cuda_tests, gg_bench_compute and gg_bench_cuda_eltwise with GG_CUDA=ON (in $BUILD, default
 #      build-gpu), and packs into .deps/gpu/bundle.tar.xz the binaries, MPICH's launcher
 #      (mpiexec.hydra, hydra_pmi_proxy) and every shared library they load beyond CUDA and glibc /
 #      libstdc++, copied from this machine's Debian packages and stripped; beside it
@@ -24,12 +24,16 @@
 #           shaped data (3x224x224, 1000 classes), R50_STEPS steps (default 100) of R50_BATCH
 #           (default 64) per rank, gossip mode both: exposed communication and data wait in the
 #           metrics;
-#        d. profile: ResNet-50 at batch 256 in tf32 and bf16 with GG_CUDA_PROFILE=1 (the time per
-#           step by kind of layer, from CUDA events), into bench.txt;
-#        e. bench/compute/run.sh --backend cuda against the machine's PyTorch, alternating.
-#      OUTDIR (default $OUT, else bench/results/gpu-<host>) gets at most 8 files: device.txt,
-#      cuda-tests.txt, fmnist.txt, fmnist-metrics.jsonl, r50.txt, r50-metrics.jsonl, bench.txt,
-#      bench.csv. Environment: STEPS_ONLY (a subset of "tests fmnist r50 profile bench", default all),
+#        d. eltwise: gg_bench_cuda_eltwise, the batch norm passes fused and one by one at
+#           ResNet-50's shapes against a device-to-device copy of the same bytes, into eltwise.txt;
+#        e. profile: ResNet-50 at batch 256 in tf32 and bf16 with GG_CUDA_PROFILE=1 (the time per
+#           step by kind of layer, from CUDA events), batch norm, add and ReLU fused (--fuse on)
+#           and one by one (--fuse off), into bench.txt;
+#        f. bench/compute/run.sh --backend cuda against the machine's PyTorch, alternating.
+#      OUTDIR (default $OUT, else bench/results/gpu-<host>) gets at most 9 files: device.txt,
+#      cuda-tests.txt, fmnist.txt, fmnist-metrics.jsonl, r50.txt, r50-metrics.jsonl, eltwise.txt,
+#      bench.txt, bench.csv. Environment: STEPS_ONLY (a subset of "tests fmnist r50 eltwise
+#      profile bench", default all),
 #      BUDGET_S (seconds for the whole run, default 540: each part's limit is cut to what is
 #      left), and run.sh's REPEATS, STEPS, WARMUP, SETTINGS (MODEL:BATCH:RES:PRECISION list).
 set -euo pipefail
@@ -46,12 +50,14 @@ case "${1:-}" in
       echo "gpu_device_run: $BUILD is configured without CUDA (GG_CUDA=OFF)" >&2
       exit 1
     }
-    cmake --build "$BUILD" -j "${JOBS:-2}" --target gg_cuda_tests gg_bench_compute gossipgrad
+    cmake --build "$BUILD" -j "${JOBS:-2}" --target gg_cuda_tests gg_bench_compute \
+      gg_bench_cuda_eltwise gossipgrad
     stage=$(mktemp -d)
     trap 'rm -rf "$stage"' EXIT
     mkdir -p "$stage/gg/bin" "$stage/gg/lib/ucx"
-    bins=("$BUILD/tests/gg_cuda_tests" "$BUILD/bench/gg_bench_compute" "$BUILD/gossip/gossipgrad"
-      /usr/bin/mpiexec.hydra /usr/bin/hydra_pmi_proxy)
+    bins=("$BUILD/tests/gg_cuda_tests" "$BUILD/bench/gg_bench_compute"
+      "$BUILD/bench/gg_bench_cuda_eltwise" "$BUILD/gossip/gossipgrad" /usr/bin/mpiexec.hydra
+      /usr/bin/hydra_pmi_proxy)
     cp "${bins[@]}" "$stage/gg/bin/"
     # UCX finds its transport modules in <libucs's folder>/ucx: cma (single-copy between
     # processes) needs nothing more; the InfiniBand modules are left out (no such device there).
@@ -83,10 +89,10 @@ case "${1:-}" in
     gg_int EPOCHS "$EPOCHS" 1 100
     gg_int R50_STEPS "$R50_STEPS" 1
     gg_int R50_BATCH "$R50_BATCH" 1 4096
-    PARTS=${STEPS_ONLY:-tests fmnist r50 profile bench}
+    PARTS=${STEPS_ONLY:-tests fmnist r50 eltwise profile bench}
     for p in $PARTS; do
-      case "$p" in tests | fmnist | r50 | profile | bench) ;; *)
-        echo "gpu_device_run: STEPS_ONLY takes tests, fmnist, r50, profile, bench (not '$p')" >&2
+      case "$p" in tests | fmnist | r50 | eltwise | profile | bench) ;; *)
+        echo "gpu_device_run: STEPS_ONLY takes tests, fmnist, r50, eltwise, profile, bench (not '$p')" >&2
         exit 2
         ;;
       esac
@@ -111,7 +117,8 @@ case "${1:-}" in
       echo "# $(date -u +%FT%TZ) $(uname -srm), $(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
       nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true
       python3 -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, "cuDNN", torch.backends.cudnn.version())' || true
-      ldd "$bin"/gossipgrad "$bin"/gg_cuda_tests "$bin"/gg_bench_compute "$bin"/mpiexec.hydra |
+      ldd "$bin"/gossipgrad "$bin"/gg_cuda_tests "$bin"/gg_bench_compute \
+        "$bin"/gg_bench_cuda_eltwise "$bin"/mpiexec.hydra |
         grep -e cud -e cublas -e 'not found' | sort -u
     } >"$OUTDIR/device.txt" 2>&1
     cat "$OUTDIR/device.txt"
@@ -164,12 +171,18 @@ case "${1:-}" in
             --data.workers 4 --data.prefetch 4 --log.metrics "$OUTDIR/r50-metrics.jsonl" --log.overwrite true \
             --log.interval 10
           ;;
+        eltwise)
+          part eltwise 60 "$OUTDIR/eltwise.txt" "$bin/gg_bench_cuda_eltwise" --repeats 10
+          ;;
         profile)
-          # Where a step goes: per-layer CUDA events (GG_CUDA_PROFILE), ResNet-50 at batch 256.
+          # Where a step goes: per-layer CUDA events (GG_CUDA_PROFILE), ResNet-50 at batch 256,
+          # fused and one layer at a time.
           for prec in tf32 bf16; do
-            GG_CUDA_PROFILE=1 part "profile $prec" 60 "$OUTDIR/bench.txt" "$bin/gg_bench_compute" \
-              --backend cuda --model resnet50 --batch 256 --res 224 --precision "$prec" --steps 5 \
-              --warmup 2
+            for fuse in on off; do
+              GG_CUDA_PROFILE=1 part "profile $prec fuse $fuse" 45 "$OUTDIR/bench.txt" \
+                "$bin/gg_bench_compute" --backend cuda --model resnet50 --batch 256 --res 224 \
+                --precision "$prec" --fuse "$fuse" --steps 5 --warmup 2
+            done
           done
           ;;
         bench)
@@ -193,7 +206,7 @@ case "${1:-}" in
     [ -z "$failed" ]
     ;;
   *)
-    sed -n 2,34p "$0" >&2
+    sed -n 2,39p "$0" >&2
     exit 2
     ;;
 esac

@@ -8,6 +8,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/cuda_check.hpp"
@@ -100,6 +101,18 @@ struct Value {
   DeviceArray<int32_t> argmax;  // max pool
   DeviceArray<float> denom;     // LRN
   uint64_t dropout_step = 0;    // the step the last training forward drew its mask for
+  int fused = -1;               // the fused group (CudaExecutorImpl::groups_) it belongs to
+};
+
+// A batch norm fused with the ReLU that reads it, through a residual add or not: forward, the
+// batch norm's node computes the statistics and the ReLU's node the whole y = relu(bn(x) + res)
+// in one pass; backward, the ReLU's node runs the batch norm's backward on the ReLU's gated
+// gradient and hands the residual its gradient; the batch norm's and the add's outputs and
+// gradients never exist.
+struct Fused {
+  int bn = -1, add = -1, relu = -1;
+  int res = -1;                         // the add's other input (-1: no add)
+  bool acc_x = false, acc_res = false;  // whether another reader wrote those gradients first
 };
 
 struct Conv {
@@ -144,12 +157,16 @@ class OpProfile {
         float ms = 0;
         GG_CUDA_CHECK(cudaEventSynchronize(events[2 * id + 1]));
         GG_CUDA_CHECK(cudaEventElapsedTime(&ms, events[2 * id], events[2 * id + 1]));
-        ms_[std::string(backward ? "backward " : "forward ") + op_name(g.nodes()[id].op)] += ms;
+        const auto label = labels_.find(id);
+        ms_[std::string(backward ? "backward " : "forward ") +
+            (label != labels_.end() ? label->second : op_name(g.nodes()[id].op))] += ms;
       }
       if (backward && !pending.empty()) ++steps_;
       pending.clear();
     }
   }
+  // Names node id's row (a fused group's, under its last node).
+  void label(int id, std::string name) { labels_[id] = std::move(name); }
   void print(const char* what) const {
     if (steps_ == 0) return;
     double total = 0;
@@ -168,6 +185,7 @@ class OpProfile {
   std::vector<cudaEvent_t> fwd_, bwd_;
   std::vector<int> pending_fwd_, pending_bwd_;
   std::map<std::string, double> ms_;
+  std::map<int, std::string> labels_;
   int steps_ = 0;
 };
 
@@ -199,6 +217,7 @@ class CudaExecutorImpl final : public CudaExecutor {
     convs_.resize(nodes.size());
     for (const Node& n : nodes)
       for (int in : n.inputs) values_[in].consumers++;
+    if (opt_.fuse) plan_fusion();
     input_ = DeviceArray<float>(batch * numel(g.input_dims()));
     logits_ = DeviceArray<float>(batch * g.classes());
     labels_ = DeviceArray<int32_t>(batch);
@@ -212,7 +231,11 @@ class CudaExecutorImpl final : public CudaExecutor {
     buckets_ = static_cast<int>(buckets.size());
     grow_workspace();
     GG_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    if (OpProfile::wanted()) profile_ = std::make_unique<OpProfile>(nodes.size());
+    if (OpProfile::wanted()) {
+      profile_ = std::make_unique<OpProfile>(nodes.size());
+      for (const Fused& f : groups_)
+        profile_->label(f.relu, f.add >= 0 ? "BatchNorm+Add+Relu" : "BatchNorm+Relu");
+    }
   }
 
   ~CudaExecutorImpl() override {
@@ -378,6 +401,8 @@ class CudaExecutorImpl final : public CudaExecutor {
     v.elems = batch_ * v.s.size();
     if (n.op == Op::Input && act_ == DType::F32) {
       // The input is read where it was uploaded.
+    } else if (absorbed(id)) {
+      // A fused batch norm's or add's output: the fused pass never writes it.
     } else {
       alloc_act(v.y, v.elems);
     }
@@ -529,21 +554,33 @@ class CudaExecutorImpl final : public CudaExecutor {
     const int output = g_.output();
     for (size_t id = 1; id < nodes.size(); ++id) {
       Value& v = values_[id];
-      alloc_act(v.dy, v.elems);
+      if (!absorbed(static_cast<int>(id))) alloc_act(v.dy, v.elems);
       v.zero_dy = v.consumers == 0 && static_cast<int>(id) != output;
     }
-    // Who writes each gradient first: backward visits nodes last to first; the loss writes the
-    // output's gradient before any of them.
+    // Who writes each gradient first: backward visits nodes last to first (a fused group's
+    // writes all happen at its ReLU); the loss writes the output's gradient before any of them.
     std::vector<bool> written(nodes.size(), false);
     written[output] = true;
+    auto first_write = [&](int t) {
+      const bool was = written[t];
+      written[t] = true;
+      return was;
+    };
     for (int id : order_) {
       Value& v = values_[id];
       v.acc.assign(nodes[id].inputs.size(), false);
+      if (v.fused >= 0) {
+        Fused& f = groups_[v.fused];
+        if (id != f.relu) continue;
+        const int x = nodes[f.bn].inputs[0];
+        if (x != 0) f.acc_x = first_write(x);
+        if (f.res > 0) f.acc_res = first_write(f.res);
+        continue;
+      }
       for (size_t i = 0; i < nodes[id].inputs.size(); ++i) {
         const int t = nodes[id].inputs[i];
         if (t == 0) continue;
-        v.acc[i] = written[t];
-        written[t] = true;
+        v.acc[i] = first_write(t);
       }
     }
     for (size_t id = 0; id < nodes.size(); ++id) {
@@ -689,11 +726,13 @@ class CudaExecutorImpl final : public CudaExecutor {
         const cuda::BnShape b = bn_shape(n);
         cuda::bn_statistics(v.mean.get(), v.inv_std.get(), buffer(n, 0), buffer(n, 1), x, b, train,
                             bn_scratch_buf_.get(), act_, stream_);
-        cuda::bn_apply(y, x, v.mean.get(), v.inv_std.get(), param(n, 0), param(n, 1), b, act_,
-                       stream_);
+        if (v.fused < 0)  // fused: the ReLU's node applies it
+          cuda::bn_apply(y, x, nullptr, false, v.mean.get(), v.inv_std.get(), param(n, 0),
+                         param(n, 1), b, act_, stream_);
         return;
       }
       case Op::Relu:
+        if (v.fused >= 0) return fused_forward(groups_[v.fused]);
         return cuda::relu_forward(y, x, v.elems, act_, stream_);
       case Op::MaxPool:
         return cuda::max_pool_forward(y, v.argmax.get(), x, pool_shape(n), act_, stream_);
@@ -706,6 +745,7 @@ class CudaExecutorImpl final : public CudaExecutor {
       case Op::FullyConnected:
         return fc_forward(n, v, x);
       case Op::Add:
+        if (v.fused >= 0) return;  // the ReLU's node adds
         return cuda::add_forward(y, x, y_of(n.inputs[1]), v.elems, act_, stream_);
       case Op::Concat: {
         int64_t first = 0;
@@ -729,6 +769,78 @@ class CudaExecutorImpl final : public CudaExecutor {
         return cuda::lrn_forward(y, v.denom.get(), x, lrn_shape(n), act_, stream_);
     }
     throw std::logic_error("CUDA backend: unhandled op");
+  }
+
+  // ---- fusion ----
+
+  // The node that reads t, when t has exactly one reader and is not the output; else -1.
+  int sole_reader(int t) const {
+    if (values_[t].consumers != 1 || t == g_.output()) return -1;
+    for (size_t id = static_cast<size_t>(t) + 1; id < g_.nodes().size(); ++id)
+      for (int in : g_.node(static_cast<int>(id)).inputs)
+        if (in == t) return static_cast<int>(id);
+    return -1;
+  }
+  void plan_fusion() {
+    const auto& nodes = g_.nodes();
+    for (size_t id = 0; id < nodes.size(); ++id) {
+      if (nodes[id].op != Op::BatchNorm) continue;
+      Fused f;
+      f.bn = static_cast<int>(id);
+      const int r = sole_reader(f.bn);
+      if (r < 0 || values_[r].fused >= 0) continue;
+      if (nodes[r].op == Op::Relu) {
+        f.relu = r;
+      } else if (nodes[r].op == Op::Add) {
+        const int relu = sole_reader(r);
+        if (relu < 0 || nodes[relu].op != Op::Relu || values_[relu].fused >= 0) continue;
+        f.add = r;
+        f.relu = relu;
+        f.res = nodes[r].inputs[0] == f.bn ? nodes[r].inputs[1] : nodes[r].inputs[0];
+      } else {
+        continue;
+      }
+      const int index = static_cast<int>(groups_.size());
+      for (int member : {f.bn, f.add, f.relu})
+        if (member >= 0) values_[member].fused = index;
+      groups_.push_back(f);
+    }
+  }
+  // A fused group's batch norm or add, whose output and gradient are never formed.
+  bool absorbed(int id) const {
+    const int f = values_[id].fused;
+    return f >= 0 && groups_[f].relu != id;
+  }
+
+  void fused_forward(const Fused& f) {
+    const Node& bn = g_.node(f.bn);
+    const Value& b = values_[f.bn];
+    cuda::bn_apply(values_[f.relu].y.get(), y_of(bn.inputs[0]), f.res >= 0 ? y_of(f.res) : nullptr,
+                   true, b.mean.get(), b.inv_std.get(), param(bn, 0), param(bn, 1), bn_shape(bn),
+                   act_, stream_);
+  }
+  void fused_backward(const Fused& f) {
+    const Node& bn = g_.node(f.bn);
+    const Value& b = values_[f.bn];
+    Value& relu = values_[f.relu];
+    const int x = bn.inputs[0];
+    cuda::BnGrad g;
+    g.dy = relu.dy.get();
+    g.relu_y = relu.y.get();
+    // The gated gradient goes straight into the residual's gradient when this writes it first;
+    // else into the ReLU's own gradient, in place, and from there added to the residual's.
+    if (f.res > 0 && !f.acc_res) {
+      g.dz = values_[f.res].dy.get();
+    } else {
+      g.dz = relu.dy.get();
+      if (f.res > 0) g.dres = values_[f.res].dy.get();
+    }
+    if (x != 0) {
+      g.dx = values_[x].dy.get();
+      g.acc_x = f.acc_x;
+    }
+    cuda::bn_backward(g, grad(bn, 0), grad(bn, 1), y_of(x), b.mean.get(), b.inv_std.get(),
+                      param(bn, 0), bn_shape(bn), bn_scratch_buf_.get(), act_, stream_);
   }
 
   // Row-major y {N, out} = x {N, in} W^T + b: in cuBLAS's column-major terms y^T = W^T' x^T with
@@ -760,11 +872,17 @@ class CudaExecutorImpl final : public CudaExecutor {
         return;
       case Op::Conv:
         return conv_backward(id, n, v, x, dx, acc);
-      case Op::BatchNorm:
-        return cuda::bn_backward(dx, grad(n, 0), grad(n, 1), dy, x, v.mean.get(), v.inv_std.get(),
-                                 param(n, 0), bn_shape(n), bn_scratch_buf_.get(), act_, acc,
-                                 stream_);
+      case Op::BatchNorm: {
+        if (v.fused >= 0) return;  // the ReLU's node ran it
+        cuda::BnGrad g;
+        g.dy = dy;
+        g.dx = dx;
+        g.acc_x = acc;
+        return cuda::bn_backward(g, grad(n, 0), grad(n, 1), x, v.mean.get(), v.inv_std.get(),
+                                 param(n, 0), bn_shape(n), bn_scratch_buf_.get(), act_, stream_);
+      }
       case Op::Relu:
+        if (v.fused >= 0) return fused_backward(groups_[v.fused]);
         if (dx) cuda::relu_backward(dx, dy, x, v.elems, act_, acc, stream_);
         return;
       case Op::MaxPool:
@@ -782,6 +900,7 @@ class CudaExecutorImpl final : public CudaExecutor {
       case Op::FullyConnected:
         return fc_backward(n, v, x, dx, acc);
       case Op::Add:
+        if (v.fused >= 0) return;  // the ReLU's node wrote both gradients
         for (size_t i = 0; i < 2; ++i) {
           const int t = n.inputs[i];
           if (t != 0) cuda::accumulate(values_[t].dy.get(), dy, v.elems, act_, v.acc[i], stream_);
@@ -865,6 +984,7 @@ class CudaExecutorImpl final : public CudaExecutor {
   float* host_loss_ = nullptr;
   std::vector<Value> values_;
   std::vector<std::unique_ptr<Conv>> convs_;
+  std::vector<Fused> groups_;
   DeviceArray<unsigned char> workspace_;
   size_t workspace_need_ = 0;
   int64_t bn_scratch_ = 0;

@@ -21,6 +21,10 @@ class DeviceBuffers;
 struct CudaOptions {
   bool tf32 = true;             // fp32 convolutions and GEMMs may round inputs to TF32
   bool find_algorithms = true;  // time cuDNN's candidates (cudnnFind*Ex), else its heuristics
+  // A batch norm read only by a ReLU, or only by a residual add read only by a ReLU, runs with
+  // them as one pass forward and one backward (the add's gradient is the buffer that pass writes,
+  // not a copy); false runs each layer alone, as before (for comparing the two).
+  bool fuse = true;
 };
 
 // Two ways to run:

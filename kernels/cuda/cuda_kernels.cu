@@ -4,9 +4,13 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <type_traits>
 
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/cuda_kernels.hpp"
+#include "kernels/cuda/index_math.hpp"
 
 namespace gg::kernels::cuda {
 namespace {
@@ -24,6 +28,45 @@ __device__ __forceinline__ void put(T* p, int64_t i, float v, bool acc) {
 }
 
 constexpr int kThreads = 256;
+
+// 16 bytes of a storage type (4 fp32 or 8 bf16 values) moved as one load or store: the
+// element-wise passes are bound by memory, and scalar 2-byte loads leave most of it unused.
+template <typename T>
+constexpr int kVec = static_cast<int>(16 / sizeof(T));
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+template <int V, typename T>
+__device__ __forceinline__ void load(const T* p, int64_t i, float (&o)[V]) {
+  const Pack<T, V> k = *reinterpret_cast<const Pack<T, V>*>(p + i);
+#pragma unroll
+  for (int j = 0; j < V; ++j) o[j] = ld(k.v, j);
+}
+template <int V, typename T>
+__device__ __forceinline__ void store(T* p, int64_t i, const float (&o)[V]) {
+  Pack<T, V> k;
+#pragma unroll
+  for (int j = 0; j < V; ++j) st(k.v, j, o[j]);
+  *reinterpret_cast<Pack<T, V>*>(p + i) = k;
+}
+// p[i, i + V) = o, or += o.
+template <int V, typename T>
+__device__ __forceinline__ void put_vec(T* p, int64_t i, float (&o)[V], bool acc) {
+  if (acc) {
+    float old[V];
+    load<V>(p, i, old);
+#pragma unroll
+    for (int j = 0; j < V; ++j) o[j] += old[j];
+  }
+  store<V>(p, i, o);
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+template <typename... P>
+bool all_aligned16(const P*... p) {
+  return (... && (p == nullptr || aligned16(p)));
+}
 
 unsigned blocks_for(int64_t n) {
   const int64_t b = (n + kThreads - 1) / kThreads;
@@ -45,81 +88,147 @@ void dispatch(DType t, F&& f) {
     f(bf16{});
 }
 
-template <typename D, typename S>
-__global__ void cast_k(D* dst, const S* src, int64_t n) {
-  GG_GRID_LOOP(i, n) st(dst, i, ld(src, i));
+// An element-wise pass over n values: f.template run<V>(i) handles values [i, i + V). Vectors of
+// kVec values where every pointer allows (buffers from cudaMalloc do; a weight's range inside the
+// flat buffers may not), then the tail one value at a time.
+template <int V, typename F>
+__global__ void eltwise_k(F f, int64_t vectors, int64_t n) {
+  GG_GRID_LOOP(j, vectors) f.template run<V>(j * V);
+  const int64_t tail = vectors * V + blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (tail < n) f.template run<1>(tail);
 }
+template <int V, typename F>
+void launch_eltwise(const F& f, int64_t n, bool vectors_allowed, cudaStream_t s) {
+  if (n <= 0) return;
+  if (vectors_allowed && n >= V)
+    eltwise_k<V><<<blocks_for(n / V), kThreads, 0, s>>>(f, n / V, n);
+  else
+    eltwise_k<1><<<blocks_for(n), kThreads, 0, s>>>(f, n, n);
+  check_launch();
+}
+
+template <typename D, typename S>
+struct CastOp {
+  D* y;
+  const S* x;
+  template <int V>
+  __device__ void run(int64_t i) const {
+    float a[V];
+    load<V>(x, i, a);
+    store<V>(y, i, a);
+  }
+};
 
 // NaN propagates as in PyTorch: relu(NaN) = NaN (fmaxf would drop it), and its gradient passes
 // wherever the input is not <= 0 (threshold_backward).
 template <typename T>
-__global__ void relu_fwd_k(T* y, const T* x, int64_t n) {
-  GG_GRID_LOOP(i, n) {
-    const float v = ld(x, i);
-    st(y, i, v <= 0.f ? 0.f : v);
+struct ReluOp {
+  T* y;
+  const T* x;
+  template <int V>
+  __device__ void run(int64_t i) const {
+    float a[V];
+    load<V>(x, i, a);
+#pragma unroll
+    for (int j = 0; j < V; ++j) a[j] = a[j] <= 0.f ? 0.f : a[j];
+    store<V>(y, i, a);
   }
-}
+};
 
 template <typename T>
-__global__ void relu_bwd_k(T* dx, const T* dy, const T* x, int64_t n, bool acc) {
-  GG_GRID_LOOP(i, n) put(dx, i, ld(x, i) <= 0.f ? 0.f : ld(dy, i), acc);
-}
+struct ReluGradOp {
+  T* dx;
+  const T *dy, *x;
+  bool acc;
+  template <int V>
+  __device__ void run(int64_t i) const {
+    float g[V], a[V];
+    load<V>(dy, i, g);
+    load<V>(x, i, a);
+#pragma unroll
+    for (int j = 0; j < V; ++j) g[j] = a[j] <= 0.f ? 0.f : g[j];
+    put_vec<V>(dx, i, g, acc);
+  }
+};
 
 template <typename T>
-__global__ void add_k(T* y, const T* a, const T* b, int64_t n) {
-  GG_GRID_LOOP(i, n) st(y, i, ld(a, i) + ld(b, i));
-}
+struct AddOp {
+  T* y;
+  const T *a, *b;
+  template <int V>
+  __device__ void run(int64_t i) const {
+    float u[V], w[V];
+    load<V>(a, i, u);
+    load<V>(b, i, w);
+#pragma unroll
+    for (int j = 0; j < V; ++j) u[j] += w[j];
+    store<V>(y, i, u);
+  }
+};
 
 template <typename T>
-__global__ void accumulate_k(T* dx, const T* dy, int64_t n, bool acc) {
-  GG_GRID_LOOP(i, n) put(dx, i, ld(dy, i), acc);
-}
+struct AccumulateOp {
+  T* dx;
+  const T* dy;
+  template <int V>
+  __device__ void run(int64_t i) const {
+    float g[V];
+    load<V>(dy, i, g);
+    put_vec<V>(dx, i, g, true);
+  }
+};
 
-// i runs over the slice {batch, c, plane}.
+// i runs over the slice {batch, c, plane}; per = c * plane, the slice's values per image.
 template <typename T>
-__global__ void to_concat_k(T* cat, const T* x, int64_t batch, int64_t c, int64_t plane,
+__global__ void to_concat_k(T* cat, const T* x, uint32_t n, FastDiv per, int64_t plane,
                             int64_t total_c, int64_t first) {
-  const int64_t per = c * plane;
-  GG_GRID_LOOP(i, batch * per) {
-    const int64_t b = i / per, r = i % per;
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+    const uint32_t b = per.div(i), r = i - b * per.d;
     st(cat, (b * total_c + first) * plane + r, ld(x, i));
   }
 }
 
 template <typename T>
-__global__ void from_concat_k(T* dx, const T* dcat, int64_t batch, int64_t c, int64_t plane,
+__global__ void from_concat_k(T* dx, const T* dcat, uint32_t n, FastDiv per, int64_t plane,
                               int64_t total_c, int64_t first, bool acc) {
-  const int64_t per = c * plane;
-  GG_GRID_LOOP(i, batch * per) {
-    const int64_t b = i / per, r = i % per;
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+    const uint32_t b = per.div(i), r = i - b * per.d;
     put(dx, i, ld(dcat, (b * total_c + first) * plane + r), acc);
   }
 }
 
-template <typename T>
-__global__ void bias_add_k(T* y, const float* bias, int64_t n, int64_t c, int64_t plane) {
-  GG_GRID_LOOP(i, n) st(y, i, ld(y, i) + bias[(i / plane) % c]);
+template <typename T, int V>
+__global__ void bias_add_k(T* y, const float* bias, NchwWalk w) {
+  const uint32_t vectors = w.vectors();
+  for (uint32_t j = blockIdx.x * blockDim.x + threadIdx.x; j < vectors;
+       j += blockDim.x * gridDim.x) {
+    const float b = bias[w.channel(j)];
+    float a[V];
+    load<V>(y, static_cast<int64_t>(j) * V, a);
+#pragma unroll
+    for (int e = 0; e < V; ++e) a[e] += b;
+    store<V>(y, static_cast<int64_t>(j) * V, a);
+  }
 }
 
 // One block per channel: the channel's sum over batch and plane, in fp32 per thread and a
 // shared-memory tree across the block.
 template <typename T>
-__global__ void bias_grad_k(float* db, const T* dy, int64_t batch, int64_t c, int64_t plane) {
+__global__ void bias_grad_k(float* db, const T* dy, NchwWalk w) {
   __shared__ float part[kThreads];
-  const int64_t ch = blockIdx.x;
+  const uint32_t ch = blockIdx.x;
   float acc = 0.f;
-  for (int64_t e = threadIdx.x; e < batch * plane; e += blockDim.x)
-    acc += ld(dy, ((e / plane) * c + ch) * plane + e % plane);
+  for (uint32_t q = threadIdx.x; q < w.batch * w.pv.d; q += blockDim.x)
+    acc += ld(dy, w.at(q, ch, 0));
   part[threadIdx.x] = acc;
   __syncthreads();
-  for (int w = blockDim.x / 2; w > 0; w /= 2) {
-    if (threadIdx.x < w) part[threadIdx.x] += part[threadIdx.x + w];
+  for (int k = blockDim.x / 2; k > 0; k /= 2) {
+    if (threadIdx.x < k) part[threadIdx.x] += part[threadIdx.x + k];
     __syncthreads();
   }
   if (threadIdx.x == 0) db[ch] = part[0];
 }
 
-// A NaN in the window wins (the last one, if several), as in PyTorch's kernels.
 template <typename T>
 __global__ void max_pool_fwd_k(T* y, int32_t* argmax, const T* x, PoolShape p) {
   GG_GRID_LOOP(o, p.planes * p.oh * p.ow) {
@@ -286,11 +395,18 @@ __global__ void lrn_bwd_k(T* dx, const T* dy, const T* x, const float* denom, Lr
   }
 }
 
-// Batch norm reductions: grid (splits, channels); each block reduces one chunk of its channel's
-// batch * plane values into two partial sums, which a per-channel pass adds up in double.
+// Batch norm. Every pass walks the tensor in vectors that never span two channels (NchwWalk),
+// so a channel's parameters are read once per vector and no value's channel costs a division.
+//
+// Reductions: grid (splits, channels); block (k, c) reduces channel c of images
+// [k * per, (k + 1) * per) into two partial sums, which a per-channel pass adds up in double.
 int64_t bn_splits(const BnShape& b) {
   const int64_t count = b.batch * b.plane;
-  return std::max<int64_t>(1, std::min<int64_t>(64, (count + 16383) / 16384));
+  return std::max<int64_t>(1, std::min<int64_t>({64, b.batch, (count + 16383) / 16384}));
+}
+int64_t bn_images_per_split(const BnShape& b) {
+  const int64_t splits = bn_splits(b);
+  return (b.batch + splits - 1) / splits;
 }
 
 __device__ __forceinline__ void block_sum2(float& a, float& b) {
@@ -309,23 +425,39 @@ __device__ __forceinline__ void block_sum2(float& a, float& b) {
   b = sb[0];
 }
 
+// The vectors block (k, c) reduces: channel c of its images, and how many vectors that is.
+struct SplitRange {
+  uint32_t n0 = 0, vectors = 0;
+};
+__device__ __forceinline__ SplitRange split_range(const NchwWalk& w, uint32_t per) {
+  SplitRange r;
+  r.n0 = blockIdx.x * per;
+  const uint32_t n1 = min(w.batch, r.n0 + per);
+  r.vectors = n1 > r.n0 ? (n1 - r.n0) * w.pv.d : 0;
+  return r;
+}
+
 // Shifted sums (by the channel's first value) keep the variance accurate when |mean| >> std.
-template <typename T>
-__global__ void bn_stat_partial_k(float* part, const T* x, BnShape b) {
-  const int64_t c = blockIdx.y, splits = gridDim.x, count = b.batch * b.plane;
-  const int64_t chunk = (count + splits - 1) / splits;
-  const int64_t e0 = blockIdx.x * chunk, e1 = min(count, e0 + chunk);
-  const float shift = ld(x, c * b.plane);
+template <typename T, int V>
+__global__ void bn_stat_partial_k(float* part, const T* x, NchwWalk w, uint32_t per) {
+  const uint32_t c = blockIdx.y;
+  const SplitRange r = split_range(w, per);
+  const float shift = ld(x, static_cast<int64_t>(c) * w.pv.d * V);
   float s1 = 0.f, s2 = 0.f;
-  for (int64_t e = e0 + threadIdx.x; e < e1; e += blockDim.x) {
-    const float v = ld(x, ((e / b.plane) * b.c + c) * b.plane + e % b.plane) - shift;
-    s1 += v;
-    s2 += v * v;
+  for (uint32_t q = threadIdx.x; q < r.vectors; q += blockDim.x) {
+    float a[V];
+    load<V>(x, w.at(q, c, r.n0), a);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float v = a[j] - shift;
+      s1 += v;
+      s2 += v * v;
+    }
   }
   block_sum2(s1, s2);
   if (threadIdx.x == 0) {
-    part[(c * splits + blockIdx.x) * 2] = s1;
-    part[(c * splits + blockIdx.x) * 2 + 1] = s2;
+    part[(c * gridDim.x + blockIdx.x) * 2] = s1;
+    part[(c * gridDim.x + blockIdx.x) * 2 + 1] = s2;
   }
 }
 
@@ -362,33 +494,63 @@ __global__ void bn_running_k(float* mean, float* inv_std, const float* running_m
   inv_std[c] = static_cast<float>(1.0 / sqrt(static_cast<double>(running_var[c]) + b.eps));
 }
 
-template <typename T>
-__global__ void bn_apply_k(T* y, const T* x, const float* mean, const float* inv_std,
-                           const float* gamma, const float* beta, BnShape b) {
-  GG_GRID_LOOP(i, b.batch * b.c * b.plane) {
-    const int64_t c = (i / b.plane) % b.c;
-    st(y, i, gamma[c] * (ld(x, i) - mean[c]) * inv_std[c] + beta[c]);
+// y = [relu]((x - mean) * gamma * inv_std + beta [+ res]), one vector per thread and pass.
+template <typename T, int V, bool Res, bool Relu>
+__global__ void bn_apply_k(T* y, const T* x, const T* res, const float* mean, const float* inv_std,
+                           const float* gamma, const float* beta, NchwWalk w) {
+  const uint32_t vectors = w.vectors();
+  for (uint32_t j = blockIdx.x * blockDim.x + threadIdx.x; j < vectors;
+       j += blockDim.x * gridDim.x) {
+    const uint32_t c = w.channel(j);
+    const float mu = mean[c], scale = gamma[c] * inv_std[c], shift = beta[c];
+    float a[V];
+    load<V>(x, static_cast<int64_t>(j) * V, a);
+    float r[V];
+    if constexpr (Res) load<V>(res, static_cast<int64_t>(j) * V, r);
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      float v = (a[e] - mu) * scale + shift;
+      if constexpr (Res) v += r[e];
+      if constexpr (Relu) v = v <= 0.f ? 0.f : v;  // NaN passes, as in relu_forward
+      a[e] = v;
+    }
+    store<V>(y, static_cast<int64_t>(j) * V, a);
   }
 }
 
-template <typename T>
-__global__ void bn_grad_partial_k(float* part, const T* dy, const T* x, const float* mean,
-                                  const float* inv_std, BnShape b) {
-  const int64_t c = blockIdx.y, splits = gridDim.x, count = b.batch * b.plane;
-  const int64_t chunk = (count + splits - 1) / splits;
-  const int64_t e0 = blockIdx.x * chunk, e1 = min(count, e0 + chunk);
+// Backward, pass 1: per block the sums of g and g * xhat over its range, where g is dy, gated by
+// the fused ReLU's output (y <= 0: no gradient; relu keeps NaN, so y <= 0 exactly where its
+// input was), and written to dz when the pass is fused (the residual's gradient, or dy in place).
+template <typename T, int V, bool Relu>
+__global__ void bn_grad_partial_k(float* part, T* dz, const T* dy, const T* relu_y, const T* x,
+                                  const float* mean, const float* inv_std, NchwWalk w,
+                                  uint32_t per) {
+  const uint32_t c = blockIdx.y;
+  const SplitRange r = split_range(w, per);
   const float mu = mean[c], is = inv_std[c];
   float s1 = 0.f, s2 = 0.f;
-  for (int64_t e = e0 + threadIdx.x; e < e1; e += blockDim.x) {
-    const int64_t at = ((e / b.plane) * b.c + c) * b.plane + e % b.plane;
-    const float g = ld(dy, at);
-    s1 += g;
-    s2 += g * (ld(x, at) - mu) * is;
+  for (uint32_t q = threadIdx.x; q < r.vectors; q += blockDim.x) {
+    const int64_t at = w.at(q, c, r.n0);
+    float g[V], a[V];
+    load<V>(dy, at, g);
+    load<V>(x, at, a);
+    if constexpr (Relu) {
+      float m[V];
+      load<V>(relu_y, at, m);
+#pragma unroll
+      for (int e = 0; e < V; ++e) g[e] = m[e] <= 0.f ? 0.f : g[e];
+    }
+    if (dz) store<V>(dz, at, g);
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      s1 += g[e];
+      s2 += g[e] * (a[e] - mu) * is;
+    }
   }
   block_sum2(s1, s2);
   if (threadIdx.x == 0) {
-    part[(c * splits + blockIdx.x) * 2] = s1;
-    part[(c * splits + blockIdx.x) * 2 + 1] = s2;
+    part[(c * gridDim.x + blockIdx.x) * 2] = s1;
+    part[(c * gridDim.x + blockIdx.x) * 2 + 1] = s2;
   }
 }
 
@@ -405,18 +567,31 @@ __global__ void bn_grad_final_k(float* dgamma, float* dbeta, const float* part, 
   dgamma[c] = static_cast<float>(s2);
 }
 
-// dx = gamma * inv_std / M * (M * dy - sum(dy) - xhat * sum(dy * xhat)).
-template <typename T>
-__global__ void bn_dx_k(T* dx, const T* dy, const T* x, const float* mean, const float* inv_std,
-                        const float* gamma, const float* dgamma, const float* dbeta, BnShape b,
-                        bool acc) {
-  const float count = static_cast<float>(b.batch * b.plane);
-  GG_GRID_LOOP(i, b.batch * b.c * b.plane) {
-    const int64_t c = (i / b.plane) % b.c;
-    const float xhat = (ld(x, i) - mean[c]) * inv_std[c];
-    const float v =
-        gamma[c] * inv_std[c] / count * (count * ld(dy, i) - dbeta[c] - xhat * dgamma[c]);
-    put(dx, i, v, acc);
+// Pass 2: dx = gamma * inv_std / M * (M * g - sum(g) - xhat * sum(g * xhat)), and the residual's
+// gradient += g where another reader wrote it first.
+template <typename T, int V>
+__global__ void bn_dx_k(T* dx, T* dres, const T* g_in, const T* x, const float* mean,
+                        const float* inv_std, const float* gamma, const float* dgamma,
+                        const float* dbeta, NchwWalk w, float count, bool acc) {
+  const uint32_t vectors = w.vectors();
+  for (uint32_t j = blockIdx.x * blockDim.x + threadIdx.x; j < vectors;
+       j += blockDim.x * gridDim.x) {
+    const uint32_t c = w.channel(j);
+    const float mu = mean[c], is = inv_std[c], k = gamma[c] * is / count;
+    const float sg = dbeta[c], sgx = dgamma[c];
+    const int64_t at = static_cast<int64_t>(j) * V;
+    float g[V], a[V], d[V];
+    load<V>(g_in, at, g);
+    if (dres) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) d[e] = g[e];
+      put_vec<V>(dres, at, d, true);
+    }
+    if (!dx) continue;
+    load<V>(x, at, a);
+#pragma unroll
+    for (int e = 0; e < V; ++e) d[e] = k * (count * g[e] - sg - (a[e] - mu) * is * sgx);
+    put_vec<V>(dx, at, d, acc);
   }
 }
 
@@ -481,43 +656,42 @@ __global__ void xent_row_k(float* dlogits, float* loss_and_count, const float* l
 }  // namespace
 
 void cast(void* dst, DType dt, const void* src, DType st_, int64_t n, cudaStream_t s) {
-  if (n == 0) return;
   dispatch(dt, [&](auto d) {
     using D = decltype(d);
     dispatch(st_, [&](auto x) {
       using S = decltype(x);
-      cast_k<<<blocks_for(n), kThreads, 0, s>>>(static_cast<D*>(dst), static_cast<const S*>(src),
-                                                n);
+      constexpr int V = kVec<D> < kVec<S> ? kVec<D> : kVec<S>;
+      launch_eltwise<V>(CastOp<D, S>{static_cast<D*>(dst), static_cast<const S*>(src)}, n,
+                        all_aligned16(dst, src), s);
     });
   });
-  check_launch();
 }
 
 void relu_forward(void* y, const void* x, int64_t n, DType t, cudaStream_t s) {
   dispatch(t, [&](auto v) {
     using T = decltype(v);
-    relu_fwd_k<<<blocks_for(n), kThreads, 0, s>>>(static_cast<T*>(y), static_cast<const T*>(x), n);
+    launch_eltwise<kVec<T>>(ReluOp<T>{static_cast<T*>(y), static_cast<const T*>(x)}, n,
+                            all_aligned16(y, x), s);
   });
-  check_launch();
 }
 
 void relu_backward(void* dx, const void* dy, const void* x, int64_t n, DType t, bool acc,
                    cudaStream_t s) {
   dispatch(t, [&](auto v) {
     using T = decltype(v);
-    relu_bwd_k<<<blocks_for(n), kThreads, 0, s>>>(static_cast<T*>(dx), static_cast<const T*>(dy),
-                                                  static_cast<const T*>(x), n, acc);
+    launch_eltwise<kVec<T>>(ReluGradOp<T>{static_cast<T*>(dx), static_cast<const T*>(dy),
+                                          static_cast<const T*>(x), acc},
+                            n, all_aligned16(dx, dy, x), s);
   });
-  check_launch();
 }
 
 void add_forward(void* y, const void* a, const void* b, int64_t n, DType t, cudaStream_t s) {
   dispatch(t, [&](auto v) {
     using T = decltype(v);
-    add_k<<<blocks_for(n), kThreads, 0, s>>>(static_cast<T*>(y), static_cast<const T*>(a),
-                                             static_cast<const T*>(b), n);
+    launch_eltwise<kVec<T>>(
+        AddOp<T>{static_cast<T*>(y), static_cast<const T*>(a), static_cast<const T*>(b)}, n,
+        all_aligned16(y, a, b), s);
   });
-  check_launch();
 }
 
 void accumulate(void* dx, const void* dy, int64_t n, DType t, bool acc, cudaStream_t s) {
@@ -527,28 +701,31 @@ void accumulate(void* dx, const void* dy, int64_t n, DType t, bool acc, cudaStre
   }
   dispatch(t, [&](auto v) {
     using T = decltype(v);
-    accumulate_k<<<blocks_for(n), kThreads, 0, s>>>(static_cast<T*>(dx), static_cast<const T*>(dy),
-                                                    n, acc);
+    launch_eltwise<kVec<T>>(AccumulateOp<T>{static_cast<T*>(dx), static_cast<const T*>(dy)}, n,
+                            all_aligned16(dx, dy), s);
   });
-  check_launch();
 }
 
 void slice_to_concat(void* cat, const void* x, int64_t batch, int64_t c, int64_t plane,
                      int64_t total_c, int64_t first, DType t, cudaStream_t s) {
+  check_fast_div_range(batch * total_c * plane, "a concatenation");
   dispatch(t, [&](auto v) {
     using T = decltype(v);
     to_concat_k<<<blocks_for(batch * c * plane), kThreads, 0, s>>>(
-        static_cast<T*>(cat), static_cast<const T*>(x), batch, c, plane, total_c, first);
+        static_cast<T*>(cat), static_cast<const T*>(x), static_cast<uint32_t>(batch * c * plane),
+        FastDiv(c * plane), plane, total_c, first);
   });
   check_launch();
 }
 
 void concat_to_slice(void* dx, const void* dcat, int64_t batch, int64_t c, int64_t plane,
                      int64_t total_c, int64_t first, DType t, bool acc, cudaStream_t s) {
+  check_fast_div_range(batch * total_c * plane, "a concatenation");
   dispatch(t, [&](auto v) {
     using T = decltype(v);
     from_concat_k<<<blocks_for(batch * c * plane), kThreads, 0, s>>>(
-        static_cast<T*>(dx), static_cast<const T*>(dcat), batch, c, plane, total_c, first, acc);
+        static_cast<T*>(dx), static_cast<const T*>(dcat), static_cast<uint32_t>(batch * c * plane),
+        FastDiv(c * plane), plane, total_c, first, acc);
   });
   check_launch();
 }
@@ -557,8 +734,14 @@ void bias_add(void* y, const float* bias, int64_t batch, int64_t c, int64_t plan
               cudaStream_t s) {
   dispatch(t, [&](auto v) {
     using T = decltype(v);
-    bias_add_k<<<blocks_for(batch * c * plane), kThreads, 0, s>>>(static_cast<T*>(y), bias,
-                                                                  batch * c * plane, c, plane);
+    constexpr int V = kVec<T>;
+    if (plane % V == 0 && aligned16(y)) {
+      const NchwWalk w(batch, c, plane, V);
+      bias_add_k<T, V><<<blocks_for(w.vectors()), kThreads, 0, s>>>(static_cast<T*>(y), bias, w);
+    } else {
+      const NchwWalk w(batch, c, plane, 1);
+      bias_add_k<T, 1><<<blocks_for(w.vectors()), kThreads, 0, s>>>(static_cast<T*>(y), bias, w);
+    }
   });
   check_launch();
 }
@@ -567,8 +750,8 @@ void bias_grad(float* db, const void* dy, int64_t batch, int64_t c, int64_t plan
                cudaStream_t s) {
   dispatch(t, [&](auto v) {
     using T = decltype(v);
-    bias_grad_k<<<static_cast<unsigned>(c), kThreads, 0, s>>>(db, static_cast<const T*>(dy), batch,
-                                                              c, plane);
+    bias_grad_k<<<static_cast<unsigned>(c), kThreads, 0, s>>>(db, static_cast<const T*>(dy),
+                                                              NchwWalk(batch, c, plane, 1));
   });
   check_launch();
 }
@@ -673,6 +856,23 @@ void lrn_backward(void* dx, const void* dy, const void* x, const float* denom, c
 
 int64_t bn_scratch_floats(const BnShape& b) { return b.c * bn_splits(b) * 2; }
 
+namespace {
+// The walk for a batch norm's tensors: 16-byte vectors where the plane is a multiple of one and
+// every pointer is aligned (the 7x7 planes of ResNet-50's last stage are not: one value a thread).
+template <typename T, typename... P>
+int bn_vec(const BnShape& b, const P*... p) {
+  return b.plane % kVec<T> == 0 && all_aligned16(p...) ? kVec<T> : 1;
+}
+// Runs f(std::integral_constant<int, V>{}) for the walk's vector width.
+template <typename T, typename F>
+void with_vec(int vec, F&& f) {
+  if (vec == kVec<T>)
+    f(std::integral_constant<int, kVec<T>>{});
+  else
+    f(std::integral_constant<int, 1>{});
+}
+}  // namespace
+
 void bn_statistics(float* mean, float* inv_std, float* running_mean, float* running_var,
                    const void* x, const BnShape& b, bool train, float* scratch, DType t,
                    cudaStream_t s) {
@@ -685,39 +885,76 @@ void bn_statistics(float* mean, float* inv_std, float* running_mean, float* runn
   const int64_t splits = bn_splits(b);
   dispatch(t, [&](auto v) {
     using T = decltype(v);
+    const NchwWalk w(b.batch, b.c, b.plane, bn_vec<T>(b, x));
     const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(b.c));
-    bn_stat_partial_k<<<grid, kThreads, 0, s>>>(scratch, static_cast<const T*>(x), b);
+    const auto per = static_cast<uint32_t>(bn_images_per_split(b));
+    with_vec<T>(static_cast<int>(w.vec), [&](auto vec) {
+      bn_stat_partial_k<T, decltype(vec)::value>
+          <<<grid, kThreads, 0, s>>>(scratch, static_cast<const T*>(x), w, per);
+    });
     bn_stat_final_k<<<per_channel, kThreads, 0, s>>>(mean, inv_std, running_mean, running_var,
                                                      scratch, static_cast<const T*>(x), b, splits);
   });
   check_launch();
 }
 
-void bn_apply(void* y, const void* x, const float* mean, const float* inv_std, const float* gamma,
-              const float* beta, const BnShape& b, DType t, cudaStream_t s) {
+void bn_apply(void* y, const void* x, const void* res, bool relu, const float* mean,
+              const float* inv_std, const float* gamma, const float* beta, const BnShape& b,
+              DType t, cudaStream_t s) {
   dispatch(t, [&](auto v) {
     using T = decltype(v);
-    bn_apply_k<<<blocks_for(b.batch * b.c * b.plane), kThreads, 0, s>>>(
-        static_cast<T*>(y), static_cast<const T*>(x), mean, inv_std, gamma, beta, b);
+    const NchwWalk w(b.batch, b.c, b.plane, bn_vec<T>(b, y, x, res));
+    auto* yt = static_cast<T*>(y);
+    const auto *xt = static_cast<const T*>(x), *rt = static_cast<const T*>(res);
+    const unsigned blocks = blocks_for(w.vectors());
+    with_vec<T>(static_cast<int>(w.vec), [&](auto vec) {
+      constexpr int V = decltype(vec)::value;
+      if (res && relu)
+        bn_apply_k<T, V, true, true>
+            <<<blocks, kThreads, 0, s>>>(yt, xt, rt, mean, inv_std, gamma, beta, w);
+      else if (res)
+        bn_apply_k<T, V, true, false>
+            <<<blocks, kThreads, 0, s>>>(yt, xt, rt, mean, inv_std, gamma, beta, w);
+      else if (relu)
+        bn_apply_k<T, V, false, true>
+            <<<blocks, kThreads, 0, s>>>(yt, xt, rt, mean, inv_std, gamma, beta, w);
+      else
+        bn_apply_k<T, V, false, false>
+            <<<blocks, kThreads, 0, s>>>(yt, xt, rt, mean, inv_std, gamma, beta, w);
+    });
   });
   check_launch();
 }
 
-void bn_backward(void* dx, float* dgamma, float* dbeta, const void* dy, const void* x,
-                 const float* mean, const float* inv_std, const float* gamma, const BnShape& b,
-                 float* scratch, DType t, bool acc, cudaStream_t s) {
+void bn_backward(const BnGrad& g, float* dgamma, float* dbeta, const void* x, const float* mean,
+                 const float* inv_std, const float* gamma, const BnShape& b, float* scratch,
+                 DType t, cudaStream_t s) {
+  if (g.relu_y && !g.dz)
+    throw std::logic_error("bn_backward: a fused ReLU's gated gradient needs somewhere to go (dz)");
   const int64_t splits = bn_splits(b);
   dispatch(t, [&](auto v) {
     using T = decltype(v);
+    const NchwWalk w(b.batch, b.c, b.plane, bn_vec<T>(b, g.dx, g.dres, g.dy, g.relu_y, g.dz, x));
     const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(b.c));
-    bn_grad_partial_k<<<grid, kThreads, 0, s>>>(scratch, static_cast<const T*>(dy),
-                                                static_cast<const T*>(x), mean, inv_std, b);
-    bn_grad_final_k<<<static_cast<unsigned>((b.c + kThreads - 1) / kThreads), kThreads, 0, s>>>(
-        dgamma, dbeta, scratch, b.c, splits);
-    if (dx)
-      bn_dx_k<<<blocks_for(b.batch * b.c * b.plane), kThreads, 0, s>>>(
-          static_cast<T*>(dx), static_cast<const T*>(dy), static_cast<const T*>(x), mean, inv_std,
-          gamma, dgamma, dbeta, b, acc);
+    const auto per = static_cast<uint32_t>(bn_images_per_split(b));
+    auto* dz = static_cast<T*>(g.dz);
+    const auto *dy = static_cast<const T*>(g.dy), *ry = static_cast<const T*>(g.relu_y),
+               *xt = static_cast<const T*>(x);
+    with_vec<T>(static_cast<int>(w.vec), [&](auto vec) {
+      constexpr int V = decltype(vec)::value;
+      if (ry)
+        bn_grad_partial_k<T, V, true>
+            <<<grid, kThreads, 0, s>>>(scratch, dz, dy, ry, xt, mean, inv_std, w, per);
+      else
+        bn_grad_partial_k<T, V, false>
+            <<<grid, kThreads, 0, s>>>(scratch, dz, dy, ry, xt, mean, inv_std, w, per);
+      bn_grad_final_k<<<static_cast<unsigned>((b.c + kThreads - 1) / kThreads), kThreads, 0, s>>>(
+          dgamma, dbeta, scratch, b.c, splits);
+      if (g.dx || g.dres)
+        bn_dx_k<T, V><<<blocks_for(w.vectors()), kThreads, 0, s>>>(
+            static_cast<T*>(g.dx), static_cast<T*>(g.dres), dz ? dz : dy, xt, mean, inv_std, gamma,
+            dgamma, dbeta, w, static_cast<float>(b.batch * b.plane), g.acc_x);
+    });
   });
   check_launch();
 }

@@ -85,12 +85,27 @@ int64_t bn_scratch_floats(const BnShape& b);
 void bn_statistics(float* mean, float* inv_std, float* running_mean, float* running_var,
                    const void* x, const BnShape& b, bool train, float* scratch, DType t,
                    cudaStream_t s);
-void bn_apply(void* y, const void* x, const float* mean, const float* inv_std, const float* gamma,
-              const float* beta, const BnShape& b, DType t, cudaStream_t s);
-// dgamma, dbeta are written; dx (if non-null) written or accumulated.
-void bn_backward(void* dx, float* dgamma, float* dbeta, const void* dy, const void* x,
-                 const float* mean, const float* inv_std, const float* gamma, const BnShape& b,
-                 float* scratch, DType t, bool acc, cudaStream_t s);
+// y = [relu]((x - mean) * gamma * inv_std + beta [+ res]): the batch norm, and the residual add
+// and ReLU that read it when they are fused with it (res: null for none).
+void bn_apply(void* y, const void* x, const void* res, bool relu, const float* mean,
+              const float* inv_std, const float* gamma, const float* beta, const BnShape& b,
+              DType t, cudaStream_t s);
+// Backward of bn_apply. g, the gradient of its sum (before the ReLU), is dy where the ReLU lets
+// it through; with a ReLU or a residual it is written to dz (the residual's gradient when this
+// writes it first: add's gradient is then that buffer itself, no copy; else dy in place) and,
+// when another reader wrote the residual's gradient first, added to dres. dgamma, dbeta are
+// written; dx (if non-null) written or accumulated (acc_x).
+struct BnGrad {
+  const void* dy = nullptr;
+  const void* relu_y = nullptr;  // a fused ReLU's output (its sign gates dy); null: no ReLU
+  void* dz = nullptr;            // where g goes (may be dy); null: g is dy, nothing written
+  void* dres = nullptr;          // a residual's gradient to add g to; null: none
+  void* dx = nullptr;
+  bool acc_x = false;
+};
+void bn_backward(const BnGrad& g, float* dgamma, float* dbeta, const void* x, const float* mean,
+                 const float* inv_std, const float* gamma, const BnShape& b, float* scratch,
+                 DType t, cudaStream_t s);
 
 // torch.optim.SGD's update over n fp32 values (see kernels::Sgd); `first` seeds v with the
 // gradient.

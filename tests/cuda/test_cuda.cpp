@@ -81,10 +81,11 @@ void compare(const Graph& g, int64_t batch, const Maker& gpu, const Maker& ref, 
   require(v);
 }
 
-auto cuda_maker(const Graph& g, int64_t batch, Precision p, bool tf32) {
-  return [&g, batch, p, tf32](ParamStore& s, const std::vector<Bucket>& b) {
+auto cuda_maker(const Graph& g, int64_t batch, Precision p, bool tf32, bool fuse = true) {
+  return [&g, batch, p, tf32, fuse](ParamStore& s, const std::vector<Bucket>& b) {
     CudaOptions o;
     o.tf32 = tf32;
+    o.fuse = fuse;
     return std::unique_ptr<Executor>(make_cuda_executor(g, batch, s, b, p, o));
   };
 }
@@ -187,6 +188,73 @@ double relative_l2(const std::vector<float>& got, const std::vector<float>& want
     w += double(want[i]) * want[i];
   }
   return std::sqrt(d / std::max(w, 1e-30));
+}
+
+// The shapes a batch norm fuses in (CudaOptions::fuse): with the ReLU that reads it; with a
+// residual add and its ReLU, the residual read only by the add (a projection shortcut's batch
+// norm, whose gradient the fused pass writes directly), read also by a layer that backward
+// visits later (the fused pass writes its gradient first) or earlier (it adds to it). Each on
+// 8x8 planes (16-byte vectors) and on 9x9 ones (one value a thread).
+std::vector<std::pair<std::string, std::function<int(Graph&, int)>>> fusable_blocks() {
+  return {
+      {"batch norm + relu",
+       [](Graph& g, int x) {
+         return g.relu(g.batch_norm("bn", x, {1e-3f, 0.1f}));
+       }},
+      {"batch norm + add + relu, projection shortcut",
+       [](Graph& g, int x) {
+         const int a = g.batch_norm("bna", g.conv("a", x, {6, 3, 1, 1, false}), {1e-5f, 0.1f});
+         const int b = g.batch_norm("bnb", g.conv("b", x, {6, 1, 1, 0, false}), {1e-5f, 0.1f});
+         return g.relu(g.add(a, b));
+       }},
+      {"batch norm + add + relu, identity shortcut written first",
+       [](Graph& g, int x) {
+         return g.relu(g.add(g.batch_norm("bn", g.conv("a", x, {6, 3, 1, 1, false})), x));
+       }},
+      {"batch norm + add + relu, identity shortcut read again after",
+       [](Graph& g, int x) {
+         const int r = g.relu(g.add(x, g.batch_norm("bn", g.conv("a", x, {6, 3, 1, 1, false}))));
+         return g.concat({r, x});
+       }},
+  };
+}
+
+TEST_CASE("fused batch norm, residual add and ReLU agree with the reference backend (fp32)") {
+  for (const auto& [name, layer] : fusable_blocks()) {
+    for (const int side : {8, 9}) {
+      SECTION(name + " at " + std::to_string(side) + "x" + std::to_string(side)) {
+        const Graph g = around(layer, {5, side, side});
+        const int64_t batch = 3;
+        compare(g, batch, cuda_maker(g, batch, Precision::Fp32, false), reference_maker(g, batch),
+                1e-4);
+      }
+    }
+  }
+}
+
+TEST_CASE("fused and unfused runs agree: fp32 to rounding, bf16 as closely as bf16 allows") {
+  std::vector<std::pair<std::string, Graph>> graphs;
+  for (const auto& [name, layer] : fusable_blocks())
+    graphs.emplace_back(name, around(layer, {5, 8, 8}));
+  for (const std::string model : {"resnet18", "googlenet"})
+    graphs.emplace_back(model + " at 32x32", small_model(model, 32));
+  for (const auto& [name, g] : graphs) {
+    SECTION(name) {
+      const int64_t batch = 4;
+      require(differences(run(g, batch, cuda_maker(g, batch, Precision::Fp32, false, true)),
+                          run(g, batch, cuda_maker(g, batch, Precision::Fp32, false, false)),
+                          1e-5));
+      // bf16: fused rounds the sum once, unfused the batch norm's output and then the sum.
+      const Outcome fused = run(g, batch, cuda_maker(g, batch, Precision::Bf16, false, true));
+      const Outcome apart = run(g, batch, cuda_maker(g, batch, Precision::Bf16, false, false));
+      const double eval = relative_l2(fused.eval_logits, apart.eval_logits);
+      const double stats = relative_l2(fused.buffers, apart.buffers);
+      std::printf("%s bf16 fused against unfused: eval logits %.3g, running statistics %.3g\n",
+                  name.c_str(), eval, stats);
+      CHECK(eval <= 2e-2);
+      CHECK(stats <= 2e-2);
+    }
+  }
 }
 
 TEST_CASE(
