@@ -14,6 +14,7 @@
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/cuda/device_buffers.hpp"
+#include "kernels/cuda/fusion_plan.hpp"
 
 namespace gg::kernels {
 
@@ -94,25 +95,12 @@ struct Value {
   int64_t elems = 0;  // batch * per-sample size
   DeviceArray<unsigned char> y, dy;
   int consumers = 0;
-  bool zero_dy = false;   // nothing writes its gradient: zeroed before backward
-  std::vector<bool> acc;  // per input: add into its gradient (another consumer wrote it first)
+  bool zero_dy = false;  // nothing writes its gradient: zeroed before backward
   // Batch norm: the statistics the last forward normalised with.
   DeviceArray<float> mean, inv_std;
   DeviceArray<int32_t> argmax;  // max pool
   DeviceArray<float> denom;     // LRN
   uint64_t dropout_step = 0;    // the step the last training forward drew its mask for
-  int fused = -1;               // the fused group (CudaExecutorImpl::groups_) it belongs to
-};
-
-// A batch norm fused with the ReLU that reads it, through a residual add or not: forward, the
-// batch norm's node computes the statistics and the ReLU's node the whole y = relu(bn(x) + res)
-// in one pass; backward, the ReLU's node runs the batch norm's backward on the ReLU's gated
-// gradient and hands the residual its gradient; the batch norm's and the add's outputs and
-// gradients never exist.
-struct Fused {
-  int bn = -1, add = -1, relu = -1;
-  int res = -1;                         // the add's other input (-1: no add)
-  bool acc_x = false, acc_res = false;  // whether another reader wrote those gradients first
 };
 
 struct Conv {
@@ -217,7 +205,7 @@ class CudaExecutorImpl final : public CudaExecutor {
     convs_.resize(nodes.size());
     for (const Node& n : nodes)
       for (int in : n.inputs) values_[in].consumers++;
-    if (opt_.fuse) plan_fusion();
+    plan_ = cuda::plan_fusion(g, opt_.fuse);
     input_ = DeviceArray<float>(batch * numel(g.input_dims()));
     logits_ = DeviceArray<float>(batch * g.classes());
     labels_ = DeviceArray<int32_t>(batch);
@@ -233,7 +221,7 @@ class CudaExecutorImpl final : public CudaExecutor {
     GG_CUDA_CHECK(cudaStreamSynchronize(stream_));
     if (OpProfile::wanted()) {
       profile_ = std::make_unique<OpProfile>(nodes.size());
-      for (const Fused& f : groups_)
+      for (const cuda::BnFusion& f : plan_.groups)
         profile_->label(f.relu, f.add >= 0 ? "BatchNorm+Add+Relu" : "BatchNorm+Relu");
     }
   }
@@ -557,32 +545,6 @@ class CudaExecutorImpl final : public CudaExecutor {
       if (!absorbed(static_cast<int>(id))) alloc_act(v.dy, v.elems);
       v.zero_dy = v.consumers == 0 && static_cast<int>(id) != output;
     }
-    // Who writes each gradient first: backward visits nodes last to first (a fused group's
-    // writes all happen at its ReLU); the loss writes the output's gradient before any of them.
-    std::vector<bool> written(nodes.size(), false);
-    written[output] = true;
-    auto first_write = [&](int t) {
-      const bool was = written[t];
-      written[t] = true;
-      return was;
-    };
-    for (int id : order_) {
-      Value& v = values_[id];
-      v.acc.assign(nodes[id].inputs.size(), false);
-      if (v.fused >= 0) {
-        Fused& f = groups_[v.fused];
-        if (id != f.relu) continue;
-        const int x = nodes[f.bn].inputs[0];
-        if (x != 0) f.acc_x = first_write(x);
-        if (f.res > 0) f.acc_res = first_write(f.res);
-        continue;
-      }
-      for (size_t i = 0; i < nodes[id].inputs.size(); ++i) {
-        const int t = nodes[id].inputs[i];
-        if (t == 0) continue;
-        v.acc[i] = first_write(t);
-      }
-    }
     for (size_t id = 0; id < nodes.size(); ++id) {
       if (nodes[id].op == Op::BatchNorm && batch_ * values_[id].s.plane() < 2)
         throw std::invalid_argument(nodes[id].name +
@@ -726,13 +688,13 @@ class CudaExecutorImpl final : public CudaExecutor {
         const cuda::BnShape b = bn_shape(n);
         cuda::bn_statistics(v.mean.get(), v.inv_std.get(), buffer(n, 0), buffer(n, 1), x, b, train,
                             bn_scratch_buf_.get(), act_, stream_);
-        if (v.fused < 0)  // fused: the ReLU's node applies it
+        if (group_of(id) < 0)  // fused: the ReLU's node applies it
           cuda::bn_apply(y, x, nullptr, false, v.mean.get(), v.inv_std.get(), param(n, 0),
                          param(n, 1), b, act_, stream_);
         return;
       }
       case Op::Relu:
-        if (v.fused >= 0) return fused_forward(groups_[v.fused]);
+        if (group_of(id) >= 0) return fused_forward(plan_.groups[group_of(id)]);
         return cuda::relu_forward(y, x, v.elems, act_, stream_);
       case Op::MaxPool:
         return cuda::max_pool_forward(y, v.argmax.get(), x, pool_shape(n), act_, stream_);
@@ -745,7 +707,7 @@ class CudaExecutorImpl final : public CudaExecutor {
       case Op::FullyConnected:
         return fc_forward(n, v, x);
       case Op::Add:
-        if (v.fused >= 0) return;  // the ReLU's node adds
+        if (group_of(id) >= 0) return;  // the ReLU's node adds
         return cuda::add_forward(y, x, y_of(n.inputs[1]), v.elems, act_, stream_);
       case Op::Concat: {
         int64_t first = 0;
@@ -773,53 +735,18 @@ class CudaExecutorImpl final : public CudaExecutor {
 
   // ---- fusion ----
 
-  // The node that reads t, when t has exactly one reader and is not the output; else -1.
-  int sole_reader(int t) const {
-    if (values_[t].consumers != 1 || t == g_.output()) return -1;
-    for (size_t id = static_cast<size_t>(t) + 1; id < g_.nodes().size(); ++id)
-      for (int in : g_.node(static_cast<int>(id)).inputs)
-        if (in == t) return static_cast<int>(id);
-    return -1;
-  }
-  void plan_fusion() {
-    const auto& nodes = g_.nodes();
-    for (size_t id = 0; id < nodes.size(); ++id) {
-      if (nodes[id].op != Op::BatchNorm) continue;
-      Fused f;
-      f.bn = static_cast<int>(id);
-      const int r = sole_reader(f.bn);
-      if (r < 0 || values_[r].fused >= 0) continue;
-      if (nodes[r].op == Op::Relu) {
-        f.relu = r;
-      } else if (nodes[r].op == Op::Add) {
-        const int relu = sole_reader(r);
-        if (relu < 0 || nodes[relu].op != Op::Relu || values_[relu].fused >= 0) continue;
-        f.add = r;
-        f.relu = relu;
-        f.res = nodes[r].inputs[0] == f.bn ? nodes[r].inputs[1] : nodes[r].inputs[0];
-      } else {
-        continue;
-      }
-      const int index = static_cast<int>(groups_.size());
-      for (int member : {f.bn, f.add, f.relu})
-        if (member >= 0) values_[member].fused = index;
-      groups_.push_back(f);
-    }
-  }
   // A fused group's batch norm or add, whose output and gradient are never formed.
-  bool absorbed(int id) const {
-    const int f = values_[id].fused;
-    return f >= 0 && groups_[f].relu != id;
-  }
+  bool absorbed(int id) const { return plan_.absorbed(id); }
+  int group_of(int id) const { return plan_.group_of[static_cast<size_t>(id)]; }
 
-  void fused_forward(const Fused& f) {
+  void fused_forward(const cuda::BnFusion& f) {
     const Node& bn = g_.node(f.bn);
     const Value& b = values_[f.bn];
     cuda::bn_apply(values_[f.relu].y.get(), y_of(bn.inputs[0]), f.res >= 0 ? y_of(f.res) : nullptr,
                    true, b.mean.get(), b.inv_std.get(), param(bn, 0), param(bn, 1), bn_shape(bn),
                    act_, stream_);
   }
-  void fused_backward(const Fused& f) {
+  void fused_backward(const cuda::BnFusion& f) {
     const Node& bn = g_.node(f.bn);
     const Value& b = values_[f.bn];
     Value& relu = values_[f.relu];
@@ -865,7 +792,8 @@ class CudaExecutorImpl final : public CudaExecutor {
     const void* dy = v.dy.get();
     const int in = n.inputs.empty() ? 0 : n.inputs[0];
     void* dx = in == 0 ? nullptr : values_[in].dy.get();
-    const bool acc = !v.acc.empty() && v.acc[0];
+    const std::vector<bool>& accs = plan_.acc[static_cast<size_t>(id)];
+    const bool acc = !accs.empty() && accs[0];
     const void* x = n.inputs.empty() ? nullptr : y_of(in);
     switch (n.op) {
       case Op::Input:
@@ -873,7 +801,7 @@ class CudaExecutorImpl final : public CudaExecutor {
       case Op::Conv:
         return conv_backward(id, n, v, x, dx, acc);
       case Op::BatchNorm: {
-        if (v.fused >= 0) return;  // the ReLU's node ran it
+        if (group_of(id) >= 0) return;  // the ReLU's node ran it
         cuda::BnGrad g;
         g.dy = dy;
         g.dx = dx;
@@ -882,7 +810,7 @@ class CudaExecutorImpl final : public CudaExecutor {
                                  param(n, 0), bn_shape(n), bn_scratch_buf_.get(), act_, stream_);
       }
       case Op::Relu:
-        if (v.fused >= 0) return fused_backward(groups_[v.fused]);
+        if (group_of(id) >= 0) return fused_backward(plan_.groups[group_of(id)]);
         if (dx) cuda::relu_backward(dx, dy, x, v.elems, act_, acc, stream_);
         return;
       case Op::MaxPool:
@@ -900,10 +828,10 @@ class CudaExecutorImpl final : public CudaExecutor {
       case Op::FullyConnected:
         return fc_backward(n, v, x, dx, acc);
       case Op::Add:
-        if (v.fused >= 0) return;  // the ReLU's node wrote both gradients
+        if (group_of(id) >= 0) return;  // the ReLU's node wrote both gradients
         for (size_t i = 0; i < 2; ++i) {
           const int t = n.inputs[i];
-          if (t != 0) cuda::accumulate(values_[t].dy.get(), dy, v.elems, act_, v.acc[i], stream_);
+          if (t != 0) cuda::accumulate(values_[t].dy.get(), dy, v.elems, act_, accs[i], stream_);
         }
         return;
       case Op::Concat: {
@@ -913,7 +841,7 @@ class CudaExecutorImpl final : public CudaExecutor {
           const Chw s = values_[t].s;
           if (t != 0)
             cuda::concat_to_slice(values_[t].dy.get(), dy, batch_, s.c, s.plane(), v.s.c, first,
-                                  act_, v.acc[i], stream_);
+                                  act_, accs[i], stream_);
           first += s.c;
         }
         return;
@@ -984,7 +912,7 @@ class CudaExecutorImpl final : public CudaExecutor {
   float* host_loss_ = nullptr;
   std::vector<Value> values_;
   std::vector<std::unique_ptr<Conv>> convs_;
-  std::vector<Fused> groups_;
+  cuda::FusionPlan plan_;
   DeviceArray<unsigned char> workspace_;
   size_t workspace_need_ = 0;
   int64_t bn_scratch_ = 0;
