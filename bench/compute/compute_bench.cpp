@@ -43,11 +43,13 @@ struct Args {
   std::fprintf(stderr,
                "gg_bench_compute: %s\nusage: gg_bench_compute [--model NAME] [--batch B] [--res R] "
                "[--classes N] [--threads T] [--steps N] [--warmup N] [--precision fp32|tf32|bf16] "
-               "[--backend onednn|reference|cuda] [--layout native|plain] [--fuse on|off]\n"
+               "[--backend onednn|reference|cuda] [--layout native|plain|nhwc] [--fuse on|off]\n"
                "  cuda: fp32 is strict fp32, tf32 lets convolutions and GEMMs use TF32; the "
                "step keeps everything on the GPU (input uploaded once, loss and SGD on the "
                "device) and ends in a stream synchronisation; --fuse off runs batch norm, "
-               "residual add and ReLU one layer at a time (default on: fused)\n",
+               "residual add and ReLU one layer at a time (default on: fused); --layout nhwc "
+               "keeps activations channels-last (default: channels-first); the CSV's impl says "
+               "both (gossipgrad-cuda-nhwc, ...-unfused)\n",
                why.c_str());
   std::exit(2);
 }
@@ -92,9 +94,11 @@ Args parse(int argc, char** argv) {
     usage("batch, res, threads and steps must be positive");
   if (a.precision != "fp32" && a.precision != "bf16" && a.precision != "tf32")
     usage("precision '" + a.precision + "' is unknown (fp32, tf32 or bf16)");
-  if (a.layout != "native" && a.layout != "plain")
+  if (a.layout != "native" && a.layout != "plain" && a.layout != "nhwc")
     usage("layout '" + a.layout +
-          "' is unknown (native: as gossipgrad train keeps the weights; plain)");
+          "' is unknown (native: as gossipgrad train keeps the weights; plain; nhwc: cuda's "
+          "channels-last)");
+  if (a.layout == "nhwc" && a.backend != "cuda") usage("--layout nhwc needs --backend cuda");
   if (a.precision == "tf32" && a.backend != "cuda") usage("tf32 needs --backend cuda");
   if (!a.fuse.empty() && a.fuse != "on" && a.fuse != "off")
     usage("--fuse '" + a.fuse + "' is unknown (on or off)");
@@ -147,6 +151,7 @@ int main(int argc, char** argv) {
       kernels::CudaOptions o;
       o.tf32 = a.precision == "tf32";
       o.fuse = a.fuse != "off";
+      o.nhwc = a.layout == "nhwc";
       gpu = kernels::make_cuda_executor(net.graph(), a.batch, net.store(), net.buckets(), precision,
                                         o);
       // Resident: weights, input and labels go up once; a step never leaves the GPU.
@@ -183,9 +188,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "\n");
     std::sort(times.begin(), times.end());
     const double med = times[times.size() / 2];
-    std::printf("gossipgrad-%s,%s,%lld,%lld,%d,%s,%.6g,%.4g,%.1f,%lld\n", a.backend.c_str(),
-                a.model.c_str(), static_cast<long long>(a.batch), static_cast<long long>(a.res),
-                a.threads, a.precision.c_str(), med, a.batch / med, peak_rss_mb(),
+    std::string impl = "gossipgrad-" + a.backend;
+    if (a.layout == "nhwc") impl += "-nhwc";
+    if (a.fuse == "off") impl += "-unfused";
+    std::printf("%s,%s,%lld,%lld,%d,%s,%.6g,%.4g,%.1f,%lld\n", impl.c_str(), a.model.c_str(),
+                static_cast<long long>(a.batch), static_cast<long long>(a.res), a.threads,
+                a.precision.c_str(), med, a.batch / med, peak_rss_mb(),
                 static_cast<long long>(net.graph().param_count()));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gg_bench_compute: error: %s\n", e.what());

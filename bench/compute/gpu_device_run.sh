@@ -27,9 +27,10 @@
 #        d. eltwise: gg_bench_cuda_eltwise, the batch norm passes fused and one by one at
 #           ResNet-50's shapes against a device-to-device copy of the same bytes, into eltwise.txt;
 #        e. profile: ResNet-50 at batch 256 in tf32 and bf16 with GG_CUDA_PROFILE=1 (the time per
-#           step by kind of layer, from CUDA events), batch norm, add and ReLU fused (--fuse on)
-#           and one by one (--fuse off), into bench.txt;
-#        f. bench/compute/run.sh --backend cuda against the machine's PyTorch, alternating.
+#           step by kind of layer, from CUDA events): channels-first one layer at a time, fused,
+#           and channels-last fused, into bench.txt;
+#        f. bench/compute/run.sh --backend cuda against the machine's PyTorch (channels_last
+#           eager and torch.compile), alternating.
 #      OUTDIR (default $OUT, else bench/results/gpu-<host>) gets at most 9 files: device.txt,
 #      cuda-tests.txt, fmnist.txt, fmnist-metrics.jsonl, r50.txt, r50-metrics.jsonl, eltwise.txt,
 #      bench.txt, bench.csv. Environment: STEPS_ONLY (a subset of "tests fmnist r50 eltwise
@@ -175,13 +176,14 @@ case "${1:-}" in
           part eltwise 60 "$OUTDIR/eltwise.txt" "$bin/gg_bench_cuda_eltwise" --repeats 10
           ;;
         profile)
-          # Where a step goes: per-layer CUDA events (GG_CUDA_PROFILE), ResNet-50 at batch 256,
-          # fused and one layer at a time.
+          # Where a step goes: per-layer CUDA events (GG_CUDA_PROFILE), ResNet-50 at batch 256:
+          # channels-first one layer at a time (as before), fused, and channels-last fused.
           for prec in tf32 bf16; do
-            for fuse in on off; do
-              GG_CUDA_PROFILE=1 part "profile $prec fuse $fuse" 45 "$OUTDIR/bench.txt" \
+            for how in "native off" "native on" "nhwc on"; do
+              read -r layout fuse <<<"$how"
+              GG_CUDA_PROFILE=1 part "profile $prec $layout fuse $fuse" 40 "$OUTDIR/bench.txt" \
                 "$bin/gg_bench_compute" --backend cuda --model resnet50 --batch 256 --res 224 \
-                --precision "$prec" --fuse "$fuse" --steps 5 --warmup 2
+                --precision "$prec" --layout "$layout" --fuse "$fuse" --steps 5 --warmup 2
             done
           done
           ;;

@@ -22,9 +22,10 @@
 #   bench/onednn_env.sh, gossipgrad in build-onednn3/).
 #
 # bench/compute/run.sh --backend cuda [MODEL:BATCH:RES:PRECISION ...]: the GPU comparison. The
-#   CUDA backend (resident: the step never leaves the GPU) against PyTorch 2.x on the same GPU
-#   (same model, batch and precision; PyTorch in channels_last, cudnn.benchmark on), alternating,
-#   REPEATS times, and PyTorch in NCHW (our layout) once per setting. PRECISION: fp32 (TF32 off on both sides), tf32 (TF32 on on both), bf16 (ours:
+#   CUDA backend (resident: the step never leaves the GPU) channels-last and channels-first
+#   against PyTorch 2.x on the same GPU (same model, batch and precision; PyTorch in
+#   channels_last, cudnn.benchmark on, eager and under torch.compile), alternating, REPEATS
+#   times, and PyTorch in NCHW once per setting. PRECISION: fp32 (TF32 off on both sides), tf32 (TF32 on on both), bf16 (ours:
 #   bf16 activations over fp32 master weights; PyTorch: autocast bf16). Default settings:
 #   resnet50:256:224:tf32 resnet50:256:224:bf16 googlenet:256:224:tf32 googlenet:256:224:bf16.
 #   PYTHON (default python3) must have torch 2.x with CUDA; nothing is installed (GPU machines
@@ -103,9 +104,15 @@ if [ "$BACKEND" = "cuda" ]; then
     args=(--model "$model" --batch "$batch" --res "$res" --threads 1 --steps "$STEPS" --warmup "$WARMUP"
       --precision "$precision")
     for ((r = 1; r <= REPEATS; r++)); do
-      "$BUILD/bench/gg_bench_compute" "${args[@]}" --backend cuda 2>>"$OUT.txt" | tee -a "$OUT.txt" >>"$OUT.csv"
+      for layout in nhwc native; do
+        "$BUILD/bench/gg_bench_compute" "${args[@]}" --backend cuda --layout "$layout" \
+          2>>"$OUT.txt" | tee -a "$OUT.txt" >>"$OUT.csv"
+      done
       "$PYTHON" bench/compute/torch_bench.py "${args[@]}" --device cuda --channels-last 2>>"$OUT.txt" |
         tee -a "$OUT.txt" >>"$OUT.csv"
+      # torch.compile compiles in the warm-up steps: at least 2 of them.
+      "$PYTHON" bench/compute/torch_bench.py "${args[@]}" --warmup "$((WARMUP < 2 ? 2 : WARMUP))" \
+        --device cuda --channels-last --compile 2>>"$OUT.txt" | tee -a "$OUT.txt" >>"$OUT.csv"
       # PyTorch in NCHW (our layout) once per setting: how much of a gap is the layout.
       if ((r == 1)); then
         "$PYTHON" bench/compute/torch_bench.py "${args[@]}" --device cuda 2>>"$OUT.txt" |
@@ -117,18 +124,21 @@ if [ "$BACKEND" = "cuda" ]; then
 import csv, statistics, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 key = lambda r: (r["model"], r["batch"], r["res"], r["precision"])
-print("| model | batch | res | precision | gossipgrad cuda (NCHW) img/s | PyTorch channels_last img/s "
-      "| ratio of medians | PyTorch NCHW img/s | ratio to NCHW |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("| model | batch | res | precision | gossipgrad NHWC img/s | gossipgrad NCHW img/s "
+      "| PyTorch channels_last eager img/s | torch.compile img/s | NHWC / eager | NHWC / compiled "
+      "| PyTorch NCHW img/s |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+med = lambda v: statistics.median(v) if v else float("nan")
 for k in dict.fromkeys(key(r) for r in rows):
     pick = lambda f: [float(r["images_per_s"]) for r in rows if key(r) == k and f(r["impl"])]
-    ours = pick(lambda i: i.startswith("gossipgrad"))
-    theirs = pick(lambda i: i.startswith("pytorch") and i.endswith("channels_last"))
-    nchw = pick(lambda i: i.startswith("pytorch") and not i.endswith("channels_last"))
-    if ours and theirs:
-        a, b = statistics.median(ours), statistics.median(theirs)
-        c = f"{statistics.median(nchw):.1f} | {a / statistics.median(nchw):.2f}" if nchw else " | "
-        print(f"| {' | '.join(k)} | {a:.1f} | {b:.1f} | {a / b:.2f} | {c} |")
+    nhwc = med(pick(lambda i: i == "gossipgrad-cuda-nhwc"))
+    nchw = med(pick(lambda i: i == "gossipgrad-cuda"))
+    eager = med(pick(lambda i: i.startswith("pytorch") and i.endswith("channels_last")))
+    compiled = med(pick(lambda i: i.startswith("pytorch") and "channels_last" in i and
+                        i.endswith("compiled")))
+    torch_nchw = med(pick(lambda i: i.startswith("pytorch") and "channels_last" not in i))
+    print(f"| {' | '.join(k)} | {nhwc:.1f} | {nchw:.1f} | {eager:.1f} | {compiled:.1f} "
+          f"| {nhwc / eager:.2f} | {nhwc / compiled:.2f} | {torch_nchw:.1f} |")
 PY
   cat "$OUT.md"
   echo "bench/compute: wrote $OUT.csv, $OUT.md (raw output in $OUT.txt)"

@@ -185,7 +185,9 @@ class CudaExecutorImpl final : public CudaExecutor {
         g_(g),
         store_(store),
         opt_(o),
-        act_(precision == Precision::Bf16 ? DType::BF16 : DType::F32) {
+        act_(precision == Precision::Bf16 ? DType::BF16 : DType::F32),
+        nhwc_(o.nhwc) {
+    if (nhwc_) check_nhwc(g);
     GG_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     GG_CUDNN_CHECK(cudnnCreate(&cudnn_));
     GG_CUDNN_CHECK(cudnnSetStream(cudnn_, stream_));
@@ -196,9 +198,9 @@ class CudaExecutorImpl final : public CudaExecutor {
                                                    : CUBLAS_DEFAULT_MATH));
     dev_ = std::make_unique<cuda::DeviceBuffers>(g.param_count(), g.buffer_count(), buckets,
                                                  store.grads.data(), stream_);
-    if (act_ == DType::BF16) {
-      params_lp_ = DeviceArray<unsigned char>(g.param_count() * 2);
-      grads_lp_ = DeviceArray<unsigned char>(g.param_count() * 2);
+    if (shadowed()) {
+      params_lp_ = DeviceArray<unsigned char>(g.param_count() * cuda::dtype_size(act_));
+      grads_lp_ = DeviceArray<unsigned char>(g.param_count() * cuda::dtype_size(act_));
     }
     const auto& nodes = g.nodes();
     values_.resize(nodes.size());
@@ -286,9 +288,7 @@ class CudaExecutorImpl final : public CudaExecutor {
   void forward_device(bool train) override {
     trained_ = false;
     if (train) prepare_backward();
-    if (act_ == DType::BF16 && g_.param_count() > 0)
-      cuda::cast(params_lp_.get(), DType::BF16, dev_->params(), DType::F32, g_.param_count(),
-                 stream_);
+    if (shadowed() && g_.param_count() > 0) shadow_weights();
     if (profile_) profile_->collect(g_);
     for (size_t id = 0; id < values_.size(); ++id) {
       if (profile_) profile_->mark(false, static_cast<int>(id), false, stream_);
@@ -366,16 +366,45 @@ class CudaExecutorImpl final : public CudaExecutor {
   float* buffer(const Node& n, size_t i) const {
     return dev_->buffers() + g_.buffers()[n.buffers.at(i)].offset;
   }
-  // A weight in the activations' type: the fp32 master, or its bf16 shadow.
+  // A weight in the activations' type and layout: the fp32 master, or its shadow (bf16, and
+  // convolution filters in cuDNN's NHWC layout {k, r, s, c} when channels-last).
+  bool shadowed() const { return act_ == DType::BF16 || nhwc_; }
   const void* weight_act(const Node& n, size_t i) const {
     const int64_t off = g_.params()[n.params.at(i)].offset;
-    if (act_ == DType::F32) return dev_->params() + off;
-    return params_lp_.get() + off * 2;
+    if (!shadowed()) return dev_->params() + off;
+    return params_lp_.get() + off * cuda::dtype_size(act_);
   }
   void* weight_grad_act(const Node& n, size_t i) const {
     const int64_t off = g_.params()[n.params.at(i)].offset;
-    if (act_ == DType::F32) return dev_->grads() + off;
-    return grads_lp_.get() + off * 2;
+    if (!shadowed()) return dev_->grads() + off;
+    return grads_lp_.get() + off * cuda::dtype_size(act_);
+  }
+  // The shadow from the fp32 masters: every weight cast, and channels-last every filter
+  // transposed {k, c, r*s} -> {k, r*s, c}.
+  void shadow_weights() {
+    cuda::cast(params_lp_.get(), act_, dev_->params(), DType::F32, g_.param_count(), stream_);
+    if (!nhwc_) return;
+    for (const Node& n : g_.nodes()) {
+      if (n.op != Op::Conv) continue;
+      const TensorSpec& w = g_.params()[n.params[0]];
+      cuda::transpose_channels(const_cast<void*>(weight_act(n, 0)), act_, dev_->params() + w.offset,
+                               DType::F32, w.dims[0], w.dims[1], w.dims[2] * w.dims[3], true,
+                               stream_);
+    }
+  }
+  // Channels-last covers every layer but LRN, and dropout and fully connected layers over
+  // feature vectors only (their masks and weights follow the channels-first order).
+  static void check_nhwc(const Graph& g) {
+    for (const Node& n : g.nodes()) {
+      const char* why = nullptr;
+      if (n.op == Op::Lrn) why = "LRN has no channels-last kernel";
+      if ((n.op == Op::Dropout || n.op == Op::FullyConnected) &&
+          chw(g.node(n.inputs[0]).out).plane() != 1)
+        why = "it reads images, whose values it orders channels-first";
+      if (why)
+        throw std::invalid_argument("CUDA backend: channels-last (nhwc) cannot run layer " +
+                                    n.name + ": " + why + "; run it channels-first");
+    }
   }
   cudnnDataType_t cudnn_type() const {
     return act_ == DType::F32 ? CUDNN_DATA_FLOAT : CUDNN_DATA_BFLOAT16;
@@ -387,7 +416,7 @@ class CudaExecutorImpl final : public CudaExecutor {
     Value& v = values_[id];
     v.s = chw(n.out);
     v.elems = batch_ * v.s.size();
-    if (n.op == Op::Input && act_ == DType::F32) {
+    if (n.op == Op::Input && act_ == DType::F32 && !nhwc_) {
       // The input is read where it was uploaded.
     } else if (absorbed(id)) {
       // A fused batch norm's or add's output: the fused pass never writes it.
@@ -419,7 +448,7 @@ class CudaExecutorImpl final : public CudaExecutor {
   }
 
   const void* y_of(int t) const {
-    if (t == 0 && act_ == DType::F32) return input_.get();
+    if (t == 0 && act_ == DType::F32 && !nhwc_) return input_.get();
     return values_[t].y.get();
   }
 
@@ -491,14 +520,15 @@ class CudaExecutorImpl final : public CudaExecutor {
     convs_[id] = std::make_unique<Conv>();
     Conv& c = *convs_[id];
     const cudnnDataType_t t = cudnn_type();
-    GG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(c.x.d, CUDNN_TENSOR_NCHW, t, to_int(batch_, "batch"),
+    const cudnnTensorFormat_t layout = nhwc_ ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+    GG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(c.x.d, layout, t, to_int(batch_, "batch"),
                                               to_int(xs.c, "channels"), to_int(xs.h, "height"),
                                               to_int(xs.w, "width")));
-    GG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(c.y.d, CUDNN_TENSOR_NCHW, t, to_int(batch_, "batch"),
+    GG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(c.y.d, layout, t, to_int(batch_, "batch"),
                                               to_int(ys.c, "channels"), to_int(ys.h, "height"),
                                               to_int(ys.w, "width")));
     const int k = to_int(n.conv.kernel, "kernel");
-    GG_CUDNN_CHECK(cudnnSetFilter4dDescriptor(c.w.d, t, CUDNN_TENSOR_NCHW, to_int(ys.c, "channels"),
+    GG_CUDNN_CHECK(cudnnSetFilter4dDescriptor(c.w.d, t, layout, to_int(ys.c, "channels"),
                                               to_int(xs.c, "channels"), k, k));
     const int p = to_int(n.conv.pad, "padding"), s = to_int(n.conv.stride, "stride");
     GG_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(c.conv.d, p, p, s, s, 1, 1,
@@ -626,12 +656,15 @@ class CudaExecutorImpl final : public CudaExecutor {
     b.plane = s.plane();
     b.eps = n.bn.eps;
     b.momentum = n.bn.momentum;
+    b.nhwc = nhwc_;
     return b;
   }
   cuda::PoolShape pool_shape(const Node& n) const {
     const Chw in = values_[n.inputs[0]].s, out = chw(n.out);
     cuda::PoolShape p;
     p.planes = batch_ * out.c;
+    p.c = out.c;
+    p.nhwc = nhwc_;
     p.ih = in.h;
     p.iw = in.w;
     p.oh = out.h;
@@ -672,7 +705,11 @@ class CudaExecutorImpl final : public CudaExecutor {
     const void* x = n.inputs.empty() ? nullptr : y_of(n.inputs[0]);
     switch (n.op) {
       case Op::Input:
-        if (act_ != DType::F32) cuda::cast(y, act_, input_.get(), DType::F32, v.elems, stream_);
+        if (nhwc_)
+          cuda::transpose_channels(y, act_, input_.get(), DType::F32, batch_, v.s.c, v.s.plane(),
+                                   true, stream_);
+        else if (act_ != DType::F32)
+          cuda::cast(y, act_, input_.get(), DType::F32, v.elems, stream_);
         return;
       case Op::Conv: {
         const Conv& c = *convs_[id];
@@ -681,7 +718,8 @@ class CudaExecutorImpl final : public CudaExecutor {
         GG_CUDNN_CHECK(cudnnConvolutionForward(
             cudnn_, &one, c.x.d, x, c.w.d, weight_act(n, 0), c.conv.d, c.fwd, workspace_.get(),
             static_cast<size_t>(workspace_.size()), &zero, c.y.d, y));
-        if (n.conv.bias) cuda::bias_add(y, param(n, 1), batch_, v.s.c, v.s.plane(), act_, stream_);
+        if (n.conv.bias)
+          cuda::bias_add(y, param(n, 1), batch_, v.s.c, v.s.plane(), nhwc_, act_, stream_);
         return;
       }
       case Op::BatchNorm: {
@@ -702,7 +740,7 @@ class CudaExecutorImpl final : public CudaExecutor {
         return cuda::avg_pool_forward(y, x, pool_shape(n), act_, stream_);
       case Op::GlobalAvgPool: {
         const Chw in = values_[n.inputs[0]].s;
-        return cuda::global_avg_pool_forward(y, x, batch_ * in.c, in.plane(), act_, stream_);
+        return cuda::global_avg_pool_forward(y, x, batch_, in.c, in.plane(), nhwc_, act_, stream_);
       }
       case Op::FullyConnected:
         return fc_forward(n, v, x);
@@ -713,7 +751,8 @@ class CudaExecutorImpl final : public CudaExecutor {
         int64_t first = 0;
         for (int in : n.inputs) {
           const Chw s = values_[in].s;
-          cuda::slice_to_concat(y, y_of(in), batch_, s.c, s.plane(), v.s.c, first, act_, stream_);
+          cuda::slice_to_concat(y, y_of(in), batch_, s.c, s.plane(), v.s.c, first, nhwc_, act_,
+                                stream_);
           first += s.c;
         }
         return;
@@ -779,7 +818,7 @@ class CudaExecutorImpl final : public CudaExecutor {
     GG_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, out, nb, in, &one,
                                  weight_act(n, 0), blas_type(), in, x, blas_type(), in, &zero,
                                  v.y.get(), blas_type(), out, gemm_compute(), CUBLAS_GEMM_DEFAULT));
-    if (n.fc.bias) cuda::bias_add(v.y.get(), param(n, 1), batch_, out, 1, act_, stream_);
+    if (n.fc.bias) cuda::bias_add(v.y.get(), param(n, 1), batch_, out, 1, false, act_, stream_);
   }
 
   cublasComputeType_t gemm_compute() const {
@@ -822,7 +861,7 @@ class CudaExecutorImpl final : public CudaExecutor {
       case Op::GlobalAvgPool:
         if (dx) {
           const Chw s = values_[in].s;
-          cuda::global_avg_pool_backward(dx, dy, batch_ * s.c, s.plane(), act_, acc, stream_);
+          cuda::global_avg_pool_backward(dx, dy, batch_, s.c, s.plane(), nhwc_, act_, acc, stream_);
         }
         return;
       case Op::FullyConnected:
@@ -841,7 +880,7 @@ class CudaExecutorImpl final : public CudaExecutor {
           const Chw s = values_[t].s;
           if (t != 0)
             cuda::concat_to_slice(values_[t].dy.get(), dy, batch_, s.c, s.plane(), v.s.c, first,
-                                  act_, accs[i], stream_);
+                                  nhwc_, act_, accs[i], stream_);
           first += s.c;
         }
         return;
@@ -867,13 +906,17 @@ class CudaExecutorImpl final : public CudaExecutor {
     GG_CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn_, &one, c.x.d, x, c.y.d, v.dy.get(),
                                                   c.conv.d, c.bwd_filter, ws, ws_bytes, &zero,
                                                   c.w.d, weight_grad_act(n, 0)));
-    if (act_ != DType::F32) {
+    if (shadowed()) {
       const TensorSpec& w = g_.params()[n.params[0]];
-      cuda::cast(dev_->grads() + w.offset, DType::F32, weight_grad_act(n, 0), act_, w.size(),
-                 stream_);
+      if (nhwc_)
+        cuda::transpose_channels(dev_->grads() + w.offset, DType::F32, weight_grad_act(n, 0), act_,
+                                 w.dims[0], w.dims[1], w.dims[2] * w.dims[3], false, stream_);
+      else
+        cuda::cast(dev_->grads() + w.offset, DType::F32, weight_grad_act(n, 0), act_, w.size(),
+                   stream_);
     }
     if (n.conv.bias)
-      cuda::bias_grad(grad(n, 1), v.dy.get(), batch_, v.s.c, v.s.plane(), act_, stream_);
+      cuda::bias_grad(grad(n, 1), v.dy.get(), batch_, v.s.c, v.s.plane(), nhwc_, act_, stream_);
     if (!dx) return;
     GG_CUDNN_CHECK(cudnnSetConvolutionMathType(c.conv.d, c.data_math));
     GG_CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &one, c.w.d, weight_act(n, 0), c.y.d,
@@ -890,7 +933,7 @@ class CudaExecutorImpl final : public CudaExecutor {
     GG_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_N, CUBLAS_OP_T, in, out, nb, &one, x,
                                  blas_type(), in, v.dy.get(), blas_type(), out, &zero, grad(n, 0),
                                  CUDA_R_32F, in, gemm_compute(), CUBLAS_GEMM_DEFAULT));
-    if (n.fc.bias) cuda::bias_grad(grad(n, 1), v.dy.get(), batch_, out, 1, act_, stream_);
+    if (n.fc.bias) cuda::bias_grad(grad(n, 1), v.dy.get(), batch_, out, 1, false, act_, stream_);
     if (!dx) return;
     GG_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, in, nb, out, &one,
                                  weight_act(n, 0), blas_type(), in, v.dy.get(), blas_type(), out,
@@ -901,11 +944,12 @@ class CudaExecutorImpl final : public CudaExecutor {
   ParamStore& store_;
   CudaOptions opt_;
   DType act_;
+  bool nhwc_;
   cudaStream_t stream_ = nullptr;
   cudnnHandle_t cudnn_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   std::unique_ptr<cuda::DeviceBuffers> dev_;
-  DeviceArray<unsigned char> params_lp_, grads_lp_;  // bf16 shadows of the flat buffers
+  DeviceArray<unsigned char> params_lp_, grads_lp_;  // shadows of the flat buffers (shadowed())
   DeviceArray<float> input_, logits_, loss_;
   DeviceArray<int32_t> labels_;
   float* host_logits_ = nullptr;

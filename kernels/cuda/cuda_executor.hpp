@@ -25,6 +25,11 @@ struct CudaOptions {
   // them as one pass forward and one backward (the add's gradient is the buffer that pass writes,
   // not a copy); false runs each layer alone, as before (for comparing the two).
   bool fuse = true;
+  // Activations channels-last (NHWC) and convolution filters in cuDNN's NHWC layout (a shadow of
+  // the fp32 master weights, transposed each forward), which tensor-core convolutions read
+  // without transposing. Refused (std::invalid_argument, one line) for a graph with a layer it
+  // does not cover: LRN, dropout over images, a fully connected layer over images.
+  bool nhwc = false;
 };
 
 // Two ways to run:

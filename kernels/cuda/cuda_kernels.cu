@@ -197,6 +197,71 @@ __global__ void from_concat_k(T* dx, const T* dcat, uint32_t n, FastDiv per, int
   }
 }
 
+// Channels-last: i runs over the slice {batch * plane, c}; row = i / c.
+template <typename T>
+__global__ void to_concat_rows_k(T* cat, const T* x, uint32_t n, FastDiv c, int64_t total_c,
+                                 int64_t first) {
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+    const uint32_t row = c.div(i), ch = i - row * c.d;
+    st(cat, row * total_c + first + ch, ld(x, i));
+  }
+}
+
+template <typename T>
+__global__ void from_concat_rows_k(T* dx, const T* dcat, uint32_t n, FastDiv c, int64_t total_c,
+                                   int64_t first, bool acc) {
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+    const uint32_t row = c.div(i), ch = i - row * c.d;
+    put(dx, i, ld(dcat, row * total_c + first + ch), acc);
+  }
+}
+
+// {outer, c, plane} -> {outer, plane, c} (ToLast) or back; i runs over the destination.
+template <typename D, typename S, bool ToLast>
+__global__ void transpose_k(D* dst, const S* src, uint32_t n, FastDiv c, FastDiv plane) {
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+    if constexpr (ToLast) {
+      const uint32_t px = c.div(i), ch = i - px * c.d;  // px = o * plane + p
+      const uint32_t o = plane.div(px), p = px - o * plane.d;
+      st(dst, i, ld(src, (static_cast<int64_t>(o) * c.d + ch) * plane.d + p));
+    } else {
+      const uint32_t oc = plane.div(i), p = i - oc * plane.d;  // oc = o * c + ch
+      const uint32_t o = c.div(oc), ch = oc - o * c.d;
+      st(dst, i, ld(src, (static_cast<int64_t>(o) * plane.d + p) * c.d + ch));
+    }
+  }
+}
+
+// Channels-last bias: vector j holds channels (j mod cv) * V + [0, V).
+template <typename T, int V>
+__global__ void bias_add_rows_k(T* y, const float* bias, FastDiv cv, uint32_t vectors) {
+  for (uint32_t j = blockIdx.x * blockDim.x + threadIdx.x; j < vectors;
+       j += blockDim.x * gridDim.x) {
+    const uint32_t c0 = cv.mod(j) * V;
+    float a[V];
+    load<V>(y, static_cast<int64_t>(j) * V, a);
+#pragma unroll
+    for (int e = 0; e < V; ++e) a[e] += bias[c0 + e];
+    store<V>(y, static_cast<int64_t>(j) * V, a);
+  }
+}
+
+template <typename T>
+__global__ void bias_grad_rows_k(float* db, const T* dy, uint32_t rows, uint32_t c) {
+  __shared__ float part[kThreads];
+  const uint32_t ch = blockIdx.x;
+  float acc = 0.f;
+  for (uint32_t r = threadIdx.x; r < rows; r += blockDim.x)
+    acc += ld(dy, static_cast<int64_t>(r) * c + ch);
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int k = blockDim.x / 2; k > 0; k /= 2) {
+    if (threadIdx.x < k) part[threadIdx.x] += part[threadIdx.x + k];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) db[ch] = part[0];
+}
+
 template <typename T, int V>
 __global__ void bias_add_k(T* y, const float* bias, NchwWalk w) {
   const uint32_t vectors = w.vectors();
@@ -229,21 +294,67 @@ __global__ void bias_grad_k(float* db, const T* dy, NchwWalk w) {
   if (threadIdx.x == 0) db[ch] = part[0];
 }
 
+// Where output o of a pool reads: its window's origin (oh, ow) and the offset of its (image,
+// channel) in the input, with the input's pixel stride (1, or c channels-last).
+struct PoolOut {
+  int64_t base, oh, ow, px;
+};
+__device__ __forceinline__ PoolOut pool_out(int64_t o, const PoolShape& p) {
+  PoolOut r;
+  if (!p.nhwc) {
+    const int64_t plane = o / (p.oh * p.ow), q = o % (p.oh * p.ow);
+    r.oh = q / p.ow;
+    r.ow = q % p.ow;
+    r.base = plane * p.ih * p.iw;
+    r.px = 1;
+  } else {
+    const int64_t ch = o % p.c, pix = o / p.c;
+    r.ow = pix % p.ow;
+    const int64_t t = pix / p.ow;
+    r.oh = t % p.oh;
+    r.base = (t / p.oh) * p.ih * p.iw * p.c + ch;
+    r.px = p.c;
+  }
+  return r;
+}
+// Input i of a pool: its position (ih, iw) and the output index of window (oh, ow) is
+// obase + (oh * ow_count + ow) * opx.
+struct PoolIn {
+  int64_t ih, iw, obase, opx;
+};
+__device__ __forceinline__ PoolIn pool_in(int64_t i, const PoolShape& p) {
+  PoolIn r;
+  if (!p.nhwc) {
+    const int64_t plane = i / (p.ih * p.iw), q = i % (p.ih * p.iw);
+    r.ih = q / p.iw;
+    r.iw = q % p.iw;
+    r.obase = plane * p.oh * p.ow;
+    r.opx = 1;
+  } else {
+    const int64_t ch = i % p.c, pix = i / p.c;
+    r.iw = pix % p.iw;
+    const int64_t t = pix / p.iw;
+    r.ih = t % p.ih;
+    r.obase = (t / p.ih) * p.oh * p.ow * p.c + ch;
+    r.opx = p.c;
+  }
+  return r;
+}
+
 template <typename T>
 __global__ void max_pool_fwd_k(T* y, int32_t* argmax, const T* x, PoolShape p) {
   GG_GRID_LOOP(o, p.planes * p.oh * p.ow) {
-    const int64_t plane = o / (p.oh * p.ow), r = o % (p.oh * p.ow);
-    const int64_t oh = r / p.ow, ow = r % p.ow;
-    const T* in = x + plane * p.ih * p.iw;
+    const PoolOut w = pool_out(o, p);
+    const T* in = x + w.base;
     float best = 0.f;
     int64_t best_at = -1;
     for (int64_t kh = 0; kh < p.k; ++kh) {
-      const int64_t ih = oh * p.stride - p.pad + kh;
+      const int64_t ih = w.oh * p.stride - p.pad + kh;
       if (ih < 0 || ih >= p.ih) continue;
       for (int64_t kw = 0; kw < p.k; ++kw) {
-        const int64_t iw = ow * p.stride - p.pad + kw;
+        const int64_t iw = w.ow * p.stride - p.pad + kw;
         if (iw < 0 || iw >= p.iw) continue;
-        const float v = ld(in, ih * p.iw + iw);
+        const float v = ld(in, (ih * p.iw + iw) * w.px);
         if (best_at < 0 || v > best || isnan(v)) {
           best = v;
           best_at = ih * p.iw + iw;
@@ -266,15 +377,15 @@ __device__ __forceinline__ void covering(int64_t i, int64_t k, int64_t s, int64_
 template <typename T>
 __global__ void max_pool_bwd_k(T* dx, const T* dy, const int32_t* argmax, PoolShape p, bool acc) {
   GG_GRID_LOOP(i, p.planes * p.ih * p.iw) {
-    const int64_t plane = i / (p.ih * p.iw), r = i % (p.ih * p.iw);
-    const int64_t ih = r / p.iw, iw = r % p.iw;
+    const PoolIn w = pool_in(i, p);
+    const int64_t r = w.ih * p.iw + w.iw;
     int64_t h0, h1, w0, w1;
-    covering(ih, p.k, p.stride, p.pad, p.oh, h0, h1);
-    covering(iw, p.k, p.stride, p.pad, p.ow, w0, w1);
+    covering(w.ih, p.k, p.stride, p.pad, p.oh, h0, h1);
+    covering(w.iw, p.k, p.stride, p.pad, p.ow, w0, w1);
     float sum = 0.f;
     for (int64_t oh = h0; oh <= h1; ++oh)
       for (int64_t ow = w0; ow <= w1; ++ow) {
-        const int64_t o = (plane * p.oh + oh) * p.ow + ow;
+        const int64_t o = w.obase + (oh * p.ow + ow) * w.opx;
         if (argmax[o] == r) sum += ld(dy, o);
       }
     put(dx, i, sum, acc);
@@ -285,16 +396,15 @@ template <typename T>
 __global__ void avg_pool_fwd_k(T* y, const T* x, PoolShape p) {
   const float inv = 1.f / static_cast<float>(p.k * p.k);
   GG_GRID_LOOP(o, p.planes * p.oh * p.ow) {
-    const int64_t plane = o / (p.oh * p.ow), r = o % (p.oh * p.ow);
-    const int64_t oh = r / p.ow, ow = r % p.ow;
-    const T* in = x + plane * p.ih * p.iw;
+    const PoolOut w = pool_out(o, p);
+    const T* in = x + w.base;
     float sum = 0.f;
     for (int64_t kh = 0; kh < p.k; ++kh) {
-      const int64_t ih = oh * p.stride - p.pad + kh;
+      const int64_t ih = w.oh * p.stride - p.pad + kh;
       if (ih < 0 || ih >= p.ih) continue;
       for (int64_t kw = 0; kw < p.k; ++kw) {
-        const int64_t iw = ow * p.stride - p.pad + kw;
-        if (iw >= 0 && iw < p.iw) sum += ld(in, ih * p.iw + iw);
+        const int64_t iw = w.ow * p.stride - p.pad + kw;
+        if (iw >= 0 && iw < p.iw) sum += ld(in, (ih * p.iw + iw) * w.px);
       }
     }
     st(y, o, sum * inv);
@@ -305,16 +415,33 @@ template <typename T>
 __global__ void avg_pool_bwd_k(T* dx, const T* dy, PoolShape p, bool acc) {
   const float inv = 1.f / static_cast<float>(p.k * p.k);
   GG_GRID_LOOP(i, p.planes * p.ih * p.iw) {
-    const int64_t plane = i / (p.ih * p.iw), r = i % (p.ih * p.iw);
-    const int64_t ih = r / p.iw, iw = r % p.iw;
+    const PoolIn w = pool_in(i, p);
     int64_t h0, h1, w0, w1;
-    covering(ih, p.k, p.stride, p.pad, p.oh, h0, h1);
-    covering(iw, p.k, p.stride, p.pad, p.ow, w0, w1);
+    covering(w.ih, p.k, p.stride, p.pad, p.oh, h0, h1);
+    covering(w.iw, p.k, p.stride, p.pad, p.ow, w0, w1);
     float sum = 0.f;
     for (int64_t oh = h0; oh <= h1; ++oh)
-      for (int64_t ow = w0; ow <= w1; ++ow) sum += ld(dy, (plane * p.oh + oh) * p.ow + ow);
+      for (int64_t ow = w0; ow <= w1; ++ow) sum += ld(dy, w.obase + (oh * p.ow + ow) * w.opx);
     put(dx, i, sum * inv, acc);
   }
+}
+
+// Channels-last global average pool: one thread per (image, channel), consecutive threads on
+// consecutive channels of a pixel.
+template <typename T>
+__global__ void gap_rows_fwd_k(T* y, const T* x, int64_t batch, int64_t c, int64_t plane) {
+  GG_GRID_LOOP(o, batch * c) {
+    const int64_t n = o / c, ch = o % c;
+    float sum = 0.f;
+    for (int64_t k = 0; k < plane; ++k) sum += ld(x, (n * plane + k) * c + ch);
+    st(y, o, sum / static_cast<float>(plane));
+  }
+}
+
+template <typename T>
+__global__ void gap_rows_bwd_k(T* dx, const T* dy, int64_t c, int64_t plane, int64_t n, bool acc) {
+  const float inv = 1.f / static_cast<float>(plane);
+  GG_GRID_LOOP(i, n) put(dx, i, ld(dy, (i / (plane * c)) * c + i % c) * inv, acc);
 }
 
 // One warp per plane, striding over the planes (the grid is capped by blocks_for).
@@ -465,6 +592,9 @@ template <typename T>
 __global__ void bn_stat_final_k(float* mean, float* inv_std, float* running_mean,
                                 float* running_var, const float* part, const T* x, BnShape b,
                                 int64_t splits) {
+  // The partial sums are shifted by the channel's first value: x[0, c, 0] or, channels-last,
+  // x[0, 0, c].
+  const int64_t shift_stride = b.nhwc ? 1 : b.plane;
   const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (c >= b.c) return;
   double s1 = 0, s2 = 0;
@@ -477,7 +607,7 @@ __global__ void bn_stat_final_k(float* mean, float* inv_std, float* running_mean
   // Biased, clamped at 0 against rounding; a NaN stays NaN (fmax would make it 0).
   const double raw = s2 / count - shifted_mean * shifted_mean;
   const double var = raw < 0.0 ? 0.0 : raw;
-  const double m = shifted_mean + ld(x, c * b.plane);
+  const double m = shifted_mean + ld(x, c * shift_stride);
   mean[c] = static_cast<float>(m);
   inv_std[c] = static_cast<float>(1.0 / sqrt(var + static_cast<double>(b.eps)));
   const double mom = b.momentum;
@@ -595,6 +725,155 @@ __global__ void bn_dx_k(T* dx, T* dres, const T* g_in, const T* x, const float* 
   }
 }
 
+// Channels-last batch norm. Element-wise passes: vector j holds channels (j mod cv) * V + [0, V)
+// of one pixel (cv = c / V channel vectors a pixel). Reductions: block (k, g) holds blockDim.x
+// channel vectors of group g in x and blockDim.y row lanes in y, over pixels (rows)
+// [k * per, (k + 1) * per); each thread sums its V channels over its rows, the lanes are added
+// in shared memory, and row lane 0 writes the block's partial sums per channel.
+struct RowWalk {
+  FastDiv cv;  // channel vectors a row
+  uint32_t rows = 0, vec = 1;
+};
+
+template <typename T, int V, bool Res, bool Relu>
+__global__ void bn_apply_rows_k(T* y, const T* x, const T* res, const float* mean,
+                                const float* inv_std, const float* gamma, const float* beta,
+                                RowWalk w) {
+  const uint32_t vectors = w.rows * w.cv.d;
+  for (uint32_t j = blockIdx.x * blockDim.x + threadIdx.x; j < vectors;
+       j += blockDim.x * gridDim.x) {
+    const uint32_t c0 = w.cv.mod(j) * V;
+    const int64_t at = static_cast<int64_t>(j) * V;
+    float a[V], r[V];
+    load<V>(x, at, a);
+    if constexpr (Res) load<V>(res, at, r);
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const int c = static_cast<int>(c0) + e;
+      float v = (a[e] - mean[c]) * (gamma[c] * inv_std[c]) + beta[c];
+      if constexpr (Res) v += r[e];
+      if constexpr (Relu) v = v <= 0.f ? 0.f : v;
+      a[e] = v;
+    }
+    store<V>(y, at, a);
+  }
+}
+
+template <typename T, int V>
+__global__ void bn_dx_rows_k(T* dx, T* dres, const T* g_in, const T* x, const float* mean,
+                             const float* inv_std, const float* gamma, const float* dgamma,
+                             const float* dbeta, RowWalk w, float count, bool acc) {
+  const uint32_t vectors = w.rows * w.cv.d;
+  for (uint32_t j = blockIdx.x * blockDim.x + threadIdx.x; j < vectors;
+       j += blockDim.x * gridDim.x) {
+    const uint32_t c0 = w.cv.mod(j) * V;
+    const int64_t at = static_cast<int64_t>(j) * V;
+    float g[V], a[V], d[V];
+    load<V>(g_in, at, g);
+    if (dres) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) d[e] = g[e];
+      put_vec<V>(dres, at, d, true);
+    }
+    if (!dx) continue;
+    load<V>(x, at, a);
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const int c = static_cast<int>(c0) + e;
+      const float is = inv_std[c];
+      d[e] = gamma[c] * is / count * (count * g[e] - dbeta[c] - (a[e] - mean[c]) * is * dgamma[c]);
+    }
+    put_vec<V>(dx, at, d, acc);
+  }
+}
+
+// Adds the row lanes' sums (blockDim.y of them, a power of two) and writes lane 0's per channel.
+template <int V>
+__device__ __forceinline__ void rows_partial_out(float* part, const float (&s1)[V],
+                                                 const float (&s2)[V], uint32_t v, uint32_t cv) {
+  __shared__ float r1[kThreads * 8], r2[kThreads * 8];
+  const uint32_t me = (threadIdx.y * blockDim.x + threadIdx.x) * V;
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    r1[me + e] = s1[e];
+    r2[me + e] = s2[e];
+  }
+  __syncthreads();
+  for (uint32_t h = blockDim.y / 2; h > 0; h /= 2) {
+    if (threadIdx.y < h) {
+      const uint32_t other = ((threadIdx.y + h) * blockDim.x + threadIdx.x) * V;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        r1[me + e] += r1[other + e];
+        r2[me + e] += r2[other + e];
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.y != 0 || v >= cv) return;
+#pragma unroll
+  for (int e = 0; e < V; ++e) {
+    const uint32_t c = v * V + e;
+    part[(c * gridDim.x + blockIdx.x) * 2] = r1[me + e];
+    part[(c * gridDim.x + blockIdx.x) * 2 + 1] = r2[me + e];
+  }
+}
+
+template <typename T, int V>
+__global__ void bn_stat_rows_k(float* part, const T* x, RowWalk w, uint32_t per) {
+  const uint32_t v = blockIdx.y * blockDim.x + threadIdx.x, cv = w.cv.d;
+  const uint32_t r0 = blockIdx.x * per, r1 = min(w.rows, r0 + per);
+  float s1[V] = {}, s2[V] = {}, shift[V] = {};
+  if (v < cv) {
+    load<V>(x, static_cast<int64_t>(v) * V, shift);
+    for (uint32_t row = r0 + threadIdx.y; row < r1; row += blockDim.y) {
+      float a[V];
+      load<V>(x, (static_cast<int64_t>(row) * cv + v) * V, a);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float d = a[e] - shift[e];
+        s1[e] += d;
+        s2[e] += d * d;
+      }
+    }
+  }
+  rows_partial_out<V>(part, s1, s2, v, cv);
+}
+
+template <typename T, int V, bool Relu>
+__global__ void bn_grad_rows_k(float* part, T* dz, const T* dy, const T* relu_y, const T* x,
+                               const float* mean, const float* inv_std, RowWalk w, uint32_t per) {
+  const uint32_t v = blockIdx.y * blockDim.x + threadIdx.x, cv = w.cv.d;
+  const uint32_t r0 = blockIdx.x * per, r1 = min(w.rows, r0 + per);
+  float s1[V] = {}, s2[V] = {}, mu[V] = {}, is[V] = {};
+  if (v < cv) {
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      mu[e] = mean[v * V + e];
+      is[e] = inv_std[v * V + e];
+    }
+    for (uint32_t row = r0 + threadIdx.y; row < r1; row += blockDim.y) {
+      const int64_t at = (static_cast<int64_t>(row) * cv + v) * V;
+      float g[V], a[V];
+      load<V>(dy, at, g);
+      load<V>(x, at, a);
+      if constexpr (Relu) {
+        float m[V];
+        load<V>(relu_y, at, m);
+#pragma unroll
+        for (int e = 0; e < V; ++e) g[e] = m[e] <= 0.f ? 0.f : g[e];
+      }
+      if (dz) store<V>(dz, at, g);
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        s1[e] += g[e];
+        s2[e] += g[e] * (a[e] - mu[e]) * is[e];
+      }
+    }
+  }
+  rows_partial_out<V>(part, s1, s2, v, cv);
+}
+
 __global__ void sgd_k(float* w, float* v, const float* g, int64_t n, float lr, float mu, float wd,
                       bool nesterov, bool first) {
   GG_GRID_LOOP(i, n) {
@@ -706,36 +985,76 @@ void accumulate(void* dx, const void* dy, int64_t n, DType t, bool acc, cudaStre
   });
 }
 
+void transpose_channels(void* dst, DType dt, const void* src, DType st_, int64_t outer, int64_t c,
+                        int64_t plane, bool to_last, cudaStream_t s) {
+  const int64_t n = outer * c * plane;
+  if (n == 0) return;
+  check_fast_div_range(n, "a transposed tensor");
+  dispatch(dt, [&](auto d) {
+    using D = decltype(d);
+    dispatch(st_, [&](auto x) {
+      using S = decltype(x);
+      const auto un = static_cast<uint32_t>(n);
+      if (to_last)
+        transpose_k<D, S, true><<<blocks_for(n), kThreads, 0, s>>>(
+            static_cast<D*>(dst), static_cast<const S*>(src), un, FastDiv(c), FastDiv(plane));
+      else
+        transpose_k<D, S, false><<<blocks_for(n), kThreads, 0, s>>>(
+            static_cast<D*>(dst), static_cast<const S*>(src), un, FastDiv(c), FastDiv(plane));
+    });
+  });
+  check_launch();
+}
+
 void slice_to_concat(void* cat, const void* x, int64_t batch, int64_t c, int64_t plane,
-                     int64_t total_c, int64_t first, DType t, cudaStream_t s) {
+                     int64_t total_c, int64_t first, bool nhwc, DType t, cudaStream_t s) {
   check_fast_div_range(batch * total_c * plane, "a concatenation");
+  const auto n = static_cast<uint32_t>(batch * c * plane);
   dispatch(t, [&](auto v) {
     using T = decltype(v);
-    to_concat_k<<<blocks_for(batch * c * plane), kThreads, 0, s>>>(
-        static_cast<T*>(cat), static_cast<const T*>(x), static_cast<uint32_t>(batch * c * plane),
-        FastDiv(c * plane), plane, total_c, first);
+    if (nhwc)
+      to_concat_rows_k<<<blocks_for(n), kThreads, 0, s>>>(
+          static_cast<T*>(cat), static_cast<const T*>(x), n, FastDiv(c), total_c, first);
+    else
+      to_concat_k<<<blocks_for(n), kThreads, 0, s>>>(static_cast<T*>(cat), static_cast<const T*>(x),
+                                                     n, FastDiv(c * plane), plane, total_c, first);
   });
   check_launch();
 }
 
 void concat_to_slice(void* dx, const void* dcat, int64_t batch, int64_t c, int64_t plane,
-                     int64_t total_c, int64_t first, DType t, bool acc, cudaStream_t s) {
+                     int64_t total_c, int64_t first, bool nhwc, DType t, bool acc, cudaStream_t s) {
   check_fast_div_range(batch * total_c * plane, "a concatenation");
+  const auto n = static_cast<uint32_t>(batch * c * plane);
   dispatch(t, [&](auto v) {
     using T = decltype(v);
-    from_concat_k<<<blocks_for(batch * c * plane), kThreads, 0, s>>>(
-        static_cast<T*>(dx), static_cast<const T*>(dcat), static_cast<uint32_t>(batch * c * plane),
-        FastDiv(c * plane), plane, total_c, first, acc);
+    if (nhwc)
+      from_concat_rows_k<<<blocks_for(n), kThreads, 0, s>>>(
+          static_cast<T*>(dx), static_cast<const T*>(dcat), n, FastDiv(c), total_c, first, acc);
+    else
+      from_concat_k<<<blocks_for(n), kThreads, 0, s>>>(
+          static_cast<T*>(dx), static_cast<const T*>(dcat), n, FastDiv(c * plane), plane, total_c,
+          first, acc);
   });
   check_launch();
 }
 
-void bias_add(void* y, const float* bias, int64_t batch, int64_t c, int64_t plane, DType t,
-              cudaStream_t s) {
+void bias_add(void* y, const float* bias, int64_t batch, int64_t c, int64_t plane, bool nhwc,
+              DType t, cudaStream_t s) {
   dispatch(t, [&](auto v) {
     using T = decltype(v);
     constexpr int V = kVec<T>;
-    if (plane % V == 0 && aligned16(y)) {
+    const bool vec = (nhwc ? c : plane) % V == 0 && aligned16(y);
+    if (nhwc) {
+      check_fast_div_range(batch * plane * c, "a tensor");
+      const auto vectors = static_cast<uint32_t>(batch * plane * c / (vec ? V : 1));
+      if (vec)
+        bias_add_rows_k<T, V><<<blocks_for(vectors), kThreads, 0, s>>>(static_cast<T*>(y), bias,
+                                                                       FastDiv(c / V), vectors);
+      else
+        bias_add_rows_k<T, 1><<<blocks_for(vectors), kThreads, 0, s>>>(static_cast<T*>(y), bias,
+                                                                       FastDiv(c), vectors);
+    } else if (vec) {
       const NchwWalk w(batch, c, plane, V);
       bias_add_k<T, V><<<blocks_for(w.vectors()), kThreads, 0, s>>>(static_cast<T*>(y), bias, w);
     } else {
@@ -746,12 +1065,19 @@ void bias_add(void* y, const float* bias, int64_t batch, int64_t c, int64_t plan
   check_launch();
 }
 
-void bias_grad(float* db, const void* dy, int64_t batch, int64_t c, int64_t plane, DType t,
-               cudaStream_t s) {
+void bias_grad(float* db, const void* dy, int64_t batch, int64_t c, int64_t plane, bool nhwc,
+               DType t, cudaStream_t s) {
   dispatch(t, [&](auto v) {
     using T = decltype(v);
-    bias_grad_k<<<static_cast<unsigned>(c), kThreads, 0, s>>>(db, static_cast<const T*>(dy),
-                                                              NchwWalk(batch, c, plane, 1));
+    if (nhwc) {
+      check_fast_div_range(batch * plane * c, "a tensor");
+      bias_grad_rows_k<<<static_cast<unsigned>(c), kThreads, 0, s>>>(
+          db, static_cast<const T*>(dy), static_cast<uint32_t>(batch * plane),
+          static_cast<uint32_t>(c));
+    } else {
+      bias_grad_k<<<static_cast<unsigned>(c), kThreads, 0, s>>>(db, static_cast<const T*>(dy),
+                                                                NchwWalk(batch, c, plane, 1));
+    }
   });
   check_launch();
 }
@@ -795,22 +1121,30 @@ void avg_pool_backward(void* dx, const void* dy, const PoolShape& p, DType t, bo
   check_launch();
 }
 
-void global_avg_pool_forward(void* y, const void* x, int64_t planes, int64_t plane, DType t,
-                             cudaStream_t s) {
+void global_avg_pool_forward(void* y, const void* x, int64_t batch, int64_t c, int64_t plane,
+                             bool nhwc, DType t, cudaStream_t s) {
   dispatch(t, [&](auto v) {
     using T = decltype(v);
-    gap_fwd_k<<<blocks_for(planes * 32), kThreads, 0, s>>>(static_cast<T*>(y),
-                                                           static_cast<const T*>(x), planes, plane);
+    if (nhwc)
+      gap_rows_fwd_k<<<blocks_for(batch * c), kThreads, 0, s>>>(
+          static_cast<T*>(y), static_cast<const T*>(x), batch, c, plane);
+    else
+      gap_fwd_k<<<blocks_for(batch * c * 32), kThreads, 0, s>>>(
+          static_cast<T*>(y), static_cast<const T*>(x), batch * c, plane);
   });
   check_launch();
 }
 
-void global_avg_pool_backward(void* dx, const void* dy, int64_t planes, int64_t plane, DType t,
-                              bool acc, cudaStream_t s) {
+void global_avg_pool_backward(void* dx, const void* dy, int64_t batch, int64_t c, int64_t plane,
+                              bool nhwc, DType t, bool acc, cudaStream_t s) {
   dispatch(t, [&](auto v) {
     using T = decltype(v);
-    gap_bwd_k<<<blocks_for(planes * plane), kThreads, 0, s>>>(
-        static_cast<T*>(dx), static_cast<const T*>(dy), planes, plane, acc);
+    if (nhwc)
+      gap_rows_bwd_k<<<blocks_for(batch * c * plane), kThreads, 0, s>>>(
+          static_cast<T*>(dx), static_cast<const T*>(dy), c, plane, batch * c * plane, acc);
+    else
+      gap_bwd_k<<<blocks_for(batch * c * plane), kThreads, 0, s>>>(
+          static_cast<T*>(dx), static_cast<const T*>(dy), batch * c, plane, acc);
   });
   check_launch();
 }
@@ -854,14 +1188,52 @@ void lrn_backward(void* dx, const void* dy, const void* x, const float* denom, c
   check_launch();
 }
 
-int64_t bn_scratch_floats(const BnShape& b) { return b.c * bn_splits(b) * 2; }
+namespace {
+// Channels-last reductions: at most this many row splits (the scratch holds c of them each).
+int64_t bn_rows_max_splits(const BnShape& b) {
+  return std::clamp<int64_t>((b.batch * b.plane + 15) / 16, 1, 2048);
+}
+struct RowsGrid {
+  dim3 grid, block;
+  uint32_t per = 0;
+};
+// Up to 32 channel vectors a block in x and the rest of kThreads as row lanes in y (a power of
+// two); enough row splits for some thousand blocks, each thread summing at least 16 rows.
+RowsGrid rows_grid(const BnShape& b, int vec) {
+  const int64_t rows = b.batch * b.plane, cv = b.c / vec;
+  const auto bx = static_cast<unsigned>(std::min<int64_t>(cv, 32));
+  unsigned by = 1;
+  while (by * 2 * bx <= static_cast<unsigned>(kThreads)) by *= 2;
+  const int64_t gy = (cv + bx - 1) / bx;
+  const int64_t want = (rows + by * 16 - 1) / (by * 16);
+  const int64_t splits = std::clamp<int64_t>(
+      want, 1, std::min(bn_rows_max_splits(b), std::max<int64_t>(1, 2048 / gy)));
+  RowsGrid r;
+  r.per = static_cast<uint32_t>((rows + splits - 1) / splits);
+  r.grid = dim3(static_cast<unsigned>((rows + r.per - 1) / r.per), static_cast<unsigned>(gy));
+  r.block = dim3(bx, by);
+  return r;
+}
+RowWalk row_walk(const BnShape& b, int vec) {
+  check_fast_div_range(b.batch * b.plane * b.c, "a tensor");
+  RowWalk w;
+  w.cv = FastDiv(b.c / vec);
+  w.rows = static_cast<uint32_t>(b.batch * b.plane);
+  w.vec = static_cast<uint32_t>(vec);
+  return w;
+}
+}  // namespace
+
+int64_t bn_scratch_floats(const BnShape& b) {
+  return b.c * (b.nhwc ? bn_rows_max_splits(b) : bn_splits(b)) * 2;
+}
 
 namespace {
 // The walk for a batch norm's tensors: 16-byte vectors where the plane is a multiple of one and
 // every pointer is aligned (the 7x7 planes of ResNet-50's last stage are not: one value a thread).
 template <typename T, typename... P>
 int bn_vec(const BnShape& b, const P*... p) {
-  return b.plane % kVec<T> == 0 && all_aligned16(p...) ? kVec<T> : 1;
+  return (b.nhwc ? b.c : b.plane) % kVec<T> == 0 && all_aligned16(p...) ? kVec<T> : 1;
 }
 // Runs f(std::integral_constant<int, V>{}) for the walk's vector width.
 template <typename T, typename F>
@@ -879,6 +1251,21 @@ void bn_statistics(float* mean, float* inv_std, float* running_mean, float* runn
   const unsigned per_channel = static_cast<unsigned>((b.c + kThreads - 1) / kThreads);
   if (!train) {
     bn_running_k<<<per_channel, kThreads, 0, s>>>(mean, inv_std, running_mean, running_var, b);
+    check_launch();
+    return;
+  }
+  if (b.nhwc) {
+    dispatch(t, [&](auto v) {
+      using T = decltype(v);
+      const int vec = bn_vec<T>(b, x);
+      const RowsGrid r = rows_grid(b, vec);
+      with_vec<T>(vec, [&](auto vc) {
+        bn_stat_rows_k<T, decltype(vc)::value>
+            <<<r.grid, r.block, 0, s>>>(scratch, static_cast<const T*>(x), row_walk(b, vec), r.per);
+      });
+      bn_stat_final_k<<<per_channel, kThreads, 0, s>>>(
+          mean, inv_std, running_mean, running_var, scratch, static_cast<const T*>(x), b, r.grid.x);
+    });
     check_launch();
     return;
   }
@@ -901,6 +1288,33 @@ void bn_statistics(float* mean, float* inv_std, float* running_mean, float* runn
 void bn_apply(void* y, const void* x, const void* res, bool relu, const float* mean,
               const float* inv_std, const float* gamma, const float* beta, const BnShape& b,
               DType t, cudaStream_t s) {
+  if (b.nhwc) {
+    dispatch(t, [&](auto v) {
+      using T = decltype(v);
+      const int vec = bn_vec<T>(b, y, x, res);
+      const RowWalk w = row_walk(b, vec);
+      auto* yt = static_cast<T*>(y);
+      const auto *xt = static_cast<const T*>(x), *rt = static_cast<const T*>(res);
+      const unsigned blocks = blocks_for(int64_t{w.rows} * w.cv.d);
+      with_vec<T>(vec, [&](auto vc) {
+        constexpr int V = decltype(vc)::value;
+        if (res && relu)
+          bn_apply_rows_k<T, V, true, true>
+              <<<blocks, kThreads, 0, s>>>(yt, xt, rt, mean, inv_std, gamma, beta, w);
+        else if (res)
+          bn_apply_rows_k<T, V, true, false>
+              <<<blocks, kThreads, 0, s>>>(yt, xt, rt, mean, inv_std, gamma, beta, w);
+        else if (relu)
+          bn_apply_rows_k<T, V, false, true>
+              <<<blocks, kThreads, 0, s>>>(yt, xt, rt, mean, inv_std, gamma, beta, w);
+        else
+          bn_apply_rows_k<T, V, false, false>
+              <<<blocks, kThreads, 0, s>>>(yt, xt, rt, mean, inv_std, gamma, beta, w);
+      });
+    });
+    check_launch();
+    return;
+  }
   dispatch(t, [&](auto v) {
     using T = decltype(v);
     const NchwWalk w(b.batch, b.c, b.plane, bn_vec<T>(b, y, x, res));
@@ -931,6 +1345,34 @@ void bn_backward(const BnGrad& g, float* dgamma, float* dbeta, const void* x, co
                  DType t, cudaStream_t s) {
   if (g.relu_y && !g.dz)
     throw std::logic_error("bn_backward: a fused ReLU's gated gradient needs somewhere to go (dz)");
+  if (b.nhwc) {
+    dispatch(t, [&](auto v) {
+      using T = decltype(v);
+      const int vec = bn_vec<T>(b, g.dx, g.dres, g.dy, g.relu_y, g.dz, x);
+      const RowsGrid r = rows_grid(b, vec);
+      const RowWalk w = row_walk(b, vec);
+      auto* dz = static_cast<T*>(g.dz);
+      const auto *dy = static_cast<const T*>(g.dy), *ry = static_cast<const T*>(g.relu_y),
+                 *xt = static_cast<const T*>(x);
+      with_vec<T>(vec, [&](auto vc) {
+        constexpr int V = decltype(vc)::value;
+        if (ry)
+          bn_grad_rows_k<T, V, true>
+              <<<r.grid, r.block, 0, s>>>(scratch, dz, dy, ry, xt, mean, inv_std, w, r.per);
+        else
+          bn_grad_rows_k<T, V, false>
+              <<<r.grid, r.block, 0, s>>>(scratch, dz, dy, ry, xt, mean, inv_std, w, r.per);
+        bn_grad_final_k<<<static_cast<unsigned>((b.c + kThreads - 1) / kThreads), kThreads, 0, s>>>(
+            dgamma, dbeta, scratch, b.c, r.grid.x);
+        if (g.dx || g.dres)
+          bn_dx_rows_k<T, V><<<blocks_for(int64_t{w.rows} * w.cv.d), kThreads, 0, s>>>(
+              static_cast<T*>(g.dx), static_cast<T*>(g.dres), dz ? dz : dy, xt, mean, inv_std,
+              gamma, dgamma, dbeta, w, static_cast<float>(b.batch * b.plane), g.acc_x);
+      });
+    });
+    check_launch();
+    return;
+  }
   const int64_t splits = bn_splits(b);
   dispatch(t, [&](auto v) {
     using T = decltype(v);

@@ -20,22 +20,33 @@ void relu_backward(void* dx, const void* dy, const void* x, int64_t n, DType t, 
 void add_forward(void* y, const void* a, const void* b, int64_t n, DType t, cudaStream_t s);
 void accumulate(void* dx, const void* dy, int64_t n, DType t, bool acc, cudaStream_t s);
 
+// Every function that takes `nhwc` reads and writes channels-last tensors {batch, plane, c} when
+// it is true, else {batch, c, plane}.
+
+// {outer, c, plane} <-> {outer, plane, c} (to_last: the first to the second), with a cast: the
+// input to channels-last, and a convolution's filters {k, c, r*s} to cuDNN's NHWC filter layout
+// and their gradient back.
+void transpose_channels(void* dst, DType dt, const void* src, DType st, int64_t outer, int64_t c,
+                        int64_t plane, bool to_last, cudaStream_t s);
+
 // Channels [first, first + c) of a {batch, total_c, plane} tensor <-> a {batch, c, plane} one.
 void slice_to_concat(void* cat, const void* x, int64_t batch, int64_t c, int64_t plane,
-                     int64_t total_c, int64_t first, DType t, cudaStream_t s);
+                     int64_t total_c, int64_t first, bool nhwc, DType t, cudaStream_t s);
 void concat_to_slice(void* dx, const void* dcat, int64_t batch, int64_t c, int64_t plane,
-                     int64_t total_c, int64_t first, DType t, bool acc, cudaStream_t s);
+                     int64_t total_c, int64_t first, bool nhwc, DType t, bool acc, cudaStream_t s);
 
 // y[n, c, i] += bias[c]; db[c] = sum over n, i of dy[n, c, i] (plane = 1 for feature vectors).
-void bias_add(void* y, const float* bias, int64_t batch, int64_t c, int64_t plane, DType t,
-              cudaStream_t s);
-void bias_grad(float* db, const void* dy, int64_t batch, int64_t c, int64_t plane, DType t,
-               cudaStream_t s);
+void bias_add(void* y, const float* bias, int64_t batch, int64_t c, int64_t plane, bool nhwc,
+              DType t, cudaStream_t s);
+void bias_grad(float* db, const void* dy, int64_t batch, int64_t c, int64_t plane, bool nhwc,
+               DType t, cudaStream_t s);
 
 struct PoolShape {
   int64_t planes = 0;  // batch * channels
+  int64_t c = 1;       // channels
   int64_t ih = 0, iw = 0, oh = 0, ow = 0;
   int64_t k = 1, stride = 1, pad = 0;
+  bool nhwc = false;
 };
 // Max pool keeps, per output, the offset of its winner within the input plane (ties: first in
 // scan order; padding and the positions ceil mode adds never win).
@@ -47,10 +58,11 @@ void max_pool_backward(void* dx, const void* dy, const int32_t* argmax, const Po
 void avg_pool_forward(void* y, const void* x, const PoolShape& p, DType t, cudaStream_t s);
 void avg_pool_backward(void* dx, const void* dy, const PoolShape& p, DType t, bool acc,
                        cudaStream_t s);
-void global_avg_pool_forward(void* y, const void* x, int64_t planes, int64_t plane, DType t,
-                             cudaStream_t s);
-void global_avg_pool_backward(void* dx, const void* dy, int64_t planes, int64_t plane, DType t,
-                              bool acc, cudaStream_t s);
+// y {batch, c} = the mean over each plane.
+void global_avg_pool_forward(void* y, const void* x, int64_t batch, int64_t c, int64_t plane,
+                             bool nhwc, DType t, cudaStream_t s);
+void global_avg_pool_backward(void* dx, const void* dy, int64_t batch, int64_t c, int64_t plane,
+                              bool nhwc, DType t, bool acc, cudaStream_t s);
 
 // Inverted dropout with the masks of kernels::dropout_multiplier, recomputed in backward.
 struct DropoutKey {
@@ -75,9 +87,11 @@ void lrn_backward(void* dx, const void* dy, const void* x, const float* denom, c
                   DType t, bool acc, cudaStream_t s);
 
 // Batch norm over {batch, c, plane}. `scratch` holds bn_scratch_floats(...) floats.
+// nhwc: the tensors are channels-last, {batch, plane, c}; else {batch, c, plane}.
 struct BnShape {
   int64_t batch = 0, c = 0, plane = 1;
   float eps = 1e-5f, momentum = 0.1f;
+  bool nhwc = false;
 };
 int64_t bn_scratch_floats(const BnShape& b);
 // Training: batch statistics into mean / inv_std and the running statistics updated as PyTorch

@@ -81,11 +81,13 @@ void compare(const Graph& g, int64_t batch, const Maker& gpu, const Maker& ref, 
   require(v);
 }
 
-auto cuda_maker(const Graph& g, int64_t batch, Precision p, bool tf32, bool fuse = true) {
-  return [&g, batch, p, tf32, fuse](ParamStore& s, const std::vector<Bucket>& b) {
+auto cuda_maker(const Graph& g, int64_t batch, Precision p, bool tf32, bool fuse = true,
+                bool nhwc = false) {
+  return [&g, batch, p, tf32, fuse, nhwc](ParamStore& s, const std::vector<Bucket>& b) {
     CudaOptions o;
     o.tf32 = tf32;
     o.fuse = fuse;
+    o.nhwc = nhwc;
     return std::unique_ptr<Executor>(make_cuda_executor(g, batch, s, b, p, o));
   };
 }
@@ -101,6 +103,16 @@ Graph around(const std::function<int(Graph&, int)>& layer, Dims input = {5, 9, 9
   const int c = g.conv("conv0", g.input(), {6, 3, 1, 1, true});
   const int l = layer(g, c);
   g.set_output(g.fully_connected("fc", l, {7, true}));
+  return g;
+}
+
+// input -> conv -> LAYER -> global average pool -> fc: for channels-last, whose fully connected
+// layers read feature vectors only.
+Graph around_pooled(const std::function<int(Graph&, int)>& layer, Dims input = {5, 9, 9}) {
+  Graph g(std::move(input));
+  const int c = g.conv("conv0", g.input(), {8, 3, 1, 1, true});
+  const int l = layer(g, c);
+  g.set_output(g.fully_connected("fc", g.global_avg_pool(l), {7, true}));
   return g;
 }
 
@@ -195,25 +207,25 @@ double relative_l2(const std::vector<float>& got, const std::vector<float>& want
 // norm, whose gradient the fused pass writes directly), read also by a layer that backward
 // visits later (the fused pass writes its gradient first) or earlier (it adds to it). Each on
 // 8x8 planes (16-byte vectors) and on 9x9 ones (one value a thread).
-std::vector<std::pair<std::string, std::function<int(Graph&, int)>>> fusable_blocks() {
+std::vector<std::pair<std::string, std::function<int(Graph&, int)>>> fusable_blocks(int64_t c = 6) {
   return {
       {"batch norm + relu",
        [](Graph& g, int x) {
          return g.relu(g.batch_norm("bn", x, {1e-3f, 0.1f}));
        }},
       {"batch norm + add + relu, projection shortcut",
-       [](Graph& g, int x) {
-         const int a = g.batch_norm("bna", g.conv("a", x, {6, 3, 1, 1, false}), {1e-5f, 0.1f});
-         const int b = g.batch_norm("bnb", g.conv("b", x, {6, 1, 1, 0, false}), {1e-5f, 0.1f});
+       [c](Graph& g, int x) {
+         const int a = g.batch_norm("bna", g.conv("a", x, {c, 3, 1, 1, false}), {1e-5f, 0.1f});
+         const int b = g.batch_norm("bnb", g.conv("b", x, {c, 1, 1, 0, false}), {1e-5f, 0.1f});
          return g.relu(g.add(a, b));
        }},
       {"batch norm + add + relu, identity shortcut written first",
-       [](Graph& g, int x) {
-         return g.relu(g.add(g.batch_norm("bn", g.conv("a", x, {6, 3, 1, 1, false})), x));
+       [c](Graph& g, int x) {
+         return g.relu(g.add(g.batch_norm("bn", g.conv("a", x, {c, 3, 1, 1, false})), x));
        }},
       {"batch norm + add + relu, identity shortcut read again after",
-       [](Graph& g, int x) {
-         const int r = g.relu(g.add(x, g.batch_norm("bn", g.conv("a", x, {6, 3, 1, 1, false}))));
+       [c](Graph& g, int x) {
+         const int r = g.relu(g.add(x, g.batch_norm("bn", g.conv("a", x, {c, 3, 1, 1, false}))));
          return g.concat({r, x});
        }},
   };
@@ -460,4 +472,85 @@ TEST_CASE("resident training on the device follows host-authoritative training")
   require(compare_tensor("weights after 3 steps", dev_store.params, host_store.params, 1e-4));
   require(compare_tensor("running statistics after 3 steps", dev_store.buffers, host_store.buffers,
                          1e-4));
+}
+
+TEST_CASE("channels-last agrees with the reference backend and with channels-first (fp32)") {
+  const std::vector<std::pair<std::string, std::function<int(Graph&, int)>>> layers = {
+      {"conv stride 2 with bias",
+       [](Graph& g, int x) {
+         return g.conv("c", x, {16, 3, 2, 1, true});
+       }},
+      {"conv 1x1 to 5 channels (no 16-byte vectors)",
+       [](Graph& g, int x) {
+         return g.conv("c", x, {5, 1, 1, 0, false});
+       }},
+      {"max pool ceil mode",
+       [](Graph& g, int x) {
+         return g.max_pool(x, {3, 2, 0, true});
+       }},
+      {"max pool padded",
+       [](Graph& g, int x) {
+         return g.max_pool(x, {3, 2, 1, false});
+       }},
+      {"avg pool",
+       [](Graph& g, int x) {
+         return g.avg_pool(x, {3, 2, 1, false});
+       }},
+      {"concat of three branches",
+       [](Graph& g, int x) {
+         return g.concat({g.conv("a", x, {3, 1, 1, 0, false}), x, g.relu(x)});
+       }},
+      {"batch norm alone", [](Graph& g, int x) { return g.batch_norm("bn", x); }},
+  };
+  auto all = layers;
+  all.emplace_back("batch norm + relu over 5 channels (no 16-byte vectors)", [](Graph& g, int x) {
+    return g.relu(g.batch_norm("bn", g.conv("c", x, {5, 1, 1, 0, false})));
+  });
+  for (const auto& b : fusable_blocks(8)) all.push_back(b);
+  for (const auto& [name, layer] : all) {
+    for (const int side : {8, 9}) {
+      SECTION(name + " at " + std::to_string(side) + "x" + std::to_string(side)) {
+        const Graph g = around_pooled(layer, {5, side, side});
+        const int64_t batch = 3;
+        compare(g, batch, cuda_maker(g, batch, Precision::Fp32, false, true, true),
+                reference_maker(g, batch), 1e-4);
+      }
+    }
+  }
+  for (const std::string model : {"resnet18", "googlenet"}) {
+    SECTION(model + " at 32x32 against channels-first") {
+      const Graph g = small_model(model, 32);
+      const int64_t batch = 4;
+      require(differences(run(g, batch, cuda_maker(g, batch, Precision::Fp32, false, true, true)),
+                          run(g, batch, cuda_maker(g, batch, Precision::Fp32, false, true, false)),
+                          2e-4));
+      const Outcome last = run(g, batch, cuda_maker(g, batch, Precision::Bf16, false, true, true));
+      const Outcome first =
+          run(g, batch, cuda_maker(g, batch, Precision::Bf16, false, true, false));
+      const double eval = relative_l2(last.eval_logits, first.eval_logits);
+      std::printf("%s bf16 channels-last against channels-first: eval logits %.3g\n", model.c_str(),
+                  eval);
+      CHECK(eval <= 3e-2);
+    }
+  }
+}
+
+TEST_CASE("channels-last refuses in one line the layers it does not cover") {
+  const int64_t batch = 2;
+  for (const auto& [layer, name] : {std::pair<std::function<int(Graph&, int)>, std::string>{
+                                        [](Graph&g, int x) {
+                                          return g.lrn(x, {5, 1e-2f, 0.75f, 2.f});
+                                        },
+                                        "lrn"},
+                                    {[](Graph&g, int x) {
+                                       return g.dropout(x, {0.3f, 9});
+                                     },
+                                     "dropout"},
+                                    {[](Graph&g, int x) { return g.relu(x); }, "fc"}}) {
+    const Graph g = around(layer);
+    ParamStore s(g);
+    CHECK_THROWS_WITH(cuda_maker(g, batch, Precision::Fp32, false, true, true)(s, {}),
+                      Catch::Contains("CUDA backend: channels-last (nhwc) cannot run layer") &&
+                          Catch::Contains("run it channels-first"));
+  }
 }
