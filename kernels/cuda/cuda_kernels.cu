@@ -294,65 +294,51 @@ __global__ void bias_grad_k(float* db, const T* dy, NchwWalk w) {
   if (threadIdx.x == 0) db[ch] = part[0];
 }
 
-// Where output o of a pool reads: its window's origin (oh, ow) and the offset of its (image,
-// channel) in the input, with the input's pixel stride (1, or c channels-last).
-struct PoolOut {
-  int64_t base, oh, ow, px;
+// Element idx of one side of a pool, {planes, h, w} (channels-last: {batch, h, w, c}): its
+// position (h, w), and where its (image, channel) starts on the other side, {planes, oh, ow},
+// with that side's pixel stride (1, or c channels-last). An output's window reads the input from
+// there; an input's covering windows are outputs from there.
+struct PoolPos {
+  int64_t h, w, other, px;
 };
-__device__ __forceinline__ PoolOut pool_out(int64_t o, const PoolShape& p) {
-  PoolOut r;
+__device__ __forceinline__ PoolPos pool_pos(int64_t idx, int64_t h, int64_t w, int64_t oh,
+                                            int64_t ow, const PoolShape& p) {
+  PoolPos r;
   if (!p.nhwc) {
-    const int64_t plane = o / (p.oh * p.ow), q = o % (p.oh * p.ow);
-    r.oh = q / p.ow;
-    r.ow = q % p.ow;
-    r.base = plane * p.ih * p.iw;
+    const int64_t plane = idx / (h * w), q = idx % (h * w);
+    r.h = q / w;
+    r.w = q % w;
+    r.other = plane * oh * ow;
     r.px = 1;
   } else {
-    const int64_t ch = o % p.c, pix = o / p.c;
-    r.ow = pix % p.ow;
-    const int64_t t = pix / p.ow;
-    r.oh = t % p.oh;
-    r.base = (t / p.oh) * p.ih * p.iw * p.c + ch;
+    const int64_t ch = idx % p.c, pix = idx / p.c;
+    r.w = pix % w;
+    const int64_t t = pix / w;
+    r.h = t % h;
+    r.other = (t / h) * oh * ow * p.c + ch;
     r.px = p.c;
   }
   return r;
 }
-// Input i of a pool: its position (ih, iw) and the output index of window (oh, ow) is
-// obase + (oh * ow_count + ow) * opx.
-struct PoolIn {
-  int64_t ih, iw, obase, opx;
-};
-__device__ __forceinline__ PoolIn pool_in(int64_t i, const PoolShape& p) {
-  PoolIn r;
-  if (!p.nhwc) {
-    const int64_t plane = i / (p.ih * p.iw), q = i % (p.ih * p.iw);
-    r.ih = q / p.iw;
-    r.iw = q % p.iw;
-    r.obase = plane * p.oh * p.ow;
-    r.opx = 1;
-  } else {
-    const int64_t ch = i % p.c, pix = i / p.c;
-    r.iw = pix % p.iw;
-    const int64_t t = pix / p.iw;
-    r.ih = t % p.ih;
-    r.obase = (t / p.ih) * p.oh * p.ow * p.c + ch;
-    r.opx = p.c;
-  }
-  return r;
+__device__ __forceinline__ PoolPos pool_out(int64_t o, const PoolShape& p) {
+  return pool_pos(o, p.oh, p.ow, p.ih, p.iw, p);
+}
+__device__ __forceinline__ PoolPos pool_in(int64_t i, const PoolShape& p) {
+  return pool_pos(i, p.ih, p.iw, p.oh, p.ow, p);
 }
 
 template <typename T>
 __global__ void max_pool_fwd_k(T* y, int32_t* argmax, const T* x, PoolShape p) {
   GG_GRID_LOOP(o, p.planes * p.oh * p.ow) {
-    const PoolOut w = pool_out(o, p);
-    const T* in = x + w.base;
+    const PoolPos w = pool_out(o, p);
+    const T* in = x + w.other;
     float best = 0.f;
     int64_t best_at = -1;
     for (int64_t kh = 0; kh < p.k; ++kh) {
-      const int64_t ih = w.oh * p.stride - p.pad + kh;
+      const int64_t ih = w.h * p.stride - p.pad + kh;
       if (ih < 0 || ih >= p.ih) continue;
       for (int64_t kw = 0; kw < p.k; ++kw) {
-        const int64_t iw = w.ow * p.stride - p.pad + kw;
+        const int64_t iw = w.w * p.stride - p.pad + kw;
         if (iw < 0 || iw >= p.iw) continue;
         const float v = ld(in, (ih * p.iw + iw) * w.px);
         if (best_at < 0 || v > best || isnan(v)) {
@@ -377,15 +363,15 @@ __device__ __forceinline__ void covering(int64_t i, int64_t k, int64_t s, int64_
 template <typename T>
 __global__ void max_pool_bwd_k(T* dx, const T* dy, const int32_t* argmax, PoolShape p, bool acc) {
   GG_GRID_LOOP(i, p.planes * p.ih * p.iw) {
-    const PoolIn w = pool_in(i, p);
-    const int64_t r = w.ih * p.iw + w.iw;
+    const PoolPos w = pool_in(i, p);
+    const int64_t r = w.h * p.iw + w.w;
     int64_t h0, h1, w0, w1;
-    covering(w.ih, p.k, p.stride, p.pad, p.oh, h0, h1);
-    covering(w.iw, p.k, p.stride, p.pad, p.ow, w0, w1);
+    covering(w.h, p.k, p.stride, p.pad, p.oh, h0, h1);
+    covering(w.w, p.k, p.stride, p.pad, p.ow, w0, w1);
     float sum = 0.f;
     for (int64_t oh = h0; oh <= h1; ++oh)
       for (int64_t ow = w0; ow <= w1; ++ow) {
-        const int64_t o = w.obase + (oh * p.ow + ow) * w.opx;
+        const int64_t o = w.other + (oh * p.ow + ow) * w.px;
         if (argmax[o] == r) sum += ld(dy, o);
       }
     put(dx, i, sum, acc);
@@ -396,14 +382,14 @@ template <typename T>
 __global__ void avg_pool_fwd_k(T* y, const T* x, PoolShape p) {
   const float inv = 1.f / static_cast<float>(p.k * p.k);
   GG_GRID_LOOP(o, p.planes * p.oh * p.ow) {
-    const PoolOut w = pool_out(o, p);
-    const T* in = x + w.base;
+    const PoolPos w = pool_out(o, p);
+    const T* in = x + w.other;
     float sum = 0.f;
     for (int64_t kh = 0; kh < p.k; ++kh) {
-      const int64_t ih = w.oh * p.stride - p.pad + kh;
+      const int64_t ih = w.h * p.stride - p.pad + kh;
       if (ih < 0 || ih >= p.ih) continue;
       for (int64_t kw = 0; kw < p.k; ++kw) {
-        const int64_t iw = w.ow * p.stride - p.pad + kw;
+        const int64_t iw = w.w * p.stride - p.pad + kw;
         if (iw >= 0 && iw < p.iw) sum += ld(in, (ih * p.iw + iw) * w.px);
       }
     }
@@ -415,13 +401,13 @@ template <typename T>
 __global__ void avg_pool_bwd_k(T* dx, const T* dy, PoolShape p, bool acc) {
   const float inv = 1.f / static_cast<float>(p.k * p.k);
   GG_GRID_LOOP(i, p.planes * p.ih * p.iw) {
-    const PoolIn w = pool_in(i, p);
+    const PoolPos w = pool_in(i, p);
     int64_t h0, h1, w0, w1;
-    covering(w.ih, p.k, p.stride, p.pad, p.oh, h0, h1);
-    covering(w.iw, p.k, p.stride, p.pad, p.ow, w0, w1);
+    covering(w.h, p.k, p.stride, p.pad, p.oh, h0, h1);
+    covering(w.w, p.k, p.stride, p.pad, p.ow, w0, w1);
     float sum = 0.f;
     for (int64_t oh = h0; oh <= h1; ++oh)
-      for (int64_t ow = w0; ow <= w1; ++ow) sum += ld(dy, w.obase + (oh * p.ow + ow) * w.opx);
+      for (int64_t ow = w0; ow <= w1; ++ow) sum += ld(dy, w.other + (oh * p.ow + ow) * w.px);
     put(dx, i, sum * inv, acc);
   }
 }
@@ -624,22 +610,23 @@ __global__ void bn_running_k(float* mean, float* inv_std, const float* running_m
   inv_std[c] = static_cast<float>(1.0 / sqrt(static_cast<double>(running_var[c]) + b.eps));
 }
 
-// y = [relu]((x - mean) * gamma * inv_std + beta [+ res]), one vector per thread and pass.
-template <typename T, int V, bool Res, bool Relu>
+// y = [relu]((x - mean) * gamma * inv_std + beta [+ res]), one vector per thread and pass, over
+// an NchwWalk (every lane of a vector in one channel) or a RowWalk (lane e in channel c0 + e).
+template <typename T, int V, bool Res, bool Relu, typename W>
 __global__ void bn_apply_k(T* y, const T* x, const T* res, const float* mean, const float* inv_std,
-                           const float* gamma, const float* beta, NchwWalk w) {
+                           const float* gamma, const float* beta, W w) {
   const uint32_t vectors = w.vectors();
   for (uint32_t j = blockIdx.x * blockDim.x + threadIdx.x; j < vectors;
        j += blockDim.x * gridDim.x) {
-    const uint32_t c = w.channel(j);
-    const float mu = mean[c], scale = gamma[c] * inv_std[c], shift = beta[c];
+    const uint32_t c0 = w.channel(j);
     float a[V];
     load<V>(x, static_cast<int64_t>(j) * V, a);
     float r[V];
     if constexpr (Res) load<V>(res, static_cast<int64_t>(j) * V, r);
 #pragma unroll
     for (int e = 0; e < V; ++e) {
-      float v = (a[e] - mu) * scale + shift;
+      const uint32_t c = c0 + e * W::kLaneStep;
+      float v = (a[e] - mean[c]) * (gamma[c] * inv_std[c]) + beta[c];
       if constexpr (Res) v += r[e];
       if constexpr (Relu) v = v <= 0.f ? 0.f : v;  // NaN passes, as in relu_forward
       a[e] = v;
@@ -698,75 +685,15 @@ __global__ void bn_grad_final_k(float* dgamma, float* dbeta, const float* part, 
 }
 
 // Pass 2: dx = gamma * inv_std / M * (M * g - sum(g) - xhat * sum(g * xhat)), and the residual's
-// gradient += g where another reader wrote it first.
-template <typename T, int V>
+// gradient += g where another reader wrote it first; over either walk, as bn_apply_k.
+template <typename T, int V, typename W>
 __global__ void bn_dx_k(T* dx, T* dres, const T* g_in, const T* x, const float* mean,
                         const float* inv_std, const float* gamma, const float* dgamma,
-                        const float* dbeta, NchwWalk w, float count, bool acc) {
+                        const float* dbeta, W w, float count, bool acc) {
   const uint32_t vectors = w.vectors();
   for (uint32_t j = blockIdx.x * blockDim.x + threadIdx.x; j < vectors;
        j += blockDim.x * gridDim.x) {
-    const uint32_t c = w.channel(j);
-    const float mu = mean[c], is = inv_std[c], k = gamma[c] * is / count;
-    const float sg = dbeta[c], sgx = dgamma[c];
-    const int64_t at = static_cast<int64_t>(j) * V;
-    float g[V], a[V], d[V];
-    load<V>(g_in, at, g);
-    if (dres) {
-#pragma unroll
-      for (int e = 0; e < V; ++e) d[e] = g[e];
-      put_vec<V>(dres, at, d, true);
-    }
-    if (!dx) continue;
-    load<V>(x, at, a);
-#pragma unroll
-    for (int e = 0; e < V; ++e) d[e] = k * (count * g[e] - sg - (a[e] - mu) * is * sgx);
-    put_vec<V>(dx, at, d, acc);
-  }
-}
-
-// Channels-last batch norm. Element-wise passes: vector j holds channels (j mod cv) * V + [0, V)
-// of one pixel (cv = c / V channel vectors a pixel). Reductions: block (k, g) holds blockDim.x
-// channel vectors of group g in x and blockDim.y row lanes in y, over pixels (rows)
-// [k * per, (k + 1) * per); each thread sums its V channels over its rows, the lanes are added
-// in shared memory, and row lane 0 writes the block's partial sums per channel.
-struct RowWalk {
-  FastDiv cv;  // channel vectors a row
-  uint32_t rows = 0, vec = 1;
-};
-
-template <typename T, int V, bool Res, bool Relu>
-__global__ void bn_apply_rows_k(T* y, const T* x, const T* res, const float* mean,
-                                const float* inv_std, const float* gamma, const float* beta,
-                                RowWalk w) {
-  const uint32_t vectors = w.rows * w.cv.d;
-  for (uint32_t j = blockIdx.x * blockDim.x + threadIdx.x; j < vectors;
-       j += blockDim.x * gridDim.x) {
-    const uint32_t c0 = w.cv.mod(j) * V;
-    const int64_t at = static_cast<int64_t>(j) * V;
-    float a[V], r[V];
-    load<V>(x, at, a);
-    if constexpr (Res) load<V>(res, at, r);
-#pragma unroll
-    for (int e = 0; e < V; ++e) {
-      const int c = static_cast<int>(c0) + e;
-      float v = (a[e] - mean[c]) * (gamma[c] * inv_std[c]) + beta[c];
-      if constexpr (Res) v += r[e];
-      if constexpr (Relu) v = v <= 0.f ? 0.f : v;
-      a[e] = v;
-    }
-    store<V>(y, at, a);
-  }
-}
-
-template <typename T, int V>
-__global__ void bn_dx_rows_k(T* dx, T* dres, const T* g_in, const T* x, const float* mean,
-                             const float* inv_std, const float* gamma, const float* dgamma,
-                             const float* dbeta, RowWalk w, float count, bool acc) {
-  const uint32_t vectors = w.rows * w.cv.d;
-  for (uint32_t j = blockIdx.x * blockDim.x + threadIdx.x; j < vectors;
-       j += blockDim.x * gridDim.x) {
-    const uint32_t c0 = w.cv.mod(j) * V;
+    const uint32_t c0 = w.channel(j);
     const int64_t at = static_cast<int64_t>(j) * V;
     float g[V], a[V], d[V];
     load<V>(g_in, at, g);
@@ -779,13 +706,19 @@ __global__ void bn_dx_rows_k(T* dx, T* dres, const T* g_in, const T* x, const fl
     load<V>(x, at, a);
 #pragma unroll
     for (int e = 0; e < V; ++e) {
-      const int c = static_cast<int>(c0) + e;
+      const uint32_t c = c0 + e * W::kLaneStep;
       const float is = inv_std[c];
       d[e] = gamma[c] * is / count * (count * g[e] - dbeta[c] - (a[e] - mean[c]) * is * dgamma[c]);
     }
     put_vec<V>(dx, at, d, acc);
   }
 }
+
+// Channels-last batch norm reductions (its element-wise passes are bn_apply_k and bn_dx_k over a
+// RowWalk): block (k, g) holds blockDim.x channel vectors of group g in x and blockDim.y row
+// lanes in y, over pixels (rows)
+// [k * per, (k + 1) * per); each thread sums its V channels over its rows, the lanes are added
+// in shared memory, and row lane 0 writes the block's partial sums per channel.
 
 // Adds the row lanes' sums (blockDim.y of them, a power of two) and writes lane 0's per channel.
 template <int V>
@@ -1214,14 +1147,7 @@ RowsGrid rows_grid(const BnShape& b, int vec) {
   r.block = dim3(bx, by);
   return r;
 }
-RowWalk row_walk(const BnShape& b, int vec) {
-  check_fast_div_range(b.batch * b.plane * b.c, "a tensor");
-  RowWalk w;
-  w.cv = FastDiv(b.c / vec);
-  w.rows = static_cast<uint32_t>(b.batch * b.plane);
-  w.vec = static_cast<uint32_t>(vec);
-  return w;
-}
+RowWalk row_walk(const BnShape& b, int vec) { return RowWalk(b.batch * b.plane, b.c, vec); }
 }  // namespace
 
 int64_t bn_scratch_floats(const BnShape& b) {
@@ -1254,88 +1180,68 @@ void bn_statistics(float* mean, float* inv_std, float* running_mean, float* runn
     check_launch();
     return;
   }
-  if (b.nhwc) {
-    dispatch(t, [&](auto v) {
-      using T = decltype(v);
-      const int vec = bn_vec<T>(b, x);
-      const RowsGrid r = rows_grid(b, vec);
-      with_vec<T>(vec, [&](auto vc) {
-        bn_stat_rows_k<T, decltype(vc)::value>
-            <<<r.grid, r.block, 0, s>>>(scratch, static_cast<const T*>(x), row_walk(b, vec), r.per);
-      });
-      bn_stat_final_k<<<per_channel, kThreads, 0, s>>>(
-          mean, inv_std, running_mean, running_var, scratch, static_cast<const T*>(x), b, r.grid.x);
-    });
-    check_launch();
-    return;
-  }
-  const int64_t splits = bn_splits(b);
   dispatch(t, [&](auto v) {
     using T = decltype(v);
-    const NchwWalk w(b.batch, b.c, b.plane, bn_vec<T>(b, x));
-    const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(b.c));
-    const auto per = static_cast<uint32_t>(bn_images_per_split(b));
-    with_vec<T>(static_cast<int>(w.vec), [&](auto vec) {
-      bn_stat_partial_k<T, decltype(vec)::value>
-          <<<grid, kThreads, 0, s>>>(scratch, static_cast<const T*>(x), w, per);
+    const int vec = bn_vec<T>(b, x);
+    const auto* xt = static_cast<const T*>(x);
+    int64_t splits = 0;
+    with_vec<T>(vec, [&](auto vc) {
+      constexpr int V = decltype(vc)::value;
+      if (b.nhwc) {
+        const RowsGrid r = rows_grid(b, vec);
+        splits = r.grid.x;
+        bn_stat_rows_k<T, V><<<r.grid, r.block, 0, s>>>(scratch, xt, row_walk(b, vec), r.per);
+      } else {
+        splits = bn_splits(b);
+        const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(b.c));
+        bn_stat_partial_k<T, V>
+            <<<grid, kThreads, 0, s>>>(scratch, xt, NchwWalk(b.batch, b.c, b.plane, vec),
+                                       static_cast<uint32_t>(bn_images_per_split(b)));
+      }
     });
     bn_stat_final_k<<<per_channel, kThreads, 0, s>>>(mean, inv_std, running_mean, running_var,
-                                                     scratch, static_cast<const T*>(x), b, splits);
+                                                     scratch, xt, b, splits);
   });
   check_launch();
 }
 
+namespace {
+template <typename T, typename W>
+void launch_bn_apply(const W& w, int vec, T* y, const T* x, const T* res, bool relu,
+                     const float* mean, const float* inv_std, const float* gamma, const float* beta,
+                     cudaStream_t s) {
+  const unsigned blocks = blocks_for(w.vectors());
+  with_vec<T>(vec, [&](auto vc) {
+    constexpr int V = decltype(vc)::value;
+    if (res && relu)
+      bn_apply_k<T, V, true, true>
+          <<<blocks, kThreads, 0, s>>>(y, x, res, mean, inv_std, gamma, beta, w);
+    else if (res)
+      bn_apply_k<T, V, true, false>
+          <<<blocks, kThreads, 0, s>>>(y, x, res, mean, inv_std, gamma, beta, w);
+    else if (relu)
+      bn_apply_k<T, V, false, true>
+          <<<blocks, kThreads, 0, s>>>(y, x, res, mean, inv_std, gamma, beta, w);
+    else
+      bn_apply_k<T, V, false, false>
+          <<<blocks, kThreads, 0, s>>>(y, x, res, mean, inv_std, gamma, beta, w);
+  });
+}
+}  // namespace
+
 void bn_apply(void* y, const void* x, const void* res, bool relu, const float* mean,
               const float* inv_std, const float* gamma, const float* beta, const BnShape& b,
               DType t, cudaStream_t s) {
-  if (b.nhwc) {
-    dispatch(t, [&](auto v) {
-      using T = decltype(v);
-      const int vec = bn_vec<T>(b, y, x, res);
-      const RowWalk w = row_walk(b, vec);
-      auto* yt = static_cast<T*>(y);
-      const auto *xt = static_cast<const T*>(x), *rt = static_cast<const T*>(res);
-      const unsigned blocks = blocks_for(int64_t{w.rows} * w.cv.d);
-      with_vec<T>(vec, [&](auto vc) {
-        constexpr int V = decltype(vc)::value;
-        if (res && relu)
-          bn_apply_rows_k<T, V, true, true>
-              <<<blocks, kThreads, 0, s>>>(yt, xt, rt, mean, inv_std, gamma, beta, w);
-        else if (res)
-          bn_apply_rows_k<T, V, true, false>
-              <<<blocks, kThreads, 0, s>>>(yt, xt, rt, mean, inv_std, gamma, beta, w);
-        else if (relu)
-          bn_apply_rows_k<T, V, false, true>
-              <<<blocks, kThreads, 0, s>>>(yt, xt, rt, mean, inv_std, gamma, beta, w);
-        else
-          bn_apply_rows_k<T, V, false, false>
-              <<<blocks, kThreads, 0, s>>>(yt, xt, rt, mean, inv_std, gamma, beta, w);
-      });
-    });
-    check_launch();
-    return;
-  }
   dispatch(t, [&](auto v) {
     using T = decltype(v);
-    const NchwWalk w(b.batch, b.c, b.plane, bn_vec<T>(b, y, x, res));
+    const int vec = bn_vec<T>(b, y, x, res);
     auto* yt = static_cast<T*>(y);
     const auto *xt = static_cast<const T*>(x), *rt = static_cast<const T*>(res);
-    const unsigned blocks = blocks_for(w.vectors());
-    with_vec<T>(static_cast<int>(w.vec), [&](auto vec) {
-      constexpr int V = decltype(vec)::value;
-      if (res && relu)
-        bn_apply_k<T, V, true, true>
-            <<<blocks, kThreads, 0, s>>>(yt, xt, rt, mean, inv_std, gamma, beta, w);
-      else if (res)
-        bn_apply_k<T, V, true, false>
-            <<<blocks, kThreads, 0, s>>>(yt, xt, rt, mean, inv_std, gamma, beta, w);
-      else if (relu)
-        bn_apply_k<T, V, false, true>
-            <<<blocks, kThreads, 0, s>>>(yt, xt, rt, mean, inv_std, gamma, beta, w);
-      else
-        bn_apply_k<T, V, false, false>
-            <<<blocks, kThreads, 0, s>>>(yt, xt, rt, mean, inv_std, gamma, beta, w);
-    });
+    if (b.nhwc)
+      launch_bn_apply(row_walk(b, vec), vec, yt, xt, rt, relu, mean, inv_std, gamma, beta, s);
+    else
+      launch_bn_apply(NchwWalk(b.batch, b.c, b.plane, vec), vec, yt, xt, rt, relu, mean, inv_std,
+                      gamma, beta, s);
   });
   check_launch();
 }
@@ -1345,57 +1251,52 @@ void bn_backward(const BnGrad& g, float* dgamma, float* dbeta, const void* x, co
                  DType t, cudaStream_t s) {
   if (g.relu_y && !g.dz)
     throw std::logic_error("bn_backward: a fused ReLU's gated gradient needs somewhere to go (dz)");
-  if (b.nhwc) {
-    dispatch(t, [&](auto v) {
-      using T = decltype(v);
-      const int vec = bn_vec<T>(b, g.dx, g.dres, g.dy, g.relu_y, g.dz, x);
-      const RowsGrid r = rows_grid(b, vec);
-      const RowWalk w = row_walk(b, vec);
-      auto* dz = static_cast<T*>(g.dz);
-      const auto *dy = static_cast<const T*>(g.dy), *ry = static_cast<const T*>(g.relu_y),
-                 *xt = static_cast<const T*>(x);
-      with_vec<T>(vec, [&](auto vc) {
-        constexpr int V = decltype(vc)::value;
+  dispatch(t, [&](auto v) {
+    using T = decltype(v);
+    const int vec = bn_vec<T>(b, g.dx, g.dres, g.dy, g.relu_y, g.dz, x);
+    auto *dz = static_cast<T*>(g.dz), *dx = static_cast<T*>(g.dx), *dres = static_cast<T*>(g.dres);
+    const auto *dy = static_cast<const T*>(g.dy), *ry = static_cast<const T*>(g.relu_y),
+               *xt = static_cast<const T*>(x);
+    const auto count = static_cast<float>(b.batch * b.plane);
+    with_vec<T>(vec, [&](auto vc) {
+      constexpr int V = decltype(vc)::value;
+      // Pass 1: the two sums per channel (and g written to dz).
+      int64_t splits = 0;
+      if (b.nhwc) {
+        const RowsGrid r = rows_grid(b, vec);
+        splits = r.grid.x;
+        const RowWalk w = row_walk(b, vec);
         if (ry)
           bn_grad_rows_k<T, V, true>
               <<<r.grid, r.block, 0, s>>>(scratch, dz, dy, ry, xt, mean, inv_std, w, r.per);
         else
           bn_grad_rows_k<T, V, false>
               <<<r.grid, r.block, 0, s>>>(scratch, dz, dy, ry, xt, mean, inv_std, w, r.per);
-        bn_grad_final_k<<<static_cast<unsigned>((b.c + kThreads - 1) / kThreads), kThreads, 0, s>>>(
-            dgamma, dbeta, scratch, b.c, r.grid.x);
-        if (g.dx || g.dres)
-          bn_dx_rows_k<T, V><<<blocks_for(int64_t{w.rows} * w.cv.d), kThreads, 0, s>>>(
-              static_cast<T*>(g.dx), static_cast<T*>(g.dres), dz ? dz : dy, xt, mean, inv_std,
-              gamma, dgamma, dbeta, w, static_cast<float>(b.batch * b.plane), g.acc_x);
-      });
-    });
-    check_launch();
-    return;
-  }
-  const int64_t splits = bn_splits(b);
-  dispatch(t, [&](auto v) {
-    using T = decltype(v);
-    const NchwWalk w(b.batch, b.c, b.plane, bn_vec<T>(b, g.dx, g.dres, g.dy, g.relu_y, g.dz, x));
-    const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(b.c));
-    const auto per = static_cast<uint32_t>(bn_images_per_split(b));
-    auto* dz = static_cast<T*>(g.dz);
-    const auto *dy = static_cast<const T*>(g.dy), *ry = static_cast<const T*>(g.relu_y),
-               *xt = static_cast<const T*>(x);
-    with_vec<T>(static_cast<int>(w.vec), [&](auto vec) {
-      constexpr int V = decltype(vec)::value;
-      if (ry)
-        bn_grad_partial_k<T, V, true>
-            <<<grid, kThreads, 0, s>>>(scratch, dz, dy, ry, xt, mean, inv_std, w, per);
-      else
-        bn_grad_partial_k<T, V, false>
-            <<<grid, kThreads, 0, s>>>(scratch, dz, dy, ry, xt, mean, inv_std, w, per);
+      } else {
+        splits = bn_splits(b);
+        const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(b.c));
+        const NchwWalk w(b.batch, b.c, b.plane, vec);
+        const auto per = static_cast<uint32_t>(bn_images_per_split(b));
+        if (ry)
+          bn_grad_partial_k<T, V, true>
+              <<<grid, kThreads, 0, s>>>(scratch, dz, dy, ry, xt, mean, inv_std, w, per);
+        else
+          bn_grad_partial_k<T, V, false>
+              <<<grid, kThreads, 0, s>>>(scratch, dz, dy, ry, xt, mean, inv_std, w, per);
+      }
       bn_grad_final_k<<<static_cast<unsigned>((b.c + kThreads - 1) / kThreads), kThreads, 0, s>>>(
           dgamma, dbeta, scratch, b.c, splits);
-      if (g.dx || g.dres)
+      // Pass 2: dx (and the residual's gradient += g).
+      if (!dx && !dres) return;
+      const T* g_in = dz ? dz : dy;
+      const auto run = [&](const auto& w) {
         bn_dx_k<T, V><<<blocks_for(w.vectors()), kThreads, 0, s>>>(
-            static_cast<T*>(g.dx), static_cast<T*>(g.dres), dz ? dz : dy, xt, mean, inv_std, gamma,
-            dgamma, dbeta, w, static_cast<float>(b.batch * b.plane), g.acc_x);
+            dx, dres, g_in, xt, mean, inv_std, gamma, dgamma, dbeta, w, count, g.acc_x);
+      };
+      if (b.nhwc)
+        run(row_walk(b, vec));
+      else
+        run(NchwWalk(b.batch, b.c, b.plane, vec));
     });
   });
   check_launch();

@@ -77,13 +77,33 @@ struct NchwWalk {
   }
   // Vectors in the whole tensor.
   GG_HD uint32_t vectors() const { return batch * cd.d * pv.d; }
-  // The channel of vector j (its first value is j * vec).
+  // The channel of vector j (its first value is j * vec), and of its lane e: the same.
   GG_HD uint32_t channel(uint32_t j) const { return cd.mod(pv.div(j)); }
+  static constexpr uint32_t kLaneStep = 0;
   // The first value of the q-th vector of channel ch counted from image n0 on.
   GG_HD uint32_t at(uint32_t q, uint32_t ch, uint32_t n0) const {
     const uint32_t r = pv.div(q);
     return (((n0 + r) * cd.d + ch) * pv.d + (q - r * pv.d)) * vec;
   }
+};
+
+// A channels-last tensor {rows (batch * plane), c} walked in vectors of `vec` channels of one row
+// (vec divides c).
+struct RowWalk {
+  FastDiv cv;  // channel vectors a row
+  uint32_t rows = 0, vec = 1;
+
+  RowWalk() = default;
+  RowWalk(int64_t rows_, int64_t c, int vec_)
+      : rows(static_cast<uint32_t>(rows_)), vec(static_cast<uint32_t>(vec_)) {
+    if (vec_ < 1 || c % vec_ != 0) throw std::invalid_argument("RowWalk: vec must divide c");
+    check_fast_div_range(rows_ * c, "a tensor");
+    cv = FastDiv(c / vec_);
+  }
+  GG_HD uint32_t vectors() const { return rows * cv.d; }
+  // The channel of vector j's first lane; lane e holds channel + e.
+  GG_HD uint32_t channel(uint32_t j) const { return cv.mod(j) * vec; }
+  static constexpr uint32_t kLaneStep = 1;
 };
 
 }  // namespace gg::kernels::cuda

@@ -116,10 +116,34 @@ Graph around_pooled(const std::function<int(Graph&, int)>& layer, Dims input = {
   return g;
 }
 
+using Layers = std::vector<std::pair<std::string, std::function<int(Graph&, int)>>>;
+
+// The pools and a concat, in both layouts' tests.
+Layers pools_and_concat() {
+  return {
+      {"max pool ceil mode",
+       [](Graph& g, int x) {
+         return g.max_pool(x, {3, 2, 0, true});
+       }},
+      {"max pool padded",
+       [](Graph& g, int x) {
+         return g.max_pool(x, {3, 2, 1, false});
+       }},
+      {"avg pool",
+       [](Graph& g, int x) {
+         return g.avg_pool(x, {3, 2, 1, false});
+       }},
+      {"concat of three branches",
+       [](Graph& g, int x) {
+         return g.concat({g.conv("a", x, {3, 1, 1, 0, false}), x, g.relu(x)});
+       }},
+  };
+}
+
 }  // namespace
 
 TEST_CASE("every layer kind agrees with the reference backend, forward and backward (fp32)") {
-  const std::vector<std::pair<std::string, std::function<int(Graph&, int)>>> layers = {
+  Layers layers = {
       {"conv stride 2 with bias",
        [](Graph& g, int x) {
          return g.conv("c", x, {8, 3, 2, 1, true});
@@ -133,28 +157,12 @@ TEST_CASE("every layer kind agrees with the reference backend, forward and backw
          return g.batch_norm("bn", x, {1e-3f, 0.1f});
        }},
       {"relu", [](Graph& g, int x) { return g.relu(x); }},
-      {"max pool ceil mode",
-       [](Graph& g, int x) {
-         return g.max_pool(x, {3, 2, 0, true});
-       }},
-      {"max pool padded",
-       [](Graph& g, int x) {
-         return g.max_pool(x, {3, 2, 1, false});
-       }},
-      {"avg pool",
-       [](Graph& g, int x) {
-         return g.avg_pool(x, {3, 2, 1, false});
-       }},
       {"global avg pool", [](Graph& g, int x) { return g.global_avg_pool(x); }},
       {"add of a branch and its input",
        [](Graph& g, int x) {
          return g.add(g.relu(g.conv("b", x, {6, 3, 1, 1, false})), x);
        }},
       {"add of a tensor to itself", [](Graph& g, int x) { return g.add(x, x); }},
-      {"concat of three branches",
-       [](Graph& g, int x) {
-         return g.concat({g.conv("a", x, {3, 1, 1, 0, false}), x, g.relu(x)});
-       }},
       {"dropout",
        [](Graph& g, int x) {
          return g.dropout(x, {0.3f, 9});
@@ -172,6 +180,7 @@ TEST_CASE("every layer kind agrees with the reference backend, forward and backw
          return g.batch_norm("bnf", g.fully_connected("f", x, {10, true}));
        }},
   };
+  for (auto& l : pools_and_concat()) layers.push_back(std::move(l));
   for (const auto& [name, layer] : layers) {
     SECTION(name) {
       const Graph g = around(layer);
@@ -475,7 +484,7 @@ TEST_CASE("resident training on the device follows host-authoritative training")
 }
 
 TEST_CASE("channels-last agrees with the reference backend and with channels-first (fp32)") {
-  const std::vector<std::pair<std::string, std::function<int(Graph&, int)>>> layers = {
+  Layers layers = {
       {"conv stride 2 with bias",
        [](Graph& g, int x) {
          return g.conv("c", x, {16, 3, 2, 1, true});
@@ -484,25 +493,10 @@ TEST_CASE("channels-last agrees with the reference backend and with channels-fir
        [](Graph& g, int x) {
          return g.conv("c", x, {5, 1, 1, 0, false});
        }},
-      {"max pool ceil mode",
-       [](Graph& g, int x) {
-         return g.max_pool(x, {3, 2, 0, true});
-       }},
-      {"max pool padded",
-       [](Graph& g, int x) {
-         return g.max_pool(x, {3, 2, 1, false});
-       }},
-      {"avg pool",
-       [](Graph& g, int x) {
-         return g.avg_pool(x, {3, 2, 1, false});
-       }},
-      {"concat of three branches",
-       [](Graph& g, int x) {
-         return g.concat({g.conv("a", x, {3, 1, 1, 0, false}), x, g.relu(x)});
-       }},
       {"batch norm alone", [](Graph& g, int x) { return g.batch_norm("bn", x); }},
   };
-  auto all = layers;
+  Layers all = layers;
+  for (auto& l : pools_and_concat()) all.push_back(std::move(l));
   all.emplace_back("batch norm + relu over 5 channels (no 16-byte vectors)", [](Graph& g, int x) {
     return g.relu(g.batch_norm("bn", g.conv("c", x, {5, 1, 1, 0, false})));
   });

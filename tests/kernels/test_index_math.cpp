@@ -13,6 +13,7 @@
 using gg::kernels::cuda::FastDiv;
 using gg::kernels::cuda::kFastDivLimit;
 using gg::kernels::cuda::NchwWalk;
+using gg::kernels::cuda::RowWalk;
 
 TEST_CASE("FastDiv divides like / over its whole range") {
   std::mt19937_64 rng(7);
@@ -81,4 +82,22 @@ TEST_CASE("the NCHW walk finds each vector's channel and covers each channel's v
   CHECK_THROWS_WITH(NchwWalk(1024, 2048, 1 << 20, 8),
                     "CUDA backend: a tensor has 2199023255552 elements, more than the 2^31 - 1 "
                     "its kernels index: lower train.batch");
+}
+
+TEST_CASE("the channels-last walk gives each vector lane its channel") {
+  for (const auto& [rows, c] :
+       {std::pair<int64_t, int64_t>{49 * 3, 2048}, {12544, 64}, {25, 24}, {7, 5}, {4, 8}}) {
+    for (int vec : {1, 4, 8}) {
+      if (c % vec != 0) continue;
+      const RowWalk w(rows, c, vec);
+      REQUIRE(int64_t{w.vectors()} * vec == rows * c);
+      for (uint32_t j = 0; j < w.vectors(); ++j)
+        for (uint32_t e = 0; e < static_cast<uint32_t>(vec); ++e)
+          if (w.channel(j) + e * RowWalk::kLaneStep != (int64_t{j} * vec + e) % c) {
+            FAIL_CHECK("c " << c << " vec " << vec << ": vector " << j << " lane " << e);
+            return;
+          }
+    }
+  }
+  CHECK_THROWS_AS(RowWalk(10, 6, 4), std::invalid_argument);
 }
