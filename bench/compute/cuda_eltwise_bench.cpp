@@ -87,6 +87,11 @@ int main(int argc, char** argv) {
   if (batch < 2 || batch > 1024) return usage("--batch is out of range");
   if (res < 32 || res > 1024 || res % 32 != 0) return usage("--res is out of range");
   if (repeats < 1 || repeats > 1000) return usage("--repeats is out of range");
+  // The stem's 64 channels at res / 2 are the largest tensor; the kernels index below 2^31.
+  if (batch * 64 * (res / 2) * (res / 2) > 0x7fffffffLL)
+    return usage(
+        "--batch x 64 x (--res / 2)^2 is more than the 2^31 - 1 values the kernels "
+        "index: lower --batch or --res");
   try {
     std::string why;
     if (gg::kernels::cuda_device_count(&why) == 0) {

@@ -199,8 +199,18 @@ class CudaExecutorImpl final : public CudaExecutor {
     dev_ = std::make_unique<cuda::DeviceBuffers>(g.param_count(), g.buffer_count(), buckets,
                                                  store.grads.data(), stream_);
     if (shadowed()) {
-      params_lp_ = DeviceArray<unsigned char>(g.param_count() * cuda::dtype_size(act_));
-      grads_lp_ = DeviceArray<unsigned char>(g.param_count() * cuda::dtype_size(act_));
+      // Each convolution's and fully connected layer's weight gets a slot of its own, 256-byte
+      // aligned (cuDNN's and cuBLAS's fast kernels want 16 bytes at least).
+      shadow_at_.assign(g.params().size(), -1);
+      int64_t elems = 0;
+      for (const Node& n : g.nodes()) {
+        if (n.op != Op::Conv && n.op != Op::FullyConnected) continue;
+        const auto p = static_cast<size_t>(n.params.at(0));
+        shadow_at_[p] = (elems + 127) / 128 * 128;
+        elems = shadow_at_[p] + g.params()[p].size();
+      }
+      params_lp_ = DeviceArray<unsigned char>(elems * cuda::dtype_size(act_));
+      grads_lp_ = DeviceArray<unsigned char>(elems * cuda::dtype_size(act_));
     }
     const auto& nodes = g.nodes();
     values_.resize(nodes.size());
@@ -366,35 +376,41 @@ class CudaExecutorImpl final : public CudaExecutor {
   float* buffer(const Node& n, size_t i) const {
     return dev_->buffers() + g_.buffers()[n.buffers.at(i)].offset;
   }
-  // A weight in the activations' type and layout: the fp32 master, or its shadow (bf16, and
-  // convolution filters in cuDNN's NHWC layout {k, r, s, c} when channels-last).
+  // A convolution's or fully connected layer's weight in the activations' type and layout: the
+  // fp32 master, or its shadow (bf16, and convolution filters in cuDNN's NHWC layout
+  // {k, r, s, c} when channels-last), and the same for its gradient.
   bool shadowed() const { return act_ == DType::BF16 || nhwc_; }
-  const void* weight_act(const Node& n, size_t i) const {
-    const int64_t off = g_.params()[n.params.at(i)].offset;
-    if (!shadowed()) return dev_->params() + off;
-    return params_lp_.get() + off * cuda::dtype_size(act_);
+  const void* weight_act(const Node& n) const {
+    const auto p = static_cast<size_t>(n.params.at(0));
+    if (!shadowed()) return dev_->params() + g_.params()[p].offset;
+    return params_lp_.get() + shadow_at_[p] * cuda::dtype_size(act_);
   }
-  void* weight_grad_act(const Node& n, size_t i) const {
-    const int64_t off = g_.params()[n.params.at(i)].offset;
-    if (!shadowed()) return dev_->grads() + off;
-    return grads_lp_.get() + off * cuda::dtype_size(act_);
+  void* weight_grad_act(const Node& n) const {
+    const auto p = static_cast<size_t>(n.params.at(0));
+    if (!shadowed()) return dev_->grads() + g_.params()[p].offset;
+    return grads_lp_.get() + shadow_at_[p] * cuda::dtype_size(act_);
   }
-  // The shadow from the fp32 masters: every weight cast, and channels-last every filter
-  // transposed {k, c, r*s} -> {k, r*s, c}.
+  // The shadow from the fp32 masters: each weight cast, channels-last each filter transposed
+  // {k, c, r*s} -> {k, r*s, c}.
   void shadow_weights() {
-    cuda::cast(params_lp_.get(), act_, dev_->params(), DType::F32, g_.param_count(), stream_);
-    if (!nhwc_) return;
     for (const Node& n : g_.nodes()) {
-      if (n.op != Op::Conv) continue;
+      if (n.op != Op::Conv && n.op != Op::FullyConnected) continue;
       const TensorSpec& w = g_.params()[n.params[0]];
-      cuda::transpose_channels(const_cast<void*>(weight_act(n, 0)), act_, dev_->params() + w.offset,
-                               DType::F32, w.dims[0], w.dims[1], w.dims[2] * w.dims[3], true,
-                               stream_);
+      void* to = const_cast<void*>(weight_act(n));
+      if (nhwc_ && n.op == Op::Conv)
+        cuda::transpose_channels(to, act_, dev_->params() + w.offset, DType::F32, w.dims[0],
+                                 w.dims[1], w.dims[2] * w.dims[3], true, stream_);
+      else
+        cuda::cast(to, act_, dev_->params() + w.offset, DType::F32, w.size(), stream_);
     }
   }
   // Channels-last covers every layer but LRN, and dropout and fully connected layers over
   // feature vectors only (their masks and weights follow the channels-first order).
   static void check_nhwc(const Graph& g) {
+    if (chw(g.node(g.output()).out).plane() != 1)
+      throw std::invalid_argument(
+          "CUDA backend: channels-last (nhwc) needs a graph whose output is a feature vector; run "
+          "it channels-first");
     for (const Node& n : g.nodes()) {
       const char* why = nullptr;
       if (n.op == Op::Lrn) why = "LRN has no channels-last kernel";
@@ -550,8 +566,8 @@ class CudaExecutorImpl final : public CudaExecutor {
     DeviceArray<unsigned char> ws;
     if (opt_.find_algorithms && try_workspace(ws, most_memory(perf, count, cap))) {
       GG_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
-          cudnn_, c.x.d, y_of(in), c.w.d, weight_act(n, 0), c.conv.d, c.y.d, values_[id].y.get(),
-          max, &count, perf.data(), ws.get(), static_cast<size_t>(ws.size())));
+          cudnn_, c.x.d, y_of(in), c.w.d, weight_act(n), c.conv.d, c.y.d, values_[id].y.get(), max,
+          &count, perf.data(), ws.get(), static_cast<size_t>(ws.size())));
     }
     const auto chosen = choose(perf, count, n, "forward convolution", cap);
     c.fwd = chosen.algo;
@@ -602,7 +618,7 @@ class CudaExecutorImpl final : public CudaExecutor {
       DeviceArray<unsigned char> ws;
       if (opt_.find_algorithms && try_workspace(ws, most_memory(perf, count, cap))) {
         GG_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
-            cudnn_, c.x.d, y_of(in), c.y.d, v.dy.get(), c.conv.d, c.w.d, weight_grad_act(n, 0), max,
+            cudnn_, c.x.d, y_of(in), c.y.d, v.dy.get(), c.conv.d, c.w.d, weight_grad_act(n), max,
             &count, perf.data(), ws.get(), static_cast<size_t>(ws.size())));
       }
       const auto chosen = choose(perf, count, n, "filter-gradient convolution", cap);
@@ -627,7 +643,7 @@ class CudaExecutorImpl final : public CudaExecutor {
     DeviceArray<unsigned char> ws;
     if (opt_.find_algorithms && try_workspace(ws, most_memory(perf, count, cap))) {
       GG_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
-          cudnn_, c.w.d, weight_act(n, 0), c.y.d, v.dy.get(), c.conv.d, c.x.d, values_[in].dy.get(),
+          cudnn_, c.w.d, weight_act(n), c.y.d, v.dy.get(), c.conv.d, c.x.d, values_[in].dy.get(),
           max, &count, perf.data(), ws.get(), static_cast<size_t>(ws.size())));
     }
     const auto chosen = choose(perf, count, n, "data-gradient convolution", cap);
@@ -716,7 +732,7 @@ class CudaExecutorImpl final : public CudaExecutor {
         const float one = 1.f, zero = 0.f;
         GG_CUDNN_CHECK(cudnnSetConvolutionMathType(c.conv.d, c.fwd_math));
         GG_CUDNN_CHECK(cudnnConvolutionForward(
-            cudnn_, &one, c.x.d, x, c.w.d, weight_act(n, 0), c.conv.d, c.fwd, workspace_.get(),
+            cudnn_, &one, c.x.d, x, c.w.d, weight_act(n), c.conv.d, c.fwd, workspace_.get(),
             static_cast<size_t>(workspace_.size()), &zero, c.y.d, y));
         if (n.conv.bias)
           cuda::bias_add(y, param(n, 1), batch_, v.s.c, v.s.plane(), nhwc_, act_, stream_);
@@ -816,7 +832,7 @@ class CudaExecutorImpl final : public CudaExecutor {
     const int out = static_cast<int>(n.fc.out_features), nb = static_cast<int>(batch_);
     const float one = 1.f, zero = 0.f;
     GG_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, out, nb, in, &one,
-                                 weight_act(n, 0), blas_type(), in, x, blas_type(), in, &zero,
+                                 weight_act(n), blas_type(), in, x, blas_type(), in, &zero,
                                  v.y.get(), blas_type(), out, gemm_compute(), CUBLAS_GEMM_DEFAULT));
     if (n.fc.bias) cuda::bias_add(v.y.get(), param(n, 1), batch_, out, 1, false, act_, stream_);
   }
@@ -905,21 +921,21 @@ class CudaExecutorImpl final : public CudaExecutor {
     GG_CUDNN_CHECK(cudnnSetConvolutionMathType(c.conv.d, c.filter_math));
     GG_CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn_, &one, c.x.d, x, c.y.d, v.dy.get(),
                                                   c.conv.d, c.bwd_filter, ws, ws_bytes, &zero,
-                                                  c.w.d, weight_grad_act(n, 0)));
+                                                  c.w.d, weight_grad_act(n)));
     if (shadowed()) {
       const TensorSpec& w = g_.params()[n.params[0]];
       if (nhwc_)
-        cuda::transpose_channels(dev_->grads() + w.offset, DType::F32, weight_grad_act(n, 0), act_,
+        cuda::transpose_channels(dev_->grads() + w.offset, DType::F32, weight_grad_act(n), act_,
                                  w.dims[0], w.dims[1], w.dims[2] * w.dims[3], false, stream_);
       else
-        cuda::cast(dev_->grads() + w.offset, DType::F32, weight_grad_act(n, 0), act_, w.size(),
+        cuda::cast(dev_->grads() + w.offset, DType::F32, weight_grad_act(n), act_, w.size(),
                    stream_);
     }
     if (n.conv.bias)
       cuda::bias_grad(grad(n, 1), v.dy.get(), batch_, v.s.c, v.s.plane(), nhwc_, act_, stream_);
     if (!dx) return;
     GG_CUDNN_CHECK(cudnnSetConvolutionMathType(c.conv.d, c.data_math));
-    GG_CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &one, c.w.d, weight_act(n, 0), c.y.d,
+    GG_CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn_, &one, c.w.d, weight_act(n), c.y.d,
                                                 v.dy.get(), c.conv.d, c.bwd_data, ws, ws_bytes,
                                                 &beta, c.x.d, dx));
   }
@@ -936,7 +952,7 @@ class CudaExecutorImpl final : public CudaExecutor {
     if (n.fc.bias) cuda::bias_grad(grad(n, 1), v.dy.get(), batch_, out, 1, false, act_, stream_);
     if (!dx) return;
     GG_CUBLAS_CHECK(cublasGemmEx(cublas_, CUBLAS_OP_N, CUBLAS_OP_N, in, nb, out, &one,
-                                 weight_act(n, 0), blas_type(), in, v.dy.get(), blas_type(), out,
+                                 weight_act(n), blas_type(), in, v.dy.get(), blas_type(), out,
                                  &beta, dx, blas_type(), in, gemm_compute(), CUBLAS_GEMM_DEFAULT));
   }
 
@@ -949,7 +965,10 @@ class CudaExecutorImpl final : public CudaExecutor {
   cudnnHandle_t cudnn_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   std::unique_ptr<cuda::DeviceBuffers> dev_;
-  DeviceArray<unsigned char> params_lp_, grads_lp_;  // shadows of the flat buffers (shadowed())
+  // shadowed(): the weights of convolutions and fully connected layers, and the gradients of the
+  // convolutions' ones, at shadow_at_[param] (elements; -1: not shadowed).
+  DeviceArray<unsigned char> params_lp_, grads_lp_;
+  std::vector<int64_t> shadow_at_;
   DeviceArray<float> input_, logits_, loss_;
   DeviceArray<int32_t> labels_;
   float* host_logits_ = nullptr;

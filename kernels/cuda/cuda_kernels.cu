@@ -511,7 +511,7 @@ __global__ void lrn_bwd_k(T* dx, const T* dy, const T* x, const float* denom, Lr
 // Batch norm. Every pass walks the tensor in vectors that never span two channels (NchwWalk),
 // so a channel's parameters are read once per vector and no value's channel costs a division.
 //
-// Reductions: grid (splits, channels); block (k, c) reduces channel c of images
+// Reductions: grid (channels, splits); block (c, k) reduces channel c of images
 // [k * per, (k + 1) * per) into two partial sums, which a per-channel pass adds up in double.
 int64_t bn_splits(const BnShape& b) {
   const int64_t count = b.batch * b.plane;
@@ -538,13 +538,14 @@ __device__ __forceinline__ void block_sum2(float& a, float& b) {
   b = sb[0];
 }
 
-// The vectors block (k, c) reduces: channel c of its images, and how many vectors that is.
+// The vectors block (c, k) reduces: channel c (blockIdx.x, which allows 2^31 - 1 channels) of
+// split k's images (blockIdx.y), and how many vectors that is.
 struct SplitRange {
   uint32_t n0 = 0, vectors = 0;
 };
 __device__ __forceinline__ SplitRange split_range(const NchwWalk& w, uint32_t per) {
   SplitRange r;
-  r.n0 = blockIdx.x * per;
+  r.n0 = blockIdx.y * per;
   const uint32_t n1 = min(w.batch, r.n0 + per);
   r.vectors = n1 > r.n0 ? (n1 - r.n0) * w.pv.d : 0;
   return r;
@@ -553,7 +554,7 @@ __device__ __forceinline__ SplitRange split_range(const NchwWalk& w, uint32_t pe
 // Shifted sums (by the channel's first value) keep the variance accurate when |mean| >> std.
 template <typename T, int V>
 __global__ void bn_stat_partial_k(float* part, const T* x, NchwWalk w, uint32_t per) {
-  const uint32_t c = blockIdx.y;
+  const uint32_t c = blockIdx.x;
   const SplitRange r = split_range(w, per);
   const float shift = ld(x, static_cast<int64_t>(c) * w.pv.d * V);
   float s1 = 0.f, s2 = 0.f;
@@ -569,8 +570,8 @@ __global__ void bn_stat_partial_k(float* part, const T* x, NchwWalk w, uint32_t 
   }
   block_sum2(s1, s2);
   if (threadIdx.x == 0) {
-    part[(c * gridDim.x + blockIdx.x) * 2] = s1;
-    part[(c * gridDim.x + blockIdx.x) * 2 + 1] = s2;
+    part[(c * gridDim.y + blockIdx.y) * 2] = s1;
+    part[(c * gridDim.y + blockIdx.y) * 2 + 1] = s2;
   }
 }
 
@@ -642,7 +643,7 @@ template <typename T, int V, bool Relu>
 __global__ void bn_grad_partial_k(float* part, T* dz, const T* dy, const T* relu_y, const T* x,
                                   const float* mean, const float* inv_std, NchwWalk w,
                                   uint32_t per) {
-  const uint32_t c = blockIdx.y;
+  const uint32_t c = blockIdx.x;
   const SplitRange r = split_range(w, per);
   const float mu = mean[c], is = inv_std[c];
   float s1 = 0.f, s2 = 0.f;
@@ -666,8 +667,8 @@ __global__ void bn_grad_partial_k(float* part, T* dz, const T* dy, const T* relu
   }
   block_sum2(s1, s2);
   if (threadIdx.x == 0) {
-    part[(c * gridDim.x + blockIdx.x) * 2] = s1;
-    part[(c * gridDim.x + blockIdx.x) * 2 + 1] = s2;
+    part[(c * gridDim.y + blockIdx.y) * 2] = s1;
+    part[(c * gridDim.y + blockIdx.y) * 2 + 1] = s2;
   }
 }
 
@@ -697,20 +698,20 @@ __global__ void bn_dx_k(T* dx, T* dres, const T* g_in, const T* x, const float* 
     const int64_t at = static_cast<int64_t>(j) * V;
     float g[V], a[V], d[V];
     load<V>(g_in, at, g);
-    if (dres) {
+    // dx first, then the residual's gradient: when the residual is the batch norm's own input
+    // (relu(bn(x) + x)), both are the same buffer, and dx's write must not drop the += g.
+    if (dx) {
+      load<V>(x, at, a);
 #pragma unroll
-      for (int e = 0; e < V; ++e) d[e] = g[e];
-      put_vec<V>(dres, at, d, true);
+      for (int e = 0; e < V; ++e) {
+        const uint32_t c = c0 + e * W::kLaneStep;
+        const float is = inv_std[c];
+        d[e] =
+            gamma[c] * is / count * (count * g[e] - dbeta[c] - (a[e] - mean[c]) * is * dgamma[c]);
+      }
+      put_vec<V>(dx, at, d, acc);
     }
-    if (!dx) continue;
-    load<V>(x, at, a);
-#pragma unroll
-    for (int e = 0; e < V; ++e) {
-      const uint32_t c = c0 + e * W::kLaneStep;
-      const float is = inv_std[c];
-      d[e] = gamma[c] * is / count * (count * g[e] - dbeta[c] - (a[e] - mean[c]) * is * dgamma[c]);
-    }
-    put_vec<V>(dx, at, d, acc);
+    if (dres) put_vec<V>(dres, at, g, true);
   }
 }
 
@@ -1193,7 +1194,7 @@ void bn_statistics(float* mean, float* inv_std, float* running_mean, float* runn
         bn_stat_rows_k<T, V><<<r.grid, r.block, 0, s>>>(scratch, xt, row_walk(b, vec), r.per);
       } else {
         splits = bn_splits(b);
-        const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(b.c));
+        const dim3 grid(static_cast<unsigned>(b.c), static_cast<unsigned>(splits));
         bn_stat_partial_k<T, V>
             <<<grid, kThreads, 0, s>>>(scratch, xt, NchwWalk(b.batch, b.c, b.plane, vec),
                                        static_cast<uint32_t>(bn_images_per_split(b)));
@@ -1274,7 +1275,7 @@ void bn_backward(const BnGrad& g, float* dgamma, float* dbeta, const void* x, co
               <<<r.grid, r.block, 0, s>>>(scratch, dz, dy, ry, xt, mean, inv_std, w, r.per);
       } else {
         splits = bn_splits(b);
-        const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(b.c));
+        const dim3 grid(static_cast<unsigned>(b.c), static_cast<unsigned>(splits));
         const NchwWalk w(b.batch, b.c, b.plane, vec);
         const auto per = static_cast<uint32_t>(bn_images_per_split(b));
         if (ry)

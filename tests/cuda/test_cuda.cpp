@@ -81,13 +81,16 @@ void compare(const Graph& g, int64_t batch, const Maker& gpu, const Maker& ref, 
   require(v);
 }
 
+// find: time cuDNN's candidates (the default); false takes its heuristics' first, which is the
+// same for two executors of one graph, so that they round alike.
 auto cuda_maker(const Graph& g, int64_t batch, Precision p, bool tf32, bool fuse = true,
-                bool nhwc = false) {
-  return [&g, batch, p, tf32, fuse, nhwc](ParamStore& s, const std::vector<Bucket>& b) {
+                bool nhwc = false, bool find = true) {
+  return [&g, batch, p, tf32, fuse, nhwc, find](ParamStore& s, const std::vector<Bucket>& b) {
     CudaOptions o;
     o.tf32 = tf32;
     o.fuse = fuse;
     o.nhwc = nhwc;
+    o.find_algorithms = find;
     return std::unique_ptr<Executor>(make_cuda_executor(g, batch, s, b, p, o));
   };
 }
@@ -232,6 +235,8 @@ std::vector<std::pair<std::string, std::function<int(Graph&, int)>>> fusable_blo
        [c](Graph& g, int x) {
          return g.relu(g.add(g.batch_norm("bn", g.conv("a", x, {c, 3, 1, 1, false})), x));
        }},
+      {"batch norm + add + relu, the shortcut the batch norm's own input",
+       [](Graph& g, int x) { return g.relu(g.add(g.batch_norm("bn", x), x)); }},
       {"batch norm + add + relu, identity shortcut read again after",
        [c](Graph& g, int x) {
          const int r = g.relu(g.add(x, g.batch_norm("bn", g.conv("a", x, {c, 3, 1, 1, false}))));
@@ -262,9 +267,10 @@ TEST_CASE("fused and unfused runs agree: fp32 to rounding, bf16 as closely as bf
   for (const auto& [name, g] : graphs) {
     SECTION(name) {
       const int64_t batch = 4;
-      require(differences(run(g, batch, cuda_maker(g, batch, Precision::Fp32, false, true)),
-                          run(g, batch, cuda_maker(g, batch, Precision::Fp32, false, false)),
-                          1e-5));
+      // The same cuDNN algorithms on both sides (heuristics, not timing): only the fused passes'
+      // summation order differs.
+      compare(g, batch, cuda_maker(g, batch, Precision::Fp32, false, true, false, false),
+              cuda_maker(g, batch, Precision::Fp32, false, false, false, false), 1e-4);
       // bf16: fused rounds the sum once, unfused the batch norm's output and then the sum.
       const Outcome fused = run(g, batch, cuda_maker(g, batch, Precision::Bf16, false, true));
       const Outcome apart = run(g, batch, cuda_maker(g, batch, Precision::Bf16, false, false));
@@ -515,9 +521,10 @@ TEST_CASE("channels-last agrees with the reference backend and with channels-fir
     SECTION(model + " at 32x32 against channels-first") {
       const Graph g = small_model(model, 32);
       const int64_t batch = 4;
-      require(differences(run(g, batch, cuda_maker(g, batch, Precision::Fp32, false, true, true)),
-                          run(g, batch, cuda_maker(g, batch, Precision::Fp32, false, true, false)),
-                          2e-4));
+      // Other cuDNN kernels round otherwise, and a ReLU or max-pool kink may route a gradient
+      // otherwise: the tolerance and the retries of the comparison with oneDNN above.
+      compare(g, batch, cuda_maker(g, batch, Precision::Fp32, false, true, true),
+              cuda_maker(g, batch, Precision::Fp32, false, true, false), 2e-3);
       const Outcome last = run(g, batch, cuda_maker(g, batch, Precision::Bf16, false, true, true));
       const Outcome first =
           run(g, batch, cuda_maker(g, batch, Precision::Bf16, false, true, false));

@@ -140,3 +140,20 @@ TEST_CASE("a batch norm read twice, or whose add is read twice, stays alone") {
   check_absorbed_unread(g, p);
   check_writers(g, p);
 }
+
+TEST_CASE("a residual that is the batch norm's own input gets both gradients from the fused pass") {
+  Graph g({2, 4, 4});
+  const int c = g.conv("c", g.input(), {3, 3, 1, 1, false});
+  const int bn = g.batch_norm("bn", c);
+  const int r = g.relu(g.add(bn, c));
+  g.set_output(g.fully_connected("fc", g.global_avg_pool(r), {4, true}));
+  const FusionPlan p = plan_fusion(g, true);
+  REQUIRE(p.groups.size() == 1);
+  const auto& f = p.groups[0];
+  CHECK(f.res == c);
+  // The fused pass writes c's gradient twice: dx first (the first write), then += the residual's.
+  CHECK_FALSE(f.acc_x);
+  CHECK(f.acc_res);
+  check_absorbed_unread(g, p);
+  check_writers(g, p);
+}
