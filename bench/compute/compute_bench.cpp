@@ -36,20 +36,22 @@ struct Args {
   std::string model = "resnet50";
   int64_t batch = 16, res = 224, classes = 1000;
   int threads = 2, steps = 10, warmup = 3;
-  std::string precision = "fp32", backend = "onednn", layout = "native", fuse;
+  std::string precision = "fp32", backend = "onednn", layout = "native", fuse, graph;
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "gg_bench_compute: %s\nusage: gg_bench_compute [--model NAME] [--batch B] [--res R] "
                "[--classes N] [--threads T] [--steps N] [--warmup N] [--precision fp32|tf32|bf16] "
-               "[--backend onednn|reference|cuda] [--layout native|plain|nhwc] [--fuse on|off]\n"
+               "[--backend onednn|reference|cuda] [--layout native|plain|nhwc] [--fuse on|off] "
+               "[--graph on|off]\n"
                "  cuda: fp32 is strict fp32, tf32 lets convolutions and GEMMs use TF32; the "
                "step keeps everything on the GPU (input uploaded once, loss and SGD on the "
                "device) and ends in a stream synchronisation; --fuse off runs batch norm, "
                "residual add and ReLU one layer at a time (default on: fused); --layout nhwc "
-               "keeps activations channels-last (default: channels-first); the CSV's impl says "
-               "both (gossipgrad-cuda-nhwc, ...-unfused)\n",
+               "keeps activations channels-last (default: channels-first); --graph on captures "
+               "the step in a CUDA graph after the first warm-up step and replays it (default "
+               "off); the CSV's impl says each (gossipgrad-cuda-nhwc, ...-unfused, ...-graph)\n",
                why.c_str());
   std::exit(2);
 }
@@ -84,6 +86,8 @@ Args parse(int argc, char** argv) {
         a.layout = v;
       else if (k == "--fuse")
         a.fuse = v;
+      else if (k == "--graph")
+        a.graph = v;
       else
         usage("unknown option " + k);
     } catch (const std::logic_error&) {
@@ -103,6 +107,11 @@ Args parse(int argc, char** argv) {
   if (!a.fuse.empty() && a.fuse != "on" && a.fuse != "off")
     usage("--fuse '" + a.fuse + "' is unknown (on or off)");
   if (!a.fuse.empty() && a.backend != "cuda") usage("--fuse needs --backend cuda");
+  if (!a.graph.empty() && a.graph != "on" && a.graph != "off")
+    usage("--graph '" + a.graph + "' is unknown (on or off)");
+  if (!a.graph.empty() && a.backend != "cuda") usage("--graph needs --backend cuda");
+  if (a.graph == "on" && a.warmup < 1)
+    usage("--graph on captures after one eager warm-up step: give --warmup 1 or more");
   if (a.precision == "bf16" && a.backend == "onednn" && !kernels::bf16_supported())
     usage("bf16 needs a CPU with AVX512_BF16 (or AMX); this one has neither");
   return a;
@@ -159,11 +168,22 @@ int main(int argc, char** argv) {
       gpu->device().upload_params(net.store().params.data());
       gpu->device().upload_buffers(net.store().buffers.data());
       gpu->forward(x.data(), false);  // uploads the input into device_input()
-      step = [&] {
+      const auto enqueue = [&] {
         gpu->forward_device(true);
         gpu->loss_device(y.data());
         gpu->backward_device({});
         gpu->device().sgd_step(0.01f, sgd_options);
+      };
+      // --graph on: the first (warm-up) step eagerly, then one capture, then replays.
+      step = [&, enqueue, graphed = false, eager = 0]() mutable {
+        if (a.graph != "on" || eager < 1) {
+          enqueue();
+          ++eager;
+        } else {
+          if (!graphed) gpu->capture_step(enqueue);
+          graphed = true;
+          gpu->replay_step();
+        }
         gpu->synchronize();
       };
     }
@@ -191,6 +211,7 @@ int main(int argc, char** argv) {
     std::string impl = "gossipgrad-" + a.backend;
     if (a.layout == "nhwc") impl += "-nhwc";
     if (a.fuse == "off") impl += "-unfused";
+    if (a.graph == "on") impl += "-graph";
     std::printf("%s,%s,%lld,%lld,%d,%s,%.6g,%.4g,%.1f,%lld\n", impl.c_str(), a.model.c_str(),
                 static_cast<long long>(a.batch), static_cast<long long>(a.res), a.threads,
                 a.precision.c_str(), med, a.batch / med, peak_rss_mb(),

@@ -22,7 +22,8 @@
 #   bench/onednn_env.sh, gossipgrad in build-onednn3/).
 #
 # bench/compute/run.sh --backend cuda [MODEL:BATCH:RES:PRECISION ...]: the GPU comparison. The
-#   CUDA backend (resident: the step never leaves the GPU) channels-last and channels-first
+#   CUDA backend (resident: the step never leaves the GPU) channels-last (fused, the step replayed
+#   as a CUDA graph) and channels-first
 #   against PyTorch 2.x on the same GPU (same model, batch and precision; PyTorch in
 #   channels_last, cudnn.benchmark on, eager and under torch.compile), alternating, REPEATS
 #   times, and PyTorch in NCHW once per setting. PRECISION: fp32 (TF32 off on both sides), tf32 (TF32 on on both), bf16 (ours:
@@ -104,8 +105,10 @@ if [ "$BACKEND" = "cuda" ]; then
     args=(--model "$model" --batch "$batch" --res "$res" --threads 1 --steps "$STEPS" --warmup "$WARMUP"
       --precision "$precision")
     for ((r = 1; r <= REPEATS; r++)); do
-      for layout in nhwc native; do
-        "$BUILD/bench/gg_bench_compute" "${args[@]}" --backend cuda --layout "$layout" \
+      # Ours at its best (channels-last, fused, the step a CUDA graph) and channels-first as before.
+      for how in "--layout nhwc --graph on" "--layout native"; do
+        # shellcheck disable=SC2086 # the options are words
+        "$BUILD/bench/gg_bench_compute" "${args[@]}" --backend cuda $how \
           2>>"$OUT.txt" | tee -a "$OUT.txt" >>"$OUT.csv"
       done
       "$PYTHON" bench/compute/torch_bench.py "${args[@]}" --device cuda --channels-last 2>>"$OUT.txt" |
@@ -131,7 +134,7 @@ print("|---|---|---|---|---|---|---|---|---|---|---|")
 med = lambda v: statistics.median(v) if v else float("nan")
 for k in dict.fromkeys(key(r) for r in rows):
     pick = lambda f: [float(r["images_per_s"]) for r in rows if key(r) == k and f(r["impl"])]
-    nhwc = med(pick(lambda i: i == "gossipgrad-cuda-nhwc"))
+    nhwc = med(pick(lambda i: i.startswith("gossipgrad-cuda-nhwc")))
     nchw = med(pick(lambda i: i == "gossipgrad-cuda"))
     eager = med(pick(lambda i: i.startswith("pytorch") and i.endswith("channels_last")))
     compiled = med(pick(lambda i: i.startswith("pytorch") and "channels_last" in i and

@@ -100,7 +100,6 @@ struct Value {
   DeviceArray<float> mean, inv_std;
   DeviceArray<int32_t> argmax;  // max pool
   DeviceArray<float> denom;     // LRN
-  uint64_t dropout_step = 0;    // the step the last training forward drew its mask for
 };
 
 struct Conv {
@@ -225,6 +224,13 @@ class CudaExecutorImpl final : public CudaExecutor {
     GG_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_logits_),
                                  sizeof(float) * batch * g.classes()));
     GG_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_loss_), sizeof(float) * 2));
+    GG_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_labels_),
+                                 sizeof(int32_t) * std::max<int64_t>(1, batch)));
+    dropout_step_dev_ = DeviceArray<unsigned char>(2 * sizeof(uint64_t));
+    GG_CUDA_CHECK(cudaMemsetAsync(dropout_step_dev_.get(), 0, dropout_step_dev_.size(), stream_));
+    // cuBLAS's workspace of our own, so that it allocates nothing inside a graph capture.
+    cublas_ws_ = DeviceArray<unsigned char>(int64_t{32} << 20);
+    GG_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_.get(), cublas_ws_.size()));
     for (size_t id = 0; id < nodes.size(); ++id) compile_forward(static_cast<int>(id));
     for (int id = static_cast<int>(nodes.size()) - 1; id >= 0; --id) order_.push_back(id);
     fire_at_ = bucket_completion(g, buckets, order_);
@@ -251,6 +257,8 @@ class CudaExecutorImpl final : public CudaExecutor {
     dev_.reset();
     if (host_logits_) cudaFreeHost(host_logits_);
     if (host_loss_) cudaFreeHost(host_loss_);
+    if (host_labels_) cudaFreeHost(host_labels_);
+    if (graph_) cudaGraphExecDestroy(graph_);
     if (cublas_) cublasDestroy(cublas_);
     if (cudnn_) cudnnDestroy(cudnn_);
     if (stream_) cudaStreamDestroy(stream_);
@@ -298,6 +306,13 @@ class CudaExecutorImpl final : public CudaExecutor {
   void forward_device(bool train) override {
     trained_ = false;
     if (train) prepare_backward();
+    if (profile_ && capturing_)
+      throw std::logic_error("CUDA graphs: a capture with GG_CUDA_PROFILE");
+    // The dropout masks' step, in device memory: a replayed graph advances it itself.
+    if (train && capturing_)
+      cuda::advance_dropout_step(step_dev(), stream_);
+    else if (train)
+      cuda::set_dropout_step(step_dev(), dropout_step_, stream_);
     if (shadowed() && g_.param_count() > 0) shadow_weights();
     if (profile_) profile_->collect(g_);
     for (size_t id = 0; id < values_.size(); ++id) {
@@ -310,10 +325,13 @@ class CudaExecutorImpl final : public CudaExecutor {
     trained_ = train;
     if (train) ++dropout_step_;
   }
+  uint64_t* step_dev() const { return reinterpret_cast<uint64_t*>(dropout_step_dev_.get()); }
 
   void loss_device(const int32_t* labels) override {
     if (!trained_) throw std::logic_error("loss_device needs a training forward first");
-    GG_CUDA_CHECK(cudaMemcpyAsync(labels_.get(), labels, sizeof(int32_t) * batch_,
+    // Through page-locked memory, which a captured copy reads again at every replay.
+    std::memcpy(host_labels_, labels, sizeof(int32_t) * batch_);
+    GG_CUDA_CHECK(cudaMemcpyAsync(labels_.get(), host_labels_, sizeof(int32_t) * batch_,
                                   cudaMemcpyHostToDevice, stream_));
     // The gradient overwrites the fp32 logits buffer, then seeds backward.
     cuda::softmax_xent(logits_.get(), loss_.get(), logits_.get(), labels_.get(), batch_,
@@ -357,6 +375,54 @@ class CudaExecutorImpl final : public CudaExecutor {
   }
 
   void synchronize() override { GG_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  void capture_step(const std::function<void()>& enqueue) override {
+    if (!resident_) throw std::logic_error("CUDA graphs need the resident mode");
+    if (!backward_ready_)
+      throw std::logic_error("CUDA graphs: run one training step eagerly before capturing one");
+    if (profile_)
+      throw std::invalid_argument(
+          "CUDA graphs: GG_CUDA_PROFILE's events wait inside the step, which a graph cannot; "
+          "unset it");
+    synchronize();
+    if (graph_) {
+      GG_CUDA_CHECK(cudaGraphExecDestroy(graph_));
+      graph_ = nullptr;
+    }
+    // The replays draw masks from the device's counter, which each training forward in the graph
+    // advances first: the first replay's is the host's count.
+    cuda::set_dropout_step(step_dev(), dropout_step_ - 1, stream_);
+    const uint64_t before = dropout_step_;
+    capturing_ = true;
+    GG_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    cudaGraph_t graph = nullptr;
+    try {
+      enqueue();
+    } catch (...) {
+      capturing_ = false;
+      (void)cudaStreamEndCapture(stream_, &graph);
+      if (graph) cudaGraphDestroy(graph);
+      throw;
+    }
+    capturing_ = false;
+    // The capture advanced the host's count for training forwards that did not run: each replay
+    // runs them.
+    forwards_per_replay_ = dropout_step_ - before;
+    dropout_step_ = before;
+    GG_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    const cudaError_t e = cudaGraphInstantiate(&graph_, graph, 0);
+    cudaGraphDestroy(graph);
+    GG_CUDA_CHECK(e);
+  }
+  void replay_step() override {
+    if (!graph_) throw std::logic_error("replay_step needs capture_step first");
+    GG_CUDA_CHECK(cudaGraphLaunch(graph_, stream_));
+    dropout_step_ += forwards_per_replay_;
+  }
+  void stage_labels(const int32_t* labels) override {
+    synchronize();
+    std::memcpy(host_labels_, labels, sizeof(int32_t) * batch_);
+  }
 
  private:
   // ---- compile ----
@@ -702,8 +768,8 @@ class CudaExecutorImpl final : public CudaExecutor {
     l.k = n.lrn.k;
     return l;
   }
-  cuda::DropoutKey dropout_key(const Node& n, int id, uint64_t step) const {
-    return {n.dropout.seed, id, step, n.dropout.p};
+  cuda::DropoutKey dropout_key(const Node& n, int id) const {
+    return {n.dropout.seed, id, step_dev(), n.dropout.p};
   }
 
   // ---- run ----
@@ -774,11 +840,7 @@ class CudaExecutorImpl final : public CudaExecutor {
         return;
       }
       case Op::Dropout:
-        if (train) {
-          v.dropout_step = dropout_step_;
-          return cuda::dropout_forward(y, x, v.elems, dropout_key(n, id, dropout_step_), act_,
-                                       stream_);
-        }
+        if (train) return cuda::dropout_forward(y, x, v.elems, dropout_key(n, id), act_, stream_);
         GG_CUDA_CHECK(cudaMemcpyAsync(y, x, v.elems * cuda::dtype_size(act_),
                                       cudaMemcpyDeviceToDevice, stream_));
         return;
@@ -902,9 +964,7 @@ class CudaExecutorImpl final : public CudaExecutor {
         return;
       }
       case Op::Dropout:
-        if (dx)
-          cuda::dropout_backward(dx, dy, v.elems, dropout_key(n, id, v.dropout_step), act_, acc,
-                                 stream_);
+        if (dx) cuda::dropout_backward(dx, dy, v.elems, dropout_key(n, id), act_, acc, stream_);
         return;
       case Op::Lrn:
         if (dx) cuda::lrn_backward(dx, dy, x, v.denom.get(), lrn_shape(n), act_, acc, stream_);
@@ -973,6 +1033,12 @@ class CudaExecutorImpl final : public CudaExecutor {
   DeviceArray<int32_t> labels_;
   float* host_logits_ = nullptr;
   float* host_loss_ = nullptr;
+  int32_t* host_labels_ = nullptr;  // page-locked: the labels a (captured) upload reads
+  DeviceArray<unsigned char> dropout_step_dev_;  // two uint64_t: see cuda::DropoutKey
+  DeviceArray<unsigned char> cublas_ws_;
+  cudaGraphExec_t graph_ = nullptr;
+  uint64_t forwards_per_replay_ = 0;
+  bool capturing_ = false;
   std::vector<Value> values_;
   std::vector<std::unique_ptr<Conv>> convs_;
   cuda::FusionPlan plan_;

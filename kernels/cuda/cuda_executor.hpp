@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -62,6 +63,18 @@ class CudaExecutor : public Executor {
   virtual void backward_device(const BucketReady& ready) = 0;
   // Waits for everything enqueued on the compute stream.
   virtual void synchronize() = 0;
+
+  // CUDA graphs, resident only. capture_step runs `enqueue` (one training step's device work:
+  // forward_device(true), loss_device, backward_device, device().sgd_step, ...) under stream
+  // capture into a graph instead of running it; replay_step launches that graph, all of it for
+  // the cost of one launch. A replay reads the labels stage_labels (or loss_device, at capture)
+  // staged last, draws the next step's dropout masks, and repeats every other host-side argument
+  // as captured (the learning rate among them). Needs one step run eagerly first (backward's
+  // buffers, cuDNN's and cuBLAS's choices); refused with GG_CUDA_PROFILE (its events wait).
+  virtual void capture_step(const std::function<void()>& enqueue) = 0;
+  virtual void replay_step() = 0;
+  // Copies labels for the next replay (waits for the last one to have read the previous).
+  virtual void stage_labels(const int32_t* labels) = 0;
 
  protected:
   using Executor::Executor;

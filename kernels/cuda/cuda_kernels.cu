@@ -456,10 +456,10 @@ __device__ __forceinline__ uint64_t mix(uint64_t z) {
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
 }
-__device__ __forceinline__ float dropout_mult(const DropoutKey& k, int64_t index) {
+__device__ __forceinline__ float dropout_mult(const DropoutKey& k, uint64_t step, int64_t index) {
   uint64_t h = mix(k.seed + 0x9e3779b97f4a7c15ull);
   h = mix(h ^ static_cast<uint64_t>(k.node));
-  h = mix(h ^ k.step);
+  h = mix(h ^ step);
   h = mix(h ^ static_cast<uint64_t>(index));
   const float u = static_cast<float>(h >> 40) * (1.f / 16777216.f);
   return u < k.p ? 0.f : __fdiv_rn(1.f, 1.f - k.p);
@@ -467,13 +467,21 @@ __device__ __forceinline__ float dropout_mult(const DropoutKey& k, int64_t index
 
 template <typename T>
 __global__ void dropout_fwd_k(T* y, const T* x, int64_t n, DropoutKey k) {
-  GG_GRID_LOOP(i, n) st(y, i, ld(x, i) * dropout_mult(k, i));
+  const uint64_t step = *k.step;
+  GG_GRID_LOOP(i, n) st(y, i, ld(x, i) * dropout_mult(k, step, i));
 }
 
 template <typename T>
 __global__ void dropout_bwd_k(T* dx, const T* dy, int64_t n, DropoutKey k, bool acc) {
-  GG_GRID_LOOP(i, n) put(dx, i, ld(dy, i) * dropout_mult(k, i), acc);
+  const uint64_t step = *k.step;
+  GG_GRID_LOOP(i, n) put(dx, i, ld(dy, i) * dropout_mult(k, step, i), acc);
 }
+
+__global__ void set_step_k(uint64_t* step, uint64_t value) {
+  step[0] = value;
+  step[1] = value + 1;
+}
+__global__ void advance_step_k(uint64_t* step) { step[0] = step[1]++; }
 
 template <typename T>
 __global__ void lrn_fwd_k(T* y, float* denom, const T* x, LrnShape l) {
@@ -1080,6 +1088,15 @@ void global_avg_pool_backward(void* dx, const void* dy, int64_t batch, int64_t c
       gap_bwd_k<<<blocks_for(batch * c * plane), kThreads, 0, s>>>(
           static_cast<T*>(dx), static_cast<const T*>(dy), batch * c, plane, acc);
   });
+  check_launch();
+}
+
+void set_dropout_step(uint64_t* step, uint64_t value, cudaStream_t s) {
+  set_step_k<<<1, 1, 0, s>>>(step, value);
+  check_launch();
+}
+void advance_dropout_step(uint64_t* step, cudaStream_t s) {
+  advance_step_k<<<1, 1, 0, s>>>(step);
   check_launch();
 }
 

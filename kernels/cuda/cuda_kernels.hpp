@@ -64,13 +64,18 @@ void global_avg_pool_forward(void* y, const void* x, int64_t batch, int64_t c, i
 void global_avg_pool_backward(void* dx, const void* dy, int64_t batch, int64_t c, int64_t plane,
                               bool nhwc, DType t, bool acc, cudaStream_t s);
 
-// Inverted dropout with the masks of kernels::dropout_multiplier, recomputed in backward.
+// Inverted dropout with the masks of kernels::dropout_multiplier, recomputed in backward. The
+// step whose masks are drawn is read from device memory (step[0]), so that a replayed CUDA graph
+// draws new ones: set_dropout_step writes step[0] = value and step[1] = value + 1 (a step run
+// eagerly), advance_dropout_step step[0] = step[1]++ (a step inside a graph).
 struct DropoutKey {
   uint64_t seed = 0;
   int node = 0;
-  uint64_t step = 0;
+  const uint64_t* step = nullptr;
   float p = 0.f;
 };
+void set_dropout_step(uint64_t* step, uint64_t value, cudaStream_t s);
+void advance_dropout_step(uint64_t* step, cudaStream_t s);
 void dropout_forward(void* y, const void* x, int64_t n, const DropoutKey& k, DType t,
                      cudaStream_t s);
 void dropout_backward(void* dx, const void* dy, int64_t n, const DropoutKey& k, DType t, bool acc,

@@ -41,11 +41,13 @@ refused "profile.sh, an unknown model" \
 refused "layout_ab.sh, an unknown model" \
   "layout_ab.sh: gg_bench_compute failed for nosuch:2:32:1:fp32 (plain, exit 1): gg_bench_compute: error: unknown model 'nosuch'" \
   -- env BUILD="$BUILD" REPEATS=1 STEPS=1 bench/compute/layout_ab.sh nosuch:2:32:1:fp32
-# gg_bench_compute --fuse and --layout nhwc: CUDA's switches, refused elsewhere and for an unknown
+# gg_bench_compute --fuse, --layout nhwc and --graph: CUDA's switches, refused elsewhere and for an unknown
 # value.
 for args in "--fuse off:--fuse needs --backend cuda" \
   "--backend cuda --fuse maybe:--fuse 'maybe' is unknown (on or off)" \
-  "--layout nhwc:--layout nhwc needs --backend cuda"; do
+  "--layout nhwc:--layout nhwc needs --backend cuda" \
+  "--graph on:--graph needs --backend cuda" \
+  "--backend cuda --graph on --warmup 0:--graph on captures after one eager warm-up step: give --warmup 1 or more"; do
   # shellcheck disable=SC2086 # the options are words
   first=$(timeout 60 "$BUILD/bench/gg_bench_compute" ${args%%:*} 2>&1 >/dev/null | head -n 1)
   if [ "$first" != "gg_bench_compute: ${args#*:}" ]; then

@@ -489,6 +489,62 @@ TEST_CASE("resident training on the device follows host-authoritative training")
                          1e-4));
 }
 
+TEST_CASE("a CUDA graph's replays train as eager steps do, dropout masks included") {
+  Graph g({3, 16, 16});
+  const int c = g.conv("c", g.input(), {8, 3, 1, 1, false});
+  const int f = g.global_avg_pool(g.relu(g.batch_norm("bn", c)));
+  g.set_output(g.fully_connected("fc", g.dropout(f, {0.5f, 3}), {10, true}));
+  const int64_t batch = 8;
+  const std::vector<float> x = randoms(batch * numel(g.input_dims()), 2);
+  std::vector<int32_t> labels(batch);
+  for (int64_t i = 0; i < batch; ++i) labels[i] = static_cast<int32_t>(i % g.classes());
+  const SgdOptions o{0.9f, 1e-4f, false};
+  const std::vector<Bucket> buckets = make_buckets(g, 1 << 30);
+  ParamStore eager_store(g);
+  Rng r(8);
+  init_random(g, eager_store, r, RunningStats::Random);
+  ParamStore graph_store(g);
+  graph_store.params = eager_store.params;
+  graph_store.buffers = eager_store.buffers;
+  // Resident, on cuDNN's heuristics (both run the same algorithms), the input uploaded once.
+  const auto start = [&](ParamStore& s) {
+    auto e = make_cuda_executor(g, batch, s, buckets, Precision::Fp32, {false, false});
+    e->set_resident(true);
+    e->device().upload_params(s.params.data());
+    e->device().upload_buffers(s.buffers.data());
+    REQUIRE(cudaMemcpyAsync(e->device_input(), x.data(), x.size() * sizeof(float),
+                            cudaMemcpyHostToDevice, e->device().compute()) == cudaSuccess);
+    return e;
+  };
+  auto a = start(eager_store);
+  auto b = start(graph_store);
+  const auto enqueue = [&](CudaExecutor& e) {
+    e.forward_device(true);
+    e.loss_device(labels.data());
+    e.backward_device({});
+    e.device().sgd_step(0.05f, o);
+  };
+  CHECK_THROWS_AS(b->capture_step([&] { enqueue(*b); }), std::logic_error);  // no eager step yet
+  for (int step = 0; step < 4; ++step) enqueue(*a);
+  const double eager_loss = a->last_loss();
+  enqueue(*b);
+  b->capture_step([&] { enqueue(*b); });
+  for (int step = 0; step < 3; ++step) b->replay_step();
+  const double graph_loss = b->last_loss();
+  CHECK(a->dropout_step() == 4);
+  CHECK(b->dropout_step() == 4);
+  CHECK(std::fabs(graph_loss - eager_loss) <= 1e-5 * std::max(1.0, std::fabs(eager_loss)));
+  a->device().download_params(eager_store.params.data());
+  b->device().download_params(graph_store.params.data());
+  a->device().download_buffers(eager_store.buffers.data());
+  b->device().download_buffers(graph_store.buffers.data());
+  a->synchronize();
+  b->synchronize();
+  require(compare_tensor("weights after 4 steps", graph_store.params, eager_store.params, 1e-5));
+  require(compare_tensor("running statistics after 4 steps", graph_store.buffers,
+                         eager_store.buffers, 1e-5));
+}
+
 TEST_CASE("channels-last agrees with the reference backend and with channels-first (fp32)") {
   Layers layers = {
       {"conv stride 2 with bias",
