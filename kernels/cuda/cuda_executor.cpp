@@ -227,7 +227,10 @@ class CudaExecutorImpl final : public CudaExecutor {
     GG_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_labels_),
                                  sizeof(int32_t) * std::max<int64_t>(1, batch)));
     dropout_step_dev_ = DeviceArray<unsigned char>(2 * sizeof(uint64_t));
-    GG_CUDA_CHECK(cudaMemsetAsync(dropout_step_dev_.get(), 0, dropout_step_dev_.size(), stream_));
+    // Both step kernels run once here, so that neither is first loaded inside a graph capture
+    // (which drivers before CUDA 12.3 refuse under lazy loading).
+    cuda::advance_dropout_step(step_dev(), stream_);
+    cuda::set_dropout_step(step_dev(), 0, stream_);
     // cuBLAS's workspace of our own, so that it allocates nothing inside a graph capture.
     cublas_ws_ = DeviceArray<unsigned char>(int64_t{32} << 20);
     GG_CUBLAS_CHECK(cublasSetWorkspace(cublas_, cublas_ws_.get(), cublas_ws_.size()));
@@ -329,9 +332,14 @@ class CudaExecutorImpl final : public CudaExecutor {
 
   void loss_device(const int32_t* labels) override {
     if (!trained_) throw std::logic_error("loss_device needs a training forward first");
-    // Through page-locked memory, which a captured copy reads again at every replay.
-    std::memcpy(host_labels_, labels, sizeof(int32_t) * batch_);
-    GG_CUDA_CHECK(cudaMemcpyAsync(labels_.get(), host_labels_, sizeof(int32_t) * batch_,
+    // In a capture through page-locked memory, which the captured copy reads again at every
+    // replay (stage_labels refills it); else from the caller's memory, read before this returns.
+    const int32_t* from = labels;
+    if (capturing_) {
+      std::memcpy(host_labels_, labels, sizeof(int32_t) * batch_);
+      from = host_labels_;
+    }
+    GG_CUDA_CHECK(cudaMemcpyAsync(labels_.get(), from, sizeof(int32_t) * batch_,
                                   cudaMemcpyHostToDevice, stream_));
     // The gradient overwrites the fp32 logits buffer, then seeds backward.
     cuda::softmax_xent(logits_.get(), loss_.get(), logits_.get(), labels_.get(), batch_,
@@ -348,6 +356,9 @@ class CudaExecutorImpl final : public CudaExecutor {
 
   void backward_device(const BucketReady& ready) override {
     if (!trained_) throw std::logic_error("backward needs a training forward first");
+    if (capturing_ && ready)
+      throw std::logic_error(
+          "CUDA graphs: bucket callbacks (staging, host waits) cannot run inside a capture");
     for (size_t id = 1; id < values_.size(); ++id) {
       Value& v = values_[id];
       if (v.zero_dy) GG_CUDA_CHECK(cudaMemsetAsync(v.dy.get(), 0, v.dy.size(), stream_));
@@ -372,14 +383,17 @@ class CudaExecutorImpl final : public CudaExecutor {
       if (ready) ready(b);
     }
     if (!resident_) synchronize();
+    if (!capturing_) eager_backward_ = true;
   }
 
   void synchronize() override { GG_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
   void capture_step(const std::function<void()>& enqueue) override {
     if (!resident_) throw std::logic_error("CUDA graphs need the resident mode");
-    if (!backward_ready_)
-      throw std::logic_error("CUDA graphs: run one training step eagerly before capturing one");
+    if (!eager_backward_ || !dev_->sgd_started())
+      throw std::logic_error(
+          "CUDA graphs: run one training step (backward and device().sgd_step) eagerly before "
+          "capturing one");
     if (profile_)
       throw std::invalid_argument(
           "CUDA graphs: GG_CUDA_PROFILE's events wait inside the step, which a graph cannot; "
@@ -396,12 +410,20 @@ class CudaExecutorImpl final : public CudaExecutor {
     capturing_ = true;
     GG_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     cudaGraph_t graph = nullptr;
+    // A failed capture leaves the counters as they were and clears CUDA's sticky last error, so
+    // that the next launch's check does not report it again.
+    const auto abandon = [&] {
+      capturing_ = false;
+      dropout_step_ = before;
+      trained_ = false;
+      (void)cudaGetLastError();
+    };
     try {
       enqueue();
     } catch (...) {
-      capturing_ = false;
       (void)cudaStreamEndCapture(stream_, &graph);
       if (graph) cudaGraphDestroy(graph);
+      abandon();
       throw;
     }
     capturing_ = false;
@@ -409,13 +431,20 @@ class CudaExecutorImpl final : public CudaExecutor {
     // runs them.
     forwards_per_replay_ = dropout_step_ - before;
     dropout_step_ = before;
-    GG_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-    const cudaError_t e = cudaGraphInstantiate(&graph_, graph, 0);
-    cudaGraphDestroy(graph);
-    GG_CUDA_CHECK(e);
+    cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+    cudaGraphExec_t exec = nullptr;
+    if (e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
+    if (graph) cudaGraphDestroy(graph);
+    if (e != cudaSuccess) {
+      abandon();
+      GG_CUDA_CHECK(e);
+    }
+    graph_ = exec;
   }
   void replay_step() override {
     if (!graph_) throw std::logic_error("replay_step needs capture_step first");
+    // From the host's count, which set_dropout_step may have moved since the last replay.
+    cuda::set_dropout_step(step_dev(), dropout_step_ - 1, stream_);
     GG_CUDA_CHECK(cudaGraphLaunch(graph_, stream_));
     dropout_step_ += forwards_per_replay_;
   }
@@ -1039,6 +1068,7 @@ class CudaExecutorImpl final : public CudaExecutor {
   cudaGraphExec_t graph_ = nullptr;
   uint64_t forwards_per_replay_ = 0;
   bool capturing_ = false;
+  bool eager_backward_ = false;  // a backward ran outside a capture (a capture needs one first)
   std::vector<Value> values_;
   std::vector<std::unique_ptr<Conv>> convs_;
   cuda::FusionPlan plan_;

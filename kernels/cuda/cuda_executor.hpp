@@ -69,8 +69,10 @@ class CudaExecutor : public Executor {
   // capture into a graph instead of running it; replay_step launches that graph, all of it for
   // the cost of one launch. A replay reads the labels stage_labels (or loss_device, at capture)
   // staged last, draws the next step's dropout masks, and repeats every other host-side argument
-  // as captured (the learning rate among them). Needs one step run eagerly first (backward's
-  // buffers, cuDNN's and cuBLAS's choices); refused with GG_CUDA_PROFILE (its events wait).
+  // as captured (the learning rate among them). Needs one whole step run eagerly first
+  // (backward's buffers, cuDNN's and cuBLAS's choices, the SGD velocity's start); refuses
+  // GG_CUDA_PROFILE (its events wait) and bucket callbacks in the captured backward (staging
+  // waits for the host). set_dropout_step before a replay moves the masks as it does eagerly.
   virtual void capture_step(const std::function<void()>& enqueue) = 0;
   virtual void replay_step() = 0;
   // Copies labels for the next replay (waits for the last one to have read the previous).

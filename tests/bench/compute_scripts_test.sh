@@ -47,7 +47,7 @@ for args in "--fuse off:--fuse needs --backend cuda" \
   "--backend cuda --fuse maybe:--fuse 'maybe' is unknown (on or off)" \
   "--layout nhwc:--layout nhwc needs --backend cuda" \
   "--graph on:--graph needs --backend cuda" \
-  "--backend cuda --graph on --warmup 0:--graph on captures after one eager warm-up step: give --warmup 1 or more"; do
+  "--backend cuda --graph on --warmup 1:--graph on runs one warm-up step eagerly and captures the next: give --warmup 2 or more"; do
   # shellcheck disable=SC2086 # the options are words
   first=$(timeout 60 "$BUILD/bench/gg_bench_compute" ${args%%:*} 2>&1 >/dev/null | head -n 1)
   if [ "$first" != "gg_bench_compute: ${args#*:}" ]; then
