@@ -647,6 +647,21 @@ __global__ void bn_apply_k(T* y, const T* x, const T* res, const float* mean, co
 // Backward, pass 1: per block the sums of g and g * xhat over its range, where g is dy, gated by
 // the fused ReLU's output (y <= 0: no gradient; relu keeps NaN, so y <= 0 exactly where its
 // input was), and written to dz when the pass is fused (the residual's gradient, or dy in place).
+// gated_grad loads one vector's g (written to dz) and x.
+template <int V, bool Relu, typename T>
+__device__ __forceinline__ void gated_grad(int64_t at, T* dz, const T* dy, const T* relu_y,
+                                           const T* x, float (&g)[V], float (&a)[V]) {
+  load<V>(dy, at, g);
+  load<V>(x, at, a);
+  if constexpr (Relu) {
+    float m[V];
+    load<V>(relu_y, at, m);
+#pragma unroll
+    for (int e = 0; e < V; ++e) g[e] = m[e] <= 0.f ? 0.f : g[e];
+  }
+  if (dz) store<V>(dz, at, g);
+}
+
 template <typename T, int V, bool Relu>
 __global__ void bn_grad_partial_k(float* part, T* dz, const T* dy, const T* relu_y, const T* x,
                                   const float* mean, const float* inv_std, NchwWalk w,
@@ -656,17 +671,8 @@ __global__ void bn_grad_partial_k(float* part, T* dz, const T* dy, const T* relu
   const float mu = mean[c], is = inv_std[c];
   float s1 = 0.f, s2 = 0.f;
   for (uint32_t q = threadIdx.x; q < r.vectors; q += blockDim.x) {
-    const int64_t at = w.at(q, c, r.n0);
     float g[V], a[V];
-    load<V>(dy, at, g);
-    load<V>(x, at, a);
-    if constexpr (Relu) {
-      float m[V];
-      load<V>(relu_y, at, m);
-#pragma unroll
-      for (int e = 0; e < V; ++e) g[e] = m[e] <= 0.f ? 0.f : g[e];
-    }
-    if (dz) store<V>(dz, at, g);
+    gated_grad<V, Relu>(w.at(q, c, r.n0), dz, dy, relu_y, x, g, a);
 #pragma unroll
     for (int e = 0; e < V; ++e) {
       s1 += g[e];
@@ -795,17 +801,8 @@ __global__ void bn_grad_rows_k(float* part, T* dz, const T* dy, const T* relu_y,
       is[e] = inv_std[v * V + e];
     }
     for (uint32_t row = r0 + threadIdx.y; row < r1; row += blockDim.y) {
-      const int64_t at = (static_cast<int64_t>(row) * cv + v) * V;
       float g[V], a[V];
-      load<V>(dy, at, g);
-      load<V>(x, at, a);
-      if constexpr (Relu) {
-        float m[V];
-        load<V>(relu_y, at, m);
-#pragma unroll
-        for (int e = 0; e < V; ++e) g[e] = m[e] <= 0.f ? 0.f : g[e];
-      }
-      if (dz) store<V>(dz, at, g);
+      gated_grad<V, Relu>((static_cast<int64_t>(row) * cv + v) * V, dz, dy, relu_y, x, g, a);
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         s1[e] += g[e];
