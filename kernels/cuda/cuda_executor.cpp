@@ -199,17 +199,22 @@ class CudaExecutorImpl final : public CudaExecutor {
                                                  store.grads.data(), stream_);
     if (shadowed()) {
       // Each convolution's and fully connected layer's weight gets a slot of its own, 256-byte
-      // aligned (cuDNN's and cuBLAS's fast kernels want 16 bytes at least).
+      // aligned (cuDNN's and cuBLAS's fast kernels want 16 bytes at least); so does each
+      // convolution's weight gradient (a fully connected layer's goes to fp32 directly).
       shadow_at_.assign(g.params().size(), -1);
-      int64_t elems = 0;
+      grad_shadow_at_.assign(g.params().size(), -1);
+      int64_t elems = 0, grad_elems = 0;
       for (const Node& n : g.nodes()) {
         if (n.op != Op::Conv && n.op != Op::FullyConnected) continue;
         const auto p = static_cast<size_t>(n.params.at(0));
         shadow_at_[p] = (elems + 127) / 128 * 128;
         elems = shadow_at_[p] + g.params()[p].size();
+        if (n.op != Op::Conv) continue;
+        grad_shadow_at_[p] = (grad_elems + 127) / 128 * 128;
+        grad_elems = grad_shadow_at_[p] + g.params()[p].size();
       }
       params_lp_ = DeviceArray<unsigned char>(elems * cuda::dtype_size(act_));
-      grads_lp_ = DeviceArray<unsigned char>(elems * cuda::dtype_size(act_));
+      grads_lp_ = DeviceArray<unsigned char>(grad_elems * cuda::dtype_size(act_));
     }
     const auto& nodes = g.nodes();
     values_.resize(nodes.size());
@@ -399,10 +404,6 @@ class CudaExecutorImpl final : public CudaExecutor {
           "CUDA graphs: GG_CUDA_PROFILE's events wait inside the step, which a graph cannot; "
           "unset it");
     synchronize();
-    if (graph_) {
-      GG_CUDA_CHECK(cudaGraphExecDestroy(graph_));
-      graph_ = nullptr;
-    }
     // The replays draw masks from the device's counter, which each training forward in the graph
     // advances first: the first replay's is the host's count.
     cuda::set_dropout_step(step_dev(), dropout_step_ - 1, stream_);
@@ -429,17 +430,19 @@ class CudaExecutorImpl final : public CudaExecutor {
     capturing_ = false;
     // The capture advanced the host's count for training forwards that did not run: each replay
     // runs them.
-    forwards_per_replay_ = dropout_step_ - before;
+    const uint64_t forwards = dropout_step_ - before;
     dropout_step_ = before;
     cudaError_t e = cudaStreamEndCapture(stream_, &graph);
     cudaGraphExec_t exec = nullptr;
     if (e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
     if (graph) cudaGraphDestroy(graph);
     if (e != cudaSuccess) {
-      abandon();
+      abandon();  // an earlier graph stays, and replays as before
       GG_CUDA_CHECK(e);
     }
+    if (graph_) GG_CUDA_CHECK(cudaGraphExecDestroy(graph_));
     graph_ = exec;
+    forwards_per_replay_ = forwards;
   }
   void replay_step() override {
     if (!graph_) throw std::logic_error("replay_step needs capture_step first");
@@ -483,7 +486,9 @@ class CudaExecutorImpl final : public CudaExecutor {
   void* weight_grad_act(const Node& n) const {
     const auto p = static_cast<size_t>(n.params.at(0));
     if (!shadowed()) return dev_->grads() + g_.params()[p].offset;
-    return grads_lp_.get() + shadow_at_[p] * cuda::dtype_size(act_);
+    if (grad_shadow_at_[p] < 0)
+      throw std::logic_error("CUDA backend: only convolutions' weight gradients have a shadow");
+    return grads_lp_.get() + grad_shadow_at_[p] * cuda::dtype_size(act_);
   }
   // The shadow from the fp32 masters: each weight cast, channels-last each filter transposed
   // {k, c, r*s} -> {k, r*s, c}.
@@ -1054,10 +1059,10 @@ class CudaExecutorImpl final : public CudaExecutor {
   cudnnHandle_t cudnn_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   std::unique_ptr<cuda::DeviceBuffers> dev_;
-  // shadowed(): the weights of convolutions and fully connected layers, and the gradients of the
-  // convolutions' ones, at shadow_at_[param] (elements; -1: not shadowed).
+  // shadowed(): the weights of convolutions and fully connected layers at shadow_at_[param], the
+  // gradients of the convolutions' ones at grad_shadow_at_[param] (elements; -1: none).
   DeviceArray<unsigned char> params_lp_, grads_lp_;
-  std::vector<int64_t> shadow_at_;
+  std::vector<int64_t> shadow_at_, grad_shadow_at_;
   DeviceArray<float> input_, logits_, loss_;
   DeviceArray<int32_t> labels_;
   float* host_logits_ = nullptr;

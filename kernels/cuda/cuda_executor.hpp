@@ -56,7 +56,8 @@ class CudaExecutor : public Executor {
   virtual float* device_input() = 0;
   virtual void forward_device(bool train) = 0;
   // Softmax cross-entropy of the last forward's logits against host labels (< 0: padding),
-  // computed on the device; its gradient becomes backward_device's starting point.
+  // computed on the device; its gradient becomes backward_device's starting point. The labels
+  // are copied asynchronously: page-locked ones must stay unchanged until the stream has run.
   virtual void loss_device(const int32_t* labels) = 0;
   // The mean loss of the last loss_device (waits for it).
   virtual double last_loss() = 0;
