@@ -314,8 +314,6 @@ class CudaExecutorImpl final : public CudaExecutor {
   void forward_device(bool train) override {
     trained_ = false;
     if (train) prepare_backward();
-    if (profile_ && capturing_)
-      throw std::logic_error("CUDA graphs: a capture with GG_CUDA_PROFILE");
     // The dropout masks' step, in device memory: a replayed graph advances it itself.
     if (train && capturing_)
       cuda::advance_dropout_step(step_dev(), stream_);
@@ -404,9 +402,8 @@ class CudaExecutorImpl final : public CudaExecutor {
           "CUDA graphs: GG_CUDA_PROFILE's events wait inside the step, which a graph cannot; "
           "unset it");
     synchronize();
-    // The replays draw masks from the device's counter, which each training forward in the graph
-    // advances first: the first replay's is the host's count.
-    cuda::set_dropout_step(step_dev(), dropout_step_ - 1, stream_);
+    // Each training forward in the graph advances the device's dropout step first; replay_step
+    // sets it from the host's count before every launch.
     const uint64_t before = dropout_step_;
     capturing_ = true;
     GG_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));

@@ -68,6 +68,15 @@ bool all_aligned16(const P*... p) {
   return (... && (p == nullptr || aligned16(p)));
 }
 
+// Runs f(std::integral_constant<int, V>{}) for the walk's vector width.
+template <typename T, typename F>
+void with_vec(int vec, F&& f) {
+  if (vec == kVec<T>)
+    f(std::integral_constant<int, kVec<T>>{});
+  else
+    f(std::integral_constant<int, 1>{});
+}
+
 unsigned blocks_for(int64_t n) {
   const int64_t b = (n + kThreads - 1) / kThreads;
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(b, int64_t{1} << 20)));
@@ -232,20 +241,6 @@ __global__ void transpose_k(D* dst, const S* src, uint32_t n, FastDiv c, FastDiv
   }
 }
 
-// Channels-last bias: vector j holds channels (j mod cv) * V + [0, V).
-template <typename T, int V>
-__global__ void bias_add_rows_k(T* y, const float* bias, FastDiv cv, uint32_t vectors) {
-  for (uint32_t j = blockIdx.x * blockDim.x + threadIdx.x; j < vectors;
-       j += blockDim.x * gridDim.x) {
-    const uint32_t c0 = cv.mod(j) * V;
-    float a[V];
-    load<V>(y, static_cast<int64_t>(j) * V, a);
-#pragma unroll
-    for (int e = 0; e < V; ++e) a[e] += bias[c0 + e];
-    store<V>(y, static_cast<int64_t>(j) * V, a);
-  }
-}
-
 template <typename T>
 __global__ void bias_grad_rows_k(float* db, const T* dy, uint32_t rows, uint32_t c) {
   __shared__ float part[kThreads];
@@ -262,16 +257,17 @@ __global__ void bias_grad_rows_k(float* db, const T* dy, uint32_t rows, uint32_t
   if (threadIdx.x == 0) db[ch] = part[0];
 }
 
-template <typename T, int V>
-__global__ void bias_add_k(T* y, const float* bias, NchwWalk w) {
+// y += bias per channel, over an NchwWalk or a RowWalk (lane e in channel c0 + e).
+template <typename T, int V, typename W>
+__global__ void bias_add_k(T* y, const float* bias, W w) {
   const uint32_t vectors = w.vectors();
   for (uint32_t j = blockIdx.x * blockDim.x + threadIdx.x; j < vectors;
        j += blockDim.x * gridDim.x) {
-    const float b = bias[w.channel(j)];
+    const uint32_t c0 = w.channel(j);
     float a[V];
     load<V>(y, static_cast<int64_t>(j) * V, a);
 #pragma unroll
-    for (int e = 0; e < V; ++e) a[e] += b;
+    for (int e = 0; e < V; ++e) a[e] += bias[c0 + e * W::kLaneStep];
     store<V>(y, static_cast<int64_t>(j) * V, a);
   }
 }
@@ -982,24 +978,18 @@ void bias_add(void* y, const float* bias, int64_t batch, int64_t c, int64_t plan
               DType t, cudaStream_t s) {
   dispatch(t, [&](auto v) {
     using T = decltype(v);
-    constexpr int V = kVec<T>;
-    const bool vec = (nhwc ? c : plane) % V == 0 && aligned16(y);
-    if (nhwc) {
-      check_fast_div_range(batch * plane * c, "a tensor");
-      const auto vectors = static_cast<uint32_t>(batch * plane * c / (vec ? V : 1));
-      if (vec)
-        bias_add_rows_k<T, V><<<blocks_for(vectors), kThreads, 0, s>>>(static_cast<T*>(y), bias,
-                                                                       FastDiv(c / V), vectors);
+    const int vec = (nhwc ? c : plane) % kVec<T> == 0 && aligned16(y) ? kVec<T> : 1;
+    auto* yt = static_cast<T*>(y);
+    with_vec<T>(vec, [&](auto vc) {
+      constexpr int V = decltype(vc)::value;
+      const auto run = [&](const auto& w) {
+        bias_add_k<T, V><<<blocks_for(w.vectors()), kThreads, 0, s>>>(yt, bias, w);
+      };
+      if (nhwc)
+        run(RowWalk(batch * plane, c, vec));
       else
-        bias_add_rows_k<T, 1><<<blocks_for(vectors), kThreads, 0, s>>>(static_cast<T*>(y), bias,
-                                                                       FastDiv(c), vectors);
-    } else if (vec) {
-      const NchwWalk w(batch, c, plane, V);
-      bias_add_k<T, V><<<blocks_for(w.vectors()), kThreads, 0, s>>>(static_cast<T*>(y), bias, w);
-    } else {
-      const NchwWalk w(batch, c, plane, 1);
-      bias_add_k<T, 1><<<blocks_for(w.vectors()), kThreads, 0, s>>>(static_cast<T*>(y), bias, w);
-    }
+        run(NchwWalk(batch, c, plane, vec));
+    });
   });
   check_launch();
 }
@@ -1175,14 +1165,6 @@ namespace {
 template <typename T, typename... P>
 int bn_vec(const BnShape& b, const P*... p) {
   return (b.nhwc ? b.c : b.plane) % kVec<T> == 0 && all_aligned16(p...) ? kVec<T> : 1;
-}
-// Runs f(std::integral_constant<int, V>{}) for the walk's vector width.
-template <typename T, typename F>
-void with_vec(int vec, F&& f) {
-  if (vec == kVec<T>)
-    f(std::integral_constant<int, kVec<T>>{});
-  else
-    f(std::integral_constant<int, 1>{});
 }
 }  // namespace
 
