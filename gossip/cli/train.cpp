@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gossip/cli/commands.hpp"
+#include "gossip/comm/low_rank.hpp"
 #include "gossip/comm/mpi.hpp"
 #include "gossip/config/config.hpp"
 #include "gossip/train/agree.hpp"
@@ -80,7 +81,11 @@ void check_model_and_data(const Config& c, int ranks) {
                      " is not before the run's last step (" + std::to_string(total) +
                      " steps): it would never stop the run; set it lower or leave it at 0");
   const kernels::Graph g = model_on(c, s);
-  if (c.gossip.low_rank > 0) check_low_rank_gains(c, g);
+  try {
+    if (c.gossip.low_rank > 0) check_gains(c.gossip.low_rank, g, c.model.name);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
   if (c.apoptosis.enable && apoptosis_layers(c, g).empty())
     throw UsageError("apoptosis.layers = " + c.apoptosis.layers + ": " + c.model.name +
                      " has no such layer whose units may be removed (units that reach a residual "

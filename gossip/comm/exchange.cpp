@@ -115,6 +115,13 @@ GossipOptions checked(GossipOptions o, int ranks) {
 
 }  // namespace
 
+void fit_to_model(GossipOptions& o, const kernels::Graph& g, const kernels::ParamLayout& layout,
+                  const std::string& model) {
+  if (o.low_rank <= 0) return;
+  check_gains(o.low_rank, g, model);
+  o.matrices = matrix_views(g, layout, o.low_rank);
+}
+
 std::unique_ptr<MixingRule> make_rule(const GossipOptions& o, float* buffer,
                                       const std::vector<kernels::Bucket>& buckets, int rank) {
   std::unique_ptr<MixingRule> rule;

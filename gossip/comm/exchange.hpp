@@ -23,6 +23,7 @@
 #include "gossip/comm/transport.hpp"
 #include "gossip/comm/wire.hpp"
 #include "kernels/graph.hpp"
+#include "kernels/param_layout.hpp"
 #include "partners/schedule.hpp"
 
 namespace gg::gossip {
@@ -52,18 +53,19 @@ class BucketExchange {
   // Staleness 1: what the steps could not mix fresh (rules.hpp).
   using Lateness = gossip::Lateness;
   virtual Lateness lateness() const { return {}; }
-  // The wire's error-feedback residue, in the buffer's layout (empty: none), and a saved one back
-  // (empty: zeroes): part of a rank's state. Exchanges that send fp32 have none.
-  virtual std::vector<float> wire_residue() const { return {}; }
-  virtual void set_wire_residue(const std::vector<float>& r) { (void)r; }
-  // CHOCO's public copies, in the buffer's layout (empty: none), and saved ones back (empty:
-  // none yet): part of a rank's state.
-  virtual std::vector<PublicCopy> public_copies() const { return {}; }
-  virtual void set_public_copies(std::vector<PublicCopy> c) { (void)c; }
-  // Low-rank gossip's factors (empty: none), kept in the buffer's layout as they are (a matrix's
-  // factors do not depend on it), and saved ones back: part of a rank's state.
-  virtual std::vector<PublicCopy> low_rank_factors() const { return {}; }
-  virtual void set_low_rank_factors(std::vector<PublicCopy> f) { (void)f; }
+  // What the exchange keeps from step to step (its rule's and its codec's parts, state_part.hpp),
+  // saved into a rank's state and loaded back (no parts: start again from nothing), and what it
+  // shares with peers whose state was replaced by another rank's dropped. Exchanges that keep
+  // nothing (allreduce) have nothing to save.
+  virtual void save_state(std::vector<StatePart>& out, const StateLayout& layout) const {
+    (void)out;
+    (void)layout;
+  }
+  virtual void load_state(std::span<const StatePart> parts, const StateLayout& layout) {
+    (void)parts;
+    (void)layout;
+  }
+  virtual void forget_peers(const std::vector<int>& lost) { (void)lost; }
 
  protected:
   Timeline* timeline_ = nullptr;
@@ -103,6 +105,11 @@ class AllreduceExchange final : public BucketExchange {
 // `rank`: the rank the rule runs for (low-rank gossip orients a pair by it).
 std::unique_ptr<MixingRule> make_rule(const GossipOptions& o, float* buffer,
                                       const std::vector<kernels::Bucket>& buckets, int rank);
+// What the rules of `o` read of the model whose flat buffer it exchanges (the tensors of a rule
+// that compresses them), filled in from the graph and the buffer's layout. Options that would
+// gain nothing on `model`: std::invalid_argument, naming the option and what would.
+void fit_to_model(GossipOptions& o, const kernels::Graph& g, const kernels::ParamLayout& layout,
+                  const std::string& model);
 // What goes on the wire for each bucket: the buckets themselves, or low-rank gossip's messages.
 std::vector<kernels::Bucket> wire_buckets(const GossipOptions& o,
                                           const std::vector<kernels::Bucket>& buckets);
@@ -170,16 +177,15 @@ class GossipExchange final : public BucketExchange {
   std::vector<TransportTraffic> transport_counters() const { return transport_->traffic(); }
   int64_t bytes_sent() const override;
   Lateness lateness() const override;
-  std::vector<float> wire_residue() const override { return codec_.residue(); }
-  void set_wire_residue(const std::vector<float>& r) override { codec_.set_residue(r); }
-  std::vector<PublicCopy> public_copies() const override { return rule_->public_copies(); }
-  void set_public_copies(std::vector<PublicCopy> c) override {
-    rule_->set_public_copies(std::move(c));
+  void save_state(std::vector<StatePart>& out, const StateLayout& layout) const override {
+    rule_->save_state(out, layout);
+    codec_.save_state(out, layout);
   }
-  std::vector<PublicCopy> low_rank_factors() const override { return rule_->low_rank_factors(); }
-  void set_low_rank_factors(std::vector<PublicCopy> f) override {
-    rule_->set_low_rank_factors(std::move(f));
+  void load_state(std::span<const StatePart> parts, const StateLayout& layout) override {
+    rule_->load_state(parts, layout);
+    codec_.load_state(parts, layout);
   }
+  void forget_peers(const std::vector<int>& lost) override { rule_->forget_peers(lost); }
   // With options.measure_distance: sum of ||x - partner||^2 over the buckets mixed since the last
   // call (rules.hpp, take_distance).
   double take_distance() { return rule_->take_distance(); }

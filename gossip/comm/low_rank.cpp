@@ -83,6 +83,16 @@ int largest_gaining_rank(const kernels::Graph& g) {
   return static_cast<int>(std::min<int64_t>(best, 1 << 30));
 }
 
+void check_gains(int r, const kernels::Graph& g, const std::string& model) {
+  const int most = largest_gaining_rank(g);
+  if (r > most)
+    throw std::invalid_argument(
+        "gossip.low_rank = " + std::to_string(r) + " compresses no weight matrix of " + model +
+        " (a rows x cols matrix gains where r (rows + cols) < rows cols; every one would travel "
+        "whole): use at most " +
+        std::to_string(most));
+}
+
 LowRankMix::LowRankMix(std::vector<MatrixView> views, const std::vector<kernels::Bucket>& buckets,
                        int rank, int self, int period)
     : in_bucket_(buckets.size()), rank_(rank), self_(self), period_(std::max(1, period)) {
@@ -243,6 +253,11 @@ void LowRankMix::load(std::vector<PublicCopy> saved) {
   for (PublicCopy& s : saved)
     if (s.values.size() == static_cast<size_t>(factor_floats_))
       factors_[s.peer] = std::move(s.values);
+}
+
+void LowRankMix::forget(const std::vector<int>& peers) {
+  for (const int peer : peers) factors_.erase(peer);
+  now_ = nullptr;
 }
 
 void check_pair(const partners::Partners& peers) {

@@ -30,6 +30,9 @@ std::vector<MatrixView> matrix_views(const kernels::Graph& g, const kernels::Par
                                      int rank);
 // The largest rank at which some matrix of the graph gains (0: none at any rank).
 int largest_gaining_rank(const kernels::Graph& g);
+// gossip.low_rank = r above it (every matrix of `model` would travel whole, as with 0):
+// std::invalid_argument naming the largest r that gains.
+void check_gains(int r, const kernels::Graph& g, const std::string& model);
 
 class LowRankMix {
  public:
@@ -56,6 +59,7 @@ class LowRankMix {
   // partner starts again from a fresh factor.
   std::vector<PublicCopy> save() const;
   void load(std::vector<PublicCopy> saved);
+  void forget(const std::vector<int>& peers);  // drops the factors shared with these partners
 
  private:
   struct Item {
@@ -81,6 +85,8 @@ class LowRankMix {
 // Throws std::logic_error unless the step's partners are a pair (send_to == recv_from).
 void check_pair(const partners::Partners& peers);
 
+inline constexpr std::string_view kLowRankKind = "low-rank-factors";
+
 // What both low-rank rules do alike, over a Base rule: the step's pair, each bucket's message
 // from given values and its echo (what the partner decodes), the partner's message mixed into a
 // flat buffer, and the factors as a rank's state.
@@ -102,8 +108,18 @@ class WithLowRank : public Base {
     const kernels::Bucket& k = message_bucket(b);
     std::copy(decoded, decoded + k.size(), own_.begin() + k.begin);
   }
-  std::vector<PublicCopy> low_rank_factors() const override { return mix_.save(); }
-  void set_low_rank_factors(std::vector<PublicCopy> f) override { mix_.load(std::move(f)); }
+  // The factors as they are (tests), and as a rank's state holds them: a matrix's factors do not
+  // depend on the buffer's layout, so they are saved as they are.
+  std::vector<PublicCopy> low_rank_factors() const { return mix_.save(); }
+  void set_low_rank_factors(std::vector<PublicCopy> f) { mix_.load(std::move(f)); }
+  void save_state(std::vector<StatePart>& out, const StateLayout&) const override {
+    out.push_back(copies_part(std::string(kLowRankKind), mix_.save()));
+  }
+  void load_state(std::span<const StatePart> parts, const StateLayout&) override {
+    const StatePart* p = find_part(parts, kLowRankKind, kCopiesVersion);
+    mix_.load(p ? read_copies(*p) : std::vector<PublicCopy>());
+  }
+  void forget_peers(const std::vector<int>& lost) override { mix_.forget(lost); }
 
  protected:
   const kernels::Bucket& message_bucket(int b) const {

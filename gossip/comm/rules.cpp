@@ -134,6 +134,48 @@ void PublicCopies::load(std::vector<PublicCopy> copies) {
   for (PublicCopy& c : copies) (c.mine ? mine_ : theirs_)[c.peer] = std::move(c.values);
 }
 
+void PublicCopies::forget(const std::vector<int>& peers) {
+  for (const int peer : peers) {
+    mine_.erase(peer);
+    theirs_.erase(peer);
+  }
+  mine_now_ = theirs_now_ = nullptr;
+}
+
+StatePart copies_part(std::string kind, const std::vector<PublicCopy>& copies) {
+  PartWriter w;
+  w.put<uint64_t>(copies.size());
+  for (const PublicCopy& c : copies) {
+    w.put<int64_t>(c.peer);
+    w.put<uint64_t>(c.mine ? 1 : 0);
+    w.array(c.values);
+  }
+  return w.part(std::move(kind), kCopiesVersion);
+}
+
+std::vector<PublicCopy> read_copies(const StatePart& p) {
+  PartReader r(p);
+  const auto n = r.get<uint64_t>();
+  if (n > r.left() / 24) r.fail();  // each copy takes at least its 24 bytes of header
+  std::vector<PublicCopy> v(static_cast<size_t>(n));
+  for (PublicCopy& c : v) {
+    const auto peer = r.get<int64_t>();
+    if (peer < 0 || peer > (int64_t{1} << 30)) r.fail();
+    c.peer = static_cast<int>(peer);
+    c.mine = r.get<uint64_t>() != 0;
+    c.values = r.get_array<float>();
+  }
+  r.end();
+  return v;
+}
+
+std::vector<PublicCopy> saved_copies(const MixingRule& r, std::string_view kind) {
+  std::vector<StatePart> parts;
+  r.save_state(parts, {});
+  const StatePart* p = find_part(parts, kind, kCopiesVersion);
+  return p ? read_copies(*p) : std::vector<PublicCopy>();
+}
+
 ChocoAverage::ChocoAverage(float* buffer, const std::vector<kernels::Bucket>& buckets,
                            bool sent_as_is)
     : WithPublicCopies(buckets), x_(buffer), diff_(sent_as_is ? count_of(buckets) : 0) {}

@@ -21,18 +21,31 @@
 #include <utility>
 #include <vector>
 
+#include "gossip/comm/state_part.hpp"
 #include "kernels/graph.hpp"
 #include "partners/schedule.hpp"
 
 namespace gg::gossip {
 
 // One of CHOCO-SGD's public copies, as a rank's state holds it: with `mine`, this rank's values
-// as `peer` knows them; otherwise peer's values as this rank knows them.
+// as `peer` knows them; otherwise peer's values as this rank knows them. Low-rank gossip keeps
+// its factors per partner in the same form (low_rank.hpp).
 struct PublicCopy {
   int peer = 0;
   bool mine = false;
   std::vector<float> values;
 };
+
+// Such copies as a state part of `kind` (state_part.hpp), values as they are given, and back
+// (std::runtime_error for a malformed part).
+StatePart copies_part(std::string kind, const std::vector<PublicCopy>& copies);
+std::vector<PublicCopy> read_copies(const StatePart& p);
+inline constexpr uint32_t kCopiesVersion = 1;
+
+class MixingRule;
+// The copies of `kind` that rule `r` saves (none: empty), values in its buffer's layout: what a
+// test compares between the two ends of a pair.
+std::vector<PublicCopy> saved_copies(const MixingRule& r, std::string_view kind);
 
 // Staleness 1, since the start: buckets a step mixed from the partner's previous step (late:
 // this step's had not arrived) and buckets it could not mix at all (nothing arrived yet).
@@ -73,14 +86,21 @@ class MixingRule {
   // rule sends the buffer itself and writes the pair average into it on arrival.
   virtual bool pair_average_in_place() const { return false; }
   virtual Lateness lateness() const { return {}; }
-  // CHOCO's public copies (none elsewhere): part of a rank's state; set_public_copies replaces
-  // them all (a restored state; empty: none yet).
-  virtual std::vector<PublicCopy> public_copies() const { return {}; }
-  virtual void set_public_copies(std::vector<PublicCopy> copies) { (void)copies; }
-  // Low-rank gossip's factors, one entry per partner met (low_rank.hpp; none elsewhere): part of
-  // a rank's state, as the public copies.
-  virtual std::vector<PublicCopy> low_rank_factors() const { return {}; }
-  virtual void set_low_rank_factors(std::vector<PublicCopy> factors) { (void)factors; }
+  // What the rule keeps from step to step beside the buffer, as a rank's state holds it
+  // (state_part.hpp; most rules keep nothing): save_state appends its part to `out`, its values
+  // in the plain layout; load_state replaces it by the part of its kind among `parts` (none, or
+  // no parts at all: start again from nothing) and throws std::invalid_argument for one that
+  // does not fit the buffer. forget_peers drops what the rule shares with ranks whose state was
+  // replaced by another rank's (a pair holds the same on both ends).
+  virtual void save_state(std::vector<StatePart>& out, const StateLayout& layout) const {
+    (void)out;
+    (void)layout;
+  }
+  virtual void load_state(std::span<const StatePart> parts, const StateLayout& layout) {
+    (void)parts;
+    (void)layout;
+  }
+  virtual void forget_peers(const std::vector<int>& lost) { (void)lost; }
   // Consensus control (gossip.consensus_bound): with measure_distance(true) a rule adds up
   // ||x - partner||^2 over the buckets it mixes, before mixing them; take_distance() returns the
   // sum since its last call and starts a new one. Off by default (a pass over every bucket).
@@ -188,6 +208,7 @@ class PublicCopies {
   std::vector<PublicCopy> save() const;
   // Replaces every copy; throws std::invalid_argument for a copy of another size.
   void load(std::vector<PublicCopy> copies);
+  void forget(const std::vector<int>& peers);
 
  private:
   std::vector<float>* copy_of(std::map<int, std::vector<float>>& copies, int peer);
@@ -196,6 +217,8 @@ class PublicCopies {
   std::map<int, std::vector<float>> mine_, theirs_;  // by peer
   std::vector<float>*mine_now_ = nullptr, *theirs_now_ = nullptr;
 };
+
+inline constexpr std::string_view kPublicCopiesKind = "public-copies";
 
 // What a rule with public copies answers alike, over a Base rule: the step's pair of copies, the
 // echo of each bucket it sent (added to mine), and the copies as a rank's state.
@@ -208,8 +231,21 @@ class WithPublicCopies : public Base {
   void begin_step(int64_t, const partners::Partners& peers) override { copies_.begin(peers); }
   bool echoes() const override { return true; }
   void sent(int b, const float* decoded) override { copies_.add_mine(copy_buckets_[b], decoded); }
-  std::vector<PublicCopy> public_copies() const override { return copies_.save(); }
-  void set_public_copies(std::vector<PublicCopy> c) override { copies_.load(std::move(c)); }
+  // The copies as they are (tests) and as a rank's state holds them (plain layout).
+  std::vector<PublicCopy> public_copies() const { return copies_.save(); }
+  void set_public_copies(std::vector<PublicCopy> c) { copies_.load(std::move(c)); }
+  void save_state(std::vector<StatePart>& out, const StateLayout& layout) const override {
+    std::vector<PublicCopy> v = copies_.save();
+    for (PublicCopy& c : v) c.values = layout.plain(c.values);
+    out.push_back(copies_part(std::string(kPublicCopiesKind), v));
+  }
+  void load_state(std::span<const StatePart> parts, const StateLayout& layout) override {
+    const StatePart* p = find_part(parts, kPublicCopiesKind, kCopiesVersion);
+    std::vector<PublicCopy> v = p ? read_copies(*p) : std::vector<PublicCopy>();
+    for (PublicCopy& c : v) c.values = layout.own(c.values);
+    copies_.load(std::move(v));
+  }
+  void forget_peers(const std::vector<int>& lost) override { copies_.forget(lost); }
 
  protected:
   std::vector<kernels::Bucket> copy_buckets_;

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "gossip/comm/state_part.hpp"
 #include "kernels/graph.hpp"
 
 namespace gg::gossip {
@@ -59,6 +60,11 @@ void unpack_quant(Wire w, const float* in, std::span<float> x);
 uint64_t wire_key(uint64_t seed, int rank, int64_t step, int stream = 0);
 uint64_t bucket_key(uint64_t key, int bucket);
 
+// The residue as a state part (plain values), and back (std::runtime_error: malformed).
+inline constexpr std::string_view kResidueKind = "wire-residue";
+StatePart residue_part(const std::vector<float>& plain);
+std::vector<float> read_residue(const StatePart& p);
+
 // One flat buffer's buckets on a wire: where each bucket lies in the transport's layout, and the
 // rooms that hold this rank's packed buckets and the error-feedback residue (error_feedback: a
 // lossy wire's). fp32 passes values through untouched. No MPI, no threads: bucket b is encoded
@@ -85,6 +91,10 @@ class WireCodec {
   // A saved residue back (the same size; empty: zeroes). Throws std::invalid_argument otherwise.
   // A codec without error feedback keeps none: it drops what it is given.
   void set_residue(const std::vector<float>& r);
+  // The residue as a rank's state holds it (state_part.hpp, plain layout; nothing without error
+  // feedback), and back: none among `parts` gives zeroes.
+  void save_state(std::vector<StatePart>& out, const StateLayout& layout) const;
+  void load_state(std::span<const StatePart> parts, const StateLayout& layout);
 
  private:
   Wire wire_;

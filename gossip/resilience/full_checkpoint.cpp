@@ -13,6 +13,9 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "gossip/comm/low_rank.hpp"
+#include "gossip/comm/rules.hpp"
+#include "gossip/comm/wire.hpp"
 #include "kernels/durable_file.hpp"
 
 namespace gg::gossip {
@@ -20,7 +23,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr char kRankMagic[8] = {'G', 'G', 'R', 'A', 'N', 'K', '0', '1'};
+// Format 2 keeps the exchanges' state as tagged parts; format 1 (before 2026-11-29) named each
+// algorithm's state, and is read into parts.
+constexpr char kRankMagic[8] = {'G', 'G', 'R', 'A', 'N', 'K', '0', '2'};
+constexpr char kRankMagicV1[8] = {'G', 'G', 'R', 'A', 'N', 'K', '0', '1'};
+constexpr uint64_t kMostPartText = 256;  // bytes of an exchange's or a kind's name
 
 // Writes bytes at dst (or only counts them where dst is null).
 struct Out {
@@ -39,12 +46,17 @@ struct Out {
     put<uint64_t>(v.size());
     bytes(v.data(), v.size() * sizeof(T));
   }
-  void copies(const std::vector<PublicCopy>& v) {
+  void text(const std::string& t) {
+    put<uint64_t>(t.size());
+    bytes(t.data(), t.size());
+  }
+  void parts(const std::vector<StatePart>& v) {
     put<uint64_t>(v.size());
-    for (const PublicCopy& c : v) {
-      put<int64_t>(c.peer);
-      put<uint64_t>(c.mine ? 1 : 0);
-      array(c.values);
+    for (const StatePart& p : v) {
+      text(p.exchange);
+      text(p.kind);
+      put<uint32_t>(p.version);
+      array(p.bytes);
     }
   }
 };
@@ -76,7 +88,37 @@ struct Cursor {
     left -= n * sizeof(T);
     return v;
   }
-  std::vector<PublicCopy> copies() {
+  std::string text() {
+    const auto n = get<uint64_t>();
+    if (n > kMostPartText) throw std::runtime_error(what + ": corrupt rank state (a part's name)");
+    need(static_cast<size_t>(n));
+    std::string t(reinterpret_cast<const char*>(p), static_cast<size_t>(n));
+    p += n;
+    left -= n;
+    return t;
+  }
+  std::vector<StatePart> parts() {
+    const auto n = get<uint64_t>();
+    if (n > left / 28) throw std::runtime_error(what + ": truncated or corrupt rank state");
+    std::vector<StatePart> v(static_cast<size_t>(n));
+    for (StatePart& s : v) {
+      s.exchange = text();
+      s.kind = text();
+      s.version = get<uint32_t>();
+      s.bytes = get_array<uint8_t>();
+      if (s.exchange.empty() || s.kind.empty())
+        throw std::runtime_error(what + ": corrupt rank state (a part without a name)");
+    }
+    return v;
+  }
+  // Format 1's per-algorithm fields (a residue, copies or factors for each exchange, empty where
+  // none) as the parts their owners now write.
+  void legacy_residue(std::vector<StatePart>& out, std::string_view exchange) {
+    const std::vector<float> r = get_array<float>();
+    if (!r.empty()) add(out, residue_part(r), exchange);
+  }
+  void legacy_copies(std::vector<StatePart>& out, std::string_view kind,
+                     std::string_view exchange) {
     const auto n = get<uint64_t>();
     if (n > left / 24) throw std::runtime_error(what + ": truncated or corrupt rank state");
     std::vector<PublicCopy> v(static_cast<size_t>(n));
@@ -88,7 +130,11 @@ struct Cursor {
       c.mine = get<uint64_t>() != 0;
       c.values = get_array<float>();
     }
-    return v;
+    if (!v.empty()) add(out, copies_part(std::string(kind), v), exchange);
+  }
+  static void add(std::vector<StatePart>& out, StatePart p, std::string_view exchange) {
+    p.exchange = exchange;
+    out.push_back(std::move(p));
   }
 };
 
@@ -124,13 +170,7 @@ size_t encode_state_into(const RankState& s, uint8_t* dst) {
   out.array(s.delayed_delta);
   out.array(s.shuffle);
   out.put<double>(s.consensus_distance);
-  out.array(s.grad_residue);
-  out.array(s.weight_residue);
-  out.array(s.momentum_residue);
-  out.copies(s.weight_copies);
-  out.copies(s.momentum_copies);
-  out.copies(s.weight_factors);
-  out.copies(s.momentum_factors);
+  out.parts(s.parts);
   // The file checks itself too.
   out.put<uint64_t>(dst != nullptr ? checksum(dst, out.n) : 0);
   return out.n;
@@ -143,8 +183,15 @@ std::vector<uint8_t> encode_state(const RankState& s) {
 }
 
 RankState decode_state(const uint8_t* data, size_t size, const std::string& what) {
-  if (size < sizeof kRankMagic + 8 || std::memcmp(data, kRankMagic, sizeof kRankMagic) != 0)
+  if (size < sizeof kRankMagic + 8)
     throw std::runtime_error(what + ": not a gossipgrad rank state");
+  const bool v1 = std::memcmp(data, kRankMagicV1, sizeof kRankMagicV1) == 0;
+  if (!v1 && std::memcmp(data, kRankMagic, sizeof kRankMagic) != 0)
+    throw std::runtime_error(
+        what + (std::memcmp(data, kRankMagic, 6) == 0
+                    ? ": a rank state of a newer format than this gossipgrad reads: resume it "
+                      "with the gossipgrad that wrote it"
+                    : ": not a gossipgrad rank state"));
   uint64_t stored;
   std::memcpy(&stored, data + size - 8, 8);
   if (stored != checksum(data, size - 8))
@@ -165,35 +212,29 @@ RankState decode_state(const uint8_t* data, size_t size, const std::string& what
   s.delayed_delta = c.get_array<float>();
   s.shuffle = c.get_array<uint8_t>();
   if (c.left >= sizeof(double)) s.consensus_distance = c.get<double>();  // absent: older files
-  if (c.left > 0) {  // absent: files older than the residues (resumed with none)
-    s.grad_residue = c.get_array<float>();
-    s.weight_residue = c.get_array<float>();
-    s.momentum_residue = c.get_array<float>();
-  }
-  if (c.left > 0) {  // absent: files older than the public copies
-    s.weight_copies = c.copies();
-    s.momentum_copies = c.copies();
-  }
-  if (c.left > 0) {  // absent: files older than low-rank gossip
-    s.weight_factors = c.copies();
-    s.momentum_factors = c.copies();
+  if (!v1) {
+    s.parts = c.parts();
+  } else {
+    if (c.left > 0) {  // absent: files older than the residues (resumed with none)
+      c.legacy_residue(s.parts, kGradientExchange);
+      c.legacy_residue(s.parts, kWeightExchange);
+      c.legacy_residue(s.parts, kMomentumExchange);
+    }
+    if (c.left > 0) {  // absent: files older than the public copies
+      c.legacy_copies(s.parts, kPublicCopiesKind, kWeightExchange);
+      c.legacy_copies(s.parts, kPublicCopiesKind, kMomentumExchange);
+    }
+    if (c.left > 0) {  // absent: files older than low-rank gossip
+      c.legacy_copies(s.parts, kLowRankKind, kWeightExchange);
+      c.legacy_copies(s.parts, kLowRankKind, kMomentumExchange);
+    }
   }
   if (c.left != 0) throw std::runtime_error(what + ": trailing bytes in the rank state");
-  const auto fits = [&s](const std::vector<float>& v) {
-    return v.empty() || v.size() == s.params.size();
-  };
-  const auto copy_fits = [&s](const PublicCopy& c) {
-    return c.peer < s.ranks && c.values.size() == s.params.size();
-  };
-  const auto peer_fits = [&s](const PublicCopy& c) { return c.peer < s.ranks; };
+  // What is in a part its owner checks when it reads it back (the model it must fit is known
+  // only there).
   if (s.step < 0 || s.steps_per_epoch < 1 || s.ranks < 1 || s.rank < 0 || s.rank >= s.ranks ||
       !(s.lr_scale > 0 && s.lr_scale <= 1) || s.velocity.size() != s.params.size() ||
-      (!s.delayed_delta.empty() && s.delayed_delta.size() != s.params.size()) ||
-      !fits(s.grad_residue) || !fits(s.weight_residue) || !fits(s.momentum_residue) ||
-      !std::all_of(s.weight_copies.begin(), s.weight_copies.end(), copy_fits) ||
-      !std::all_of(s.momentum_copies.begin(), s.momentum_copies.end(), copy_fits) ||
-      !std::all_of(s.weight_factors.begin(), s.weight_factors.end(), peer_fits) ||
-      !std::all_of(s.momentum_factors.begin(), s.momentum_factors.end(), peer_fits))
+      (!s.delayed_delta.empty() && s.delayed_delta.size() != s.params.size()))
     throw std::runtime_error(what + ": inconsistent rank state");
   return s;
 }

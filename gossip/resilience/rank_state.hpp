@@ -4,11 +4,17 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
-#include "gossip/comm/rules.hpp"
+#include "gossip/comm/state_part.hpp"
 
 namespace gg::gossip {
+
+// The exchanges a rank's state parts belong to: the trainer's three buffers.
+inline constexpr std::string_view kGradientExchange = "gradients";
+inline constexpr std::string_view kWeightExchange = "weights";
+inline constexpr std::string_view kMomentumExchange = "momentum";
 
 struct RankState {
   int64_t step = 0;             // optimizer steps done: the next step to run
@@ -25,14 +31,9 @@ struct RankState {
   // gossip.consensus_bound: ||w - w_partner||^2 measured by the weight exchange and not taken by
   // a check yet (an exchange completed by an evaluation or a global average between steps).
   double consensus_distance = 0;
-  // The error-feedback residues of the lossy wires (gossip.error_feedback), plain layout, one per
-  // exchange (the gradients', the weights', the momentum's; empty: none).
-  std::vector<float> grad_residue, weight_residue, momentum_residue;
-  // gossip.choco: the weights' and the momentum's public copies, plain layout (empty: none).
-  std::vector<PublicCopy> weight_copies, momentum_copies;
-  // gossip.low_rank: the weights' and the momentum's factors, one entry per partner met, in the
-  // rule's own order (gossip/comm/low_rank.hpp; empty: none).
-  std::vector<PublicCopy> weight_factors, momentum_factors;
+  // What the exchanges' rules and codecs keep from step to step, each part tagged with its
+  // exchange and read back only by its owner (gossip/comm/state_part.hpp; empty: none).
+  std::vector<StatePart> parts;
 };
 
 // The state as bytes (little-endian, the host's float format) and back. decode_state throws

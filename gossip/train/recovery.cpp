@@ -248,13 +248,7 @@ RankState Recovery::average_states(const std::string& folder, const Manifest& m)
       s = std::move(one);
       s.delayed_delta.clear();
       s.shuffle.clear();
-      s.weight_copies.clear();  // rank 0's, not the average's
-      s.momentum_copies.clear();
-      s.weight_factors.clear();
-      s.momentum_factors.clear();
-      s.grad_residue.clear();  // what rounding owed rank 0, not every rank
-      s.weight_residue.clear();
-      s.momentum_residue.clear();
+      s.parts.clear();  // what rank 0's exchanges kept, not the average's
       continue;
     }
     if (one.params.size() != s.params.size() || one.buffers.size() != s.buffers.size())

@@ -9,7 +9,6 @@
 #include <thread>
 
 #include "gossip/comm/hierarchy.hpp"
-#include "gossip/comm/low_rank.hpp"
 #include "gossip/comm/mixing.hpp"
 #include "gossip/train/agree.hpp"
 #include "kernels/loss.hpp"
@@ -116,16 +115,6 @@ void Trainer::choose_layout() {
   }
 }
 
-void check_low_rank_gains(const Config& c, const kernels::Graph& g) {
-  const int most = largest_gaining_rank(g);
-  if (c.gossip.low_rank > most)
-    throw UsageError("gossip.low_rank = " + std::to_string(c.gossip.low_rank) +
-                     " compresses no weight matrix of " + c.model.name +
-                     " (a rows x cols matrix gains where r (rows + cols) < rows cols; every one "
-                     "would travel whole): use at most " +
-                     std::to_string(most));
-}
-
 partners::Schedule gossip_schedule(const Config& c, int p) {
   try {
     return schedule_of(c, p);
@@ -145,8 +134,6 @@ void Trainer::make_exchanges() {
     exchange_ = std::make_unique<AllreduceExchange>(world_, store.grads.data(), net_.buckets());
     return;
   }
-  // A rank that gains nothing is refused at every rank count, as --dry-run refuses it.
-  if (c_.gossip.low_rank > 0) check_low_rank_gains(c_, graph());
   // One rank (a run without mpirun, the last survivor of a forward recovery) has no partner:
   // nothing is mixed or sent (a rank mixing with its own copy on a lossy wire would only round).
   if (world_.size() == 1) return;
@@ -190,10 +177,7 @@ GossipOptions Trainer::exchange_options(const GossipPlan& plan, const partners::
                                         Mixed what) const {
   GossipOptions o = gg::gossip::exchange_options(c_, plan, what);
   o.schedule = schedule;
-  if (o.low_rank > 0) {
-    check_low_rank_gains(c_, graph());
-    o.matrices = matrix_views(graph(), net_.layout(), o.low_rank);
-  }
+  fit_to_model(o, graph(), net_.layout(), c_.model.name);
   return o;
 }
 
@@ -485,27 +469,28 @@ void Trainer::capture_state(RankState& s) {
   }
   // After the settling above: it may have measured the pending exchange.
   s.consensus_distance = model_exchange_ ? model_exchange_->distance() : 0;
-  const auto residue = [this](const BucketExchange* e) {
-    std::vector<float> r = e ? e->wire_residue() : std::vector<float>();
-    return r.empty() ? r : net_.plain(r.data());
-  };
-  s.grad_residue = residue(exchange_.get());
-  s.weight_residue = residue(model_exchange_.get());
-  s.momentum_residue = residue(momentum_exchange_.get());
   s.rank = world_.rank();
   s.ranks = world_.size();
-  const auto copies = [this](const BucketExchange* e) {
-    std::vector<PublicCopy> v = e ? e->public_copies() : std::vector<PublicCopy>();
-    for (PublicCopy& c : v) c.values = net_.plain(c.values.data());
-    return v;
-  };
-  s.weight_copies = copies(model_exchange_.get());
-  s.momentum_copies = copies(momentum_exchange_.get());
-  const auto factors = [](const BucketExchange* e) {
-    return e ? e->low_rank_factors() : std::vector<PublicCopy>();
-  };
-  s.weight_factors = factors(model_exchange_.get());
-  s.momentum_factors = factors(momentum_exchange_.get());
+  s.parts.clear();
+  const StateLayout layout = state_layout();
+  for (const auto& [name, e] : named_exchanges()) {
+    const size_t first = s.parts.size();
+    e->save_state(s.parts, layout);
+    for (size_t i = first; i < s.parts.size(); ++i) s.parts[i].exchange = name;
+  }
+}
+
+std::vector<std::pair<std::string, BucketExchange*>> Trainer::named_exchanges() const {
+  std::vector<std::pair<std::string, BucketExchange*>> all;
+  if (exchange_) all.emplace_back(kGradientExchange, exchange_.get());
+  if (model_exchange_) all.emplace_back(kWeightExchange, model_exchange_.get());
+  if (momentum_exchange_) all.emplace_back(kMomentumExchange, momentum_exchange_.get());
+  return all;
+}
+
+StateLayout Trainer::state_layout() const {
+  return {[this](const float* v, int64_t) { return net_.plain(v); },
+          [this](const std::vector<float>& v) { return net_.from_plain(v); }};
 }
 
 int64_t Trainer::unreported_bytes() const {
@@ -528,17 +513,20 @@ void Trainer::restore_model(const RankState& s) {
     model_exchange_->set_delayed_delta(s.delayed_delta.empty() ? s.delayed_delta
                                                                : net_.from_plain(s.delayed_delta));
   if (model_exchange_) model_exchange_->restore_distance(s.consensus_distance);
-  // A residue saved by a run with error feedback is dropped by one without (and vice versa: zero).
-  // It is what rounding still owes of that rank's own values: another rank's state (a rollback's
-  // donor, a survivor's under supervise) brings none, or the debt would be paid twice.
+  // What the exchanges keep (state_part.hpp) is this rank's own: a state of another rank (a
+  // rollback's donor, a survivor's under supervise, an average over another rank count) brings
+  // none, and every exchange starts again from nothing (a rounding residue's debt would be paid
+  // twice; copies and factors name peers by rank in this group). A part of an algorithm this run
+  // does not use is left unread, and one this run uses but the state lacks starts from nothing.
   const bool own = own_state(s);
-  const auto residue = [this, own](BucketExchange* e, const std::vector<float>& r) {
-    if (e) e->set_wire_residue(r.empty() || !own ? std::vector<float>() : net_.from_plain(r));
-  };
-  residue(exchange_.get(), s.grad_residue);
-  residue(model_exchange_.get(), s.weight_residue);
-  residue(momentum_exchange_.get(), s.momentum_residue);
-  restore_copies(s);
+  const StateLayout layout = state_layout();
+  for (const auto& [name, e] : named_exchanges()) {
+    std::vector<StatePart> mine;
+    if (own)
+      for (const StatePart& p : s.parts)
+        if (p.exchange == name) mine.push_back(p);
+    e->load_state(mine, layout);
+  }
   net_.from_plain(s.params, store().params.data());
   // A correction pending in a state of an overlapped run, restored by a run that does not overlap
   // (or sends no weights): the pair average it completes is applied now, before the next forward.
@@ -554,28 +542,6 @@ bool Trainer::own_state(const RankState& s) const {
   return s.ranks == world_.size() && s.rank == world_.rank();
 }
 
-void Trainer::restore_copies(const RankState& s) {
-  // Public copies and low-rank factors name their peers by rank in this group: a state of another
-  // rank (another rank count, an average of ranks) has none that fit, and every rank then starts
-  // again from none.
-  const bool same_rank = own_state(s);
-  const auto copies = [&](BucketExchange* e, const std::vector<PublicCopy>& saved) {
-    if (!e) return;
-    std::vector<PublicCopy> v;
-    if (same_rank)
-      for (const PublicCopy& c : saved) v.push_back({c.peer, c.mine, net_.from_plain(c.values)});
-    e->set_public_copies(std::move(v));
-  };
-  copies(model_exchange_.get(), s.weight_copies);
-  copies(momentum_exchange_.get(), s.momentum_copies);
-  // Low-rank factors likewise (a matrix's factors do not depend on the weights' layout).
-  const auto factors = [&](BucketExchange* e, const std::vector<PublicCopy>& saved) {
-    if (e) e->set_low_rank_factors(same_rank ? saved : std::vector<PublicCopy>());
-  };
-  factors(model_exchange_.get(), s.weight_factors);
-  factors(momentum_exchange_.get(), s.momentum_factors);
-}
-
 void Trainer::resume_at(int64_t step, uint64_t dropout_step, int64_t unreported_bytes) {
   step_ = step;
   sent_bytes_ -= unreported_bytes;  // counted by the first step, as in an uninterrupted run
@@ -585,17 +551,7 @@ void Trainer::resume_at(int64_t step, uint64_t dropout_step, int64_t unreported_
 
 void Trainer::forget_peers(const std::vector<int>& lost) {
   if (lost.empty()) return;
-  const auto keep = [&](std::vector<PublicCopy> v) {
-    std::erase_if(v, [&](const PublicCopy& c) {
-      return std::find(lost.begin(), lost.end(), c.peer) != lost.end();
-    });
-    return v;
-  };
-  for (BucketExchange* e : {model_exchange_.get(), momentum_exchange_.get()}) {
-    if (!e) continue;
-    e->set_public_copies(keep(e->public_copies()));
-    e->set_low_rank_factors(keep(e->low_rank_factors()));
-  }
+  for (BucketExchange* e : exchanges()) e->forget_peers(lost);
 }
 
 void Trainer::rewind(const RankState& s) {

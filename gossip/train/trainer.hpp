@@ -124,7 +124,7 @@ class Trainer {
   // the steps since are redone with the same partners (a rollback). Every rank must rewind alike.
   void rewind(const RankState& s);
   // Ranks of this group whose state was lost and replaced by another rank's (a rollback, a lost
-  // slot filled under supervise) start their public copies and low-rank factors again from none
+  // slot filled under supervise) start what their exchanges keep again from nothing
   // (restore_model); a pair holds the same on both ends, so every rank drops what it shares with
   // them. Every rank calls it with the same ranks.
   void forget_peers(const std::vector<int>& lost);
@@ -133,8 +133,11 @@ class Trainer {
  private:
   void choose_layout();                      // before any executor is compiled
   void make_exchanges();                     // before any executor is compiled
-  void restore_copies(const RankState& s);   // gossip.choco's public copies (restore_model)
   bool own_state(const RankState& s) const;  // saved by this rank of a group of this size
+  // The exchanges of this run by the names their state parts carry (rank_state.hpp), and the
+  // layout those parts' values leave in (plain) and come back to.
+  std::vector<std::pair<std::string, BucketExchange*>> named_exchanges() const;
+  StateLayout state_layout() const;
   GossipOptions exchange_options(const GossipPlan& plan, const partners::Schedule& schedule,
                                  Mixed what) const;
   // The step's parts after backward: the optimizer (or its emulated wait), the weight exchange
@@ -200,10 +203,6 @@ class Trainer {
 // The partner schedule a config describes for `p` participants (ranks, or nodes with
 // gossip.hierarchy = node). Throws UsageError naming gossip.schedule when it cannot serve p.
 partners::Schedule gossip_schedule(const Config& c, int p);
-
-// gossip.low_rank above the rank at which any weight matrix of `g` gains (where every matrix
-// would travel whole, as with low_rank 0): UsageError naming the largest that does.
-void check_low_rank_gains(const Config& c, const kernels::Graph& g);
 
 // Compute threads for this rank: the configured count, or this node's cores shared evenly by
 // the ranks on this node.

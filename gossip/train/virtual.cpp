@@ -689,14 +689,11 @@ void VirtualRun::make_exchanges() {
              share;
     };
   };
-  // A real rank's options, with the run's schedule and the matrices low-rank gossip reads.
+  // A real rank's options, with the run's schedule and what its rules read of the model.
   const auto options = [&](Mixed what) {
     GossipOptions o = exchange_options(c, plan, what);
     o.schedule = schedule_;
-    if (o.low_rank > 0) {
-      check_low_rank_gains(c, net_.graph());
-      o.matrices = matrix_views(net_.graph(), net_.layout(), o.low_rank);
-    }
+    fit_to_model(o, net_.graph(), net_.layout(), c.model.name);
     return o;
   };
   if (algorithm_.grads && !plan.node_hierarchy)

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "gossip/comm/exchange.hpp"
+#include "gossip/comm/low_rank.hpp"
 #include "gossip/comm/mpi.hpp"
 #include "partners/simulator.hpp"
 #include "tests/gossip/bucket_layout.hpp"
@@ -25,6 +26,15 @@
 using namespace gg;
 
 namespace {
+
+// The copies (or factors) of `kind` an exchange saves into a rank's state, as its rule holds them.
+std::vector<gossip::PublicCopy> saved_parts(const gossip::GossipExchange& ex,
+                                            std::string_view kind) {
+  std::vector<gossip::StatePart> parts;
+  ex.save_state(parts, {});
+  const gossip::StatePart* p = gossip::find_part(parts, kind, gossip::kCopiesVersion);
+  return p ? gossip::read_copies(*p) : std::vector<gossip::PublicCopy>();
+}
 
 using test::check;
 using test::failures;
@@ -367,7 +377,7 @@ void run_choco(const mpi::Comm& world, const std::string& transport, gossip::Wir
   std::vector<gossip::PublicCopy> copies;
   const int64_t sent = drive_weights(
       world, x, buckets, o, steps, [&](int64_t s) { update(x, rank, static_cast<int>(s)); },
-      [&](gossip::GossipExchange& ex) { copies = ex.public_copies(); });
+      [&](gossip::GossipExchange& ex) { copies = saved_parts(ex, gossip::kPublicCopiesKind); });
   // The replay: copies[v][peer] (mine: true / false), every rank's values.
   std::vector<std::vector<float>> all(p, std::vector<float>(count));
   std::vector<std::map<std::pair<int, bool>, std::vector<float>>> copy(p);
@@ -440,7 +450,7 @@ void run_low_rank(const mpi::Comm& world, const std::string& transport, gossip::
   std::vector<gossip::PublicCopy> factors;
   const int64_t sent = drive_weights(
       world, x, buckets, o, steps, [&](int64_t s) { update(x.data(), rank, s); },
-      [&](gossip::GossipExchange& ex) { factors = ex.low_rank_factors(); });
+      [&](gossip::GossipExchange& ex) { factors = saved_parts(ex, gossip::kLowRankKind); });
   // The replay: p rules in this process.
   std::vector<std::vector<float>> all(p, std::vector<float>(count));
   std::vector<std::unique_ptr<gossip::MixingRule>> rules;
@@ -473,7 +483,8 @@ void run_low_rank(const mpi::Comm& world, const std::string& transport, gossip::
     }
   }
   bool exact = all[rank] == x;
-  const std::vector<gossip::PublicCopy> replayed = rules[rank]->low_rank_factors();
+  const std::vector<gossip::PublicCopy> replayed =
+      gossip::saved_copies(*rules[rank], gossip::kLowRankKind);
   exact &= replayed.size() == factors.size() && !factors.empty();
   for (size_t i = 0; exact && i < factors.size(); ++i)
     exact &= factors[i].peer == replayed[i].peer && factors[i].values == replayed[i].values;

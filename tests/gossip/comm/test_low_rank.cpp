@@ -62,9 +62,9 @@ struct Ranks {
   // Every pair's two factors are the same, bit for bit.
   bool factors_agree() const {
     for (size_t v = 0; v < x.size(); ++v)
-      for (const PublicCopy& f : rules[v]->low_rank_factors()) {
+      for (const PublicCopy& f : saved_copies(*rules[v], kLowRankKind)) {
         bool found = false;
-        for (const PublicCopy& g : rules[static_cast<size_t>(f.peer)]->low_rank_factors())
+        for (const PublicCopy& g : saved_copies(*rules[static_cast<size_t>(f.peer)], kLowRankKind))
           if (g.peer == static_cast<int>(v)) found = g.values == f.values;
         if (!found) return false;
       }
@@ -239,14 +239,31 @@ TEST_CASE("low rank, overlapped: the correction equals the direct mix, applied t
     for (size_t i = 0; i < 34; ++i) CHECK(later.x[v][i] == Approx(direct.x[v][i] + 1).margin(1e-6));
   CHECK(later.factors_agree());
   // The factors are a rank's state: saved and loaded they give the same next meeting; a saved
-  // entry of another size (another r) is dropped.
-  std::vector<PublicCopy> saved = direct.rules[0]->low_rank_factors();
+  // entry of another size (another r) is dropped, as are a forgotten peer's.
+  MixingRule& rule = *direct.rules[0];
+  std::vector<StatePart> parts;
+  rule.save_state(parts, {});
+  REQUIRE(parts.size() == 1);
+  CHECK(parts[0].kind == kLowRankKind);
+  const std::vector<PublicCopy> saved = read_copies(parts[0]);
   REQUIRE(saved.size() == 1);
   CHECK(saved[0].peer == 1);
-  direct.rules[0]->set_low_rank_factors({{1, true, std::vector<float>(3)}});
-  CHECK(direct.rules[0]->low_rank_factors().empty());
-  direct.rules[0]->set_low_rank_factors(saved);
-  CHECK(direct.rules[0]->low_rank_factors()[0].values == saved[0].values);
+  rule.load_state(
+      std::vector{copies_part(std::string(kLowRankKind), {{1, true, std::vector<float>(3)}})}, {});
+  CHECK(saved_copies(rule, kLowRankKind).empty());
+  rule.load_state(parts, {});
+  CHECK(saved_copies(rule, kLowRankKind)[0].values == saved[0].values);
+  rule.forget_peers({0});
+  CHECK(saved_copies(rule, kLowRankKind).size() == 1);
+  rule.forget_peers({1});
+  CHECK(saved_copies(rule, kLowRankKind).empty());
+  // A part of a newer format is refused in one line naming it; a truncated one likewise.
+  parts[0].version = 2;
+  CHECK_THROWS_WITH(rule.load_state(parts, {}),
+                    Catch::Contains("low-rank-factors") && Catch::Contains("newer than"));
+  parts[0].version = 1;
+  parts[0].bytes.pop_back();
+  CHECK_THROWS_WITH(rule.load_state(parts, {}), Catch::Contains("truncated or corrupt"));
 }
 
 TEST_CASE("low rank: refused with staleness 1, public copies or a distance measure") {

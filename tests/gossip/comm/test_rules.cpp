@@ -146,6 +146,65 @@ TEST_CASE("the int8 and int4 wires: their layout, values within a step, the resi
   CHECK(WireCodec(Wire::Int8, false, kBuckets).residue().empty());
 }
 
+TEST_CASE("rules and codecs save their state as parts of their own kind, in the plain layout") {
+  // A layout that is not the identity: the plain values are the buffer's reversed.
+  const StateLayout layout = {
+      [](const float* v, int64_t n) {
+        return std::vector<float>(std::reverse_iterator(v + n), std::reverse_iterator(v));
+      },
+      [](const std::vector<float>& v) { return std::vector<float>(v.rbegin(), v.rend()); }};
+  // The codec's residue: saved plain, loaded back into the buffer's layout, bit for bit.
+  WireCodec codec(Wire::Int4, true, kBuckets);
+  const std::vector<float> y = {0.3f, -1.f, 0.55f, 0.01f, 2.f};
+  codec.encode(0, y.data());
+  codec.encode(1, y.data() + 3);
+  std::vector<StatePart> parts;
+  codec.save_state(parts, layout);
+  REQUIRE(parts.size() == 1);
+  CHECK(parts[0].kind == kResidueKind);
+  std::vector<float> r = codec.residue();
+  CHECK(read_residue(parts[0]) == std::vector<float>(r.rbegin(), r.rend()));
+  WireCodec back(Wire::Int4, true, kBuckets);
+  back.load_state(parts, layout);
+  CHECK(back.residue() == r);
+  back.load_state({}, layout);  // none: zeroes
+  CHECK(back.residue() == std::vector<float>(5, 0.f));
+  WireCodec without(Wire::Int4, false, kBuckets);  // no error feedback: keeps nothing
+  without.load_state(parts, layout);
+  CHECK(without.residue().empty());
+  std::vector<StatePart> none;
+  without.save_state(none, layout);
+  CHECK(none.empty());
+  // A rule without a state saves nothing; CHOCO's copies go plain and come back.
+  std::vector<float> x = {1, 2, 3, 4, 5};
+  PairAverage plain_rule(x.data(), kBuckets);
+  plain_rule.save_state(none, layout);
+  CHECK(none.empty());
+  ChocoAverage choco(x.data(), kBuckets);
+  choco.begin_step(0, {1, 1});
+  choco.sent(0, choco.outgoing(0));
+  parts.clear();
+  choco.save_state(parts, layout);
+  REQUIRE(parts.size() == 1);
+  CHECK(parts[0].kind == kPublicCopiesKind);
+  const std::vector<PublicCopy> saved = read_copies(parts[0]);
+  REQUIRE(saved.size() == 2);
+  CHECK(saved[0].values == std::vector<float>{5, 4, 3, 0, 0});  // mine (0, 0, 3, 4, 5), reversed
+  ChocoAverage again(x.data(), kBuckets);
+  again.load_state(parts, layout);
+  CHECK(again.public_copies()[0].values == std::vector<float>{0, 0, 3, 4, 5});
+  // A part of a residue's kind is not a rule's: it starts from none.
+  again.load_state(std::vector{residue_part({1, 2, 3, 4, 5})}, layout);
+  CHECK(again.public_copies().empty());
+  // Copies that do not fit the buffer: std::invalid_argument, the copies held kept.
+  again.load_state(parts, layout);
+  const StatePart short_copy = copies_part(std::string(kPublicCopiesKind), {{1, true, {1, 2}}});
+  CHECK_THROWS_AS(again.load_state(std::vector{short_copy}, {}), std::invalid_argument);
+  CHECK(again.public_copies().size() == 2);
+  again.forget_peers({1});
+  CHECK(again.public_copies().empty());
+}
+
 TEST_CASE("consensus control: each rule adds up ||x - partner||^2 of what it mixes, when asked") {
   const std::vector<float> p0 = {7, -4, 1}, p1 = {-1, 2};
   // Bucket 0: x = {3, 4, 5} against {7, -4, 1}: 16 + 64 + 16; bucket 1: {1, 2} against {-1, 2}: 4.
@@ -284,9 +343,9 @@ float run_ranks(Wire wire, bool choco, int steps) {
       rules[v]->received(1, t, in.data() + 96);
     }
     for (int v = 0; v < p; ++v)
-      for (const PublicCopy& c : rules[v]->public_copies()) {
+      for (const PublicCopy& c : saved_copies(*rules[v], kPublicCopiesKind)) {
         if (!c.mine) continue;  // the peer's copy of it must be the same, bit for bit
-        for (const PublicCopy& d : rules[c.peer]->public_copies())
+        for (const PublicCopy& d : saved_copies(*rules[c.peer], kPublicCopiesKind))
           if (!d.mine && d.peer == v) CHECK(d.values == c.values);
       }
     for (const auto& v : x)

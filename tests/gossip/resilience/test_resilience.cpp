@@ -1,11 +1,15 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "gossip/comm/low_rank.hpp"
+#include "gossip/comm/rules.hpp"
+#include "gossip/comm/wire.hpp"
 #include "gossip/config/config.hpp"
 #include "gossip/resilience/emergency.hpp"
 #include "gossip/resilience/rank_state.hpp"
@@ -33,12 +37,54 @@ RankState sample_state() {
   s.delayed_delta = {-1.f, 0.f, 1.f, 2.f};
   s.shuffle = {9, 8, 7};
   s.consensus_distance = 0.125;
-  s.weight_residue = {1e-3f, -2e-3f, 0.f, 5e-4f};
-  s.momentum_residue = {-1e-4f, 0.f, 3e-4f, 0.f};
-  s.weight_copies = {{0, true, {1.f, 2.f, 3.f, 4.f}}, {0, false, {-1.f, 0.5f, 0.f, 8.f}}};
-  s.momentum_copies = {{0, false, {0.f, 0.f, 1e-3f, 0.f}}};
-  s.weight_factors = {{0, true, {0.5f, -0.5f}}};
+  s.parts = {{"weights", "some-rule", 1, {1, 2, 3}},
+             {"weights", "wire-residue", 2, {}},
+             {"momentum", "some-rule", 7, {0, 255, 9, 9, 9}}};
   return s;
+}
+
+// Format 1's bytes (before the exchanges' state became parts) of sample_state's scalars and
+// arrays, with a weight residue, public copies of the weights and the momentum, and the weights'
+// low-rank factors: what a checkpoint of a gossipgrad of before 2026-11-29 holds.
+std::vector<uint8_t> format1_bytes(const RankState& s) {
+  std::vector<uint8_t> b;
+  const auto raw = [&b](const void* p, size_t n) {
+    b.insert(b.end(), static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + n);
+  };
+  const auto put = [&raw](auto v) { raw(&v, sizeof v); };
+  const auto array = [&](const auto& v) {
+    put(uint64_t{v.size()});
+    raw(v.data(), v.size() * sizeof v[0]);
+  };
+  const auto copies = [&](const std::vector<PublicCopy>& v) {
+    put(uint64_t{v.size()});
+    for (const PublicCopy& c : v) {
+      put(int64_t{c.peer});
+      put(uint64_t{c.mine});
+      array(c.values);
+    }
+  };
+  raw("GGRANK01", 8);
+  for (const int64_t v : {s.step, s.steps_per_epoch, int64_t{s.rank}, int64_t{s.ranks}}) put(v);
+  put(s.lr_scale);
+  put(int64_t{s.nan_restores});
+  put(s.dropout_step);
+  put(uint64_t{s.sgd_started});
+  array(s.params);
+  array(s.buffers);
+  array(s.velocity);
+  array(s.delayed_delta);
+  array(s.shuffle);
+  put(s.consensus_distance);
+  array(std::vector<float>());                           // the gradients' residue: none
+  array(std::vector<float>{1e-3f, -2e-3f, 0.f, 5e-4f});  // the weights'
+  array(std::vector<float>());                           // the momentum's
+  copies({{0, true, {1.f, 2.f, 3.f, 4.f}}, {0, false, {-1.f, 0.5f, 0.f, 8.f}}});
+  copies({{2, false, {0.f, 0.f, 1e-3f, 0.f}}});
+  copies({{0, true, {0.5f, -0.5f}}});
+  copies({});
+  put(checksum(b.data(), b.size()));
+  return b;
 }
 
 struct TempDir {
@@ -95,41 +141,52 @@ TEST_CASE("a rank state survives encode and decode bit for bit", "[resilience]")
   CHECK(t.delayed_delta == s.delayed_delta);
   CHECK(t.shuffle == s.shuffle);
   CHECK(t.consensus_distance == s.consensus_distance);
-  CHECK(t.grad_residue.empty());
-  CHECK(t.weight_residue == s.weight_residue);
-  CHECK(t.momentum_residue == s.momentum_residue);
-  REQUIRE(t.weight_copies.size() == 2);
-  for (size_t i = 0; i < 2; ++i) {
-    CHECK(t.weight_copies[i].peer == s.weight_copies[i].peer);
-    CHECK(t.weight_copies[i].mine == s.weight_copies[i].mine);
-    CHECK(t.weight_copies[i].values == s.weight_copies[i].values);
+  REQUIRE(t.parts.size() == s.parts.size());
+  for (size_t i = 0; i < s.parts.size(); ++i) {
+    CHECK(t.parts[i].exchange == s.parts[i].exchange);
+    CHECK(t.parts[i].kind == s.parts[i].kind);
+    CHECK(t.parts[i].version == s.parts[i].version);
+    CHECK(t.parts[i].bytes == s.parts[i].bytes);
   }
-  REQUIRE(t.momentum_copies.size() == 1);
-  CHECK(t.momentum_copies[0].values == s.momentum_copies[0].values);
-  REQUIRE(t.weight_factors.size() == 1);
-  CHECK(t.weight_factors[0].values == s.weight_factors[0].values);
-  CHECK(t.momentum_factors.empty());
   CHECK(encode_state(t) == bytes);
-  RankState wrong = s;  // a residue that does not fit the parameters
-  wrong.grad_residue = {1.f};
+  RankState wrong = s;  // a part without a name
+  wrong.parts[1].kind.clear();
   auto bad = encode_state(wrong);
-  CHECK_THROWS_WITH(decode_state(bad.data(), bad.size(), "x"),
-                    Catch::Contains("inconsistent rank state"));
-  wrong = s;  // a public copy that does not fit, or of a peer outside the ranks
-  wrong.weight_copies[1].values.pop_back();
-  bad = encode_state(wrong);
-  CHECK_THROWS_WITH(decode_state(bad.data(), bad.size(), "x"),
-                    Catch::Contains("inconsistent rank state"));
-  wrong = s;
-  wrong.momentum_copies[0].peer = 3;
-  bad = encode_state(wrong);
-  CHECK_THROWS_WITH(decode_state(bad.data(), bad.size(), "x"),
-                    Catch::Contains("inconsistent rank state"));
-  wrong = s;  // low-rank factors of a peer outside the ranks
-  wrong.weight_factors[0].peer = 3;
-  bad = encode_state(wrong);
-  CHECK_THROWS_WITH(decode_state(bad.data(), bad.size(), "x"),
-                    Catch::Contains("inconsistent rank state"));
+  CHECK_THROWS_WITH(decode_state(bad.data(), bad.size(), "x"), Catch::Contains("x: corrupt"));
+}
+
+TEST_CASE("a rank state of format 1 is read into the parts its owners write today",
+          "[resilience]") {
+  const RankState s = sample_state();
+  const std::vector<uint8_t> old = format1_bytes(s);
+  const RankState t = decode_state(old.data(), old.size(), "old");
+  CHECK(t.step == s.step);
+  CHECK(t.params == s.params);
+  CHECK(t.velocity == s.velocity);
+  CHECK(t.shuffle == s.shuffle);
+  CHECK(t.consensus_distance == s.consensus_distance);
+  REQUIRE(t.parts.size() == 4);
+  CHECK((t.parts[0].exchange == "weights" && t.parts[0].kind == kResidueKind));
+  CHECK(read_residue(t.parts[0]) == std::vector<float>{1e-3f, -2e-3f, 0.f, 5e-4f});
+  CHECK((t.parts[1].exchange == "weights" && t.parts[1].kind == kPublicCopiesKind));
+  const std::vector<PublicCopy> copies = read_copies(t.parts[1]);
+  REQUIRE(copies.size() == 2);
+  CHECK((copies[1].peer == 0 && !copies[1].mine));
+  CHECK(copies[1].values == std::vector<float>{-1.f, 0.5f, 0.f, 8.f});
+  CHECK((t.parts[2].exchange == "momentum" && t.parts[2].kind == kPublicCopiesKind));
+  CHECK(read_copies(t.parts[2])[0].peer == 2);
+  CHECK((t.parts[3].exchange == "weights" && t.parts[3].kind == kLowRankKind));
+  CHECK(read_copies(t.parts[3])[0].values == std::vector<float>{0.5f, -0.5f});
+  // Written again, it is format 2, and reads back the same.
+  const std::vector<uint8_t> now = encode_state(t);
+  CHECK(std::string(now.begin(), now.begin() + 8) == "GGRANK02");
+  CHECK(decode_state(now.data(), now.size(), "now").parts.size() == 4);
+  // A format this gossipgrad does not know is named as such.
+  std::vector<uint8_t> newer = now;
+  newer[7] = '3';
+  const uint64_t sum = checksum(newer.data(), newer.size() - 8);
+  std::memcpy(newer.data() + newer.size() - 8, &sum, 8);
+  CHECK_THROWS_WITH(decode_state(newer.data(), newer.size(), "x"), Catch::Contains("newer format"));
 }
 
 TEST_CASE("every truncation and every flipped byte of a rank state is rejected", "[resilience]") {
