@@ -102,7 +102,7 @@ class AllreduceExchange final : public BucketExchange {
 // The mixing rule an exchange with options `o` runs over `buffer` (rules.hpp): the overlapped
 // correction (delayed), the partner's latest bucket (staleness 1) or the pair average. The engine
 // below and virtual ranks (gossip/train/virtual.hpp) both take their rules from here.
-// `rank`: the rank the rule runs for (low-rank gossip orients a pair by it).
+// `rank`: the rank the rule runs for (a rule may orient a pair by it).
 std::unique_ptr<MixingRule> make_rule(const GossipOptions& o, float* buffer,
                                       const std::vector<kernels::Bucket>& buckets, int rank);
 // What the rules of `o` read of the model whose flat buffer it exchanges (the tensors of a rule
@@ -110,7 +110,8 @@ std::unique_ptr<MixingRule> make_rule(const GossipOptions& o, float* buffer,
 // gain nothing on `model`: std::invalid_argument, naming the option and what would.
 void fit_to_model(GossipOptions& o, const kernels::Graph& g, const kernels::ParamLayout& layout,
                   const std::string& model);
-// What goes on the wire for each bucket: the buckets themselves, or low-rank gossip's messages.
+// What goes on the wire for each bucket: the buckets themselves, or the messages of a rule that
+// sends its own instead.
 std::vector<kernels::Bucket> wire_buckets(const GossipOptions& o,
                                           const std::vector<kernels::Bucket>& buckets);
 // Bucket b as it goes on the wire: the rule's outgoing values encoded by the codec, shown back to

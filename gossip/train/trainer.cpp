@@ -515,8 +515,8 @@ void Trainer::restore_model(const RankState& s) {
   if (model_exchange_) model_exchange_->restore_distance(s.consensus_distance);
   // What the exchanges keep (state_part.hpp) is this rank's own: a state of another rank (a
   // rollback's donor, a survivor's under supervise, an average over another rank count) brings
-  // none, and every exchange starts again from nothing (a rounding residue's debt would be paid
-  // twice; copies and factors name peers by rank in this group). A part of an algorithm this run
+  // none, and every exchange starts again from nothing (what rounding still owed would be paid
+  // twice; what a pair shares names its peers by rank in this group). A part of an algorithm this run
   // does not use is left unread, and one this run uses but the state lacks starts from nothing.
   const bool own = own_state(s);
   const StateLayout layout = state_layout();
