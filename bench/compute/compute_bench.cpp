@@ -36,23 +36,26 @@ struct Args {
   std::string model = "resnet50";
   int64_t batch = 16, res = 224, classes = 1000;
   int threads = 2, steps = 10, warmup = 3;
-  std::string precision = "fp32", backend = "onednn", layout = "native", fuse, graph;
+  std::string precision = "fp32", backend = "onednn", layout = "native", fuse, graph, conv_stats;
 };
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "gg_bench_compute: %s\nusage: gg_bench_compute [--model NAME] [--batch B] [--res R] "
-               "[--classes N] [--threads T] [--steps N] [--warmup N] [--precision fp32|tf32|bf16] "
-               "[--backend onednn|reference|cuda] [--layout native|plain|nhwc] [--fuse on|off] "
-               "[--graph on|off]\n"
-               "  cuda: fp32 is strict fp32, tf32 lets convolutions and GEMMs use TF32; the "
-               "step keeps everything on the GPU (input uploaded once, loss and SGD on the "
-               "device) and ends in a stream synchronisation; --fuse off runs batch norm, "
-               "residual add and ReLU one layer at a time (default on: fused); --layout nhwc "
-               "keeps activations channels-last (default: channels-first); --graph on captures "
-               "the step in a CUDA graph in the second warm-up step and replays it (default "
-               "off); the CSV's impl says each (gossipgrad-cuda-nhwc, ...-unfused, ...-graph)\n",
-               why.c_str());
+  std::fprintf(
+      stderr,
+      "gg_bench_compute: %s\nusage: gg_bench_compute [--model NAME] [--batch B] [--res R] "
+      "[--classes N] [--threads T] [--steps N] [--warmup N] [--precision fp32|tf32|bf16] "
+      "[--backend onednn|reference|cuda] [--layout native|plain|nhwc] [--fuse on|off] "
+      "[--graph on|off] [--conv-stats on|off]\n"
+      "  cuda: fp32 is strict fp32, tf32 lets convolutions and GEMMs use TF32; the "
+      "step keeps everything on the GPU (input uploaded once, loss and SGD on the "
+      "device) and ends in a stream synchronisation; --fuse off runs batch norm, "
+      "residual add and ReLU one layer at a time (default on: fused); --layout nhwc "
+      "keeps activations channels-last (default: channels-first); --graph on captures "
+      "the step in a CUDA graph in the second warm-up step and replays it (default "
+      "off); --conv-stats on gives each batch norm its statistics from its convolution's epilogue "
+      "(cuDNN's graph API; nhwc and bf16 only; default off); the CSV's impl says each "
+      "(gossipgrad-cuda-nhwc, ...-unfused, ...-graph, ...-convstats)\n",
+      why.c_str());
   std::exit(2);
 }
 
@@ -88,6 +91,8 @@ Args parse(int argc, char** argv) {
         a.fuse = v;
       else if (k == "--graph")
         a.graph = v;
+      else if (k == "--conv-stats")
+        a.conv_stats = v;
       else
         usage("unknown option " + k);
     } catch (const std::logic_error&) {
@@ -110,6 +115,10 @@ Args parse(int argc, char** argv) {
   if (!a.graph.empty() && a.graph != "on" && a.graph != "off")
     usage("--graph '" + a.graph + "' is unknown (on or off)");
   if (!a.graph.empty() && a.backend != "cuda") usage("--graph needs --backend cuda");
+  if (!a.conv_stats.empty() && a.conv_stats != "on" && a.conv_stats != "off")
+    usage("--conv-stats '" + a.conv_stats + "' is unknown (on or off)");
+  if (a.conv_stats == "on" && (a.backend != "cuda" || a.layout != "nhwc" || a.precision != "bf16"))
+    usage("--conv-stats on needs --backend cuda --layout nhwc --precision bf16");
   if (a.graph == "on" && a.warmup < 2)
     usage(
         "--graph on runs one warm-up step eagerly and captures the next: give --warmup 2 or "
@@ -163,8 +172,17 @@ int main(int argc, char** argv) {
       o.tf32 = a.precision == "tf32";
       o.fuse = a.fuse != "off";
       o.nhwc = a.layout == "nhwc";
+      o.conv_stats = a.conv_stats == "on";
       gpu = kernels::make_cuda_executor(net.graph(), a.batch, net.store(), net.buckets(), precision,
                                         o);
+      if (o.conv_stats) {
+        std::fprintf(stderr,
+                     "gg_bench_compute: %d convolutions give their batch norm's "
+                     "statistics; %zu could not:\n",
+                     gpu->conv_stats_fused(), gpu->conv_stats_skipped().size());
+        for (const std::string& why : gpu->conv_stats_skipped())
+          std::fprintf(stderr, "  %s\n", why.c_str());
+      }
       // Resident: weights, input and labels go up once; a step never leaves the GPU.
       gpu->set_resident(true);
       gpu->device().upload_params(net.store().params.data());
@@ -215,6 +233,7 @@ int main(int argc, char** argv) {
     if (a.layout == "nhwc") impl += "-nhwc";
     if (a.fuse == "off") impl += "-unfused";
     if (a.graph == "on") impl += "-graph";
+    if (a.conv_stats == "on") impl += "-convstats";
     std::printf("%s,%s,%lld,%lld,%d,%s,%.6g,%.4g,%.1f,%lld\n", impl.c_str(), a.model.c_str(),
                 static_cast<long long>(a.batch), static_cast<long long>(a.res), a.threads,
                 a.precision.c_str(), med, a.batch / med, peak_rss_mb(),

@@ -28,7 +28,8 @@
 #           ResNet-50's shapes against a device-to-device copy of the same bytes, into eltwise.txt;
 #        e. profile: ResNet-50 at batch 256 in tf32 and bf16 with GG_CUDA_PROFILE=1 (the time per
 #           step by kind of layer, from CUDA events): channels-first one layer at a time, fused,
-#           and channels-last fused, into bench.txt;
+#           channels-last fused, and (bf16) with the statistics in the convolutions' epilogue,
+#           into bench.txt;
 #        f. bench/compute/run.sh --backend cuda against the machine's PyTorch (channels_last
 #           eager and torch.compile), alternating.
 #      OUTDIR (default $OUT, else bench/results/gpu-<host>) gets at most 9 files: device.txt,
@@ -44,6 +45,9 @@ GPU=.deps/gpu
 case "${1:-}" in
   prepare)
     BUILD=${BUILD:-build-gpu}
+    # cuDNN's graph API for the convolution + statistics fusion (CudaOptions::conv_stats): the
+    # build goes on without it, and the runs that ask for it then say so in one line.
+    bench/compute/cudnn_frontend.sh || echo "gpu_device_run: building without cudnn-frontend" >&2
     [ -f "$BUILD/CMakeCache.txt" ] ||
       cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGG_CUDA=ON -DBUILD_TESTING=ON \
         -DGG_BENCH=ON >/dev/null
@@ -179,11 +183,13 @@ case "${1:-}" in
           # Where a step goes: per-layer CUDA events (GG_CUDA_PROFILE), ResNet-50 at batch 256:
           # channels-first one layer at a time (as before), fused, and channels-last fused.
           for prec in tf32 bf16; do
-            for how in "native off" "native on" "nhwc on"; do
-              read -r layout fuse <<<"$how"
-              GG_CUDA_PROFILE=1 part "profile $prec $layout fuse $fuse" 40 "$OUTDIR/bench.txt" \
-                "$bin/gg_bench_compute" --backend cuda --model resnet50 --batch 256 --res 224 \
-                --precision "$prec" --layout "$layout" --fuse "$fuse" --steps 5 --warmup 2
+            for how in "native off off" "native on off" "nhwc on off" "nhwc on on"; do
+              read -r layout fuse stats <<<"$how"
+              [ "$stats" = on ] && [ "$prec" != bf16 ] && continue  # conv_stats: bf16 only
+              GG_CUDA_PROFILE=1 part "profile $prec $layout fuse $fuse conv-stats $stats" 40 \
+                "$OUTDIR/bench.txt" "$bin/gg_bench_compute" --backend cuda --model resnet50 \
+                --batch 256 --res 224 --precision "$prec" --layout "$layout" --fuse "$fuse" \
+                --conv-stats "$stats" --steps 5 --warmup 2
             done
           done
           ;;

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cuda/conv_stats.hpp"
 #include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/cuda_kernels.hpp"
 #include "kernels/cuda/device_buffers.hpp"
@@ -219,6 +220,9 @@ class CudaExecutorImpl final : public CudaExecutor {
     const auto& nodes = g.nodes();
     values_.resize(nodes.size());
     convs_.resize(nodes.size());
+    conv_stats_.resize(nodes.size());
+    stats_reader_.assign(nodes.size(), -1);
+    bn_sums_.resize(nodes.size());
     for (const Node& n : nodes)
       for (int in : n.inputs) values_[in].consumers++;
     plan_ = cuda::plan_fusion(g, opt_.fuse);
@@ -243,6 +247,7 @@ class CudaExecutorImpl final : public CudaExecutor {
     for (int id = static_cast<int>(nodes.size()) - 1; id >= 0; --id) order_.push_back(id);
     fire_at_ = bucket_completion(g, buckets, order_);
     buckets_ = static_cast<int>(buckets.size());
+    if (opt_.conv_stats) plan_conv_stats();
     grow_workspace();
     GG_CUDA_CHECK(cudaStreamSynchronize(stream_));
     if (OpProfile::wanted()) {
@@ -825,6 +830,13 @@ class CudaExecutorImpl final : public CudaExecutor {
           cuda::cast(y, act_, input_.get(), DType::F32, v.elems, stream_);
         return;
       case Op::Conv: {
+        if (train && conv_stats_[id]) {
+          const int bn = stats_reader_[id];
+          float* sums = bn_sums_[bn].get();
+          conv_stats_[id]->run(cudnn_, x, weight_act(n), y, sums, sums + values_[bn].s.c,
+                               workspace_.get());
+          return;
+        }
         const Conv& c = *convs_[id];
         const float one = 1.f, zero = 0.f;
         GG_CUDNN_CHECK(cudnnSetConvolutionMathType(c.conv.d, c.fwd_math));
@@ -837,8 +849,12 @@ class CudaExecutorImpl final : public CudaExecutor {
       }
       case Op::BatchNorm: {
         const cuda::BnShape b = bn_shape(n);
-        cuda::bn_statistics(v.mean.get(), v.inv_std.get(), buffer(n, 0), buffer(n, 1), x, b, train,
-                            bn_scratch_buf_.get(), act_, stream_);
+        if (train && bn_sums_[id].size() > 0)  // its convolution summed them (plan_conv_stats)
+          cuda::bn_statistics_from_sums(v.mean.get(), v.inv_std.get(), buffer(n, 0), buffer(n, 1),
+                                        bn_sums_[id].get(), bn_sums_[id].get() + b.c, b, stream_);
+        else
+          cuda::bn_statistics(v.mean.get(), v.inv_std.get(), buffer(n, 0), buffer(n, 1), x, b,
+                              train, bn_scratch_buf_.get(), act_, stream_);
         if (group_of(id) < 0)  // fused: the ReLU's node applies it
           cuda::bn_apply(y, x, nullptr, false, v.mean.get(), v.inv_std.get(), param(n, 0),
                          param(n, 1), b, act_, stream_);
@@ -882,6 +898,49 @@ class CudaExecutorImpl final : public CudaExecutor {
   }
 
   // ---- fusion ----
+
+  // CudaOptions::conv_stats: each batch norm whose input is a convolution without bias that no
+  // other layer reads gets its statistics from that convolution's epilogue, where cuDNN builds
+  // a plan for it.
+  void plan_conv_stats() {
+    if (!nhwc_ || act_ != cuda::DType::BF16)
+      throw std::invalid_argument(
+          "CUDA backend: conv_stats (the batch-norm statistics in the convolution's epilogue) "
+          "needs channels-last (nhwc) and bf16 activations");
+    const auto& nodes = g_.nodes();
+    for (size_t id = 0; id < nodes.size(); ++id) {
+      const Node& bn = nodes[id];
+      if (bn.op != Op::BatchNorm) continue;
+      const int in = bn.inputs[0];
+      const Node& conv = nodes[static_cast<size_t>(in)];
+      if (conv.op != Op::Conv || conv.conv.bias || values_[in].consumers != 1) continue;
+      const Chw xs = values_[conv.inputs[0]].s, ys = values_[in].s;
+      cuda::ConvStatsShape s;
+      s.n = batch_;
+      s.c = xs.c;
+      s.h = xs.h;
+      s.w = xs.w;
+      s.k = ys.c;
+      s.r = s.s = conv.conv.kernel;
+      s.pad_h = s.pad_w = conv.conv.pad;
+      s.stride_h = s.stride_w = conv.conv.stride;
+      try {
+        auto fused = std::make_unique<cuda::ConvStats>(cudnn_, s);
+        note_workspace(static_cast<size_t>(fused->workspace_bytes()));
+        conv_stats_[static_cast<size_t>(in)] = std::move(fused);
+      } catch (const std::runtime_error& e) {
+        conv_stats_skipped_.push_back(conv.name + ": " + e.what());
+        continue;
+      }
+      stats_reader_[static_cast<size_t>(in)] = static_cast<int>(id);
+      bn_sums_[id] = DeviceArray<float>(2 * ys.c);
+      ++conv_stats_fused_;
+    }
+  }
+  int conv_stats_fused() const override { return conv_stats_fused_; }
+  const std::vector<std::string>& conv_stats_skipped() const override {
+    return conv_stats_skipped_;
+  }
 
   // A fused group's batch norm or add, whose output and gradient are never formed.
   bool absorbed(int id) const { return plan_.absorbed(id); }
@@ -1074,6 +1133,13 @@ class CudaExecutorImpl final : public CudaExecutor {
   std::vector<Value> values_;
   std::vector<std::unique_ptr<Conv>> convs_;
   cuda::FusionPlan plan_;
+  // CudaOptions::conv_stats, by node: the convolution's fused plan, the batch norm reading it
+  // (by the convolution's id), and that batch norm's sums (sum, then sum of squares).
+  std::vector<std::unique_ptr<cuda::ConvStats>> conv_stats_;
+  std::vector<int> stats_reader_;
+  std::vector<DeviceArray<float>> bn_sums_;
+  std::vector<std::string> conv_stats_skipped_;
+  int conv_stats_fused_ = 0;
   DeviceArray<unsigned char> workspace_;
   size_t workspace_need_ = 0;
   int64_t bn_scratch_ = 0;

@@ -33,6 +33,13 @@ struct CudaOptions {
   // without transposing. Refused (std::invalid_argument, one line) for a graph with a layer it
   // does not cover: LRN, dropout over images, a fully connected layer over images.
   bool nhwc = false;
+  // Training forward: a convolution whose output only a batch norm reads gives that batch norm's
+  // statistics from its epilogue (cuDNN's graph API, conv_stats.hpp), so the statistics pass over
+  // it is not run. Needs nhwc and bf16 activations (std::invalid_argument otherwise); where cuDNN
+  // has no plan for a shape on this GPU, or the build has no cudnn-frontend, that convolution
+  // runs as before and conv_stats_skipped() says why. Off by default until tests/cuda has passed
+  // on a GPU: it was written without one (docs/gpu.md).
+  bool conv_stats = false;
 };
 
 // Two ways to run:
@@ -78,6 +85,10 @@ class CudaExecutor : public Executor {
   virtual void replay_step() = 0;
   // Copies labels for the next replay (waits for the last one to have read the previous).
   virtual void stage_labels(const int32_t* labels) = 0;
+  // CudaOptions::conv_stats: the convolutions that run with the statistics in their epilogue, and
+  // one line for each that could not and why.
+  virtual int conv_stats_fused() const = 0;
+  virtual const std::vector<std::string>& conv_stats_skipped() const = 0;
 
  protected:
   using Executor::Executor;

@@ -1203,6 +1203,34 @@ void bn_statistics(float* mean, float* inv_std, float* running_mean, float* runn
 }
 
 namespace {
+__global__ void bn_sums_final_k(float* mean, float* inv_std, float* running_mean,
+                                float* running_var, const float* sum, const float* sq, BnShape b) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= b.c) return;
+  const double count = static_cast<double>(b.batch * b.plane);
+  const double m = static_cast<double>(sum[c]) / count;
+  // Biased, clamped at 0 against rounding (unshifted sums lose more of it than bn_statistics'
+  // shifted ones); a NaN stays NaN.
+  const double raw = static_cast<double>(sq[c]) / count - m * m;
+  const double var = raw < 0.0 ? 0.0 : raw;
+  mean[c] = static_cast<float>(m);
+  inv_std[c] = static_cast<float>(1.0 / sqrt(var + static_cast<double>(b.eps)));
+  const double mom = b.momentum;
+  running_mean[c] = static_cast<float>((1.0 - mom) * running_mean[c] + mom * m);
+  running_var[c] =
+      static_cast<float>((1.0 - mom) * running_var[c] + mom * var * count / fmax(1.0, count - 1.0));
+}
+}  // namespace
+
+void bn_statistics_from_sums(float* mean, float* inv_std, float* running_mean, float* running_var,
+                             const float* sum, const float* sq, const BnShape& b, cudaStream_t s) {
+  const unsigned per_channel = static_cast<unsigned>((b.c + kThreads - 1) / kThreads);
+  bn_sums_final_k<<<per_channel, kThreads, 0, s>>>(mean, inv_std, running_mean, running_var, sum,
+                                                   sq, b);
+  check_launch();
+}
+
+namespace {
 template <typename T, typename W>
 void launch_bn_apply(const W& w, int vec, T* y, const T* x, const T* res, bool relu,
                      const float* mean, const float* inv_std, const float* gamma, const float* beta,

@@ -104,6 +104,11 @@ int64_t bn_scratch_floats(const BnShape& b);
 void bn_statistics(float* mean, float* inv_std, float* running_mean, float* running_var,
                    const void* x, const BnShape& b, bool train, float* scratch, DType t,
                    cudaStream_t s);
+// Training statistics from per-channel sums already made (sum[c], sq[c]: the sum of x and of x^2
+// over batch and plane, fp32; a convolution's epilogue writes them, conv_stats.hpp): mean,
+// inv_std and the running statistics as bn_statistics gives them, the variance clamped at 0.
+void bn_statistics_from_sums(float* mean, float* inv_std, float* running_mean, float* running_var,
+                             const float* sum, const float* sq, const BnShape& b, cudaStream_t s);
 // y = [relu]((x - mean) * gamma * inv_std + beta [+ res]): the batch norm, and the residual add
 // and ReLU that read it when they are fused with it (res: null for none).
 void bn_apply(void* y, const void* x, const void* res, bool relu, const float* mean,

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cuda/conv_stats.hpp"
 #include "kernels/cuda/cuda_executor.hpp"
 #include "kernels/cuda/device_buffers.hpp"
 #include "kernels/executor.hpp"
@@ -84,13 +85,15 @@ void compare(const Graph& g, int64_t batch, const Maker& gpu, const Maker& ref, 
 // find: time cuDNN's candidates (the default); false takes its heuristics' first, which is the
 // same for two executors of one graph, so that they round alike.
 auto cuda_maker(const Graph& g, int64_t batch, Precision p, bool tf32, bool fuse = true,
-                bool nhwc = false, bool find = true) {
-  return [&g, batch, p, tf32, fuse, nhwc, find](ParamStore& s, const std::vector<Bucket>& b) {
+                bool nhwc = false, bool find = true, bool conv_stats = false) {
+  return [&g, batch, p, tf32, fuse, nhwc, find, conv_stats](ParamStore& s,
+                                                            const std::vector<Bucket>& b) {
     CudaOptions o;
     o.tf32 = tf32;
     o.fuse = fuse;
     o.nhwc = nhwc;
     o.find_algorithms = find;
+    o.conv_stats = conv_stats;
     return std::unique_ptr<Executor>(make_cuda_executor(g, batch, s, b, p, o));
   };
 }
@@ -603,6 +606,45 @@ TEST_CASE("channels-last agrees with the reference backend and with channels-fir
                   eval);
       CHECK(eval <= 3e-2);
     }
+  }
+}
+
+TEST_CASE("batch-norm statistics from the convolution's epilogue train as the statistics pass") {
+  for (const std::string model : {"resnet18", "googlenet"}) {
+    SECTION(model + " at 32x32, bf16 channels-last") {
+      const Graph g = small_model(model, 32);
+      const int64_t batch = 4;
+      {
+        ParamStore s(g);
+        CudaOptions o;
+        o.nhwc = true;
+        o.conv_stats = true;
+        const auto ex = make_cuda_executor(g, batch, s, {}, Precision::Bf16, o);
+        std::printf("%s: %d convolutions give their batch norm's statistics; %zu could not\n",
+                    model.c_str(), ex->conv_stats_fused(), ex->conv_stats_skipped().size());
+        for (const std::string& why : ex->conv_stats_skipped()) std::printf("  %s\n", why.c_str());
+        // With cudnn-frontend, an H100 or H200 has a plan for most of these shapes.
+        if (cuda::conv_stats_built()) CHECK(ex->conv_stats_fused() > 0);
+      }
+      const Outcome fused =
+          run(g, batch, cuda_maker(g, batch, Precision::Bf16, false, true, true, true, true));
+      const Outcome apart =
+          run(g, batch, cuda_maker(g, batch, Precision::Bf16, false, true, true, true, false));
+      const double eval = relative_l2(fused.eval_logits, apart.eval_logits);
+      const double stats = relative_l2(fused.buffers, apart.buffers);
+      std::printf(
+          "%s bf16 statistics from the epilogue against the pass: eval logits %.3g, "
+          "running statistics %.3g\n",
+          model.c_str(), eval, stats);
+      CHECK(eval <= 2e-2);
+      CHECK(stats <= 2e-2);
+    }
+  }
+  SECTION("refused in one line without channels-last bf16") {
+    const Graph g = small_model("resnet18", 32);
+    ParamStore s(g);
+    CHECK_THROWS_WITH(cuda_maker(g, 2, Precision::Fp32, false, true, true, true, true)(s, {}),
+                      Catch::Contains("conv_stats") && Catch::Contains("nhwc"));
   }
 }
 
