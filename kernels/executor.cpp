@@ -12,31 +12,37 @@
 
 namespace gg::kernels {
 
-Backend parse_backend(const std::string& name) {
-  if (name == "reference") return Backend::Reference;
-  if (name == "onednn") return Backend::OneDnn;
-  if (name == "cuda") {
-    if (!cuda_built())
-      throw std::invalid_argument(
-          "backend 'cuda': this gossipgrad was built without CUDA (rebuild with GG_CUDA=ON where "
-          "nvcc and cuDNN are installed)");
-    return Backend::Cuda;
+namespace {
+// A name of `table` as its enum; std::invalid_argument naming `what` and the names otherwise.
+template <typename E, size_t N>
+E parse_name(const std::pair<E, std::string_view> (&table)[N], const std::string& name,
+             const char* what) {
+  std::string valid;
+  for (size_t i = 0; i < N; ++i) {
+    if (name == table[i].second) return table[i].first;
+    valid.append(i == 0 ? "" : i + 1 == N ? " or " : ", ").append(table[i].second);
   }
-  throw std::invalid_argument("unknown backend '" + name +
-                              "' (expected reference, onednn or cuda)");
+  throw std::invalid_argument("unknown " + std::string(what) + " '" + name + "' (expected " +
+                              valid + ")");
 }
-
-const char* backend_name(Backend b) {
-  switch (b) {
-    case Backend::Reference:
-      return "reference";
-    case Backend::OneDnn:
-      return "onednn";
-    case Backend::Cuda:
-      return "cuda";
-  }
+template <typename E, size_t N>
+const char* name_in(const std::pair<E, std::string_view> (&table)[N], E e) {
+  for (const auto& [v, n] : table)
+    if (v == e) return n.data();  // the table's literals end in a NUL
   return "?";
 }
+}  // namespace
+
+Backend parse_backend(const std::string& name) {
+  const Backend b = parse_name(kBackendNames, name, "backend");
+  if (b == Backend::Cuda && !cuda_built())
+    throw std::invalid_argument(
+        "backend 'cuda': this gossipgrad was built without CUDA (rebuild with GG_CUDA=ON where "
+        "nvcc and cuDNN are installed)");
+  return b;
+}
+
+const char* backend_name(Backend b) { return name_in(kBackendNames, b); }
 
 bool cuda_built() {
 #ifdef GG_HAVE_CUDA
@@ -57,12 +63,10 @@ void bind_device(Backend b, int local_rank) {
 }
 
 Precision parse_precision(const std::string& name) {
-  if (name == "fp32") return Precision::Fp32;
-  if (name == "bf16") return Precision::Bf16;
-  throw std::invalid_argument("unknown precision '" + name + "' (expected fp32 or bf16)");
+  return parse_name(kPrecisionNames, name, "precision");
 }
 
-const char* precision_name(Precision p) { return p == Precision::Fp32 ? "fp32" : "bf16"; }
+const char* precision_name(Precision p) { return name_in(kPrecisionNames, p); }
 
 void FlatBuffer::adopt(float* memory) {
   if (memory == data_) return;

@@ -7,7 +7,10 @@
 #include <functional>
 #include <memory>
 #include <new>
+#include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "kernels/graph.hpp"
@@ -16,6 +19,12 @@
 namespace gg::kernels {
 
 enum class Backend { Reference, OneDnn, Cuda };
+// The names users write, one table for each enum (train.backend's and train.precision's choices).
+inline constexpr std::pair<Backend, std::string_view> kBackendNames[] = {
+    {Backend::Reference, "reference"}, {Backend::OneDnn, "onednn"}, {Backend::Cuda, "cuda"}};
+constexpr std::span<const std::pair<Backend, std::string_view>> enum_names(Backend) {
+  return kBackendNames;
+}
 // "reference" | "onednn" | "cuda"; throws std::invalid_argument otherwise, and for "cuda" in a
 // build without the CUDA backend.
 Backend parse_backend(const std::string& name);
@@ -29,6 +38,11 @@ void bind_device(Backend b, int local_rank);
 // What activations and convolution / fully connected arithmetic run in. Parameters, gradients,
 // batch-norm statistics and logits stay fp32 either way (bf16 keeps fp32 master weights).
 enum class Precision { Fp32, Bf16 };
+inline constexpr std::pair<Precision, std::string_view> kPrecisionNames[] = {
+    {Precision::Fp32, "fp32"}, {Precision::Bf16, "bf16"}};
+constexpr std::span<const std::pair<Precision, std::string_view>> enum_names(Precision) {
+  return kPrecisionNames;
+}
 Precision parse_precision(const std::string& name);  // "fp32" | "bf16"; throws otherwise
 const char* precision_name(Precision p);
 // Whether oneDNN runs bf16 natively here (AVX512_BF16 or AMX): bf16 is refused elsewhere.

@@ -100,23 +100,17 @@ Partners dissemination(int rank, int p, int64_t step) {
 }
 
 Kind parse_kind(const std::string& name) {
-  for (Kind k : {Kind::Dissemination, Kind::Hypercube, Kind::Ring, Kind::Random})
-    if (name == kind_name(k)) return k;
-  throw std::invalid_argument("unknown schedule '" + name +
-                              "'; valid: dissemination, hypercube, ring, random");
+  std::string valid;
+  for (const auto& [k, n] : kKindNames) {
+    if (name == n) return k;
+    valid += (valid.empty() ? "" : ", ") + std::string(n);
+  }
+  throw std::invalid_argument("unknown schedule '" + name + "'; valid: " + valid);
 }
 
 const char* kind_name(Kind kind) {
-  switch (kind) {
-    case Kind::Dissemination:
-      return "dissemination";
-    case Kind::Hypercube:
-      return "hypercube";
-    case Kind::Ring:
-      return "ring";
-    case Kind::Random:
-      return "random";
-  }
+  for (const auto& [k, n] : kKindNames)
+    if (k == kind) return n.data();  // the table's literals end in a NUL
   return "?";
 }
 

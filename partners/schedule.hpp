@@ -3,7 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 namespace gg::partners {
@@ -24,8 +27,14 @@ Partners dissemination(int rank, int p, int64_t step);
 // The partner patterns a run can choose; see docs/gossip.md "Partner schedules".
 enum class Kind { Dissemination, Hypercube, Ring, Random };
 
-// "dissemination", "hypercube", "ring", "random"; anything else throws std::invalid_argument with
-// one line that lists the valid names.
+// The names users write, one table: gossip.schedule's choices, parse_kind and kind_name read it.
+inline constexpr std::pair<Kind, std::string_view> kKindNames[] = {
+    {Kind::Dissemination, "dissemination"},
+    {Kind::Hypercube, "hypercube"},
+    {Kind::Ring, "ring"},
+    {Kind::Random, "random"}};
+constexpr std::span<const std::pair<Kind, std::string_view>> enum_names(Kind) { return kKindNames; }
+// A name of the table; anything else throws std::invalid_argument with one line that lists them.
 Kind parse_kind(const std::string& name);
 const char* kind_name(Kind kind);
 

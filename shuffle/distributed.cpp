@@ -73,21 +73,18 @@ std::vector<int64_t> read_ids(std::istream& in, int64_t n) {
 }  // namespace
 
 ShuffleMode parse_shuffle_mode(const std::string& name) {
-  if (name == "off") return ShuffleMode::Off;
-  if (name == "ids") return ShuffleMode::Ids;
-  if (name == "bytes") return ShuffleMode::Bytes;
-  throw std::invalid_argument("shuffle mode '" + name + "' is unknown: use off, ids or bytes");
+  constexpr size_t n = std::size(kShuffleModeNames);
+  std::string valid;
+  for (size_t i = 0; i < n; ++i) {
+    if (name == kShuffleModeNames[i].second) return kShuffleModeNames[i].first;
+    valid.append(i == 0 ? "" : i + 1 == n ? " or " : ", ").append(kShuffleModeNames[i].second);
+  }
+  throw std::invalid_argument("shuffle mode '" + name + "' is unknown: use " + valid);
 }
 
 const char* shuffle_mode_name(ShuffleMode mode) {
-  switch (mode) {
-    case ShuffleMode::Off:
-      return "off";
-    case ShuffleMode::Ids:
-      return "ids";
-    case ShuffleMode::Bytes:
-      return "bytes";
-  }
+  for (const auto& [m, n] : kShuffleModeNames)
+    if (m == mode) return n.data();  // the table's literals end in a NUL
   return "?";
 }
 

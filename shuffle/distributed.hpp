@@ -25,7 +25,10 @@
 #include <memory>
 #include <mutex>
 #include <ostream>
+#include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "partners/schedule.hpp"
@@ -35,8 +38,14 @@
 namespace gg::shuffle {
 
 enum class ShuffleMode { Off, Ids, Bytes };
+// The names users write (data.shuffle's choices), one table.
+inline constexpr std::pair<ShuffleMode, std::string_view> kShuffleModeNames[] = {
+    {ShuffleMode::Off, "off"}, {ShuffleMode::Ids, "ids"}, {ShuffleMode::Bytes, "bytes"}};
+constexpr std::span<const std::pair<ShuffleMode, std::string_view>> enum_names(ShuffleMode) {
+  return kShuffleModeNames;
+}
 
-// "off", "ids", "bytes"; anything else throws std::invalid_argument listing them.
+// A name of the table; anything else throws std::invalid_argument listing them.
 ShuffleMode parse_shuffle_mode(const std::string& name);
 const char* shuffle_mode_name(ShuffleMode mode);
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The options' strings are read in gossip/config only (issue 29): no code elsewhere compares an
-# option's value (c.gossip.mode, c_.train.backend, ...) with a string literal; it asks config's
-# typed view (mixing_of, gossip_plan, backend_of, ...). Fails with the offending lines.
+# option's value with a string literal. Fixed-choice options are enums (issue 55), which a string
+# cannot be compared with at all; this keeps the free-form ones (c.gossip.mode, c.data.source,
+# c_.checkpoint.resume, ...) behind config's typed view (mixing_of, data_source, resume_auto,
+# ...). Fails with the offending lines.
 set -euo pipefail
 ROOT="${1:-$(dirname "$0")/..}"
 cd "$ROOT"

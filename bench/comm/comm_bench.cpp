@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
       } else {
         gossip::GossipOptions o;
         o.schedule = {partners::Kind::Dissemination, p, true, 1};
-        o.transport = m == "shm-copy" ? "shm" : m;
+        o.transport = gossip::parse_transport(m == "shm-copy" ? "shm" : m);
         const bool home = m == "shm";
         gossip::GossipExchange ex(world, home ? nullptr : x.data(), buckets, o);
         if (home) std::copy(x.begin(), x.end(), ex.buffer());

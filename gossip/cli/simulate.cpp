@@ -67,9 +67,8 @@ void measure(const Config& c, const kernels::ModelSpec& spec, partners::Workload
         "simulate measures the compute here: train.precision = bf16 needs a CPU with AVX512_BF16 "
         "(or AMX); give the target's [simulate] forward_ms, backward_ms and update_ms, or use "
         "fp32");
-  kernels::Net net(kernels::build_model(spec), kernels::parse_backend(c.train.backend),
-                   std::max<int64_t>(1, c.gossip.bucket_kb * 256),
-                   kernels::parse_precision(c.train.precision));
+  kernels::Net net(kernels::build_model(spec), c.train.backend,
+                   std::max<int64_t>(1, c.gossip.bucket_kb * 256), c.train.precision);
   kernels::init_params(net.graph(), net.store(), c.train.seed);
   kernels::Sgd sgd(net.graph().param_count(), {0.9f, 1e-4f, false});
   kernels::Executor& ex = net.at_batch(c.train.batch);
@@ -301,8 +300,8 @@ void print_simulate_table(const Scenario& sc, const kernels::ModelSpec& spec,
   if (sc.mode.global_every > 0)
     extra += ", a global average every " + std::to_string(sc.mode.global_every) + " steps";
   std::printf("gossip: mode %s, %s schedule%s%s, mean of %d steps\n\n", c.gossip.mode.c_str(),
-              c.gossip.schedule.c_str(), c.gossip.rotate ? " with rotation" : "", extra.c_str(),
-              c.simulate.steps);
+              text_of(c.gossip.schedule).c_str(), c.gossip.rotate ? " with rotation" : "",
+              extra.c_str(), c.simulate.steps);
   std::printf("%6s  %10s %8s  %10s %8s  %10s %8s  %12s\n", "ranks", "gossip ms", "eff", "ring ms",
               "eff", "rabens. ms", "eff", "img/s");
   for (const Row& r : rows) std::printf("%s\n", r.line.c_str());
@@ -313,7 +312,8 @@ void refuse_unmodelled(const Config& c) {
   const Config d;
   const std::pair<bool, std::string> unmodelled[] = {
       {c.gossip.staleness != d.gossip.staleness, "gossip.staleness = 1"},
-      {c.gossip.hierarchy != d.gossip.hierarchy, "gossip.hierarchy = " + c.gossip.hierarchy},
+      {c.gossip.hierarchy != d.gossip.hierarchy,
+       "gossip.hierarchy = " + text_of(c.gossip.hierarchy)},
       {c.gossip.model_every != d.gossip.model_every,
        "gossip.model_every = " + std::to_string(c.gossip.model_every)},
       {c.gossip.pipeline_weights != d.gossip.pipeline_weights,
@@ -322,10 +322,11 @@ void refuse_unmodelled(const Config& c) {
        "gossip.low_rank = " + std::to_string(c.gossip.low_rank) +
            " (its messages follow each layer's shape, not the buckets' bytes)"},
       {c.gossip.transport != d.gossip.transport,
-       "gossip.transport = " + c.gossip.transport +
+       "gossip.transport = " + text_of(c.gossip.transport) +
            " (its network is bandwidth and latency alone)"},
       {c.gossip.threading != d.gossip.threading,
-       "gossip.threading = " + c.gossip.threading + " (one exchange at a time, as funneled)"},
+       "gossip.threading = " + text_of(c.gossip.threading) +
+           " (one exchange at a time, as funneled)"},
       {c.train.virtual_ranks != d.train.virtual_ranks,
        "train.virtual_ranks (it predicts real ranks: --ranks gives their counts)"},
       {c.gossip.consensus_bound != d.gossip.consensus_bound,
@@ -362,7 +363,7 @@ int cmd_simulate(const std::vector<std::string>& args) {
     mode.global_every = c.gossip.global_every;
     mode.global_bytes = (g.param_count() + g.buffer_count()) * 4;
   }
-  const Scenario sc{c, w, net, partners::parse_kind(c.gossip.schedule), mode};
+  const Scenario sc{c, w, net, c.gossip.schedule, mode};
   std::vector<Row> rows;
   for (int p : r->ranks) rows.push_back(predict_row(sc, p));
   if (r->json)

@@ -65,7 +65,7 @@ void check_model_and_data(const Config& c, int ranks) {
   shuffle::DataSplits data;
   try {
     const std::string labels = val_labels_file(c);
-    data = shuffle::open_splits(shuffle::parse_source(c.data.source, c.data.dir), labels);
+    data = shuffle::open_splits(data_source(c), labels);
   } catch (const std::exception&) {
     return;  // the data is another machine's: warned about by check_run_files
   }
@@ -87,7 +87,7 @@ void check_model_and_data(const Config& c, int ranks) {
     throw UsageError(e.what());
   }
   if (c.apoptosis.enable && apoptosis_layers(c, g).empty())
-    throw UsageError("apoptosis.layers = " + c.apoptosis.layers + ": " + c.model.name +
+    throw UsageError("apoptosis.layers = " + text_of(c.apoptosis.layers) + ": " + c.model.name +
                      " has no such layer whose units may be removed (units that reach a residual "
                      "add, a concat or the output stay)");
   if (virtual_ranks)

@@ -138,7 +138,7 @@ std::unique_ptr<MixingRule> make_rule(const GossipOptions& o, float* buffer,
   else if (o.public_copies && o.delayed)
     rule = std::make_unique<ChocoDelayed>(buffer, buckets);
   else if (o.public_copies)
-    rule = std::make_unique<ChocoAverage>(buffer, buckets, o.wire == Wire::Fp32);
+    rule = std::make_unique<ChocoAverage>(buffer, buckets, !lossy(o.wire));
   else if (o.delayed)
     rule = std::make_unique<DelayedAverage>(buffer, buckets);
   else if (o.staleness == 1)
@@ -172,7 +172,7 @@ GossipExchange::GossipExchange(const mpi::Comm& world, float* buffer,
   const int64_t count = buckets_.empty() ? 0 : buckets_.front().end;
   // A lossy wire or low-rank messages never average in place: the window holds what travels.
   transport_ = make_transport(o_.transport, comm_, {codec_.floats(), codec_.layout()},
-                              buffer_ == nullptr && o_.wire == Wire::Fp32 && o_.low_rank == 0);
+                              buffer_ == nullptr && !lossy(o_.wire) && o_.low_rank == 0);
   transport_->set_timeout(o_.timeout_s);
   if (o_.pipelined && o_.threading == Threading::Funneled)
     transport_->set_while_waiting([this] { start_queued(); });

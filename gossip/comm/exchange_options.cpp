@@ -5,11 +5,11 @@
 namespace gg::gossip {
 
 Threading parse_threading(const std::string& name) {
-  if (name == "funneled") return Threading::Funneled;
-  if (name == "concurrent") return Threading::Concurrent;
-  if (name == "chained") return Threading::Chained;
-  throw std::invalid_argument("unknown threading '" + name +
-                              "' (expected funneled, concurrent or chained)");
+  return parse_name<Threading>(name, "threading");
+}
+
+TransportKind parse_transport(const std::string& name) {
+  return parse_name<TransportKind>(name, "transport");
 }
 
 }  // namespace gg::gossip

@@ -4,9 +4,13 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
+#include "gossip/comm/names.hpp"
 #include "gossip/comm/wire.hpp"
 #include "partners/schedule.hpp"
 
@@ -14,8 +18,27 @@ namespace gg::gossip {
 
 // Who drives a gossip exchange's transport (see GossipExchange).
 enum class Threading { Funneled, Concurrent, Chained };
-// "funneled" | "concurrent" | "chained"; throws std::invalid_argument otherwise.
+inline constexpr std::pair<Threading, std::string_view> kThreadingNames[] = {
+    {Threading::Funneled, "funneled"},
+    {Threading::Concurrent, "concurrent"},
+    {Threading::Chained, "chained"}};
+constexpr std::span<const std::pair<Threading, std::string_view>> enum_names(Threading) {
+  return kThreadingNames;
+}
+// A name of the table; throws std::invalid_argument otherwise.
 Threading parse_threading(const std::string& name);
+
+// How the buckets travel (transport.hpp, make_transport).
+enum class TransportKind { Auto, Shm, Rma, P2p };
+inline constexpr std::pair<TransportKind, std::string_view> kTransportNames[] = {
+    {TransportKind::Auto, "auto"},
+    {TransportKind::Shm, "shm"},
+    {TransportKind::Rma, "rma"},
+    {TransportKind::P2p, "p2p"}};
+constexpr std::span<const std::pair<TransportKind, std::string_view>> enum_names(TransportKind) {
+  return kTransportNames;
+}
+TransportKind parse_transport(const std::string& name);  // std::invalid_argument otherwise
 
 // A parameter tensor as the low-rank rule reads it: a matrix rows x cols (a convolution's
 // O x I * kernel, an inner product's out x in) or, with rows == 0, a vector of `size` values.
@@ -29,8 +52,8 @@ struct MatrixView {
 };
 
 struct GossipOptions {
-  partners::Schedule schedule;     // p must equal the communicator's size
-  std::string transport = "auto";  // auto | shm | rma | p2p (make_transport)
+  partners::Schedule schedule;                    // p must equal the communicator's size
+  TransportKind transport = TransportKind::Auto;  // make_transport
   Threading threading = Threading::Funneled;
   int comm_threads = 2;    // concurrent only
   int staleness = 0;       // 0: wait for the partner; 1: never wait, mix what has arrived

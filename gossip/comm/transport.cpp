@@ -474,21 +474,25 @@ std::unique_ptr<Transport> make_auto_transport(const mpi::Comm& comm, const Buff
   return std::make_unique<AutoTransport>(comm, layout, home);
 }
 
-std::unique_ptr<Transport> make_transport(const std::string& name, const mpi::Comm& comm,
+std::unique_ptr<Transport> make_transport(TransportKind kind, const mpi::Comm& comm,
                                           const BufferLayout& layout, bool home) {
-  if (name == "p2p") return make_p2p_transport(comm, layout);
-  if (name == "rma") return make_rma_transport(comm, layout);
-  if (name == "auto") return make_auto_transport(comm, layout, home);
-  if (name == "shm") {
-    mpi::Comm node = comm.split_shared();
-    int spans = node.size() < comm.size();
-    GG_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &spans, 1, MPI_INT, MPI_MAX, comm.get()));
-    if (spans)
-      throw std::invalid_argument(
-          "the shm transport needs every rank on one node; use auto, p2p or rma across nodes");
-    return make_shm_transport(comm, node, layout, home);
+  switch (kind) {
+    case TransportKind::P2p:
+      return make_p2p_transport(comm, layout);
+    case TransportKind::Rma:
+      return make_rma_transport(comm, layout);
+    case TransportKind::Auto:
+      return make_auto_transport(comm, layout, home);
+    case TransportKind::Shm:
+      break;
   }
-  throw std::invalid_argument("unknown transport '" + name + "' (expected auto, shm, rma or p2p)");
+  mpi::Comm node = comm.split_shared();
+  int spans = node.size() < comm.size();
+  GG_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &spans, 1, MPI_INT, MPI_MAX, comm.get()));
+  if (spans)
+    throw std::invalid_argument(
+        "the shm transport needs every rank on one node; use auto, p2p or rma across nodes");
+  return make_shm_transport(comm, node, layout, home);
 }
 
 }  // namespace gg::gossip

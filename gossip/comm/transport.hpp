@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "gossip/comm/exchange_options.hpp"
 #include "gossip/comm/mpi.hpp"
 #include "kernels/graph.hpp"
 
@@ -143,10 +144,10 @@ std::unique_ptr<Transport> make_shm_transport(const mpi::Comm& comm, const mpi::
 std::unique_ptr<Transport> make_auto_transport(const mpi::Comm& comm, const BufferLayout& layout,
                                                bool home = false);
 
-// "p2p" | "rma" | "shm" | "auto"; throws std::invalid_argument otherwise. shm throws when the
-// communicator spans several nodes (on every rank, with the same one-line message). `home`: place
+// The transport of `kind`. shm throws std::invalid_argument when the communicator spans several
+// nodes (on every rank, with the same one-line message). `home`: place
 // the flat buffer in shared memory where the transport has it (shm, auto), for zero-copy pairs.
-std::unique_ptr<Transport> make_transport(const std::string& name, const mpi::Comm& comm,
+std::unique_ptr<Transport> make_transport(TransportKind kind, const mpi::Comm& comm,
                                           const BufferLayout& layout, bool home = false);
 
 }  // namespace gg::gossip

@@ -11,14 +11,7 @@
 
 namespace gg::gossip {
 
-Wire parse_wire(const std::string& name) {
-  if (name == "fp32") return Wire::Fp32;
-  if (name == "bf16") return Wire::Bf16;
-  if (name == "int8") return Wire::Int8;
-  if (name == "int4") return Wire::Int4;
-  throw std::invalid_argument("unknown wire precision '" + name +
-                              "' (expected fp32, bf16, int8 or int4)");
-}
+Wire parse_wire(const std::string& name) { return parse_name<Wire>(name, "wire precision"); }
 
 uint16_t to_bf16(float f) {
   uint32_t u = 0;

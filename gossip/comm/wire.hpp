@@ -8,8 +8,11 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
+#include "gossip/comm/names.hpp"
 #include "gossip/comm/state_part.hpp"
 #include "kernels/graph.hpp"
 
@@ -22,9 +25,17 @@ namespace gg::gossip {
 // rounding took off a value is added to it before the next rounding, so no part of a value is
 // lost for good.
 enum class Wire { Fp32, Bf16, Int8, Int4 };
+inline constexpr std::pair<Wire, std::string_view> kWireNames[] = {
+    {Wire::Fp32, "fp32"}, {Wire::Bf16, "bf16"}, {Wire::Int8, "int8"}, {Wire::Int4, "int4"}};
+constexpr std::span<const std::pair<Wire, std::string_view>> enum_names(Wire) { return kWireNames; }
 inline constexpr int64_t kQuantBlock = 64;
-// "fp32" | "bf16" | "int8" | "int4"; throws std::invalid_argument otherwise.
+// A name of the table; throws std::invalid_argument otherwise.
 Wire parse_wire(const std::string& name);
+// Whether values lose bits on this wire (all but fp32): what error feedback, stochastic rounding
+// and CHOCO's public copies act on.
+constexpr bool lossy(Wire w) { return w != Wire::Fp32; }
+// Whether the wire quantizes in blocks (int8, int4): what stochastic rounding acts on.
+constexpr bool quantized(Wire w) { return w == Wire::Int8 || w == Wire::Int4; }
 
 // fp32 -> bf16, rounding to nearest, ties to even (NaN stays NaN), and back (exact).
 uint16_t to_bf16(float f);

@@ -29,6 +29,16 @@ const Algorithm& find_algorithm(const std::string& name) {
   throw std::invalid_argument("unknown gossip algorithm '" + name + "' (expected " + names + ")");
 }
 
+std::string modes_that(bool Algorithm::*what) {
+  std::vector<std::string_view> names;
+  for (const Algorithm& a : algorithms())
+    if (a.*what) names.push_back(a.name);
+  std::string s;
+  for (size_t i = 0; i < names.size(); ++i)
+    s.append(i == 0 ? "" : i + 1 == names.size() ? " or " : ", ").append(names[i]);
+  return s;
+}
+
 double buffers_per_step(const Algorithm& a, int64_t model_every) {
   const double after_update = (a.weights ? 1.0 : 0.0) + (a.momentum ? 1.0 : 0.0);
   return (a.grads ? 1.0 : 0.0) + after_update / static_cast<double>(model_every);

@@ -25,6 +25,9 @@ struct Algorithm {
 const std::vector<Algorithm>& algorithms();
 // The one named `name`; throws std::invalid_argument listing the names otherwise.
 const Algorithm& find_algorithm(const std::string& name);
+// The names of the algorithms that mix `what` (&Algorithm::weights, ...), as messages list them:
+// "model, both or gossipgrad". Messages take them from here, so a new line is never left out.
+std::string modes_that(bool Algorithm::*what);
 // Flat buffers' worth (of the model's parameters) this rank sends per step: gradients every step,
 // weights and momentum every `model_every`-th step. Allreduce: none of its own (MPI moves them).
 double buffers_per_step(const Algorithm& a, int64_t model_every);

@@ -7,6 +7,7 @@
 #include <functional>
 #include <sstream>
 #include <string_view>
+#include <type_traits>
 #include <variant>
 
 #include "gossip/config/options.hpp"
@@ -42,11 +43,24 @@ po::options_description describe(Config& c) {
       section = o.section();
       groups.emplace_back(std::string("[").append(section).append("]"));
     }
+    const std::string key(o.key);
     std::visit(
         [&](auto get) {
-          auto& field = get(c);
-          auto* value = po::value(&field)->default_value(field, value_text(o, defaults));
-          groups.back().add_options()(std::string(o.key).c_str(), value, help_of(o).c_str());
+          if constexpr (std::is_same_v<decltype(get), EnumField>) {
+            // Stored by name: one of the enum's table, else the one line of an unknown choice.
+            auto* value =
+                po::value<std::string>()
+                    ->default_value(std::string(get.get(defaults)))
+                    ->notifier([&c, get, key](const std::string& v) {
+                      if (!get.set(c, v))
+                        throw UsageError(key + " = " + v + " is unknown: use " + get.choices());
+                    });
+            groups.back().add_options()(key.c_str(), value, help_of(o).c_str());
+          } else {
+            auto& field = get(c);
+            auto* value = po::value(&field)->default_value(field, value_text(o, defaults));
+            groups.back().add_options()(key.c_str(), value, help_of(o).c_str());
+          }
         },
         o.field);
   }
@@ -69,7 +83,7 @@ void check_emulated(const Config& c) {
       {!c.fault.inject.empty() || c.fault.mtbf_steps > 0, "fault.inject / fault.mtbf_steps"},
       {c.fault.nan >= 0, "fault.nan"},
       {c.fault.nan_stats >= 0, "fault.nan_stats"},
-      {c.train.backend == "cuda", "train.backend = cuda"}};
+      {c.train.backend == kernels::Backend::Cuda, "train.backend = cuda"}};
   for (const auto& [set, what] : refused)
     if (set)
       throw UsageError(std::string(what) +
@@ -83,12 +97,13 @@ void check_choco(const Config& c) {
   const Algorithm& a = mixing_of(c);
   if (!a.weights)
     throw UsageError("gossip.choco sends the weights' difference to public copies; gossip.mode = " +
-                     c.gossip.mode + " exchanges no weights: use model, both or gossipgrad");
-  if (c.gossip.model_wire == "fp32")
+                     c.gossip.mode + " exchanges no weights: use " +
+                     modes_that(&Algorithm::weights));
+  if (!lossy(c.gossip.model_wire))
     throw UsageError(
         "gossip.choco with gossip.model_wire = fp32 sends the difference exactly (the pair "
         "average, with two model copies per partner): set gossip.model_wire = int8, int4 or bf16");
-  if (c.gossip.rotate || c.gossip.schedule == "random")
+  if (c.gossip.rotate || c.gossip.schedule == partners::Kind::Random)
     throw UsageError(
         "gossip.choco keeps a pair of public copies per partner and needs the same few partners "
         "again and again: set gossip.rotate = false and a fixed schedule (dissemination, "
@@ -99,7 +114,7 @@ void check_choco(const Config& c) {
     throw UsageError(
         "gossip.choco needs gossip.staleness = 0: both ends of a pair must add every difference, "
         "in order, to their public copies");
-  if (c.gossip.error_feedback && !(a.grads && c.gossip.wire != "fp32"))
+  if (c.gossip.error_feedback && !(a.grads && lossy(c.gossip.wire)))
     throw UsageError(
         "gossip.error_feedback with gossip.choco has nothing to do: the public copies carry what "
         "rounding takes off the weights (and no gradients travel on a lossy wire); leave it out");
@@ -112,12 +127,12 @@ void check_low_rank(const Config& c) {
   const std::string what = "gossip.low_rank = " + std::to_string(c.gossip.low_rank);
   if (!a.weights)
     throw UsageError(what + " mixes the weights' difference; gossip.mode = " + c.gossip.mode +
-                     " exchanges no weights: use model, both or gossipgrad");
+                     " exchanges no weights: use " + modes_that(&Algorithm::weights));
   if (c.gossip.choco)
     throw UsageError(what +
                      " and gossip.choco are two ways to compress the weights' exchange: "
                      "choose one");
-  if (c.gossip.schedule != "hypercube" || c.gossip.rotate)
+  if (c.gossip.schedule != partners::Kind::Hypercube || c.gossip.rotate)
     throw UsageError(what +
                      " needs pairs that meet again and again (each keeps a factor per "
                      "partner, and both ends of a pair mix the same difference): set "
@@ -131,7 +146,7 @@ void check_low_rank(const Config& c) {
                      " sends a projection of the difference, from which the ranks' "
                      "distance cannot be estimated: leave gossip.consensus_bound out (or "
                      "use gossip.global_every)");
-  if (c.gossip.error_feedback && !(a.grads && c.gossip.wire != "fp32"))
+  if (c.gossip.error_feedback && !(a.grads && lossy(c.gossip.wire)))
     throw UsageError(
         "gossip.error_feedback with " + what +
         " has nothing to do: the factors carry what a projection leaves out to the next "
@@ -140,9 +155,8 @@ void check_low_rank(const Config& c) {
 
 // gossip.rounding = stochastic: only where an int8 or int4 wire carries something.
 void check_rounding(const Config& c) {
-  if (c.gossip.rounding != "stochastic") return;
+  if (c.gossip.rounding != Rounding::Stochastic) return;
   const Algorithm& a = mixing_of(c);
-  const auto quantized = [](const std::string& w) { return w == "int8" || w == "int4"; };
   if (!(a.grads && quantized(c.gossip.wire)) && !(a.weights && quantized(c.gossip.model_wire)))
     throw UsageError(
         "gossip.rounding = stochastic rounds the int8 and int4 wires, and this run sends none: "
@@ -170,7 +184,8 @@ void check_honoured(const Config& c, bool weights, bool allreduce) {
     throw UsageError(
         "gossip.pipeline_weights = true waits for the weights' buckets in the next forward; "
         "gossip.mode = " +
-        mode + " exchanges no weights: leave it false (or use model, both or gossipgrad)");
+        mode + " exchanges no weights: leave it false (or use " + modes_that(&Algorithm::weights) +
+        ")");
   if (c.gossip.global_every != 0 && allreduce)
     throw UsageError("gossip.global_every = " + std::to_string(c.gossip.global_every) +
                      " averages the gossiping ranks' weights every so many steps; gossip.mode = "
@@ -184,14 +199,15 @@ void check_exchange(const Config& c) {
   const std::string& mode = c.gossip.mode;
   const Algorithm& a = mixing_of(c);
   const bool allreduce = a.allreduce, grads = a.grads, weights = a.weights;
-  if (c.gossip.wire != "fp32" && !grads && !allreduce)
-    throw UsageError(
-        "gossip.wire = " + c.gossip.wire + " is the gradients' wire; gossip.mode = " + mode +
-        " exchanges no gradients: set gossip.model_wire = " + c.gossip.wire + " for the weights");
-  if (c.gossip.model_wire != "fp32" && !weights && !allreduce)
-    throw UsageError("gossip.model_wire = " + c.gossip.model_wire +
+  if (lossy(c.gossip.wire) && !grads && !allreduce)
+    throw UsageError("gossip.wire = " + text_of(c.gossip.wire) +
+                     " is the gradients' wire; gossip.mode = " + mode +
+                     " exchanges no gradients: set gossip.model_wire = " + text_of(c.gossip.wire) +
+                     " for the weights");
+  if (lossy(c.gossip.model_wire) && !weights && !allreduce)
+    throw UsageError("gossip.model_wire = " + text_of(c.gossip.model_wire) +
                      " is the weights' wire; gossip.mode = " + mode +
-                     " exchanges no weights: set gossip.wire = " + c.gossip.model_wire +
+                     " exchanges no weights: set gossip.wire = " + text_of(c.gossip.model_wire) +
                      " for the gradients");
   if (c.gossip.staleness != 0 && allreduce)
     throw UsageError(
@@ -205,33 +221,30 @@ void check_exchange(const Config& c) {
         "step stale) or gossip.staleness = 0");
   check_pipeline(c, weights);
   check_honoured(c, weights, allreduce);
-  if (c.gossip.late == "skip" && c.gossip.staleness != 1)
+  if (c.gossip.late == Late::Skip && c.gossip.staleness != 1)
     throw UsageError(
         "gossip.late = skip is for buckets that have not arrived without waiting: set "
         "gossip.staleness = 1 (or leave gossip.late = previous)");
   if (c.gossip.model_every != 1 && !weights)
     throw UsageError(
-        "gossip.model_every spaces out the weight exchanges of gossip.mode = model "
-        "or both; mode " +
-        mode +
-        " exchanges no weights (use gossip.global_every for an average of the "
-        "weights)");
+        "gossip.model_every spaces out the weight exchanges of gossip.mode = " +
+        modes_that(&Algorithm::weights) + "; mode " + mode +
+        " exchanges no weights (use gossip.global_every for an average of the weights)");
   if (c.gossip.consensus_bound > 0 && !weights)
     throw UsageError(
         "gossip.consensus_bound estimates the ranks' distance from the partner's "
         "weights; gossip.mode = " +
-        mode +
-        " exchanges none: use model, both or gossipgrad (or "
-        "gossip.global_every for a fixed period)");
+        mode + " exchanges none: use " + modes_that(&Algorithm::weights) +
+        " (or gossip.global_every for a fixed period)");
   check_choco(c);
   check_low_rank(c);
   check_rounding(c);
-  if (c.gossip.hierarchy == "node") {
+  if (c.gossip.hierarchy == Hierarchy::Node) {
     if (!grads || weights)
       throw UsageError(
           "gossip.hierarchy = node mixes gradients only: set gossip.mode = grad (not " + mode +
           ")");
-    if (c.gossip.wire != "fp32" || c.gossip.staleness != 0)
+    if (lossy(c.gossip.wire) || c.gossip.staleness != 0)
       throw UsageError(
           "gossip.hierarchy = node sends fp32 and waits for the partner node: set gossip.wire = "
           "fp32 and gossip.staleness = 0");
@@ -240,7 +253,8 @@ void check_exchange(const Config& c) {
 
 // Rules that involve several options; each option's own range or grammar is checked first.
 void check_combinations(const Config& c) {
-  if (c.train.precision == "bf16" && c.train.backend == "reference")
+  if (c.train.precision == kernels::Precision::Bf16 &&
+      c.train.backend == kernels::Backend::Reference)
     throw UsageError("train.precision = bf16 needs train.backend = onednn or cuda");
   if (c.data.source == "fashion-mnist" && c.data.dir.empty())
     throw UsageError("data.source = fashion-mnist needs data.dir");
@@ -258,11 +272,11 @@ void check_combinations(const Config& c) {
   if (c.checkpoint.resume == "auto" && c.checkpoint.dir.empty())
     throw UsageError("checkpoint.resume = auto needs checkpoint.dir");
   check_emulated(c);
-  if (mixing_of(c).allreduce && (c.gossip.wire != "fp32" || c.gossip.model_wire != "fp32"))
+  if (mixing_of(c).allreduce && (lossy(c.gossip.wire) || lossy(c.gossip.model_wire)))
     throw UsageError(
         "gossip.wire and gossip.model_wire other than fp32 need a gossip mode (allreduce sums "
         "fp32)");
-  if (c.gossip.error_feedback && c.gossip.wire == "fp32" && c.gossip.model_wire == "fp32")
+  if (c.gossip.error_feedback && !lossy(c.gossip.wire) && !lossy(c.gossip.model_wire))
     throw UsageError(
         "gossip.error_feedback needs a lossy wire: gossip.wire or gossip.model_wire = bf16, int8 "
         "or int4");
@@ -276,10 +290,11 @@ void check_combinations(const Config& c) {
       (c.model.width != d.model.width || c.model.batch_norm != d.model.batch_norm))
     throw UsageError("model.width and model.batch_norm shape the small nets (resnet8, cnn); " +
                      c.model.name + " is torchvision's and has neither: leave them out");
-  if (c.data.shuffle != "off" && c.data.shuffle_per_step > c.train.batch)
+  if (c.data.shuffle != shuffle::ShuffleMode::Off && c.data.shuffle_per_step > c.train.batch)
     throw UsageError("data.shuffle_per_step = " + std::to_string(c.data.shuffle_per_step) +
                      " is out of range: must be in [0, train.batch] (train.batch = " +
-                     std::to_string(c.train.batch) + ") with data.shuffle = " + c.data.shuffle);
+                     std::to_string(c.train.batch) +
+                     ") with data.shuffle = " + text_of(c.data.shuffle));
   if ((!c.fault.inject.empty() || c.fault.mtbf_steps > 0) && c.apoptosis.enable)
     throw UsageError("fault.inject / fault.mtbf_steps cannot be combined with apoptosis.enable");
 }
@@ -309,23 +324,24 @@ void check_virtual(const Config& c, int ranks) {
   refuse(emulated(c),
          "[emulate] replaces the arithmetic by waiting; virtual ranks compute it "
          "(leave [emulate] out, or run emulated compute on real ranks)");
-  refuse(c.train.backend == "cuda", "virtual ranks run on the CPU backends (onednn, reference)");
+  refuse(c.train.backend == kernels::Backend::Cuda,
+         "virtual ranks run on the CPU backends (onednn, reference)");
   // How bytes move between processes: virtual ranks move none, so what these choose is not run.
   refuse(c.gossip.transport != d.gossip.transport,
-         "gossip.transport = " + c.gossip.transport +
+         "gossip.transport = " + text_of(c.gossip.transport) +
              " moves buckets between processes; virtual ranks share one process and move "
              "none: leave it at " +
-             d.gossip.transport + " (or run real ranks under mpirun)");
+             text_of(d.gossip.transport) + " (or run real ranks under mpirun)");
   refuse(c.gossip.threading != d.gossip.threading,
-         "gossip.threading = " + c.gossip.threading +
+         "gossip.threading = " + text_of(c.gossip.threading) +
              " chooses the threads that talk to MPI; virtual ranks do not talk to MPI: leave it "
              "at " +
-             d.gossip.threading + " (or run real ranks under mpirun)");
+             text_of(d.gossip.threading) + " (or run real ranks under mpirun)");
   refuse(c.gossip.pipeline_weights,
          "gossip.pipeline_weights = true waits for each bucket of the weights in the next "
          "forward; virtual ranks mix the weights after the update and wait for nothing: leave "
          "it false (the numbers are the same)");
-  if (c.gossip.hierarchy == "node") {  // logical nodes of network.ranks_per_node ranks
+  if (c.gossip.hierarchy == Hierarchy::Node) {  // logical nodes of network.ranks_per_node ranks
     const int k = c.network.ranks_per_node;
     refuse(c.train.virtual_ranks % k != 0,
            "gossip.hierarchy = node: network.ranks_per_node = " + std::to_string(k) +
@@ -337,8 +353,8 @@ void check_virtual(const Config& c, int ranks) {
                        std::to_string(c.train.virtual_ranks / k) + " nodes: " + e.what());
     }
   }
-  refuse(c.data.shuffle != "off",
-         "data.shuffle = " + c.data.shuffle +
+  refuse(c.data.shuffle != shuffle::ShuffleMode::Off,
+         "data.shuffle = " + text_of(c.data.shuffle) +
              " is not modelled by virtual ranks yet: use data.shuffle off");
   refuse(!c.checkpoint.dir.empty() || !c.checkpoint.resume.empty() || c.train.stop_at > 0,
          "checkpoints (checkpoint.dir, checkpoint.resume, train.stop_at) are not written by "
@@ -354,7 +370,7 @@ void check_virtual(const Config& c, int ranks) {
 
 void check_forward_survivors(const Config& c, int ranks, int ranks_on_node,
                              const std::vector<FaultEvent>& plan) {
-  if (plan.empty() || parse_fault_strategy(c.fault.strategy) != FaultStrategy::Forward) return;
+  if (plan.empty() || c.fault.strategy != FaultStrategy::Forward) return;
   const std::string what =
       c.fault.inject.empty() ? std::string("fault.mtbf_steps") : "fault.inject = " + c.fault.inject;
   const std::string instead = "use fault.strategy restart or rollback";
@@ -368,7 +384,7 @@ void check_forward_survivors(const Config& c, int ranks, int ranks_on_node,
     const std::string after = what + " with fault.strategy forward leaves " + std::to_string(left) +
                               " rank" + (left == 1 ? "" : "s") + " from step " +
                               std::to_string(sorted[i].step);
-    if (c.gossip.hierarchy == "node" && ranks_on_node > 1)
+    if (c.gossip.hierarchy == Hierarchy::Node && ranks_on_node > 1)
       throw UsageError(after +
                        ", and gossip.hierarchy = node needs the same number of ranks on "
                        "every node (a failed rank's node holds one fewer): " +
@@ -394,7 +410,7 @@ void check_ranks(const Config& c, int ranks, bool supervised_restart) {
     check_virtual(c, ranks);
     ranks = c.train.virtual_ranks;
   }
-  if (!mixing_of(c).allreduce && c.gossip.hierarchy == "none") {
+  if (!mixing_of(c).allreduce && c.gossip.hierarchy == Hierarchy::None) {
     try {
       schedule_of(c, ranks);
     } catch (const std::invalid_argument& e) {
@@ -425,33 +441,20 @@ void check_ranks(const Config& c, int ranks, bool supervised_restart) {
 const Algorithm& mixing_of(const Config& c) { return find_algorithm(c.gossip.mode); }
 
 partners::Schedule schedule_of(const Config& c, int p) {
-  const partners::Schedule s{partners::parse_kind(c.gossip.schedule), p, c.gossip.rotate,
+  const partners::Schedule s{c.gossip.schedule, p, c.gossip.rotate,
                              static_cast<uint64_t>(c.train.seed)};
   partners::validate(s);
   return s;
 }
 
-namespace {
-// The option's choices (gossip.wire, gossip.model_wire) as the codec's type.
-Wire wire_of(const std::string& name) {
-  return name == "bf16"   ? Wire::Bf16
-         : name == "int8" ? Wire::Int8
-         : name == "int4" ? Wire::Int4
-                          : Wire::Fp32;
-}
-}  // namespace
-
 GossipPlan gossip_plan(const Config& c) {
   GossipPlan p;
   p.algorithm = &mixing_of(c);
-  p.node_hierarchy = c.gossip.hierarchy == "node";
-  p.skip_late = c.gossip.late == "skip";
-  const std::string& t = c.gossip.threading;
-  p.threading = t == "concurrent" ? Threading::Concurrent
-                : t == "chained"  ? Threading::Chained
-                                  : Threading::Funneled;
-  p.wire = wire_of(c.gossip.wire);
-  p.model_wire = wire_of(c.gossip.model_wire);
+  p.node_hierarchy = c.gossip.hierarchy == Hierarchy::Node;
+  p.skip_late = c.gossip.late == Late::Skip;
+  p.threading = c.gossip.threading;
+  p.wire = c.gossip.wire;
+  p.model_wire = c.gossip.model_wire;
   return p;
 }
 
@@ -467,11 +470,10 @@ GossipOptions exchange_options(const Config& c, const GossipPlan& plan, Mixed wh
   o.wire = after_update ? plan.model_wire : plan.wire;
   o.public_copies = after_update && c.gossip.choco;
   o.low_rank = after_update ? c.gossip.low_rank : 0;
-  o.stochastic =
-      c.gossip.rounding == "stochastic" && (o.wire == Wire::Int8 || o.wire == Wire::Int4);
+  o.stochastic = c.gossip.rounding == Rounding::Stochastic && quantized(o.wire);
   o.stream = static_cast<int>(what);  // the weights' and the momentum's draws differ
   o.error_feedback =
-      o.wire != Wire::Fp32 && c.gossip.error_feedback && !o.public_copies && o.low_rank == 0;
+      lossy(o.wire) && c.gossip.error_feedback && !o.public_copies && o.low_rank == 0;
   o.delayed = after_update && c.gossip.overlap_model;
   o.pipelined = after_update && c.gossip.pipeline_weights;
   o.measure_distance = what == Mixed::Weights && c.gossip.consensus_bound > 0;
@@ -479,24 +481,23 @@ GossipOptions exchange_options(const Config& c, const GossipPlan& plan, Mixed wh
 }
 
 bool small_model(const Config& c) { return c.model.name == "resnet8" || c.model.name == "cnn"; }
-kernels::Backend backend_of(const Config& c) {
-  // Not kernels::parse_backend: it refuses cuda in a build without it, which preflight says.
-  const std::string& b = c.train.backend;
-  return b == "cuda"        ? kernels::Backend::Cuda
-         : b == "reference" ? kernels::Backend::Reference
-                            : kernels::Backend::OneDnn;
+Cadence cadence_of(const Config& c) {
+  return {c.gossip.model_every, c.gossip.global_every, mixing_of(c).allreduce};
 }
-kernels::Precision precision_of(const Config& c) {
-  return c.train.precision == "bf16" ? kernels::Precision::Bf16 : kernels::Precision::Fp32;
+
+shuffle::SourceSpec data_source(const Config& c) {
+  return shuffle::parse_source(c.data.source, c.data.dir);
 }
 bool fashion_mnist(const Config& c) { return c.data.source == "fashion-mnist"; }
 std::string val_labels_file(const Config& c) {
   return c.data.val_labels == "auto" ? "" : c.data.val_labels;
 }
 bool resume_auto(const Config& c) { return c.checkpoint.resume == "auto"; }
-bool apoptosis_relative(const Config& c) { return c.apoptosis.criterion == "relative_norm"; }
-bool apoptosis_prunes_conv(const Config& c) { return c.apoptosis.layers != "fc"; }
-bool apoptosis_prunes_fc(const Config& c) { return c.apoptosis.layers != "conv"; }
+bool apoptosis_relative(const Config& c) {
+  return c.apoptosis.criterion == PruneCriterion::RelativeNorm;
+}
+bool apoptosis_prunes_conv(const Config& c) { return c.apoptosis.layers != PruneLayers::Fc; }
+bool apoptosis_prunes_fc(const Config& c) { return c.apoptosis.layers != PruneLayers::Conv; }
 
 namespace {
 bool apoptosis_changed(const Config& c, const Config& d) {
@@ -536,13 +537,14 @@ std::vector<std::string> inert_settings(const Config& c) {
        "gossip.transport" + allreduce + ": MPI_Allreduce moves the bytes");
   note(c.gossip.threading != d.gossip.threading, !gossip, "gossip.threading" + allreduce);
   note(c.gossip.comm_threads != d.gossip.comm_threads,
-       !gossip || c.gossip.threading != "concurrent",
+       !gossip || c.gossip.threading != Threading::Concurrent,
        "gossip.comm_threads does nothing unless gossip.threading = concurrent");
   note(c.gossip.overlap_model != d.gossip.overlap_model, !weights,
        "gossip.overlap_model does nothing with gossip.mode = " + mode + " (no weight exchange)");
   // pipeline_weights = true without a weight exchange and global_every with allreduce ask for
   // what the run cannot do: refused (check_exchange). overlap_model = false asks for less.
-  note(c.data.shuffle_per_step != d.data.shuffle_per_step, c.data.shuffle == "off",
+  note(c.data.shuffle_per_step != d.data.shuffle_per_step,
+       c.data.shuffle == shuffle::ShuffleMode::Off,
        "data.shuffle_per_step does nothing with data.shuffle = off");
   note(c.fault.strategy != d.fault.strategy, c.fault.inject.empty() && c.fault.mtbf_steps <= 0,
        "fault.strategy does nothing without fault.inject or fault.mtbf_steps");
@@ -553,7 +555,7 @@ std::vector<std::string> inert_settings(const Config& c) {
   note(c.train.nesterov != d.train.nesterov, c.train.momentum == 0,
        "train.nesterov does nothing with train.momentum = 0");
   note(c.train.weight_layout != d.train.weight_layout, backend_of(c) != kernels::Backend::OneDnn,
-       "train.weight_layout does nothing with train.backend = " + c.train.backend +
+       "train.weight_layout does nothing with train.backend = " + text_of(c.train.backend) +
            " (it chooses oneDNN's weight layout)");
   note(apoptosis_changed(c, d), !c.apoptosis.enable,
        "apoptosis.* does nothing without apoptosis.enable");

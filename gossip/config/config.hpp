@@ -5,8 +5,11 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "gossip/comm/exchange_options.hpp"  // the exchanges' typed options
@@ -14,6 +17,8 @@
 #include "gossip/config/fault_spec.hpp"  // the grammar of the fault.* values
 #include "kernels/executor.hpp"
 #include "partners/schedule.hpp"
+#include "shuffle/distributed.hpp"
+#include "shuffle/source.hpp"
 
 namespace gg::gossip {
 
@@ -21,6 +26,35 @@ namespace gg::gossip {
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+// The fixed-choice options' own values, each with its one table of names (the option's choices,
+// its parsing, --help's and the errors' lists; gossip/comm/names.hpp reads them). The other
+// fixed-choice options take the types of the layers that act on them: shuffle::ShuffleMode,
+// kernels::Backend and Precision, partners::Kind, TransportKind, Threading, Wire, FaultStrategy.
+#define GG_NAMES(E, ...)                                                         \
+  inline constexpr std::pair<E, std::string_view> k##E##Names[] = {__VA_ARGS__}; \
+  constexpr std::span<const std::pair<E, std::string_view>> enum_names(E) { return k##E##Names; }
+// train.weight_layout: the backend's own (native) or PyTorch's (plain, kernels/param_layout.hpp).
+enum class WeightLayout { Native, Plain };
+GG_NAMES(WeightLayout, {WeightLayout::Native, "native"}, {WeightLayout::Plain, "plain"})
+// gossip.hierarchy: none, or node (the gradients averaged in each node, then gossip over nodes).
+enum class Hierarchy { None, Node };
+GG_NAMES(Hierarchy, {Hierarchy::None, "none"}, {Hierarchy::Node, "node"})
+// gossip.late: staleness 1, a bucket not here yet: the partner's previous one, or left unmixed.
+enum class Late { Previous, Skip };
+GG_NAMES(Late, {Late::Previous, "previous"}, {Late::Skip, "skip"})
+// gossip.rounding: int8 and int4 wires round to nearest or stochastically.
+enum class Rounding { Nearest, Stochastic };
+GG_NAMES(Rounding, {Rounding::Nearest, "nearest"}, {Rounding::Stochastic, "stochastic"})
+// apoptosis.criterion: a unit's outgoing weights' norm relative to its layer's mean, or plain.
+enum class PruneCriterion { RelativeNorm, Norm };
+GG_NAMES(PruneCriterion, {PruneCriterion::RelativeNorm, "relative_norm"},
+         {PruneCriterion::Norm, "norm"})
+// apoptosis.layers: which layers' units may be removed.
+enum class PruneLayers { Fc, Conv, Both };
+GG_NAMES(PruneLayers, {PruneLayers::Fc, "fc"}, {PruneLayers::Conv, "conv"},
+         {PruneLayers::Both, "both"})
+#undef GG_NAMES
 
 struct Config {
   std::string config_path;
@@ -30,10 +64,10 @@ struct Config {
     std::string val_labels = "auto";  // imagenet: labels of a flat val/ (auto: DIR/val_labels.txt)
     bool augment = true;
     int prefetch = 4;
-    int workers = 0;              // loader threads (0: 1 for pixel data, cores per rank for JPEG)
-    int crop = 224;               // JPEG sources: output side
-    int resize = 256;             // JPEG evaluation: shorter side before the centre crop
-    std::string shuffle = "off";  // off | ids | bytes
+    int workers = 0;   // loader threads (0: 1 for pixel data, cores per rank for JPEG)
+    int crop = 224;    // JPEG sources: output side
+    int resize = 256;  // JPEG evaluation: shorter side before the centre crop
+    shuffle::ShuffleMode shuffle = shuffle::ShuffleMode::Off;
     int64_t shuffle_per_step = 8;
   } data;
   struct {
@@ -42,10 +76,10 @@ struct Config {
     bool batch_norm = true;
   } model;
   struct {
-    std::string backend = "onednn";
-    std::string precision = "fp32";        // fp32 | bf16 (onednn on AVX512_BF16 CPUs)
-    std::string weight_layout = "native";  // native | plain (kernels/param_layout.hpp)
-    int64_t batch = 64;                    // per rank
+    kernels::Backend backend = kernels::Backend::OneDnn;
+    kernels::Precision precision = kernels::Precision::Fp32;  // bf16: onednn on AVX512_BF16 CPUs
+    WeightLayout weight_layout = WeightLayout::Native;
+    int64_t batch = 64;  // per rank
     int64_t epochs = 4;
     double lr = 0.1;  // for a global batch of base_batch (linear scaling)
     int64_t base_batch = 256;
@@ -66,39 +100,39 @@ struct Config {
   } train;
   struct {
     std::string mode = "both";  // algorithms.hpp: grad | model | both | gossipgrad | allreduce
-    std::string schedule = "dissemination";
+    partners::Kind schedule = partners::Kind::Dissemination;
     bool rotate = true;
-    std::string transport = "auto";
-    std::string hierarchy = "none";  // none | node (grad: node average, then gossip over nodes)
-    std::string threading = "funneled";
+    TransportKind transport = TransportKind::Auto;
+    Hierarchy hierarchy = Hierarchy::None;
+    Threading threading = Threading::Funneled;
     int comm_threads = 2;
     int staleness = 0;
-    std::string late = "previous";  // staleness 1, bucket not here yet: previous | skip
-    bool overlap_model = true;      // model/both: weight averaging overlapped with the next step
+    Late late = Late::Previous;
+    bool overlap_model = true;      // weights exchanged: averaging overlapped with the next step
     bool pipeline_weights = false;  // overlap_model false: each bucket waited for in the forward
     int64_t global_every = 0;
     double consensus_bound = 0;  // > 0: a global average when the estimated distance exceeds it
-    int64_t model_every = 1;     // model/both: the weights are exchanged every k-th step
+    int64_t model_every = 1;     // weights exchanged: every k-th step only
     int64_t consensus_every = 50;
     int64_t bucket_kb = 512;
-    std::string wire = "fp32";        // gradients on the wire: fp32 | bf16 | int8 | int4
-    std::string model_wire = "fp32";  // weights (and momentum) on the wire: the same
-    bool error_feedback = false;      // a lossy wire: carry the rounding residue into the next step
-    std::string rounding = "nearest";  // int8 / int4 wires: nearest | stochastic
-    bool choco = false;                // weights: send the difference to CHOCO-SGD's public copies
-    int low_rank = 0;  // weights: > 0, PowerGossip's rank-r projection of the pair's difference
+    Wire wire = Wire::Fp32;        // the gradients on the wire
+    Wire model_wire = Wire::Fp32;  // the weights (and momentum) on the wire
+    bool error_feedback = false;   // a lossy wire: carry the rounding residue into the next step
+    Rounding rounding = Rounding::Nearest;
+    bool choco = false;  // weights: send the difference to CHOCO-SGD's public copies
+    int low_rank = 0;    // weights: > 0, PowerGossip's rank-r projection of the pair's difference
     double timeout_s = 300;  // a wait on a partner longer than this is an error (0: never)
   } gossip;
   // Neuron apoptosis: remove output units whose outgoing weights fade (gossip/train/apoptosis.hpp).
   struct {
     bool enable = false;
-    std::string criterion = "relative_norm";  // relative_norm | norm (of the outgoing weights)
+    PruneCriterion criterion = PruneCriterion::RelativeNorm;
     double threshold = 0.5;
-    int64_t interval = 200;       // steps between decisions
-    double max_share = 0.25;      // of a layer's units removed per decision at most
-    std::string layers = "both";  // fc | conv | both
-    int64_t min_keep = 4;         // units a layer keeps at least
-    double until = 1.0;           // decisions only in this first share of the training steps
+    int64_t interval = 200;   // steps between decisions
+    double max_share = 0.25;  // of a layer's units removed per decision at most
+    PruneLayers layers = PruneLayers::Both;
+    int64_t min_keep = 4;  // units a layer keeps at least
+    double until = 1.0;    // decisions only in this first share of the training steps
   } apoptosis;
   struct {
     std::string dir;           // empty: no checkpoints
@@ -128,7 +162,7 @@ struct Config {
     // this mean number of steps between failures (0: none), recovered by `strategy`.
     std::string inject;
     double mtbf_steps = 0;
-    std::string strategy = "forward";  // restart | rollback | forward
+    FaultStrategy strategy = FaultStrategy::Forward;
   } fault;
   // The cluster's network, for `gossipgrad simulate` (alpha-beta-gamma model).
   struct {
@@ -188,15 +222,37 @@ enum class Mixed { Grads, Weights, Momentum };
 GossipOptions exchange_options(const Config& c, const GossipPlan& plan, Mixed what);
 
 // train.weight_layout = plain: the weights stay in PyTorch's layout (not the backend's own).
-inline bool plain_weights(const Config& c) { return c.train.weight_layout == "plain"; }
+inline bool plain_weights(const Config& c) { return c.train.weight_layout == WeightLayout::Plain; }
+
+// When the weights travel and when the ranks are averaged exactly (gossip.model_every,
+// gossip.global_every), asked alike by real ranks (Trainer) and virtual ones. Steps count from 0;
+// "after step s" is after its update.
+struct Cadence {
+  int64_t model_every = 1, global_every = 0;
+  bool allreduce = false;  // no weight exchange, no global average: the gradients are exact
+  // The weights' exchange follows step s's update.
+  bool weights_after(int64_t s) const { return (s + 1) % model_every == 0; }
+  // Weight exchanges are numbered in rounds, one every model_every steps, so that transports and
+  // the partner schedule see consecutive numbers: the round of step s.
+  int64_t round(int64_t s) const { return s / model_every; }
+  // Rounds in `steps` steps (the weight exchanges a run of that many steps makes at most).
+  int64_t rounds(int64_t steps) const { return (steps + model_every - 1) / model_every; }
+  // The exact global average follows step s.
+  bool global_after(int64_t s) const {
+    return !allreduce && global_every > 0 && (s + 1) % global_every == 0;
+  }
+};
+Cadence cadence_of(const Config& c);
 
 // The small nets (resnet8, cnn: 28x28 inputs, their width and batch-norm options) against
 // torchvision's.
 bool small_model(const Config& c);
 
 // The other options' values that code outside gossip/config acts on, typed here.
-kernels::Backend backend_of(const Config& c);
-kernels::Precision precision_of(const Config& c);
+inline kernels::Backend backend_of(const Config& c) { return c.train.backend; }
+inline kernels::Precision precision_of(const Config& c) { return c.train.precision; }
+// data.source and data.dir as the loader's spec (checked by the option's grammar already).
+shuffle::SourceSpec data_source(const Config& c);
 bool fashion_mnist(const Config& c);           // data.source = fashion-mnist (the idx files in dir)
 std::string val_labels_file(const Config& c);  // data.val_labels; "" for auto
 bool resume_auto(const Config& c);             // checkpoint.resume = auto

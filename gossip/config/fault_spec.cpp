@@ -8,25 +8,6 @@
 
 namespace gg::gossip {
 
-FaultStrategy parse_fault_strategy(const std::string& name) {
-  if (name == "restart") return FaultStrategy::Restart;
-  if (name == "rollback") return FaultStrategy::Rollback;
-  if (name == "forward") return FaultStrategy::Forward;
-  throw UsageError("fault.strategy = " + name + " is unknown: restart, rollback or forward");
-}
-
-const char* to_string(FaultStrategy s) {
-  switch (s) {
-    case FaultStrategy::Restart:
-      return "restart";
-    case FaultStrategy::Rollback:
-      return "rollback";
-    case FaultStrategy::Forward:
-      return "forward";
-  }
-  return "?";
-}
-
 std::pair<int, int64_t> parse_fault_kill(const std::string& spec, const char* key) {
   const size_t colon = spec.find(':');
   try {

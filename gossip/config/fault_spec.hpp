@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -15,8 +17,13 @@ enum class FaultStrategy {
   Rollback,  // the failed rank takes a live rank's state; every rank redoes the interrupted step
   Forward,   // the survivors carry on without the failed rank (lossy forward recovery)
 };
-FaultStrategy parse_fault_strategy(const std::string& name);  // throws UsageError
-const char* to_string(FaultStrategy s);
+inline constexpr std::pair<FaultStrategy, std::string_view> kFaultStrategyNames[] = {
+    {FaultStrategy::Restart, "restart"},
+    {FaultStrategy::Rollback, "rollback"},
+    {FaultStrategy::Forward, "forward"}};
+constexpr std::span<const std::pair<FaultStrategy, std::string_view>> enum_names(FaultStrategy) {
+  return kFaultStrategyNames;
+}
 
 // Rank `rank` (of the job's original ranks) fails at the boundary before step `step`, counted
 // in the steps of the job at its starting rank count: after a forward recovery, where an epoch

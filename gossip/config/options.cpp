@@ -45,7 +45,6 @@ void check_rank_step(const std::string& key, const std::string& v) {
 void check_inject(const std::string&, const std::string& v) {
   if (!v.empty()) parse_fault_inject(v);
 }
-void check_strategy(const std::string&, const std::string& v) { parse_fault_strategy(v); }
 void check_slow(const std::string&, const std::string& v) { parse_emulate_slow(v); }
 void check_file_name(const std::string& key, const std::string& v) {
   if (v.empty()) throw UsageError(key + " must name a file");
@@ -95,7 +94,7 @@ void data_options(std::vector<Option>& o) {
     {GG_OPTION(data.crop), in(8, 1024), "JPEG sources: side of the square input"},
     {GG_OPTION(data.resize), Range{value_of("data.crop"), incl(4096)},
      "JPEG evaluation: shorter side before the centre crop"},
-    {GG_OPTION(data.shuffle), Choices{{"off", "ids", "bytes"}},
+    {GG_OPTION(data.shuffle), {},
      "off: every epoch a fresh global permutation (every rank reads all data); ids: each rank "
      "owns samples and gives data.shuffle_per_step of each batch to a rotating partner (shared "
      "storage); bytes: the same with the encoded samples travelling over MPI (node-local "
@@ -120,13 +119,13 @@ void model_options(std::vector<Option>& o) {
 
 void train_options(std::vector<Option>& o) {
   o.insert(o.end(), {
-    {GG_OPTION(train.backend), Choices{{"onednn", "reference", "cuda"}},
+    {GG_OPTION(train.backend), {},
      "kernels: onednn (fast CPU), reference (plain C++ oracle) or cuda (cuDNN + cuBLAS, one GPU "
      "per rank)"},
-    {GG_OPTION(train.precision), Choices{{"fp32", "bf16"}},
+    {GG_OPTION(train.precision), {},
      "activations and conv arithmetic: fp32, or bf16 (cuda, or onednn on CPUs with AVX512_BF16 "
      "or AMX; weights, gradients and the exchange stay fp32)"},
-    {GG_OPTION(train.weight_layout), Choices{{"native", "plain"}},
+    {GG_OPTION(train.weight_layout), {},
      "native: onednn keeps convolution weights in its blocked layout between steps (no reorder "
      "per step; states and exports stay plain); plain: PyTorch's layout, reordered every step"},
     {GG_OPTION(train.batch), in(1, 65536), "samples per rank per step"},
@@ -176,21 +175,21 @@ void train_options(std::vector<Option>& o) {
 void gossip_options(std::vector<Option>& o) {
   o.insert(o.end(), {
     {GG_OPTION(gossip.mode), mode_choices(), mode_help()},
-    {GG_OPTION(gossip.schedule), Choices{{"dissemination", "hypercube", "ring", "random"}},
+    {GG_OPTION(gossip.schedule), {},
      "partners: dissemination, hypercube (power-of-two ranks), ring, random"},
     {GG_OPTION(gossip.rotate), {},
      "permute the virtual ranks every ceil(log2 p) steps (seeded, no communication)"},
-    {GG_OPTION(gossip.transport), Choices{{"auto", "shm", "rma", "p2p"}},
+    {GG_OPTION(gossip.transport), {},
      "how buckets reach the partner: auto (shm between ranks on the same node, p2p between "
      "nodes), shm (stores into an MPI shared-memory window; every rank on one node), rma "
      "(passive-target MPI one-sided: MPI_Put into the partner's window, then a per-bucket "
      "flag), p2p (MPI_Isend/MPI_Irecv)"},
-    {GG_OPTION(gossip.hierarchy), Choices{{"none", "node"}},
+    {GG_OPTION(gossip.hierarchy), {},
      "node: every bucket is averaged exactly inside each node (shared memory), then gossiped "
      "between nodes, local rank l with local rank l of the partner node (1/K of the bucket "
      "each, the schedule over nodes); mode grad, fp32 wire, staleness 0, even nodes. none: "
      "every rank gossips with its own partner"},
-    {GG_OPTION(gossip.threading), Choices{{"funneled", "concurrent", "chained"}},
+    {GG_OPTION(gossip.threading), {},
      "funneled (one communication thread), concurrent (gossip.comm_threads threads, "
      "MPI_THREAD_MULTIPLE), chained (one thread, one bucket at a time in bucket order)"},
     {GG_OPTION(gossip.comm_threads), in(1, 64),
@@ -198,12 +197,12 @@ void gossip_options(std::vector<Option>& o) {
     {GG_OPTION(gossip.staleness), in(0, 1),
      "0: wait for the partner; 1: never wait, mix the partner's latest bucket (this step's or "
      "the previous one's)"},
-    {GG_OPTION(gossip.late), Choices{{"previous", "skip"}},
+    {GG_OPTION(gossip.late), {},
      "staleness 1, a partner's bucket that has not arrived when the optimizer needs it: "
      "previous mixes the one it sent the step before; skip leaves the bucket unmixed this step "
      "(both counted in the step metrics)"},
     {GG_OPTION(gossip.overlap_model), {},
-     "model/both: exchange the weights behind the next step and apply the correction "
+     "model/both/gossipgrad: exchange the weights behind the next step and apply the correction "
      "(w_partner - w_sent) / 2 before its update, instead of waiting after each update"},
     {GG_OPTION(gossip.pipeline_weights), {},
      "with overlap_model = false: the weights mixed after the update (the same numbers), each "
@@ -217,7 +216,7 @@ void gossip_options(std::vector<Option>& o) {
 void gossip_mixing_options(std::vector<Option>& o) {
   o.insert(o.end(), {
     {GG_OPTION(gossip.global_every), at_least(0),
-     "grad/model/both: exact global average of the weights (and batch-norm statistics) every H "
+     "every mode but allreduce: exact global average of the weights (and batch-norm statistics) every H "
      "steps (0: never)"},
     {GG_OPTION(gossip.consensus_bound), at_least(0),
      "model/both/gossipgrad, consensus control: after each weight exchange every rank adds up "
@@ -226,24 +225,24 @@ void gossip_mixing_options(std::vector<Option>& o) {
      "||w||^2) exceeds this bound they take an exact global average of the weights and "
      "batch-norm statistics, counted in the metrics (0: off)"},
     {GG_OPTION(gossip.model_every), in(1, 1000000),
-     "model/both: the weights are exchanged with the partner every k-th step only (the "
+     "model/both/gossipgrad: the weights are exchanged with the partner every k-th step only (the "
      "gradients of both still every step); 1: every step"},
     {GG_OPTION(gossip.consensus_every), at_least(0),
      "measure the consensus distance every N steps (0: only at evaluation)"},
     {GG_OPTION(gossip.bucket_kb), in(1, 4194304),
      "bucket size in KiB (gradients and weights are exchanged bucket by bucket); a gradient "
      "bucket is exchanged as soon as backward completes it"},
-    {GG_OPTION(gossip.wire), Choices{{"fp32", "bf16", "int8", "int4"}},
+    {GG_OPTION(gossip.wire), {},
      "grad/both: gradient buckets travel as fp32, as bf16 (rounded to bfloat16: half the "
      "bytes), or quantized in blocks of 64 values with a scale each: int8 (0.27x fp32's bytes) "
      "or int4 (0.14x); mixed in fp32, on every transport"},
-    {GG_OPTION(gossip.model_wire), Choices{{"fp32", "bf16", "int8", "int4"}},
+    {GG_OPTION(gossip.model_wire), {},
      "model/both/gossipgrad: the weight (and momentum) buckets travel as fp32, bf16, int8 or int4 "
      "(as gossip.wire)"},
     {GG_OPTION(gossip.error_feedback), {},
      "with a bf16, int8 or int4 wire: what rounding took off a value is added to it before the "
      "next step's rounding (error feedback), so nothing is lost for good"},
-    {GG_OPTION(gossip.rounding), Choices{{"nearest", "stochastic"}},
+    {GG_OPTION(gossip.rounding), {},
      "the int8 and int4 wires: each value rounded to the nearest level (ties to even), or "
      "stochastically, down or up with the probability of its distance to the level below "
      "(unbiased; the draws a hash of the run's seed, the rank, the step and the value's place, "
@@ -276,7 +275,7 @@ void apoptosis_options(std::vector<Option>& o) {
     {GG_OPTION(apoptosis.enable), {},
      "neuron apoptosis: every apoptosis.interval steps the ranks agree on conv channels / fc "
      "neurons whose outgoing weights faded and remove them from the network"},
-    {GG_OPTION(apoptosis.criterion), Choices{{"relative_norm", "norm"}},
+    {GG_OPTION(apoptosis.criterion), {},
      "score of a unit, the L2 norm of its outgoing weights averaged over the ranks: "
      "relative_norm (divided by the mean of its layer) or norm"},
     {GG_OPTION(apoptosis.threshold), Range{incl(0), excl(1e6)},
@@ -284,7 +283,7 @@ void apoptosis_options(std::vector<Option>& o) {
     {GG_OPTION(apoptosis.interval), in(1, 1e9), "steps between decisions"},
     {GG_OPTION(apoptosis.max_share), Range{excl(0), incl(1)},
      "at most this share of a layer's units goes per decision (lowest scores first)"},
-    {GG_OPTION(apoptosis.layers), Choices{{"fc", "conv", "both"}},
+    {GG_OPTION(apoptosis.layers), {},
      "fc, conv or both; only layers whose units reach no residual add, concat or output"},
     {GG_OPTION(apoptosis.min_keep), in(1, 1e9), "units every layer keeps at least"},
     {GG_OPTION(apoptosis.until), Range{excl(0), incl(1)},
@@ -349,7 +348,7 @@ void fault_options(std::vector<Option>& o) {
     {GG_OPTION(fault.mtbf_steps), at_least(0),
      "random simulated failures: mean steps between failures (exponential gaps, victims uniform "
      "among the live ranks, drawn from train.seed identically on every rank; 0: none)"},
-    {GG_OPTION(fault.strategy), Grammar{check_strategy},
+    {GG_OPTION(fault.strategy), {},
      "recovery from a simulated failure: restart (every rank reloads the last full checkpoint "
      "or the initial state), rollback (the failed rank takes a live rank's state, the step is "
      "redone), forward (the survivors carry on)"},
@@ -466,6 +465,7 @@ template <typename T>
 const T& value(Field<T> get, const Config& c) {
   return get(const_cast<Config&>(c));  // read only: the accessors serve parsing too
 }
+std::string_view value(const EnumField& f, const Config& c) { return f.get(c); }
 
 double number(const Option& o, const Config& c) {
   return std::visit(
@@ -511,7 +511,7 @@ const std::vector<Option>& options() {
 std::string value_text(const Option& o, const Config& c) {
   std::ostringstream s;
   s << std::boolalpha;
-  std::visit([&](auto get) { s << value(get, c); }, o.field);
+  std::visit([&](const auto& get) { s << value(get, c); }, o.field);
   return s.str();
 }
 

@@ -5,11 +5,15 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 #include <variant>
 #include <vector>
 
+#include "gossip/comm/names.hpp"
 #include "gossip/config/config.hpp"
 
 namespace gg::gossip {
@@ -37,13 +41,20 @@ using Rule = std::variant<std::monostate, Range, Choices, Grammar>;
 
 template <typename T>
 using Field = T& (*)(Config&);
+// A fixed-choice option's field, whatever its enum: read and written by the names of the enum's
+// table (gossip/comm/names.hpp), which are also its choices.
+struct EnumField {
+  std::string_view (*get)(const Config&);
+  bool (*set)(Config&, std::string_view);  // false: not one of the names
+  std::string (*choices)();                // "a, b, c"
+};
 using AnyField = std::variant<Field<bool>, Field<int>, Field<int64_t>, Field<uint64_t>,
-                              Field<double>, Field<std::string>>;
+                              Field<double>, Field<std::string>, EnumField>;
 
 struct Option {
   template <typename Get>
   Option(std::string_view key, Get get, Rule rule, std::string_view help)
-      : key(key), field(+get), rule(std::move(rule)), help(help) {}
+      : key(key), field(field_of(get)), rule(std::move(rule)), help(help) {}
   std::string_view key;  // "section.name"
   AnyField field;
   Rule rule;
@@ -51,6 +62,23 @@ struct Option {
 
   std::string_view section() const { return key.substr(0, key.find('.')); }
   std::string_view name() const { return key.substr(key.find('.') + 1); }
+
+ private:
+  template <typename Get>
+  static AnyField field_of(Get get) {
+    using T = std::remove_reference_t<decltype(get(std::declval<Config&>()))>;
+    if constexpr (NamedEnum<T>) {
+      return EnumField{[](const Config& c) { return name_of(Get{}(const_cast<Config&>(c))); },
+                       [](Config& c, std::string_view v) {
+                         const std::optional<T> e = find_name<T>(v);
+                         if (e) Get{}(c) = *e;
+                         return e.has_value();
+                       },
+                       [] { return names_text<T>(); }};
+    } else {
+      return +get;
+    }
+  }
 };
 
 // Every option, grouped by section, in the order of --help and of to_ini.

@@ -56,7 +56,7 @@ std::vector<FaultEvent> random_fault_plan(int ranks, double mtbf_steps, int64_t 
 }
 
 std::vector<FaultEvent> make_fault_plan(const Config& c, int ranks, int64_t horizon) {
-  const FaultStrategy strategy = parse_fault_strategy(c.fault.strategy);
+  const FaultStrategy strategy = c.fault.strategy;
   const bool shrinking = strategy == FaultStrategy::Forward;
   std::vector<FaultEvent> plan;
   if (!c.fault.inject.empty()) plan = parse_fault_inject(c.fault.inject);
@@ -101,7 +101,7 @@ std::vector<FaultEvent> make_fault_plan(const Config& c, int ranks, int64_t hori
     for (const FaultEvent& e : plan)
       if (++per_step[e.step] >= ranks)
         throw UsageError(what + ": every rank fails at step " + std::to_string(e.step) + "; " +
-                         to_string(strategy) + " needs a live rank");
+                         text_of(strategy) + " needs a live rank");
   }
   return plan;
 }
@@ -114,7 +114,7 @@ std::vector<int> FailurePlan::due(int64_t s) {
 
 void plan_failures(const Config& c, FailurePlan& plan, int ranks, int64_t total) {
   if (plan.planned) return;
-  plan.strategy = parse_fault_strategy(c.fault.strategy);
+  plan.strategy = c.fault.strategy;
   plan.events = make_fault_plan(c, ranks, total);
   plan.planned = true;
 }

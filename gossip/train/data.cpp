@@ -82,7 +82,7 @@ TrainingData::TrainingData(const Config& c, const mpi::Comm& world) : c_(c), wor
   // Every rank opens the data; if any fails, all stop with the first failing rank's message.
   mpi::RankError error;
   try {
-    const shuffle::SourceSpec spec = shuffle::parse_source(c.data.source, c.data.dir);
+    const shuffle::SourceSpec spec = data_source(c);
     const std::string labels = val_labels_file(c);
     shuffle::DataSplits splits = shuffle::open_splits(spec, labels);
     train_ = std::move(splits.train);
@@ -101,7 +101,7 @@ TrainingData::TrainingData(const Config& c, const mpi::Comm& world) : c_(c), wor
       lo_.workers = std::clamp(cores / node.size(), 2, 8);
   }
 
-  const shuffle::ShuffleMode mode = shuffle::parse_shuffle_mode(c.data.shuffle);
+  const shuffle::ShuffleMode mode = c.data.shuffle;
   if (mode == shuffle::ShuffleMode::Off) {
     steps_per_epoch_ = shuffle::batches_per_epoch(train_->size(), lo_);
   } else {
@@ -126,8 +126,7 @@ TrainingData::TrainingData(const Config& c, const mpi::Comm& world) : c_(c), wor
 }
 
 int64_t full_batches_per_epoch(const Config& c, int64_t samples, int ranks) {
-  if (shuffle::parse_shuffle_mode(c.data.shuffle) != shuffle::ShuffleMode::Off)
-    return samples / ranks / c.train.batch;
+  if (c.data.shuffle != shuffle::ShuffleMode::Off) return samples / ranks / c.train.batch;
   shuffle::LoaderOptions o;  // a training loader: every rank takes samples / ranks of them
   o.batch = c.train.batch;
   o.ranks = ranks;
@@ -163,7 +162,8 @@ kernels::Dims TrainingData::input() const {
 std::string TrainingData::describe() const {
   std::string s = train_->describe();
   if (eval_) s += "; eval: " + eval_->describe();
-  s += "; " + std::to_string(lo_.workers) + " loader thread(s); shuffle " + c_.data.shuffle;
+  s +=
+      "; " + std::to_string(lo_.workers) + " loader thread(s); shuffle " + text_of(c_.data.shuffle);
   if (shuffle_) s += " (" + std::to_string(c_.data.shuffle_per_step) + " samples/step)";
   return s;
 }

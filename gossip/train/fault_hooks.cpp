@@ -16,7 +16,7 @@ void write_fault_events(JobState& job, const mpi::Comm& comm, int64_t steps_redo
     job.metrics.write({{"event", "fault"},
                        {"step", pending->step},
                        {"rank", r},
-                       {"strategy", to_string(job.failures.plan.strategy)},
+                       {"strategy", text_of(job.failures.plan.strategy)},
                        {"recovery_s", seconds},
                        {"steps_redone", steps_redone},
                        {"ranks_after", comm.size()}});

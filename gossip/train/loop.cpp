@@ -101,7 +101,7 @@ Group open_group(const Config& c, const mpi::Comm& comm, JobState& job, GroupObj
   }
   g.first = first_step(c, comm, g, job);
   if (c.apoptosis.enable && apoptosis_layers(c, g.trainer.graph()).empty())
-    throw UsageError("apoptosis.layers = " + c.apoptosis.layers + ": " + c.model.name +
+    throw UsageError("apoptosis.layers = " + text_of(c.apoptosis.layers) + ": " + c.model.name +
                      " has no such layer whose units may be removed (units that reach a residual "
                      "add, a concat or the output stay)");
   return g;
@@ -188,15 +188,15 @@ void announce_start(Group& g, JobState& job) {
   const std::string mixing =
       mixing_of(c).allreduce
           ? std::string("allreduce")
-          : "gossip " + c.gossip.mode + " (" + c.gossip.schedule +
+          : "gossip " + c.gossip.mode + " (" + text_of(c.gossip.schedule) +
                 (c.gossip.rotate ? "+rotate" : "") + ", " +
                 (gossip_plan(c).node_hierarchy ? std::string("node average, then across nodes")
-                                               : c.gossip.transport) +
+                                               : text_of(c.gossip.transport)) +
                 ")";
   const int64_t params = g.trainer.graph().param_count();
   std::printf("gossipgrad: %d ranks x %d threads, %s (%lld params), %s backend\n", g.comm.size(),
               g.threads, c.model.name.c_str(), static_cast<long long>(params),
-              c.train.backend.c_str());
+              text_of(c.train.backend).c_str());
   std::printf("gossipgrad: data: %s\n", g.data.describe().c_str());
   if (emulated(c))
     std::printf(
@@ -214,7 +214,7 @@ void announce_start(Group& g, JobState& job) {
   const FailurePlan& f = job.failures.plan;
   if (!f.events.empty())
     std::printf("gossipgrad: %zu simulated failure(s) planned, recovery: %s\n", f.events.size(),
-                to_string(f.strategy));
+                text_of(f.strategy).c_str());
   warn_if_oversubscribed(g);
   std::fflush(stdout);
   job.metrics.write({{"event", "start"},
@@ -229,7 +229,7 @@ void announce_start(Group& g, JobState& job) {
                      {"mode", c.gossip.mode},
                      {"backend", c.train.backend},
                      {"faults_planned", f.events.size()},
-                     {"fault_strategy", to_string(f.strategy)}});
+                     {"fault_strategy", text_of(f.strategy)}});
 }
 
 // One step: its batch, the hooks before it, forward/backward with the buckets exchanged as they

@@ -26,7 +26,7 @@ namespace {
 // The data folder is reported before any rank starts (deeper problems, e.g. a folder without
 // images, when the data is opened).
 void check_data_folder(const Config& c) {
-  const shuffle::SourceSpec spec = shuffle::parse_source(c.data.source, c.data.dir);
+  const shuffle::SourceSpec spec = data_source(c);
   if (spec.kind == shuffle::SourceSpec::Kind::Synthetic) return;
   if (fashion_mnist(c) && !fs::is_directory(c.data.dir))
     throw UsageError("data.dir = " + c.data.dir +
@@ -95,7 +95,7 @@ void check_init_from(const std::string& path) {
 // change nothing), and the ImageNet labels file.
 std::vector<kernels::NamedPath> data_inputs(const Config& c) {
   std::vector<kernels::NamedPath> in;
-  const shuffle::SourceSpec spec = shuffle::parse_source(c.data.source, c.data.dir);
+  const shuffle::SourceSpec spec = data_source(c);
   if (spec.kind == shuffle::SourceSpec::Kind::ImageNet) in.push_back({"data.source", spec.path});
   if (!val_labels_file(c).empty()) in.push_back({"data.val_labels", c.data.val_labels});
   return in;

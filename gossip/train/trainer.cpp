@@ -62,10 +62,10 @@ Trainer::Trainer(const Config& c, const mpi::Comm& world, kernels::Dims input, i
                  int64_t total_steps, int64_t steps_per_epoch)
     : c_(c),
       algorithm_(mixing_of(c)),
+      cadence_(cadence_of(c)),
       world_(world),
       net_(kernels::build_model(trained_model(c, world.rank(), std::move(input), classes)),
-           kernels::parse_backend(c.train.backend), std::max<int64_t>(1, c.gossip.bucket_kb * 256),
-           kernels::parse_precision(c.train.precision)),
+           c.train.backend, std::max<int64_t>(1, c.gossip.bucket_kb * 256), c.train.precision),
       sgd_(net_.graph().param_count(),
            {static_cast<float>(c.train.momentum), static_cast<float>(c.train.weight_decay),
             c.train.nesterov}),
@@ -134,6 +134,9 @@ void Trainer::make_exchanges() {
     exchange_ = std::make_unique<AllreduceExchange>(world_, store.grads.data(), net_.buckets());
     return;
   }
+  // Options that do not fit the model are refused at every rank count, as --dry-run refuses them.
+  for (const Mixed what : {Mixed::Grads, Mixed::Weights})
+    fitted(gg::gossip::exchange_options(c_, plan, what));
   // One rank (a run without mpirun, the last survivor of a forward recovery) has no partner:
   // nothing is mixed or sent (a rank mixing with its own copy on a lossy wire would only round).
   if (world_.size() == 1) return;
@@ -177,15 +180,21 @@ GossipOptions Trainer::exchange_options(const GossipPlan& plan, const partners::
                                         Mixed what) const {
   GossipOptions o = gg::gossip::exchange_options(c_, plan, what);
   o.schedule = schedule;
-  fit_to_model(o, graph(), net_.layout(), c_.model.name);
+  return fitted(std::move(o));
+}
+
+GossipOptions Trainer::fitted(GossipOptions o) const {
+  try {
+    fit_to_model(o, graph(), net_.layout(), c_.model.name);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
   return o;
 }
 
-int64_t Trainer::model_round(int64_t step) const { return step / c_.gossip.model_every; }
-
 void Trainer::set_first_step(int64_t step) {
   if (exchange_) exchange_->set_first_step(step);
-  for (GossipExchange* e : after_update()) e->set_first_step(model_round(step));
+  for (GossipExchange* e : after_update()) e->set_first_step(cadence_.round(step));
 }
 
 std::vector<GossipExchange*> Trainer::after_update() const {
@@ -262,7 +271,7 @@ StepStats Trainer::step(const float* x, const int32_t* y) {
 
 bool Trainer::streams_weights() const {
   return c_.gossip.pipeline_weights && !exchange_ && model_exchange_ &&
-         (step_ + 1) % c_.gossip.model_every == 0;
+         cadence_.weights_after(step_);
 }
 
 void Trainer::backward_streaming(StepStats& s) {
@@ -271,7 +280,7 @@ void Trainer::backward_streaming(StepStats& s) {
     Timeline::Span span(timeline_, "wait weights", "wait");
     s.comm_seconds += flush_model();
   }
-  for (GossipExchange* e : after_update()) e->begin_step(model_round(step_));
+  for (GossipExchange* e : after_update()) e->begin_step(cadence_.round(step_));
   const auto lr = static_cast<float>(s.lr);
   const std::vector<kernels::Bucket>& buckets = net_.buckets();
   {
@@ -299,24 +308,22 @@ void Trainer::update(float lr) {
 }
 
 double Trainer::exchange_weights() {
-  if (!model_exchange_ || (step_ + 1) % c_.gossip.model_every != 0) return 0;
-  // The weight exchanges are numbered in rounds (one every gossip.model_every steps), so that the
-  // transports and the partner schedule see consecutive numbers. Overlapped: the exchange starts
+  if (!model_exchange_ || !cadence_.weights_after(step_)) return 0;
+  // Numbered in rounds (Cadence). Overlapped: the exchange starts
   // with the next step (start_model_exchange), after the collectives between steps, which would
   // otherwise queue behind the weights' bytes on the partners' connections (over TCP, a whole
   // exchange's worth).
   if (c_.gossip.overlap_model || c_.gossip.pipeline_weights) {
-    model_due_ = model_round(step_);
+    model_due_ = cadence_.round(step_);
     return 0;
   }
   double seconds = 0;
-  for (GossipExchange* e : after_update()) seconds += e->exchange_all(model_round(step_));
+  for (GossipExchange* e : after_update()) seconds += e->exchange_all(cadence_.round(step_));
   return seconds;
 }
 
 double Trainer::average_globally() {
-  const int64_t h = c_.gossip.global_every;
-  if (algorithm_.allreduce || h <= 0 || (step_ + 1) % h != 0) return 0;
+  if (!cadence_.global_after(step_)) return 0;
   const auto t0 = std::chrono::steady_clock::now();
   flush_model();
   average_over_ranks(store().params);
@@ -333,7 +340,7 @@ void Trainer::forget_distance() {
 
 double Trainer::control_consensus(StepStats& s) {
   const double bound = c_.gossip.consensus_bound;
-  if (bound <= 0 || !model_exchange_ || (step_ + 1) % c_.gossip.model_every != 0) return 0;
+  if (bound <= 0 || !model_exchange_ || !cadence_.weights_after(step_)) return 0;
   const auto t0 = std::chrono::steady_clock::now();
   if (c_.gossip.pipeline_weights) flush_model();  // the distance is measured by the mixing
   // What the weight exchange applied in this step found (overlapped: the last update's weights,
@@ -375,220 +382,6 @@ void Trainer::account(StepStats& s) {
   lateness_ = now;
 }
 
-shuffle::LoaderOptions evaluation_loader(shuffle::LoaderOptions o, int64_t batch, int rank,
-                                         int ranks) {
-  o.batch = batch;
-  o.rank = rank;
-  o.ranks = ranks;
-  o.augment.enabled = false;
-  o.shuffle = false;
-  o.drop_last = false;
-  o.prefetch = 2;
-  return o;
-}
-
-int64_t evaluation_batch(int64_t eval_batch, int64_t samples, int ranks) {
-  const int64_t share = (samples + ranks - 1) / std::max(1, ranks);
-  return std::max<int64_t>(1, std::min(eval_batch, share));
-}
-
-EvalSums evaluation_sums(kernels::Executor& exec, int64_t classes,
-                         const shuffle::SampleSource& data, shuffle::LoaderOptions o, int rank,
-                         int ranks) {
-  o = evaluation_loader(o, exec.batch(), rank, ranks);
-  EvalSums sums = {0, 0, 0, 0};
-  // The last ranks' shares of a test set cut into slices of ceil(n / ranks) may be empty (10,000
-  // samples over 4,096 ranks: 3 each for 3,334 ranks, none for the rest).
-  if (shuffle::batches_per_epoch(data.size(), o) == 0) return sums;
-  shuffle::PrefetchLoader loader(data, o, 0, 1);
-  shuffle::Batch b;
-  while (loader.next(b)) {
-    const float* logits = exec.forward(b.x.data(), false);
-    const auto r = kernels::softmax_cross_entropy(logits, b.y.data(), o.batch, classes, nullptr);
-    int64_t n = 0;
-    for (int32_t v : b.y) n += v >= 0;
-    sums[0] += r.loss * static_cast<double>(n);
-    sums[1] += static_cast<double>(r.correct);
-    sums[2] += static_cast<double>(r.top5);
-    sums[3] += static_cast<double>(n);
-  }
-  return sums;
-}
-
-EvalStats eval_stats(const EvalSums& sums) {
-  EvalStats e;
-  e.samples = static_cast<int64_t>(sums[3]);
-  if (e.samples > 0) {
-    e.loss = sums[0] / sums[3];
-    e.top1 = sums[1] / sums[3];
-    e.top5 = sums[2] / sums[3];
-  }
-  return e;
-}
-
-EvalStats Trainer::evaluate(const shuffle::SampleSource& data, shuffle::LoaderOptions o) {
-  // Evaluate the average model, then give every rank its own weights back.
-  flush_model();
-  const std::vector<float> own_params = store().params, own_buffers = store().buffers;
-  if (world_.size() > 1) {
-    average_over_ranks(store().params);
-    average_over_ranks(store().buffers);
-  }
-  const double consensus =
-      distance_to_average(own_params.data(), store().params.data(), store().params.size());
-  if (!eval_exec_)
-    eval_exec_ = &net_.at_batch(evaluation_batch(c_.train.eval_batch, data.size(), world_.size()));
-  EvalSums sums =
-      evaluation_sums(*eval_exec_, graph().classes(), data, o, world_.rank(), world_.size());
-  world_.allreduce_sum(sums.data(), static_cast<int64_t>(sums.size()));
-  EvalStats e = eval_stats(sums);
-  store().params = own_params;
-  store().buffers = own_buffers;
-  e.consensus = consensus;
-  return e;
-}
-
-void Trainer::capture_state(RankState& s) {
-  if (c_.gossip.pipeline_weights) flush_model();  // the weights as mixed after the last update
-  s.step = step_;
-  s.lr_scale = lr_scale_;
-  s.dropout_step = train_exec_ ? train_exec_->dropout_step() : 0;
-  s.sgd_started = sgd_.started();
-  // States leave the run in the plain layout (files, other ranks, other CPUs read them).
-  s.params = net_.plain(store().params.data());
-  s.buffers = store().buffers;
-  s.delayed_delta.clear();
-  start_model_exchange();  // the state holds the correction of the last update's exchange
-  // The momentum's correction is applied now: nothing reads or moves the momentum before the next
-  // update, so the numbers are those of an uninterrupted run.
-  if (momentum_exchange_ && c_.gossip.overlap_model) momentum_exchange_->finish_delayed();
-  s.velocity = net_.plain(sgd_.velocity().data());
-  if (model_exchange_ && c_.gossip.overlap_model) {
-    s.delayed_delta = model_exchange_->delayed_delta();
-    if (!s.delayed_delta.empty()) s.delayed_delta = net_.plain(s.delayed_delta.data());
-  }
-  // After the settling above: it may have measured the pending exchange.
-  s.consensus_distance = model_exchange_ ? model_exchange_->distance() : 0;
-  s.rank = world_.rank();
-  s.ranks = world_.size();
-  s.parts.clear();
-  const StateLayout layout = state_layout();
-  for (const auto& [name, e] : named_exchanges()) {
-    const size_t first = s.parts.size();
-    e->save_state(s.parts, layout);
-    for (size_t i = first; i < s.parts.size(); ++i) s.parts[i].exchange = name;
-  }
-}
-
-std::vector<std::pair<std::string, BucketExchange*>> Trainer::named_exchanges() const {
-  std::vector<std::pair<std::string, BucketExchange*>> all;
-  if (exchange_) all.emplace_back(kGradientExchange, exchange_.get());
-  if (model_exchange_) all.emplace_back(kWeightExchange, model_exchange_.get());
-  if (momentum_exchange_) all.emplace_back(kMomentumExchange, momentum_exchange_.get());
-  return all;
-}
-
-StateLayout Trainer::state_layout() const {
-  return {[this](const float* v, int64_t) { return net_.plain(v); },
-          [this](const std::vector<float>& v) { return net_.from_plain(v); }};
-}
-
-int64_t Trainer::unreported_bytes() const {
-  if (algorithm_.allreduce) return 0;
-  int64_t sent = 0;
-  for (const BucketExchange* e : exchanges()) sent += e->bytes_sent();
-  return sent - sent_bytes_;
-}
-
-void Trainer::restore_model(const RankState& s) {
-  if (static_cast<int64_t>(s.params.size()) != store().params.size() ||
-      static_cast<int64_t>(s.buffers.size()) != store().buffers.size() ||
-      s.velocity.size() != sgd_.velocity().size())
-    throw std::invalid_argument("the saved state does not fit this model");
-  // A weight exchange due or in flight completes (its partner waits for it) and is then replaced.
-  start_model_exchange();
-  if (c_.gossip.pipeline_weights) flush_model();
-  if (momentum_exchange_ && c_.gossip.overlap_model) momentum_exchange_->finish_delayed();
-  if (model_exchange_ && c_.gossip.overlap_model)
-    model_exchange_->set_delayed_delta(s.delayed_delta.empty() ? s.delayed_delta
-                                                               : net_.from_plain(s.delayed_delta));
-  if (model_exchange_) model_exchange_->restore_distance(s.consensus_distance);
-  // What the exchanges keep (state_part.hpp) is this rank's own: a state of another rank (a
-  // rollback's donor, a survivor's under supervise, an average over another rank count) brings
-  // none, and every exchange starts again from nothing (what rounding still owed would be paid
-  // twice; what a pair shares names its peers by rank in this group). A part of an algorithm this run
-  // does not use is left unread, and one this run uses but the state lacks starts from nothing.
-  const bool own = own_state(s);
-  const StateLayout layout = state_layout();
-  for (const auto& [name, e] : named_exchanges()) {
-    std::vector<StatePart> mine;
-    if (own)
-      for (const StatePart& p : s.parts)
-        if (p.exchange == name) mine.push_back(p);
-    e->load_state(mine, layout);
-  }
-  net_.from_plain(s.params, store().params.data());
-  // A correction pending in a state of an overlapped run, restored by a run that does not overlap
-  // (or sends no weights): the pair average it completes is applied now, before the next forward.
-  if (!s.delayed_delta.empty() && !(model_exchange_ && c_.gossip.overlap_model))
-    apply_correction({store().params.data(), static_cast<size_t>(store().params.size())},
-                     net_.from_plain(s.delayed_delta));
-  std::copy(s.buffers.begin(), s.buffers.end(), store().buffers.begin());
-  net_.from_plain(s.velocity, sgd_.velocity().data());
-  sgd_.set_started(s.sgd_started);
-}
-
-bool Trainer::own_state(const RankState& s) const {
-  return s.ranks == world_.size() && s.rank == world_.rank();
-}
-
-void Trainer::resume_at(int64_t step, uint64_t dropout_step, int64_t unreported_bytes) {
-  step_ = step;
-  sent_bytes_ -= unreported_bytes;  // counted by the first step, as in an uninterrupted run
-  if (train_exec_) train_exec_->set_dropout_step(dropout_step);
-  set_first_step(step);
-}
-
-void Trainer::forget_peers(const std::vector<int>& lost) {
-  if (lost.empty()) return;
-  for (BucketExchange* e : exchanges()) e->forget_peers(lost);
-}
-
-void Trainer::rewind(const RankState& s) {
-  restore_model(s);
-  const int64_t back = step_ - s.step;
-  if (exchange_) exchange_->repeat_steps(back);
-  for (GossipExchange* e : after_update())
-    e->repeat_steps(model_round(step_) - model_round(s.step));
-  step_ = s.step;
-  if (train_exec_) train_exec_->set_dropout_step(s.dropout_step);
-}
-
-void Trainer::load_initial_weights() {
-  // Rank 0 reads the file; its verdict is shared so that every rank fails the same way.
-  mpi::RankError error;
-  if (world_.rank() == 0) {
-    try {
-      kernels::load_weights(c_.train.init_from, net_.graph(), net_.store());
-    } catch (const std::invalid_argument& e) {  // weights that do not fit the model
-      error = {std::string("train.init_from: ") + e.what(), true};
-    } catch (const std::exception& e) {  // an unreadable file
-      error = {std::string("train.init_from: ") + e.what(), false};
-    }
-  }
-  throw_agreed(world_, error);
-}
-
-void Trainer::average_model(std::vector<float>& params, std::vector<float>& buffers) {
-  flush_model();
-  params = net_.plain(store().params.data());
-  buffers = store().buffers;
-  if (world_.size() > 1) {
-    average_over_ranks(params);
-    average_over_ranks(buffers);
-  }
-}
-
 void Trainer::start_model_exchange() {
   if (model_due_ < 0) return;
   Timeline::Span span(timeline_, "start weight exchange", "comm");
@@ -622,81 +415,6 @@ double Trainer::flush_model() {
   if (c_.gossip.overlap_model)
     for (GossipExchange* e : after_update()) waited += e->finish_delayed();
   return waited;
-}
-
-void Trainer::average_over_ranks(float* v, int64_t n) {
-  world_.allreduce_sum(v, n);
-  const float inv = 1.f / static_cast<float>(world_.size());
-  for (int64_t i = 0; i < n; ++i) v[i] *= inv;
-}
-
-double Trainer::consensus_distance() {
-  std::vector<float> avg(store().params);
-  average_over_ranks(avg);
-  return distance_to_average(store().params.data(), avg.data(), store().params.size());
-}
-
-double Trainer::distance_to_average(const float* w, const float* avg, int64_t n) {
-  const auto count = static_cast<size_t>(n);
-  double d = squared_distance({w, count}, {avg, count});
-  world_.allreduce_sum(&d, 1);
-  return d / world_.size();
-}
-
-// Changing the network's shape: apoptosis removes units (agreed by every rank), a resume of a
-// checkpoint taken after a shrink rebuilds the shrunk widths.
-
-ApoptosisReport Trainer::apoptosis() {
-  const auto t0 = std::chrono::steady_clock::now();
-  flush_model();  // scores from the weights as they are after the last update
-  ApoptosisReport rep;
-  rep.step = step_;
-  rep.params_before = graph().param_count();
-  const kernels::Removal r = agree_removal(world_, graph(), net_.plain(store().params.data()), c_);
-  for (const auto& [node, units] : r)
-    rep.removed[graph().node(node).name] = static_cast<int64_t>(units.size());
-  shrink(r);
-  rep.params_after = graph().param_count();
-  for (const kernels::PrunableLayer& l : apoptosis_layers(c_, graph()))
-    rep.widths[graph().node(l.node).name] = l.units;
-  rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return rep;
-}
-
-void Trainer::shrink(const kernels::Removal& r) {
-  if (r.empty()) return;
-  flush_model();  // a pending weight exchange belongs to the old layout
-  const kernels::Shrink s = kernels::plan_shrink(graph(), r);
-  std::vector<float> params = s.params(net_.plain(store().params.data()));
-  std::vector<float> buffers = s.buffers(store().buffers);
-  std::vector<float> velocity = s.params(net_.plain(sgd_.velocity().data()));
-  rebuild(s.graph, std::move(params), std::move(buffers), std::move(velocity));
-}
-
-void Trainer::rebuild(kernels::Graph g, std::vector<float> params, std::vector<float> buffers,
-                      std::vector<float> velocity) {
-  const uint64_t dropout_step = train_exec_->dropout_step();
-  // The exchanges go first, on every rank alike (freeing their windows is collective): the
-  // gradient exchange owns the memory the gradients live in, the model exchange points at the
-  // parameters about to be replaced.
-  flush_model();  // a weight exchange still due goes out over the old layout first
-  exchange_.reset();
-  model_exchange_.reset();
-  momentum_exchange_.reset();
-  train_exec_ = eval_exec_ = nullptr;
-  net_.rebuild(std::move(g), std::move(params), std::move(buffers));
-  sgd_.set_velocity(net_.from_plain(velocity));  // in the rebuilt network's layout
-  make_exchanges();
-  train_exec_ = &net_.at_batch(c_.train.batch);
-  train_exec_->set_dropout_step(dropout_step);
-  attach_gate();
-}
-
-void Trainer::reshape(kernels::Graph g) {
-  const auto params = static_cast<size_t>(g.param_count());
-  const auto buffers = static_cast<size_t>(g.buffer_count());
-  rebuild(std::move(g), std::vector<float>(params, 0.f), std::vector<float>(buffers, 0.f),
-          std::vector<float>(params, 0.f));
 }
 
 }  // namespace gg::gossip

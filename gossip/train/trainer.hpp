@@ -140,6 +140,8 @@ class Trainer {
   StateLayout state_layout() const;
   GossipOptions exchange_options(const GossipPlan& plan, const partners::Schedule& schedule,
                                  Mixed what) const;
+  // `o` with what its rules read of this model (fit_to_model); UsageError where it cannot fit.
+  GossipOptions fitted(GossipOptions o) const;
   // The step's parts after backward: the optimizer (or its emulated wait), the weight exchange
   // due, the exact global average due, and the step's measurements.
   void update(float lr);
@@ -148,9 +150,6 @@ class Trainer {
   double control_consensus(StepStats& s);  // gossip.consensus_bound
   void forget_distance();                  // after a global average
   void account(StepStats& s);
-  // The weight exchange due after `step`, or the next one after it, counted in rounds of
-  // gossip.model_every steps (the step itself when 1).
-  int64_t model_round(int64_t step) const;
   void set_first_step(int64_t step);  // the exchanges' transports count from this step on
   // The network, momentum, executors and exchanges over a new graph (shrink, reshape); params
   // and velocity in the plain layout.
@@ -177,6 +176,7 @@ class Trainer {
 
   const Config& c_;
   const Algorithm& algorithm_;  // gossip.mode, looked up once (the step asks it)
+  const Cadence cadence_;       // when the weights travel, when the ranks are averaged
   const mpi::Comm& world_;
   kernels::Net net_;
   kernels::Executor* train_exec_ = nullptr;           // emulated compute: emulated_

@@ -447,13 +447,13 @@ class VirtualRun {
   EvalStats evaluate();
   RankTop1 rank_top1();
   void load(const Rank& r);  // its weights and statistics into the network
-  int64_t model_round(int64_t step) const { return step / c_.gossip.model_every; }
   std::vector<VirtualExchange*> exchanges() {
     return {grad_x_.get(), weight_x_.get(), momentum_x_.get()};
   }
 
   const Config& c_;
   const Algorithm& algorithm_;
+  const Cadence cadence_;  // when the weights travel, when the ranks are averaged
   const int ranks_;
   shuffle::DataSplits data_;
   shuffle::LoaderOptions lo_;
@@ -491,8 +491,7 @@ shuffle::DataSplits open_data(const Config& c) {
                           ? c.train.threads
                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   try {
-    return shuffle::open_splits(shuffle::parse_source(c.data.source, c.data.dir),
-                                val_labels_file(c));
+    return shuffle::open_splits(data_source(c), val_labels_file(c));
   } catch (const std::exception& e) {
     throw UsageError("data.source = " + c.data.source + ": " + e.what());
   }
@@ -507,13 +506,13 @@ kernels::Dims input_of(const Config& c, const shuffle::SampleSource& s) {
 VirtualRun::VirtualRun(const Config& c)
     : c_(c),
       algorithm_(mixing_of(c)),
+      cadence_(cadence_of(c)),
       ranks_(c.train.virtual_ranks),
       data_(open_data(c)),
       lo_(rank_loader_options(c, *data_.train, 0, ranks_)),
       net_(
           kernels::build_model(model_spec(c, 0, input_of(c, *data_.train), data_.train->classes())),
-          kernels::parse_backend(c.train.backend), std::max<int64_t>(1, c.gossip.bucket_kb * 256),
-          kernels::parse_precision(c.train.precision)),
+          c.train.backend, std::max<int64_t>(1, c.gossip.bucket_kb * 256), c.train.precision),
       schedule_(gossip_schedule(c, ranks_)),
       dlogits_(static_cast<size_t>(c.train.batch * data_.train->classes())) {
   const kernels::Graph& g = net_.graph();
@@ -637,7 +636,7 @@ void VirtualRun::make_ranks() {
 void VirtualRun::plan_memory() {
   const kernels::Graph& g = net_.graph();
   int64_t grow = 0;
-  const int64_t rounds = (total_ + c_.gossip.model_every - 1) / c_.gossip.model_every;
+  const int64_t rounds = cadence_.rounds(total_);
   if (grad_x_) grow += grad_x_->growth_bytes(schedule_, total_);
   if (weight_x_) grow += weight_x_->growth_bytes(schedule_, rounds);
   if (momentum_x_) grow += momentum_x_->growth_bytes(schedule_, rounds);
@@ -693,7 +692,11 @@ void VirtualRun::make_exchanges() {
   const auto options = [&](Mixed what) {
     GossipOptions o = exchange_options(c, plan, what);
     o.schedule = schedule_;
-    fit_to_model(o, net_.graph(), net_.layout(), c.model.name);
+    try {
+      fit_to_model(o, net_.graph(), net_.layout(), c.model.name);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
     return o;
   };
   if (algorithm_.grads && !plan.node_hierarchy)
@@ -729,7 +732,7 @@ void VirtualRun::start_model_exchange(StepOut& out) {
 // ranks received; over the bound, an exact global average.
 void VirtualRun::control_consensus(int64_t s, StepOut& out) {
   const double bound = c_.gossip.consensus_bound;
-  if (bound <= 0 || !weight_x_ || (s + 1) % c_.gossip.model_every != 0) return;
+  if (bound <= 0 || !weight_x_ || !cadence_.weights_after(s)) return;
   // As Trainer::control_consensus: relative to the ranks' mean ||w||^2, both summed over the ranks
   // in an allreduce's order.
   std::vector<double> norms;
@@ -831,9 +834,8 @@ VirtualRun::StepOut VirtualRun::step(int64_t s) {
   out.lr = lr_->at(s);
   flush_model(out);
   for (Rank& r : rank_) r.sgd.step(r.params.data(), r.grads.data(), static_cast<float>(out.lr));
-  if (weight_x_ && (s + 1) % c_.gossip.model_every == 0) exchange_after_update(model_round(s), out);
-  const int64_t h = c_.gossip.global_every;
-  if (!algorithm_.allreduce && h > 0 && (s + 1) % h == 0) {
+  if (weight_x_ && cadence_.weights_after(s)) exchange_after_update(cadence_.round(s), out);
+  if (cadence_.global_after(s)) {
     flush_model(out);
     average(params(), rank_[0].params.size());
     average(pointers(&Rank::buffers), rank_[0].buffers.size());
@@ -940,14 +942,14 @@ void VirtualRun::announce() {
   const int64_t global_batch = c_.train.batch * ranks_;
   const std::string mixing = algorithm_.allreduce
                                  ? std::string("allreduce (summed in MPICH's order)")
-                                 : "gossip " + c_.gossip.mode + " (" + c_.gossip.schedule +
+                                 : "gossip " + c_.gossip.mode + " (" + text_of(c_.gossip.schedule) +
                                        (c_.gossip.rotate ? "+rotate" : "") + ")";
   std::printf(
       "gossipgrad: %d VIRTUAL ranks in one process (%d threads; one after another on one "
       "network), %s (%lld params), %s backend; memory about %s (%.1f MB per rank, measured on "
       "rank 0)\n",
       ranks_, threads, c_.model.name.c_str(), static_cast<long long>(g.param_count()),
-      c_.train.backend.c_str(), gigabytes(memory_estimate_).c_str(),
+      text_of(c_.train.backend).c_str(), gigabytes(memory_estimate_).c_str(),
       static_cast<double>(per_rank_bytes_) / 1e6);
   std::printf(
       "gossipgrad: %lld train / %lld test samples, global batch %lld, %lld steps/epoch, %lld "

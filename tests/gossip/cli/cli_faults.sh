@@ -141,7 +141,7 @@ bad 2 "every rank fails at step 5; rollback needs a live rank" --fault.inject 0:
   --fault.strategy rollback
 bad 2 "rank 1 fails twice; with fault.strategy forward a failed rank is gone" \
   --fault.inject 1:5,1:9
-bad 1 "fault.strategy = sideways is unknown: restart, rollback or forward" \
+bad 1 "fault.strategy = sideways is unknown: use restart, rollback, forward" \
   --fault.strategy sideways
 bad 1 "fault.inject = 1:x must be RANK:STEP" --fault.inject 1:x
 bad 1 "fault.mtbf_steps needs at least 2 ranks" --fault.mtbf_steps 10

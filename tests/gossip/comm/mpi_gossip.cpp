@@ -96,7 +96,7 @@ void run_case(const mpi::Comm& world, const std::string& transport, const std::s
   std::vector<float> x = initial_values(rank, count);
   gossip::GossipOptions o;
   o.schedule = {kind, p, rotate, 42};
-  o.transport = transport;
+  o.transport = gossip::parse_transport(transport);
   o.threading = gossip::parse_threading(threading);
   o.comm_threads = 3;
   const std::string name = transport + "/" + threading + "/" + partners::kind_name(kind) +
@@ -154,7 +154,7 @@ void run_stale(const mpi::Comm& world, const std::string& transport, bool skip, 
   std::vector<float> x = initial_values(rank, count);
   gossip::GossipOptions o;
   o.schedule = {partners::Kind::Dissemination, p, true, 7};
-  o.transport = transport;
+  o.transport = gossip::parse_transport(transport);
   o.staleness = 1;
   o.skip_late = skip;
   o.timeout_s = 20;
@@ -202,7 +202,7 @@ void run_delayed(const mpi::Comm& world, const std::string& transport) {
   std::vector<float> x = initial_values(rank, count);
   gossip::GossipOptions o;
   o.schedule = {partners::Kind::Dissemination, p, true, 5};
-  o.transport = transport;
+  o.transport = gossip::parse_transport(transport);
   o.delayed = true;
   const int steps = 5;
   {
@@ -246,7 +246,7 @@ gossip::GossipOptions wire_options(int p, const std::string& transport,
                                    const std::string& threading, gossip::Wire w, uint64_t seed) {
   gossip::GossipOptions o;
   o.schedule = {partners::Kind::Dissemination, p, true, seed};
-  o.transport = transport;
+  o.transport = gossip::parse_transport(transport);
   o.threading = gossip::parse_threading(threading);
   o.wire = w;
   return o;
@@ -507,7 +507,7 @@ void run_counters(const mpi::Comm& world, const std::string& transport, bool hom
   std::vector<float> x = initial_values(rank, count);
   gossip::GossipOptions o;
   o.schedule = {partners::Kind::Dissemination, p, true, 11};
-  o.transport = transport;
+  o.transport = gossip::parse_transport(transport);
   const std::string name = transport + "/counters" + (home ? "+home" : "");
   const auto carrier = [&](int peer) -> std::string {
     if (transport != "auto") return transport;
@@ -599,7 +599,7 @@ void run_pipelined_sends_while_waiting(const mpi::Comm& world, const std::string
   std::vector<float> x = initial_values(rank, count);
   gossip::GossipOptions o;
   o.schedule = {partners::Kind::Ring, p, false, 42};
-  o.transport = transport;
+  o.transport = gossip::parse_transport(transport);
   o.pipelined = true;
   o.timeout_s = 30;
   const std::string name = transport + "/pipelined: sends while waiting for a partner";
@@ -640,7 +640,7 @@ void run_shm_refused(const mpi::Comm& world) {
   std::vector<float> x(100, 0.f);
   gossip::GossipOptions o;
   o.schedule = {partners::Kind::Dissemination, world.size(), true, 1};
-  o.transport = "shm";
+  o.transport = gossip::TransportKind::Shm;
   std::string what;
   try {
     gossip::GossipExchange ex(world, x.data(), buckets, o);

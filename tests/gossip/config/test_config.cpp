@@ -10,6 +10,10 @@
 #include "kernels/models.hpp"
 
 using gg::gossip::Config;
+using gg::gossip::PruneCriterion;
+using gg::gossip::PruneLayers;
+using gg::gossip::WeightLayout;
+namespace kernels = gg::kernels;
 using gg::gossip::parse_train_args;
 using gg::gossip::UsageError;
 namespace fs = std::filesystem;
@@ -158,14 +162,14 @@ TEST_CASE("a checkpoint folder that already holds a checkpoint is refused unless
 TEST_CASE("apoptosis keys are validated with one line naming the key") {
   const Config d = parse_train_args({});
   CHECK_FALSE(d.apoptosis.enable);
-  CHECK(d.apoptosis.criterion == "relative_norm");
+  CHECK(d.apoptosis.criterion == PruneCriterion::RelativeNorm);
   const Config c = parse_train_args({"--apoptosis.enable", "true", "--apoptosis.layers", "fc",
                                      "--apoptosis.criterion", "norm", "--apoptosis.threshold",
                                      "0.01", "--apoptosis.interval", "50", "--apoptosis.max_share",
                                      "0.5", "--apoptosis.min_keep", "8"});
   CHECK(c.apoptosis.enable);
-  CHECK(c.apoptosis.layers == "fc");
-  CHECK(c.apoptosis.criterion == "norm");
+  CHECK(c.apoptosis.layers == PruneLayers::Fc);
+  CHECK(c.apoptosis.criterion == PruneCriterion::Norm);
   CHECK(c.apoptosis.threshold == 0.01);
   CHECK(c.apoptosis.interval == 50);
   CHECK(c.apoptosis.max_share == 0.5);
@@ -370,16 +374,16 @@ TEST_CASE("gossip.low_rank: PowerGossip where pairs meet again, else one line") 
 
 TEST_CASE("train.weight_layout set for a backend other than onednn is reported as doing nothing") {
   Config c;
-  c.train.weight_layout = "plain";
+  c.train.weight_layout = WeightLayout::Plain;
   auto warned = [&c] {
     for (const std::string& w : inert_settings(c))
       if (w.find("train.weight_layout does nothing") != std::string::npos) return true;
     return false;
   };
   CHECK_FALSE(warned());  // onednn: plain is a real choice
-  c.train.backend = "reference";
+  c.train.backend = kernels::Backend::Reference;
   CHECK(warned());
-  c.train.weight_layout = "native";  // the default: nothing set, nothing said
+  c.train.weight_layout = WeightLayout::Native;  // the default: nothing set, nothing said
   CHECK_FALSE(warned());
 }
 

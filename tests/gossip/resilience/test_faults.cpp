@@ -18,7 +18,7 @@ Config faults(const std::string& inject, double mtbf, const std::string& strateg
   Config c;
   c.fault.inject = inject;
   c.fault.mtbf_steps = mtbf;
-  c.fault.strategy = strategy;
+  c.fault.strategy = *find_name<FaultStrategy>(strategy);
   return c;
 }
 
@@ -93,8 +93,8 @@ TEST_CASE("bad fault specs are usage errors naming the problem") {
         "fault.inject = 1:1,1:5: rank 1 fails twice; with fault.strategy forward a failed rank is "
         "gone");
   CHECK(message(faults("1:1,1:5", 0, "rollback"), 3) == "no error");  // replaced, may fail again
-  CHECK(message(faults("", 0, "sideways"), 3) ==
-        "fault.strategy = sideways is unknown: restart, rollback or forward");
+  CHECK_THROWS_WITH(parse_train_args({"--fault.strategy", "sideways"}),
+                    "fault.strategy = sideways is unknown: use restart, rollback, forward");
   CHECK_THROWS_AS(parse_fault_inject("1:2,"), UsageError);
   CHECK_THROWS_AS(parse_fault_inject("1-2"), UsageError);
   CHECK_THROWS_AS(parse_fault_inject("-1:2"), UsageError);

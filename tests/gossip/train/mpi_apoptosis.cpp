@@ -15,6 +15,7 @@
 #include "kernels/models.hpp"
 
 using namespace gg;
+using gossip::PruneLayers;
 
 namespace {
 
@@ -84,7 +85,7 @@ void agreement(const mpi::Comm& world) {
   const kernels::Removal want = kernels::choose_removal(layers, mean, gossip::apoptosis_rule(c));
   check(describe(want) == describe(r), "the removal is the one the ranks' mean scores pick", rank);
   // Only fc1 for layers = fc.
-  c.apoptosis.layers = "fc";
+  c.apoptosis.layers = PruneLayers::Fc;
   const kernels::Removal fc = gossip::agree_removal(world, g, own.params, c);
   check(fc.size() == 1 && g.node(fc.begin()->first).name == "fc1", "layers = fc: only fc1", rank);
 }

@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
   c.model.name = "resnet8";
   c.model.width = 4;
   c.model.batch_norm = false;
-  c.train.backend = "onednn";
+  c.train.backend = kernels::Backend::OneDnn;
   c.train.lr = 0.4;
   c.train.base_batch = 64;
   c.train.momentum = 0.9;

@@ -26,7 +26,7 @@ gossip::Config config(const std::string& mode, bool overlap) {
   gossip::Config c;
   c.model.name = "resnet8";
   c.model.width = 4;
-  c.train.backend = "onednn";
+  c.train.backend = kernels::Backend::OneDnn;
   c.train.batch = 3;
   c.train.warmup_epochs = 0;
   c.train.eval_batch = 4;

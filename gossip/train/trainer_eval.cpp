@@ -1,0 +1,116 @@
+// Trainer, measuring the ranks' models: evaluation of their average on a data set, the average
+// itself, and the consensus distance (each a collective).
+
+#include <algorithm>
+#include <vector>
+
+#include "gossip/comm/mixing.hpp"
+#include "gossip/train/trainer.hpp"
+#include "kernels/loss.hpp"
+#include "shuffle/loader.hpp"
+
+namespace gg::gossip {
+
+shuffle::LoaderOptions evaluation_loader(shuffle::LoaderOptions o, int64_t batch, int rank,
+                                         int ranks) {
+  o.batch = batch;
+  o.rank = rank;
+  o.ranks = ranks;
+  o.augment.enabled = false;
+  o.shuffle = false;
+  o.drop_last = false;
+  o.prefetch = 2;
+  return o;
+}
+
+int64_t evaluation_batch(int64_t eval_batch, int64_t samples, int ranks) {
+  const int64_t share = (samples + ranks - 1) / std::max(1, ranks);
+  return std::max<int64_t>(1, std::min(eval_batch, share));
+}
+
+EvalSums evaluation_sums(kernels::Executor& exec, int64_t classes,
+                         const shuffle::SampleSource& data, shuffle::LoaderOptions o, int rank,
+                         int ranks) {
+  o = evaluation_loader(o, exec.batch(), rank, ranks);
+  EvalSums sums = {0, 0, 0, 0};
+  // The last ranks' shares of a test set cut into slices of ceil(n / ranks) may be empty (10,000
+  // samples over 4,096 ranks: 3 each for 3,334 ranks, none for the rest).
+  if (shuffle::batches_per_epoch(data.size(), o) == 0) return sums;
+  shuffle::PrefetchLoader loader(data, o, 0, 1);
+  shuffle::Batch b;
+  while (loader.next(b)) {
+    const float* logits = exec.forward(b.x.data(), false);
+    const auto r = kernels::softmax_cross_entropy(logits, b.y.data(), o.batch, classes, nullptr);
+    int64_t n = 0;
+    for (int32_t v : b.y) n += v >= 0;
+    sums[0] += r.loss * static_cast<double>(n);
+    sums[1] += static_cast<double>(r.correct);
+    sums[2] += static_cast<double>(r.top5);
+    sums[3] += static_cast<double>(n);
+  }
+  return sums;
+}
+
+EvalStats eval_stats(const EvalSums& sums) {
+  EvalStats e;
+  e.samples = static_cast<int64_t>(sums[3]);
+  if (e.samples > 0) {
+    e.loss = sums[0] / sums[3];
+    e.top1 = sums[1] / sums[3];
+    e.top5 = sums[2] / sums[3];
+  }
+  return e;
+}
+
+EvalStats Trainer::evaluate(const shuffle::SampleSource& data, shuffle::LoaderOptions o) {
+  // Evaluate the average model, then give every rank its own weights back.
+  flush_model();
+  const std::vector<float> own_params = store().params, own_buffers = store().buffers;
+  if (world_.size() > 1) {
+    average_over_ranks(store().params);
+    average_over_ranks(store().buffers);
+  }
+  const double consensus =
+      distance_to_average(own_params.data(), store().params.data(), store().params.size());
+  if (!eval_exec_)
+    eval_exec_ = &net_.at_batch(evaluation_batch(c_.train.eval_batch, data.size(), world_.size()));
+  EvalSums sums =
+      evaluation_sums(*eval_exec_, graph().classes(), data, o, world_.rank(), world_.size());
+  world_.allreduce_sum(sums.data(), static_cast<int64_t>(sums.size()));
+  EvalStats e = eval_stats(sums);
+  store().params = own_params;
+  store().buffers = own_buffers;
+  e.consensus = consensus;
+  return e;
+}
+
+void Trainer::average_model(std::vector<float>& params, std::vector<float>& buffers) {
+  flush_model();
+  params = net_.plain(store().params.data());
+  buffers = store().buffers;
+  if (world_.size() > 1) {
+    average_over_ranks(params);
+    average_over_ranks(buffers);
+  }
+}
+
+void Trainer::average_over_ranks(float* v, int64_t n) {
+  world_.allreduce_sum(v, n);
+  const float inv = 1.f / static_cast<float>(world_.size());
+  for (int64_t i = 0; i < n; ++i) v[i] *= inv;
+}
+
+double Trainer::consensus_distance() {
+  std::vector<float> avg(store().params);
+  average_over_ranks(avg);
+  return distance_to_average(store().params.data(), avg.data(), store().params.size());
+}
+
+double Trainer::distance_to_average(const float* w, const float* avg, int64_t n) {
+  const auto count = static_cast<size_t>(n);
+  double d = squared_distance({w, count}, {avg, count});
+  world_.allreduce_sum(&d, 1);
+  return d / world_.size();
+}
+
+}  // namespace gg::gossip
