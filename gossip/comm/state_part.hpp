@@ -64,18 +64,16 @@ class PartWriter {
   std::vector<uint8_t> bytes_;
 };
 
-// Their bounds-checked reading: std::runtime_error naming the part for anything truncated,
-// malformed or left over (end()).
-class PartReader {
+// Bounds-checked reading of such bytes: fail() (which throws, naming what is read) for anything
+// truncated, malformed or left over (end()).
+class ByteReader {
  public:
-  explicit PartReader(const StatePart& p) : p_(p), at_(p.bytes.data()), left_(p.bytes.size()) {}
+  ByteReader(const uint8_t* at, size_t size) : at_(at), left_(size) {}
+  virtual ~ByteReader() = default;
   template <typename T>
   T get() {
-    need(sizeof(T));
     T v;
-    std::memcpy(&v, at_, sizeof v);
-    at_ += sizeof v;
-    left_ -= sizeof v;
+    std::memcpy(&v, take(sizeof v), sizeof v);
     return v;
   }
   template <typename T>
@@ -83,24 +81,36 @@ class PartReader {
     const auto n = get<uint64_t>();
     if (n > left_ / sizeof(T)) fail();
     std::vector<T> v(static_cast<size_t>(n));
-    if (n > 0) std::memcpy(v.data(), at_, n * sizeof(T));
-    at_ += n * sizeof(T);
-    left_ -= n * sizeof(T);
+    if (n > 0) std::memcpy(v.data(), take(static_cast<size_t>(n) * sizeof(T)), n * sizeof(T));
     return v;
+  }
+  // The next n bytes, passed over.
+  const uint8_t* take(size_t n) {
+    if (n > left_) fail();
+    const uint8_t* p = at_;
+    at_ += n;
+    left_ -= n;
+    return p;
   }
   size_t left() const { return left_; }
   void end() const {
     if (left_ != 0) fail();
   }
-  [[noreturn]] void fail() const;
+  [[noreturn]] virtual void fail() const = 0;
 
  private:
-  void need(size_t n) const {
-    if (n > left_) fail();
-  }
-  const StatePart& p_;
   const uint8_t* at_;
   size_t left_;
+};
+
+// A part's bytes; fail() names the part.
+class PartReader : public ByteReader {
+ public:
+  explicit PartReader(const StatePart& p) : ByteReader(p.bytes.data(), p.bytes.size()), p_(p) {}
+  [[noreturn]] void fail() const override;
+
+ private:
+  const StatePart& p_;
 };
 
 }  // namespace gg::gossip

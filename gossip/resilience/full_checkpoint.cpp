@@ -62,44 +62,21 @@ struct Out {
 };
 
 // Bounds-checked reading of an encoded RankState.
-struct Cursor {
-  const uint8_t* p;
-  size_t left;
+struct Cursor : ByteReader {
+  Cursor(const uint8_t* p, size_t n, const std::string& what) : ByteReader(p, n), what(what) {}
   const std::string& what;
-  void need(size_t n) const {
-    if (n > left) throw std::runtime_error(what + ": truncated or corrupt rank state");
-  }
-  template <typename T>
-  T get() {
-    need(sizeof(T));
-    T v;
-    std::memcpy(&v, p, sizeof v);
-    p += sizeof v;
-    left -= sizeof v;
-    return v;
-  }
-  template <typename T>
-  std::vector<T> get_array() {
-    const auto n = get<uint64_t>();
-    if (n > left / sizeof(T)) throw std::runtime_error(what + ": truncated or corrupt rank state");
-    std::vector<T> v(static_cast<size_t>(n));
-    std::memcpy(v.data(), p, n * sizeof(T));
-    p += n * sizeof(T);
-    left -= n * sizeof(T);
-    return v;
+  [[noreturn]] void fail() const override {
+    throw std::runtime_error(what + ": truncated or corrupt rank state");
   }
   std::string text() {
     const auto n = get<uint64_t>();
     if (n > kMostPartText) throw std::runtime_error(what + ": corrupt rank state (a part's name)");
-    need(static_cast<size_t>(n));
-    std::string t(reinterpret_cast<const char*>(p), static_cast<size_t>(n));
-    p += n;
-    left -= n;
-    return t;
+    const auto* t = reinterpret_cast<const char*>(take(static_cast<size_t>(n)));
+    return std::string(t, static_cast<size_t>(n));
   }
   std::vector<StatePart> parts() {
     const auto n = get<uint64_t>();
-    if (n > left / 28) throw std::runtime_error(what + ": truncated or corrupt rank state");
+    if (n > left() / 28) throw std::runtime_error(what + ": truncated or corrupt rank state");
     std::vector<StatePart> v(static_cast<size_t>(n));
     for (StatePart& s : v) {
       s.exchange = text();
@@ -120,7 +97,7 @@ struct Cursor {
   void legacy_copies(std::vector<StatePart>& out, std::string_view kind,
                      std::string_view exchange) {
     const auto n = get<uint64_t>();
-    if (n > left / 24) throw std::runtime_error(what + ": truncated or corrupt rank state");
+    if (n > left() / 24) throw std::runtime_error(what + ": truncated or corrupt rank state");
     std::vector<PublicCopy> v(static_cast<size_t>(n));
     for (PublicCopy& c : v) {
       const auto peer = get<int64_t>();
@@ -196,7 +173,7 @@ RankState decode_state(const uint8_t* data, size_t size, const std::string& what
   std::memcpy(&stored, data + size - 8, 8);
   if (stored != checksum(data, size - 8))
     throw std::runtime_error(what + ": checksum mismatch (corrupt or truncated)");
-  Cursor c{data + sizeof kRankMagic, size - 8 - sizeof kRankMagic, what};
+  Cursor c(data + sizeof kRankMagic, size - 8 - sizeof kRankMagic, what);
   RankState s;
   s.step = c.get<int64_t>();
   s.steps_per_epoch = c.get<int64_t>();
@@ -211,25 +188,25 @@ RankState decode_state(const uint8_t* data, size_t size, const std::string& what
   s.velocity = c.get_array<float>();
   s.delayed_delta = c.get_array<float>();
   s.shuffle = c.get_array<uint8_t>();
-  if (c.left >= sizeof(double)) s.consensus_distance = c.get<double>();  // absent: older files
+  if (c.left() >= sizeof(double)) s.consensus_distance = c.get<double>();  // absent: older files
   if (!v1) {
     s.parts = c.parts();
   } else {
-    if (c.left > 0) {  // absent: files older than the residues (resumed with none)
+    if (c.left() > 0) {  // absent: files older than the residues (resumed with none)
       c.legacy_residue(s.parts, kGradientExchange);
       c.legacy_residue(s.parts, kWeightExchange);
       c.legacy_residue(s.parts, kMomentumExchange);
     }
-    if (c.left > 0) {  // absent: files older than the public copies
+    if (c.left() > 0) {  // absent: files older than the public copies
       c.legacy_copies(s.parts, kPublicCopiesKind, kWeightExchange);
       c.legacy_copies(s.parts, kPublicCopiesKind, kMomentumExchange);
     }
-    if (c.left > 0) {  // absent: files older than low-rank gossip
+    if (c.left() > 0) {  // absent: files older than low-rank gossip
       c.legacy_copies(s.parts, kLowRankKind, kWeightExchange);
       c.legacy_copies(s.parts, kLowRankKind, kMomentumExchange);
     }
   }
-  if (c.left != 0) throw std::runtime_error(what + ": trailing bytes in the rank state");
+  if (c.left() != 0) throw std::runtime_error(what + ": trailing bytes in the rank state");
   // What is in a part its owner checks when it reads it back (the model it must fit is known
   // only there).
   if (s.step < 0 || s.steps_per_epoch < 1 || s.ranks < 1 || s.rank < 0 || s.rank >= s.ranks ||

@@ -15,6 +15,7 @@
 
 #include "gossip/comm/wait_watch.hpp"
 #include "gossip/train/agree.hpp"
+#include "gossip/train/events.hpp"
 #include "gossip/train/fault_hooks.hpp"
 #include "gossip/train/job.hpp"
 #include "gossip/train/run_lock.hpp"
@@ -217,19 +218,15 @@ void announce_start(Group& g, JobState& job) {
                 text_of(f.strategy).c_str());
   warn_if_oversubscribed(g);
   std::fflush(stdout);
-  job.metrics.write({{"event", "start"},
-                     {"ranks", g.comm.size()},
-                     {"threads", g.threads},
-                     {"model", c.model.name},
-                     {"params", params},
-                     {"global_batch", g.global_batch},
-                     {"steps", g.total},
-                     {"epochs_planned", g.planned_epochs},
-                     {"first_step", g.first},
-                     {"mode", c.gossip.mode},
-                     {"backend", c.train.backend},
-                     {"faults_planned", f.events.size()},
-                     {"fault_strategy", text_of(f.strategy)}});
+  job.metrics.write(start_event(c, {.ranks = g.comm.size(),
+                                    .threads = g.threads,
+                                    .params = params,
+                                    .global_batch = g.global_batch,
+                                    .steps = g.total,
+                                    .first_step = g.first,
+                                    .epochs_planned = g.planned_epochs,
+                                    .faults_planned = static_cast<int64_t>(f.events.size()),
+                                    .fault_strategy = f.strategy}));
 }
 
 // One step: its batch, the hooks before it, forward/backward with the buckets exchanged as they
@@ -321,25 +318,23 @@ void finish_group(Group& g, JobState& job, Timeline& timeline) {
       "(metrics: %s)\n",
       static_cast<long long>(summary.steps), format_duration(summary.wall_seconds).c_str(),
       summary.images_per_second, 100 * comm_share, final_eval.c_str(), job.metrics_path.c_str());
-  job.metrics.write(
-      {{"event", "summary"},
-       {"steps", summary.steps},
-       {"epochs", static_cast<double>(summary.steps) / static_cast<double>(g.per_epoch)},
-       {"epochs_planned", g.planned_epochs},
-       {"top1", evaluated ? nlohmann::json(summary.final_top1) : nlohmann::json()},
-       {"top5", evaluated ? nlohmann::json(summary.final_top5) : nlohmann::json()},
-       {"eval_step", evaluated ? nlohmann::json(summary.eval_step) : nlohmann::json()},
-       {"wall_s", summary.wall_seconds},
-       {"images_per_s", summary.images_per_second},
-       {"comm_s", job.comm_seconds},
-       {"exposed_comm_share", comm_share},
-       {"data_wait_s", g.data.wait_seconds()},
-       {"params", g.trainer.graph().param_count()},
-       {"skipped", data_totals[0]},
-       {"shuffled_samples", data_totals[1]},
-       {"ranks", g.comm.size()},
-       {"consensus_averages", g.trainer.consensus_averages()},
-       {"faults", job.failures.plan.next}});
+  job.metrics.write(summary_event({.steps = summary.steps,
+                                   .per_epoch = g.per_epoch,
+                                   .eval_step = evaluated ? summary.eval_step : -1,
+                                   .epochs_planned = g.planned_epochs,
+                                   .top1 = summary.final_top1,
+                                   .top5 = summary.final_top5,
+                                   .wall_s = summary.wall_seconds,
+                                   .images_per_s = summary.images_per_second,
+                                   .comm_s = job.comm_seconds,
+                                   .train_s = job.train_seconds,
+                                   .data_wait_s = g.data.wait_seconds(),
+                                   .params = g.trainer.graph().param_count(),
+                                   .skipped = data_totals[0],
+                                   .shuffled = data_totals[1],
+                                   .consensus_averages = g.trainer.consensus_averages(),
+                                   .faults = static_cast<int64_t>(job.failures.plan.next),
+                                   .ranks = g.comm.size()}));
 }
 
 // A run resumed from the checkpoint of its last step: the restored model is evaluated, not
@@ -359,15 +354,8 @@ Ending nothing_to_do(Group& g, JobState& job) {
     job.summary.final_top5 = e.top5;
     job.summary.eval_step = g.first;
     if (g.lead)
-      job.metrics.write({{"event", "eval"},
-                         {"epoch", g.epochs},
-                         {"step", g.first},
-                         {"top1", e.top1},
-                         {"top5", e.top5},
-                         {"loss", e.loss},
-                         {"consensus", e.consensus},
-                         {"ranks", g.comm.size()},
-                         {"wall_s", seconds_since(job.t_start)}});
+      job.metrics.write(
+          eval_event(g.epochs, g.first, e, g.comm.size(), seconds_since(job.t_start)));
   }
   Timeline none;
   finish_group(g, job, none);

@@ -9,6 +9,7 @@
 #include "gossip/resilience/checkpoint.hpp"
 #include "gossip/train/agree.hpp"
 #include "gossip/train/apoptosis.hpp"
+#include "gossip/train/events.hpp"
 #include "gossip/train/fault_hooks.hpp"
 #include "gossip/train/stop_signals.hpp"
 #include "gossip/train/test_hooks.hpp"
@@ -127,31 +128,16 @@ class Progress : public StepHook {
     if (r.restored) return;
     loss_avg_ = r.step == g_.first ? r.stats.loss : 0.95 * loss_avg_ + 0.05 * r.stats.loss;
     if (!g_.lead) return;
-    // A count of -1 is one this run does not keep (allreduce's bytes, staleness 0's lateness).
-    const auto count_or_null = [](int64_t n) {
-      return n >= 0 ? nlohmann::json(n) : nlohmann::json();
-    };
-    job_.metrics.write({{"event", "step"},
-                        {"step", r.step},
-                        {"epoch", r.epoch},
-                        {"loss", emulated(g_.c) ? nlohmann::json() : nlohmann::json(r.stats.loss)},
-                        {"lr", r.stats.lr},
-                        {"images_per_s", g_.global_batch / r.seconds},
-                        {"step_s", r.seconds},
-                        {"comm_s", r.stats.comm_seconds},
-                        {"sent_bytes", count_or_null(r.stats.sent_bytes)},
-                        {"late_buckets", count_or_null(r.stats.late_buckets)},
-                        {"unmixed_buckets", count_or_null(r.stats.unmixed_buckets)},
-                        {"consensus_estimate", r.stats.consensus_estimate >= 0
-                                                   ? nlohmann::json(r.stats.consensus_estimate)
-                                                   : nlohmann::json()},
-                        {"consensus_average", r.stats.consensus_average},
-                        {"data_wait_s", r.data_wait},
-                        {"shuffle_s", r.shuffle_wait},
-                        {"skipped", g_.data.skipped()}});
-    if (r.stats.consensus >= 0)
-      job_.metrics.write(
-          {{"event", "consensus"}, {"step", r.step + 1}, {"consensus", r.stats.consensus}});
+    job_.metrics.write(step_event({.step = r.step,
+                                   .epoch = r.epoch,
+                                   .has_loss = !emulated(g_.c),
+                                   .seconds = r.seconds,
+                                   .global_batch = g_.global_batch,
+                                   .data_wait_s = r.data_wait,
+                                   .shuffle_s = r.shuffle_wait,
+                                   .skipped = g_.data.skipped()},
+                                  r.stats));
+    if (r.stats.consensus >= 0) job_.metrics.write(consensus_event(r.step, r.stats.consensus));
     print(r);
   }
 
@@ -211,15 +197,8 @@ class Evaluation : public StepHook {
                 static_cast<long long>(r.epoch + 1), 100 * e.top1, 100 * e.top5, e.loss,
                 static_cast<long long>(e.samples));
     std::fflush(stdout);
-    job_.metrics.write({{"event", "eval"},
-                        {"epoch", r.epoch + 1},
-                        {"step", r.step + 1},
-                        {"top1", e.top1},
-                        {"top5", e.top5},
-                        {"loss", e.loss},
-                        {"consensus", e.consensus},
-                        {"ranks", g_.comm.size()},
-                        {"wall_s", seconds_since(job_.t_start)}});
+    job_.metrics.write(
+        eval_event(r.epoch + 1, r.step + 1, e, g_.comm.size(), seconds_since(job_.t_start)));
   }
   void save(const StepRecord& r, const EvalStats& e) {
     g_.trainer.average_model(params_, buffers_);  // a collective
@@ -283,7 +262,7 @@ class StopOnSignal : public StepHook {
     if (job_.stop_signals) job_.stop_signals->taken_up();
     const int64_t done = r.step + 1;
     const std::string folder = g_.recovery.checkpoint_now(done, r.epoch, job_.metrics);
-    job_.metrics.write({{"event", "stopped"}, {"signal", signal_name(signal)}, {"step", done}});
+    job_.metrics.write(stopped_event(signal_name(signal), done));
     throw StopRequested(signal,
                         std::string("stopped by ") + signal_name(signal) + " after step " +
                             std::to_string(done) + " of " + std::to_string(g_.total) +

@@ -23,6 +23,7 @@
 #include "gossip/comm/mixing.hpp"
 #include "gossip/comm/wire.hpp"
 #include "gossip/train/data.hpp"
+#include "gossip/train/events.hpp"
 #include "gossip/train/job.hpp"
 #include "gossip/train/metrics.hpp"
 #include "gossip/train/step_hooks.hpp"
@@ -959,20 +960,15 @@ void VirtualRun::announce() {
       static_cast<long long>(global_batch), static_cast<long long>(per_epoch_),
       static_cast<long long>(epochs_), lr_->peak(), mixing.c_str());
   std::fflush(stdout);
-  metrics_.write({{"event", "start"},
-                  {"ranks", ranks_},
-                  {"threads", threads},
-                  {"model", c_.model.name},
-                  {"params", g.param_count()},
-                  {"global_batch", global_batch},
-                  {"steps", total_},
-                  {"epochs_planned", planned_epochs_},
-                  {"first_step", 0},
-                  {"mode", c_.gossip.mode},
-                  {"backend", c_.train.backend},
-                  {"faults_planned", 0},
-                  {"fault_strategy", c_.fault.strategy},
-                  {"memory_estimate_bytes", memory_estimate_}});
+  nlohmann::json start = start_event(c_, {.ranks = ranks_,
+                                          .threads = threads,
+                                          .params = g.param_count(),
+                                          .global_batch = global_batch,
+                                          .steps = total_,
+                                          .epochs_planned = planned_epochs_,
+                                          .fault_strategy = c_.fault.strategy});
+  start["memory_estimate_bytes"] = memory_estimate_;
+  metrics_.write(start);
 }
 
 // log.losses: every rank's lines held so far, appended to its file (all: whatever is held;
@@ -1009,34 +1005,29 @@ void VirtualRun::record(int64_t s, const StepOut& out, double seconds) {
     write_losses(false);
   }
   const int64_t global_batch = c_.train.batch * ranks_;
-  const auto count_or_null = [](int64_t n) {
-    return n >= 0 ? nlohmann::json(n) : nlohmann::json();
-  };
   const double data_wait = out.data_wait - data_wait_;
   data_wait_ = out.data_wait;
-  metrics_.write(
-      {{"event", "step"},
-       {"step", s},
-       {"epoch", s / per_epoch_},
-       {"loss", out.loss},
-       {"loss_mean", out.loss_mean},
-       {"loss_min", out.loss_min},
-       {"loss_max", out.loss_max},
-       {"lr", out.lr},
-       {"images_per_s", static_cast<double>(global_batch) / seconds},
-       {"step_s", seconds},
-       {"comm_s", 0.0},
-       {"sent_bytes", algorithm_.allreduce ? nlohmann::json() : nlohmann::json(out.sent_bytes)},
-       {"late_buckets", count_or_null(out.late_buckets)},
-       {"unmixed_buckets", count_or_null(out.unmixed_buckets)},
-       {"consensus_estimate",
-        out.consensus_estimate >= 0 ? nlohmann::json(out.consensus_estimate) : nlohmann::json()},
-       {"consensus_average", out.consensus_average},
-       {"data_wait_s", data_wait},
-       {"shuffle_s", 0.0},
-       {"skipped", rank_[0].loader->skipped()}});
-  if (out.consensus >= 0)
-    metrics_.write({{"event", "consensus"}, {"step", s + 1}, {"consensus", out.consensus}});
+  // As a real rank 0's step (nothing moves between processes: no exposed communication).
+  StepStats st;
+  st.loss = out.loss;
+  st.lr = out.lr;
+  st.sent_bytes = algorithm_.allreduce ? -1 : out.sent_bytes;
+  st.late_buckets = out.late_buckets;
+  st.unmixed_buckets = out.unmixed_buckets;
+  st.consensus_estimate = out.consensus_estimate;
+  st.consensus_average = out.consensus_average;
+  nlohmann::json event = step_event({.step = s,
+                                     .epoch = s / per_epoch_,
+                                     .seconds = seconds,
+                                     .global_batch = global_batch,
+                                     .data_wait_s = data_wait,
+                                     .skipped = rank_[0].loader->skipped()},
+                                    st);
+  event["loss_mean"] = out.loss_mean;
+  event["loss_min"] = out.loss_min;
+  event["loss_max"] = out.loss_max;
+  metrics_.write(event);
+  if (out.consensus >= 0) metrics_.write(consensus_event(s, out.consensus));
   loss_avg_ = s == 0 ? out.loss : 0.95 * loss_avg_ + 0.05 * out.loss;
   const double now = seconds_since(t_start_);
   if (!c_.log.progress || (now - last_print_ < c_.log.interval && s + 1 < total_)) return;
@@ -1068,10 +1059,7 @@ void VirtualRun::evaluate_and_report(int64_t s) {
                 static_cast<long long>(rt.samples), 100 * rt.min, 100 * rt.median, 100 * rt.max);
   std::printf("\n");
   std::fflush(stdout);
-  nlohmann::json event = {
-      {"event", "eval"},          {"epoch", epoch + 1}, {"step", s + 1},
-      {"top1", e.top1},           {"top5", e.top5},     {"loss", e.loss},
-      {"consensus", e.consensus}, {"ranks", ranks_},    {"wall_s", seconds_since(t_start_)}};
+  nlohmann::json event = eval_event(epoch + 1, s + 1, e, ranks_, seconds_since(t_start_));
   if (rt.samples > 0)
     event["rank_top1"] = {
         {"min", rt.min}, {"median", rt.median}, {"max", rt.max}, {"samples", rt.samples}};
@@ -1083,7 +1071,7 @@ void VirtualRun::evaluate_and_report(int64_t s) {
 void VirtualRun::stop_if_asked(int64_t done) {
   const int signal = StopSignals::requested();
   if (signal == 0) return;
-  metrics_.write({{"event", "stopped"}, {"signal", signal_name(signal)}, {"step", done}});
+  metrics_.write(stopped_event(signal_name(signal), done));
   throw StopRequested(signal, std::string("stopped by ") + signal_name(signal) + " after step " +
                                   std::to_string(done) + " of " + std::to_string(total_) +
                                   ": no checkpoint.dir, so nothing was saved");
@@ -1118,33 +1106,27 @@ void VirtualRun::finish() {
       static_cast<long long>(summary.steps), ranks_, format_duration(summary.wall_seconds).c_str(),
       summary.images_per_second, top1, lateness, gigabytes(peak).c_str(),
       gigabytes(memory_estimate_).c_str(), metrics_path_.c_str());
-  const auto count_or_null = [](bool known, int64_t v) {
-    return known ? nlohmann::json(v) : nlohmann::json();
-  };
-  metrics_.write({{"event", "summary"},
-                  {"steps", summary.steps},
-                  {"epochs", steps / static_cast<double>(per_epoch_)},
-                  {"epochs_planned", planned_epochs_},
-                  {"top1", evaluated ? nlohmann::json(summary.final_top1) : nlohmann::json()},
-                  {"top5", evaluated ? nlohmann::json(summary.final_top5) : nlohmann::json()},
-                  {"eval_step", count_or_null(evaluated, summary.eval_step)},
-                  {"wall_s", summary.wall_seconds},
-                  {"images_per_s", summary.images_per_second},
-                  {"comm_s", 0.0},
-                  {"exposed_comm_share", 0.0},
-                  {"data_wait_s", data_wait_},
-                  {"params", net_.graph().param_count()},
-                  {"skipped", skipped},
-                  {"shuffled_samples", 0},
-                  {"ranks", ranks_},
-                  {"consensus_averages", consensus_averages_},
-                  {"faults", 0},
-                  {"sent_bytes_per_step",
-                   algorithm_.allreduce ? nlohmann::json() : nlohmann::json(bytes_per_step)},
-                  {"late_buckets", count_or_null(stale, lateness_all_.late)},
-                  {"unmixed_buckets", count_or_null(stale, lateness_all_.unmixed)},
-                  {"memory_estimate_bytes", memory_estimate_},
-                  {"peak_memory_bytes", peak}});
+  nlohmann::json event = summary_event({.steps = summary.steps,
+                                        .per_epoch = per_epoch_,
+                                        .eval_step = evaluated ? summary.eval_step : -1,
+                                        .epochs_planned = planned_epochs_,
+                                        .top1 = summary.final_top1,
+                                        .top5 = summary.final_top5,
+                                        .wall_s = summary.wall_seconds,
+                                        .images_per_s = summary.images_per_second,
+                                        .train_s = train_seconds_,
+                                        .data_wait_s = data_wait_,
+                                        .params = net_.graph().param_count(),
+                                        .skipped = skipped,
+                                        .consensus_averages = consensus_averages_,
+                                        .ranks = ranks_});
+  event["sent_bytes_per_step"] =
+      algorithm_.allreduce ? nlohmann::json() : nlohmann::json(bytes_per_step);
+  event["late_buckets"] = stale ? nlohmann::json(lateness_all_.late) : nlohmann::json();
+  event["unmixed_buckets"] = stale ? nlohmann::json(lateness_all_.unmixed) : nlohmann::json();
+  event["memory_estimate_bytes"] = memory_estimate_;
+  event["peak_memory_bytes"] = peak;
+  metrics_.write(event);
 }
 
 RunSummary VirtualRun::run() {

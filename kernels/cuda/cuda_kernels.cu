@@ -579,6 +579,19 @@ __global__ void bn_stat_partial_k(float* part, const T* x, NchwWalk w, uint32_t 
   }
 }
 
+// Channel c's batch mean and biased variance over `count` values: mean and inv_std, and the
+// running statistics moved towards them as PyTorch does (the unbiased variance).
+__device__ void bn_store_statistics(int64_t c, double m, double var, double count, const BnShape& b,
+                                    float* mean, float* inv_std, float* running_mean,
+                                    float* running_var) {
+  mean[c] = static_cast<float>(m);
+  inv_std[c] = static_cast<float>(1.0 / sqrt(var + static_cast<double>(b.eps)));
+  const double mom = b.momentum;
+  running_mean[c] = static_cast<float>((1.0 - mom) * running_mean[c] + mom * m);
+  running_var[c] =
+      static_cast<float>((1.0 - mom) * running_var[c] + mom * var * count / fmax(1.0, count - 1.0));
+}
+
 template <typename T>
 __global__ void bn_stat_final_k(float* mean, float* inv_std, float* running_mean,
                                 float* running_var, const float* part, const T* x, BnShape b,
@@ -599,12 +612,7 @@ __global__ void bn_stat_final_k(float* mean, float* inv_std, float* running_mean
   const double raw = s2 / count - shifted_mean * shifted_mean;
   const double var = raw < 0.0 ? 0.0 : raw;
   const double m = shifted_mean + ld(x, c * shift_stride);
-  mean[c] = static_cast<float>(m);
-  inv_std[c] = static_cast<float>(1.0 / sqrt(var + static_cast<double>(b.eps)));
-  const double mom = b.momentum;
-  running_mean[c] = static_cast<float>((1.0 - mom) * running_mean[c] + mom * m);
-  running_var[c] =
-      static_cast<float>((1.0 - mom) * running_var[c] + mom * var * count / fmax(1.0, count - 1.0));
+  bn_store_statistics(c, m, var, count, b, mean, inv_std, running_mean, running_var);
 }
 
 __global__ void bn_running_k(float* mean, float* inv_std, const float* running_mean,
@@ -812,12 +820,30 @@ __global__ void bn_grad_rows_k(float* part, T* dz, const T* dy, const T* relu_y,
 __global__ void sgd_k(float* w, float* v, const float* g, int64_t n, float lr, float mu, float wd,
                       bool nesterov, bool first) {
   GG_GRID_LOOP(i, n) {
-    // The order of kernels::Sgd's arithmetic, so both round alike (up to contraction into FMAs).
-    const float d = g[i] + wd * w[i];
-    const float vi = first ? d : (nesterov ? mu * v[i] + d : mu * v[i] + g[i] + wd * w[i]);
+    // kernels::Sgd's arithmetic in its order, each operation rounded to nearest on its own (the
+    // _rn intrinsics are never contracted into FMAs, as the host's ISO C++ is not): the same bits.
+    const float d = __fadd_rn(g[i], __fmul_rn(wd, w[i]));
+    const float vi = first ? d
+                     : nesterov
+                         ? __fadd_rn(__fmul_rn(mu, v[i]), d)
+                         : __fadd_rn(__fadd_rn(__fmul_rn(mu, v[i]), g[i]), __fmul_rn(wd, w[i]));
     v[i] = vi;
-    w[i] -= lr * (nesterov ? d + mu * vi : vi);
+    w[i] = __fsub_rn(w[i], __fmul_rn(lr, nesterov ? __fadd_rn(d, __fmul_rn(mu, vi)) : vi));
   }
+}
+
+// The gossip mixing rules of gossip/comm/mixing.hpp on the device, in the same arithmetic.
+__global__ void mix_pair_k(float* x, const float* partner, int64_t n) {
+  GG_GRID_LOOP(i, n) x[i] = __fmul_rn(0.5f, __fadd_rn(x[i], partner[i]));
+}
+__global__ void mix_correction_k(const float* sent, const float* partner, float* delta, int64_t n) {
+  GG_GRID_LOOP(i, n) delta[i] = __fmul_rn(0.5f, __fsub_rn(partner[i], sent[i]));
+}
+__global__ void apply_correction_k(float* x, const float* delta, int64_t n) {
+  GG_GRID_LOOP(i, n) x[i] = __fadd_rn(x[i], delta[i]);
+}
+__global__ void mix_copies_k(float* x, const float* mine, const float* theirs, int64_t n) {
+  GG_GRID_LOOP(i, n) x[i] = __fadd_rn(x[i], __fmul_rn(0.5f, __fsub_rn(theirs[i], mine[i])));
 }
 
 __global__ void count_valid_k(float* loss_and_count, const int32_t* labels, int64_t n) {
@@ -1213,12 +1239,7 @@ __global__ void bn_sums_final_k(float* mean, float* inv_std, float* running_mean
   // shifted ones); a NaN stays NaN.
   const double raw = static_cast<double>(sq[c]) / count - m * m;
   const double var = raw < 0.0 ? 0.0 : raw;
-  mean[c] = static_cast<float>(m);
-  inv_std[c] = static_cast<float>(1.0 / sqrt(var + static_cast<double>(b.eps)));
-  const double mom = b.momentum;
-  running_mean[c] = static_cast<float>((1.0 - mom) * running_mean[c] + mom * m);
-  running_var[c] =
-      static_cast<float>((1.0 - mom) * running_var[c] + mom * var * count / fmax(1.0, count - 1.0));
+  bn_store_statistics(c, m, var, count, b, mean, inv_std, running_mean, running_var);
 }
 }  // namespace
 
@@ -1330,6 +1351,24 @@ void bn_backward(const BnGrad& g, float* dgamma, float* dbeta, const void* x, co
 void sgd_update(float* w, float* v, const float* g, int64_t n, float lr, float momentum,
                 float weight_decay, bool nesterov, bool first, cudaStream_t s) {
   sgd_k<<<blocks_for(n), kThreads, 0, s>>>(w, v, g, n, lr, momentum, weight_decay, nesterov, first);
+  check_launch();
+}
+
+void mix_pair(float* x, const float* partner, int64_t n, cudaStream_t s) {
+  mix_pair_k<<<blocks_for(n), kThreads, 0, s>>>(x, partner, n);
+  check_launch();
+}
+void mix_correction(const float* sent, const float* partner, float* delta, int64_t n,
+                    cudaStream_t s) {
+  mix_correction_k<<<blocks_for(n), kThreads, 0, s>>>(sent, partner, delta, n);
+  check_launch();
+}
+void apply_correction(float* x, const float* delta, int64_t n, cudaStream_t s) {
+  apply_correction_k<<<blocks_for(n), kThreads, 0, s>>>(x, delta, n);
+  check_launch();
+}
+void mix_copies(float* x, const float* mine, const float* theirs, int64_t n, cudaStream_t s) {
+  mix_copies_k<<<blocks_for(n), kThreads, 0, s>>>(x, mine, theirs, n);
   check_launch();
 }
 

@@ -131,8 +131,17 @@ void bn_backward(const BnGrad& g, float* dgamma, float* dbeta, const void* x, co
                  const float* inv_std, const float* gamma, const BnShape& b, float* scratch,
                  DType t, cudaStream_t s);
 
-// torch.optim.SGD's update over n fp32 values (see kernels::Sgd); `first` seeds v with the
-// gradient.
+// The mixing rules of gossip/comm/mixing.hpp over n fp32 values on the device, giving the host's
+// bits (each operation rounded to nearest, never fused): x = (x + partner) / 2; delta =
+// (partner - sent) / 2; x += delta; x += (theirs - mine) / 2.
+void mix_pair(float* x, const float* partner, int64_t n, cudaStream_t s);
+void mix_correction(const float* sent, const float* partner, float* delta, int64_t n,
+                    cudaStream_t s);
+void apply_correction(float* x, const float* delta, int64_t n, cudaStream_t s);
+void mix_copies(float* x, const float* mine, const float* theirs, int64_t n, cudaStream_t s);
+
+// torch.optim.SGD's update over n fp32 values, kernels::Sgd's bits (its order of operations,
+// none fused); `first` seeds v with the gradient.
 void sgd_update(float* w, float* v, const float* g, int64_t n, float lr, float momentum,
                 float weight_decay, bool nesterov, bool first, cudaStream_t s);
 
