@@ -10,7 +10,10 @@ SECONDS_EACH="${1:-10}"
 OUT=build-fuzz
 mkdir -p "$OUT"
 CXX=(clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I.)
+# The rank state's parts: format 1's fields are read into the parts their owners (the rules' copies,
+# the codec's residue) write today.
 "${CXX[@]}" fuzz/fuzz_checkpoint.cpp gossip/resilience/full_checkpoint.cpp kernels/durable_file.cpp \
+  gossip/comm/state_part.cpp gossip/comm/rules.cpp gossip/comm/mixing.cpp \
   -lxxhash -o "$OUT/fuzz_checkpoint"
 # The config reader with what it validates against (model names, data source grammar); what
 # concerns this machine (gossip/train/preflight) is not part of it.

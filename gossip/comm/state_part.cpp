@@ -16,6 +16,19 @@ const StatePart* find_part(std::span<const StatePart> parts, std::string_view ki
   return nullptr;
 }
 
+StatePart floats_part(std::string kind, uint32_t version, const std::vector<float>& values) {
+  PartWriter w;
+  w.array(values);
+  return w.part(std::move(kind), version);
+}
+
+std::vector<float> read_floats(const StatePart& p) {
+  PartReader r(p);
+  std::vector<float> v = r.get_array<float>();
+  r.end();
+  return v;
+}
+
 void PartReader::fail() const {
   throw std::runtime_error("the rank state's " + p_.kind + " (exchange " + p_.exchange +
                            ") is truncated or corrupt");

@@ -41,6 +41,10 @@ struct StateLayout {
 const StatePart* find_part(std::span<const StatePart> parts, std::string_view kind,
                            uint32_t newest);
 
+// A part that is one array of floats, and back (std::runtime_error naming it: malformed).
+StatePart floats_part(std::string kind, uint32_t version, const std::vector<float>& values);
+std::vector<float> read_floats(const StatePart& p);
+
 // A part's bytes: little-endian, the host's float format.
 class PartWriter {
  public:

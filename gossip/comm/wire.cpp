@@ -277,19 +277,6 @@ void WireCodec::set_residue(const std::vector<float>& r) {
   residue_ = r;
 }
 
-StatePart residue_part(const std::vector<float>& plain) {
-  PartWriter w;
-  w.array(plain);
-  return w.part(std::string(kResidueKind), 1);
-}
-
-std::vector<float> read_residue(const StatePart& p) {
-  PartReader r(p);
-  std::vector<float> v = r.get_array<float>();
-  r.end();
-  return v;
-}
-
 void WireCodec::save_state(std::vector<StatePart>& out, const StateLayout& layout) const {
   const std::vector<float> r = residue();
   if (!r.empty()) out.push_back(residue_part(layout.plain(r)));

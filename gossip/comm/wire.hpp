@@ -73,8 +73,10 @@ uint64_t bucket_key(uint64_t key, int bucket);
 
 // The residue as a state part (plain values), and back (std::runtime_error: malformed).
 inline constexpr std::string_view kResidueKind = "wire-residue";
-StatePart residue_part(const std::vector<float>& plain);
-std::vector<float> read_residue(const StatePart& p);
+inline StatePart residue_part(const std::vector<float>& plain) {
+  return floats_part(std::string(kResidueKind), 1, plain);
+}
+inline std::vector<float> read_residue(const StatePart& p) { return read_floats(p); }
 
 // One flat buffer's buckets on a wire: where each bucket lies in the transport's layout, and the
 // rooms that hold this rank's packed buckets and the error-feedback residue (error_feedback: a
