@@ -19,9 +19,17 @@ namespace fs = std::filesystem;
 namespace gg::gossip {
 namespace {
 
-// What --help says after an option's text: its range, as the checks enforce it.
+// What --help says after an option's text: its choices (from the enum's name table, or the
+// algorithms' registry) or its range, as parsing and the checks enforce them.
 std::string help_of(const Option& o) {
   std::string help(o.help);
+  if (const auto* e = std::get_if<EnumField>(&o.field))
+    help.append(" {").append(e->choices()).append("}");
+  if (const auto* c = std::get_if<Choices>(&o.rule)) {
+    std::string list;
+    for (std::string_view v : c->values) list.append(list.empty() ? "" : ", ").append(v);
+    help.append(" {").append(list).append("}");
+  }
   if (const auto* r = std::get_if<Range>(&o.rule)) {
     const std::string range = range_text(*r);
     if (range.rfind("in ", 0) == 0)

@@ -238,6 +238,22 @@ TEST_CASE("the registry: every option once, keys are section.name, help names ev
     CHECK_FALSE(o.help.empty());
     if (const auto* choices = std::get_if<gg::gossip::Choices>(&o.rule))
       for (std::string_view v : choices->values) CHECK(o.help.find(v) != std::string_view::npos);
+    // A fixed-choice option: its prose names every value of its enum's table, and the table
+    // sets what parses (one value each way).
+    if (const auto* e = std::get_if<gg::gossip::EnumField>(&o.field)) {
+      std::string list = e->choices(), first;
+      for (size_t at = 0; at != std::string::npos;) {
+        const size_t end = list.find(", ", at);
+        const std::string v = list.substr(at, end == std::string::npos ? end : end - at);
+        if (first.empty()) first = v;
+        CHECK(o.help.find(v) != std::string_view::npos);
+        at = end == std::string::npos ? end : end + 2;
+      }
+      gg::gossip::Config c;
+      CHECK(e->set(c, first));
+      CHECK(e->get(c) == first);
+      CHECK_FALSE(e->set(c, "no-such-choice"));
+    }
   }
   const std::string help = gg::gossip::train_help();
   for (const std::string& model : gg::kernels::model_names())
