@@ -99,9 +99,10 @@ class AllreduceExchange final : public BucketExchange {
   std::thread worker_;
 };
 
-// The mixing rule an exchange with options `o` runs over `buffer` (rules.hpp): the overlapped
-// correction (delayed), the partner's latest bucket (staleness 1) or the pair average. The engine
-// below and virtual ranks (gossip/train/virtual.hpp) both take their rules from here.
+// The mixing rule an exchange with options `o` runs over `buffer`: the pair average, the partner's
+// latest bucket (staleness 1), the overlapped correction (delayed), or a compressing rule (its own
+// header beside rules.hpp), as the options ask. The engine below and virtual ranks
+// (gossip/train/virtual.hpp) both take their rules from here.
 // `rank`: the rank the rule runs for (a rule may orient a pair by it).
 std::unique_ptr<MixingRule> make_rule(const GossipOptions& o, float* buffer,
                                       const std::vector<kernels::Bucket>& buckets, int rank);
