@@ -353,12 +353,11 @@ int cmd_simulate(const std::vector<std::string>& args) {
   const partners::Network net = make_network(c);
   const Algorithm& a = mixing_of(c);
   partners::GossipMode mode{a.grads, a.weights, a.momentum, c.gossip.overlap_model};
-  const GossipPlan plan = gossip_plan(c);
   const auto wire = [](Wire kind) -> std::function<int64_t(int64_t)> {
     return [kind](int64_t bytes) { return wire_floats(kind, bytes / 4) * 4; };
   };
-  mode.grad_wire = wire(plan.wire);
-  mode.model_wire = wire(plan.model_wire);
+  mode.grad_wire = wire(c.gossip.wire);
+  mode.model_wire = wire(c.gossip.model_wire);
   if (c.gossip.global_every > 0) {  // weights and statistics in fp32, as the trainer averages them
     mode.global_every = c.gossip.global_every;
     mode.global_bytes = (g.param_count() + g.buffer_count()) * 4;

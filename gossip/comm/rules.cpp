@@ -169,11 +169,15 @@ std::vector<PublicCopy> read_copies(const StatePart& p) {
   return v;
 }
 
+std::vector<PublicCopy> copies_in(std::span<const StatePart> parts, std::string_view kind) {
+  const StatePart* p = find_part(parts, kind, kCopiesVersion);
+  return p ? read_copies(*p) : std::vector<PublicCopy>();
+}
+
 std::vector<PublicCopy> saved_copies(const MixingRule& r, std::string_view kind) {
   std::vector<StatePart> parts;
   r.save_state(parts, {});
-  const StatePart* p = find_part(parts, kind, kCopiesVersion);
-  return p ? read_copies(*p) : std::vector<PublicCopy>();
+  return copies_in(parts, kind);
 }
 
 ChocoAverage::ChocoAverage(float* buffer, const std::vector<kernels::Bucket>& buckets,

@@ -43,8 +43,9 @@ std::vector<PublicCopy> read_copies(const StatePart& p);
 inline constexpr uint32_t kCopiesVersion = 1;
 
 class MixingRule;
-// The copies of `kind` that rule `r` saves (none: empty), values in its buffer's layout: what a
-// test compares between the two ends of a pair.
+// The copies of `kind` among saved parts (none: empty), and those rule `r` saves, values in its
+// buffer's layout: what a test compares between the two ends of a pair.
+std::vector<PublicCopy> copies_in(std::span<const StatePart> parts, std::string_view kind);
 std::vector<PublicCopy> saved_copies(const MixingRule& r, std::string_view kind);
 
 // Staleness 1, since the start: buckets a step mixed from the partner's previous step (late:

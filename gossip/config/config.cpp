@@ -455,27 +455,16 @@ partners::Schedule schedule_of(const Config& c, int p) {
   return s;
 }
 
-GossipPlan gossip_plan(const Config& c) {
-  GossipPlan p;
-  p.algorithm = &mixing_of(c);
-  p.node_hierarchy = c.gossip.hierarchy == Hierarchy::Node;
-  p.skip_late = c.gossip.late == Late::Skip;
-  p.threading = c.gossip.threading;
-  p.wire = c.gossip.wire;
-  p.model_wire = c.gossip.model_wire;
-  return p;
-}
-
-GossipOptions exchange_options(const Config& c, const GossipPlan& plan, Mixed what) {
+GossipOptions exchange_options(const Config& c, Mixed what) {
   const bool after_update = what != Mixed::Grads;
   GossipOptions o;
   o.transport = c.gossip.transport;
-  o.threading = plan.threading;
+  o.threading = c.gossip.threading;
   o.comm_threads = c.gossip.comm_threads;
   o.staleness = c.gossip.staleness;
-  o.skip_late = plan.skip_late;
+  o.skip_late = c.gossip.late == Late::Skip;
   o.timeout_s = c.gossip.timeout_s;
-  o.wire = after_update ? plan.model_wire : plan.wire;
+  o.wire = after_update ? c.gossip.model_wire : c.gossip.wire;
   o.public_copies = after_update && c.gossip.choco;
   o.low_rank = after_update ? c.gossip.low_rank : 0;
   o.stochastic = c.gossip.rounding == Rounding::Stochastic && quantized(o.wire);

@@ -206,20 +206,10 @@ struct Config {
 // option's strings.
 const Algorithm& mixing_of(const Config& c);
 
-// The [gossip] options the exchanges are built from, typed once here.
-struct GossipPlan {
-  const Algorithm* algorithm = nullptr;  // gossip.mode
-  bool node_hierarchy = false;           // gossip.hierarchy = node
-  bool skip_late = false;                // gossip.late = skip
-  Threading threading = Threading::Funneled;
-  Wire wire = Wire::Fp32, model_wire = Wire::Fp32;  // gradients', weights' (and momentum's)
-};
-GossipPlan gossip_plan(const Config& c);
-
 // The options of one of a rank's exchanges, for real ranks and virtual ones alike (the schedule is
 // the caller's): which buffer it mixes decides the wire, delayed mixing and the distance measure.
 enum class Mixed { Grads, Weights, Momentum };
-GossipOptions exchange_options(const Config& c, const GossipPlan& plan, Mixed what);
+GossipOptions exchange_options(const Config& c, Mixed what);
 
 // train.weight_layout = plain: the weights stay in PyTorch's layout (not the backend's own).
 inline bool plain_weights(const Config& c) { return c.train.weight_layout == WeightLayout::Plain; }

@@ -186,14 +186,14 @@ void announce_start(Group& g, JobState& job) {
   report_recovery(g, job);
   report_real_failure(g, job);
   if (!g.lead || job.started) return;
-  const std::string mixing =
-      mixing_of(c).allreduce
-          ? std::string("allreduce")
-          : "gossip " + c.gossip.mode + " (" + text_of(c.gossip.schedule) +
-                (c.gossip.rotate ? "+rotate" : "") + ", " +
-                (gossip_plan(c).node_hierarchy ? std::string("node average, then across nodes")
-                                               : text_of(c.gossip.transport)) +
-                ")";
+  const std::string mixing = mixing_of(c).allreduce
+                                 ? std::string("allreduce")
+                                 : "gossip " + c.gossip.mode + " (" + text_of(c.gossip.schedule) +
+                                       (c.gossip.rotate ? "+rotate" : "") + ", " +
+                                       (c.gossip.hierarchy == Hierarchy::Node
+                                            ? std::string("node average, then across nodes")
+                                            : text_of(c.gossip.transport)) +
+                                       ")";
   const int64_t params = g.trainer.graph().param_count();
   std::printf("gossipgrad: %d ranks x %d threads, %s (%lld params), %s backend\n", g.comm.size(),
               g.threads, c.model.name.c_str(), static_cast<long long>(params),

@@ -128,20 +128,21 @@ void Trainer::make_exchanges() {
   lateness_ = {};
   kernels::ParamStore& store = net_.store();
   // Which combinations of exchange options are valid: check_exchange (gossip/config), before MPI.
-  const GossipPlan plan = gossip_plan(c_);
-  const Algorithm& a = *plan.algorithm;
+  const Algorithm& a = algorithm_;
   if (a.allreduce) {
     exchange_ = std::make_unique<AllreduceExchange>(world_, store.grads.data(), net_.buckets());
     return;
   }
-  // Options that do not fit the model are refused at every rank count, as --dry-run refuses them.
-  for (const Mixed what : {Mixed::Grads, Mixed::Weights})
-    fitted(gg::gossip::exchange_options(c_, plan, what));
   // One rank (a run without mpirun, the last survivor of a forward recovery) has no partner:
   // nothing is mixed or sent (a rank mixing with its own copy on a lossy wire would only round).
-  if (world_.size() == 1) return;
+  // Options that do not fit the model are still refused, as at every rank count (--dry-run
+  // refuses them too); with partners, the exchanges' own options are fitted below.
+  if (world_.size() == 1) {
+    fitted(gg::gossip::exchange_options(c_, Mixed::Weights));
+    return;
+  }
   const partners::Schedule schedule = gossip_schedule(c_, world_.size());
-  if (plan.node_hierarchy) {
+  if (c_.gossip.hierarchy == Hierarchy::Node) {
     try {
       exchange_ = std::make_unique<HierarchicalExchange>(world_, store.grads.data(), net_.buckets(),
                                                          schedule, c_.gossip.timeout_s);
@@ -155,19 +156,18 @@ void Trainer::make_exchanges() {
       // The exchange provides the gradient buffer: in shared memory, partners on this node that
       // pair up in a step average it in place, with no copy.
       auto grads = std::make_unique<GossipExchange>(world_, nullptr, net_.buckets(),
-                                                    exchange_options(plan, schedule, Mixed::Grads));
+                                                    exchange_options(schedule, Mixed::Grads));
       net_.share_grads(grads->buffer());
       exchange_ = std::move(grads);
     }
     // After the update: the weights, and with them the momentum (the authors' GossipGraD).
     if (a.weights)
-      model_exchange_ =
-          std::make_unique<GossipExchange>(world_, store.params.data(), net_.buckets(),
-                                           exchange_options(plan, schedule, Mixed::Weights));
+      model_exchange_ = std::make_unique<GossipExchange>(
+          world_, store.params.data(), net_.buckets(), exchange_options(schedule, Mixed::Weights));
     if (a.momentum)
       momentum_exchange_ =
           std::make_unique<GossipExchange>(world_, sgd_.velocity().data(), net_.buckets(),
-                                           exchange_options(plan, schedule, Mixed::Momentum));
+                                           exchange_options(schedule, Mixed::Momentum));
   } catch (const std::invalid_argument& e) {
     throw UsageError(std::string("gossip: ") + e.what());
   }
@@ -176,9 +176,8 @@ void Trainer::make_exchanges() {
   set_first_step(step_);
 }
 
-GossipOptions Trainer::exchange_options(const GossipPlan& plan, const partners::Schedule& schedule,
-                                        Mixed what) const {
-  GossipOptions o = gg::gossip::exchange_options(c_, plan, what);
+GossipOptions Trainer::exchange_options(const partners::Schedule& schedule, Mixed what) const {
+  GossipOptions o = gg::gossip::exchange_options(c_, what);
   o.schedule = schedule;
   return fitted(std::move(o));
 }

@@ -138,8 +138,7 @@ class Trainer {
   // layout those parts' values leave in (plain) and come back to.
   std::vector<std::pair<std::string, BucketExchange*>> named_exchanges() const;
   StateLayout state_layout() const;
-  GossipOptions exchange_options(const GossipPlan& plan, const partners::Schedule& schedule,
-                                 Mixed what) const;
+  GossipOptions exchange_options(const partners::Schedule& schedule, Mixed what) const;
   // `o` with what its rules read of this model (fit_to_model); UsageError where it cannot fit.
   GossipOptions fitted(GossipOptions o) const;
   // The step's parts after backward: the optimizer (or its emulated wait), the weight exchange

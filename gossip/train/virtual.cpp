@@ -624,7 +624,7 @@ void VirtualRun::make_ranks() {
   per_rank_bytes_ = heap_bytes() - before + static_cast<int64_t>(sizeof(Rank));
   plan_memory();
   while (static_cast<int>(rank_.size()) < ranks_) add_rank(so);
-  if (algorithm_.grads && gossip_plan(c).node_hierarchy)
+  if (algorithm_.grads && c.gossip.hierarchy == Hierarchy::Node)
     hierarchy_ = std::make_unique<VirtualHierarchy>(
         grads(), rank_[0].grads.size(), c.network.ranks_per_node, schedule_, net_.buckets());
 }
@@ -650,7 +650,7 @@ void VirtualRun::plan_memory() {
           kernels::numel(net_.graph().input_dims()) * 4 +
       TreeSum<float>::bytes(ranks_) + 3 * model +
       static_cast<int64_t>(ranks_) * 16 +  // per-rank distances, top-1 counts
-      (algorithm_.grads && gossip_plan(c_).node_hierarchy
+      (algorithm_.grads && c_.gossip.hierarchy == Hierarchy::Node
            ? VirtualHierarchy::bytes(ranks_, std::max(1, c_.network.ranks_per_node))
            : 0) +
       (c_.log.losses.empty() ? 0 : 2 * kLossesHeld);
@@ -676,7 +676,6 @@ void VirtualRun::plan_memory() {
 // ranks join them as they are made.
 void VirtualRun::make_exchanges() {
   const Config& c = c_;
-  const GossipPlan plan = gossip_plan(c);
   const auto& buckets = net_.buckets();
   // The lateness model of staleness 1 (train.virtual_late): rank r's partner is late in `step`
   // when a hash of (seed, exchange, step, r), uniform in [0, 1), falls below the share.
@@ -691,7 +690,7 @@ void VirtualRun::make_exchanges() {
   };
   // A real rank's options, with the run's schedule and what its rules read of the model.
   const auto options = [&](Mixed what) {
-    GossipOptions o = exchange_options(c, plan, what);
+    GossipOptions o = exchange_options(c, what);
     o.schedule = schedule_;
     try {
       fit_to_model(o, net_.graph(), net_.layout(), c.model.name);
@@ -700,7 +699,7 @@ void VirtualRun::make_exchanges() {
     }
     return o;
   };
-  if (algorithm_.grads && !plan.node_hierarchy)
+  if (algorithm_.grads && c.gossip.hierarchy != Hierarchy::Node)
     grad_x_ = std::make_unique<VirtualExchange>(options(Mixed::Grads), buckets, late(0));
   if (algorithm_.weights)
     weight_x_ = std::make_unique<VirtualExchange>(options(Mixed::Weights), buckets, late(1));

@@ -32,8 +32,7 @@ std::vector<gossip::PublicCopy> saved_parts(const gossip::GossipExchange& ex,
                                             std::string_view kind) {
   std::vector<gossip::StatePart> parts;
   ex.save_state(parts, {});
-  const gossip::StatePart* p = gossip::find_part(parts, kind, gossip::kCopiesVersion);
-  return p ? gossip::read_copies(*p) : std::vector<gossip::PublicCopy>();
+  return gossip::copies_in(parts, kind);
 }
 
 using test::check;

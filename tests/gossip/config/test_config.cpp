@@ -341,11 +341,10 @@ TEST_CASE("gossip.rounding = stochastic only where an int8 or int4 wire carries 
   // gradients and weights of `both`, would otherwise share them value for value.
   const Config c = parse_train_args({"--gossip.rounding", "stochastic", "--gossip.mode", "both",
                                      "--gossip.wire", "int4", "--gossip.model_wire", "int4"});
-  const gg::gossip::GossipPlan plan = gg::gossip::gossip_plan(c);
   using gg::gossip::Mixed;
   std::set<int> streams;
   for (Mixed m : {Mixed::Grads, Mixed::Weights, Mixed::Momentum}) {
-    const gg::gossip::GossipOptions o = gg::gossip::exchange_options(c, plan, m);
+    const gg::gossip::GossipOptions o = gg::gossip::exchange_options(c, m);
     CHECK(o.stochastic);
     streams.insert(o.stream);
   }
