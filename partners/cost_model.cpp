@@ -92,21 +92,26 @@ StepPrediction predict_gossip(const Schedule& schedule, GossipMode mode, const N
     const std::vector<Partners> peers = step_partners(schedule, t);
     std::fill(off_out.begin(), off_out.end(), 0);
     std::fill(off_in.begin(), off_in.end(), 0);
-    for (int v = 0; v < p; ++v) {
-      off_out[node_of(v, net)] += node_of(peers[v].send_to, net) != node_of(v, net);
-      off_in[node_of(v, net)] += node_of(peers[v].recv_from, net) != node_of(v, net);
-    }
+    for (int v = 0; v < p; ++v)
+      for (int i = 0; i < peers[v].links(); ++i) {
+        off_out[node_of(v, net)] += node_of(peers[v].link(i).send_to, net) != node_of(v, net);
+        off_in[node_of(v, net)] += node_of(peers[v].link(i).recv_from, net) != node_of(v, net);
+      }
     double worst_exposed = 0, worst_comm = 0;
     for (int v = 0; v < p; ++v) {
       const int n = node_of(v, net);
-      const bool remote =
-          node_of(peers[v].send_to, net) != n || node_of(peers[v].recv_from, net) != n;
+      // With k links a rank sends and receives each bucket k times, off the node if any is.
+      const int k = peers[v].links();
+      bool remote = false;
+      for (int i = 0; i < k; ++i)
+        remote = remote || node_of(peers[v].link(i).send_to, net) != n ||
+                 node_of(peers[v].link(i).recv_from, net) != n;
       const double alpha = remote ? net.inter_latency_s : net.intra_latency_s;
       const double bw = remote ? net.inter_bandwidth_Bps / std::max({1, off_out[n], off_in[n]})
                                : net.intra_bandwidth_Bps;
       auto cost = [&](int64_t bytes) {
-        return alpha + static_cast<double>(bytes) / bw +
-               static_cast<double>(bytes) / net.mix_bandwidth_Bps;
+        return alpha + static_cast<double>(k * bytes) / bw +
+               static_cast<double>(k * bytes) / net.mix_bandwidth_Bps;
       };
       double comm = 0, weights = 0, exposed = 0;
       if (mode.model)  // the weights (and the momentum) bucket by bucket

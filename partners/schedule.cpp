@@ -59,23 +59,51 @@ struct RandomCycle {
         rank(inverse(pos)) {}
 };
 
+Partners hypercube(int w, int p, int64_t step) {
+  const int partner = w ^ (1 << (step % rounds_per_cycle(p)));
+  return {partner, partner};
+}
+
+Partners ring(int w, int p, int64_t) { return {(w + 1) % p, (w + p - 1) % p}; }
+
+std::string any_p(int) { return ""; }
+
+std::string needs_power_of_two(int p) {
+  if (power_of_two(p)) return "";
+  return "hypercube needs a power-of-two rank count, got p=" + std::to_string(p) +
+         "; use dissemination";
+}
+
+// The patterns: each one's function of (virtual rank, p >= 2, step), its links a step, what it
+// refuses of p ("" where it serves p) and its words in --help. Random draws a cycle per step and
+// is handled apart.
+struct Pattern {
+  Kind kind;
+  Partners (*of)(int w, int p, int64_t step);
+  int links;
+  std::string (*refuses)(int p);
+  const char* help;
+};
+constexpr Pattern kPatterns[] = {
+    {Kind::Dissemination, dissemination, 1, any_p, "dissemination (2^k apart, k = t mod log2 p)"},
+    {Kind::Hypercube, hypercube, 1, needs_power_of_two, "hypercube (pairs; power-of-two ranks)"},
+    {Kind::Ring, ring, 1, any_p, "ring"},
+    {Kind::Random, nullptr, 1, any_p, "random (a seeded cycle each step)"},
+};
+
+const Pattern& pattern(Kind kind) {
+  for (const Pattern& q : kPatterns)
+    if (q.kind == kind) return q;
+  throw std::logic_error("unhandled schedule kind");
+}
+
 // Partners of virtual rank w (p >= 2); `cycle` is only read for Kind::Random.
 Partners virtual_partners(Kind kind, int w, int p, int64_t step, const RandomCycle* cycle) {
-  switch (kind) {
-    case Kind::Dissemination:
-      return dissemination(w, p, step);
-    case Kind::Hypercube: {
-      const int partner = w ^ (1 << (step % rounds_per_cycle(p)));
-      return {partner, partner};
-    }
-    case Kind::Ring:
-      return {(w + 1) % p, (w + p - 1) % p};
-    case Kind::Random: {
-      const int at = cycle->pos[w];
-      return {cycle->rank[(at + 1) % p], cycle->rank[(at + p - 1) % p]};
-    }
+  if (kind == Kind::Random) {
+    const int at = cycle->pos[w];
+    return {cycle->rank[(at + 1) % p], cycle->rank[(at + p - 1) % p]};
   }
-  throw std::logic_error("unhandled schedule kind");
+  return pattern(kind).of(w, p, step);
 }
 
 void check_step(int64_t step) {
@@ -116,9 +144,20 @@ const char* kind_name(Kind kind) {
 
 void validate(const Schedule& s) {
   if (s.p < 1) throw std::invalid_argument("rank count must be >= 1, got p=" + std::to_string(s.p));
-  if (s.kind == Kind::Hypercube && !power_of_two(s.p))
-    throw std::invalid_argument("hypercube needs a power-of-two rank count, got p=" +
-                                std::to_string(s.p) + "; use dissemination");
+  if (s.p == 1) return;
+  if (const std::string why = pattern(s.kind).refuses(s.p); !why.empty())
+    throw std::invalid_argument(why);
+}
+
+int links(Kind kind) { return pattern(kind).links; }
+
+const std::string& kinds_help() {
+  static const std::string help = [] {
+    std::string h = "partners:";
+    for (const Pattern& q : kPatterns) h += std::string(&q == kPatterns ? " " : ", ") + q.help;
+    return h;
+  }();
+  return help;
 }
 
 int round_length(int p) { return std::max(1, rounds_per_cycle(p)); }
@@ -168,6 +207,8 @@ std::vector<Partners> step_partners(const Schedule& s, int64_t step) {
   for (int v = 0; v < p; ++v) {
     const Partners w = virtual_partners(s.kind, virt[v], p, step, c);
     out[v] = {real[w.send_to], real[w.recv_from]};
+    for (int i = 1; i < w.links(); ++i)
+      out[v].add({real[w.link(i).send_to], real[w.link(i).recv_from]});
   }
   return out;
 }

@@ -2,6 +2,7 @@
 // trainer, the tests and the simulator all use the same code.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -11,9 +12,28 @@
 
 namespace gg::partners {
 
+// The most peers a schedule may give a rank in one step.
+inline constexpr int kMaxLinks = 4;
+
+// One of a step's links: this rank sends to send_to and receives from recv_from.
+struct Link {
+  int send_to = 0;
+  int recv_from = 0;
+  bool operator==(const Link&) const = default;
+};
+
+// A rank's partners in one step: link 0 (send_to, recv_from) and, under a schedule with k peers
+// a step, links 1 .. k - 1 (`more`). Within a step a rank's send_to's are distinct, and so are
+// its recv_from's, and none is the rank itself (p >= 2). The weights are uniform: a rule gives
+// its own values and each received one 1 / (links() + 1), the pair average for one link.
 struct Partners {
   int send_to = 0;
   int recv_from = 0;
+  std::array<Link, kMaxLinks - 1> more{};
+  int extra = 0;  // links beyond the first
+  int links() const { return 1 + extra; }
+  Link link(int i) const { return i == 0 ? Link{send_to, recv_from} : more[i - 1]; }
+  void add(Link l) { more.at(static_cast<size_t>(extra++)) = l; }
   bool operator==(const Partners&) const = default;
 };
 
@@ -24,7 +44,9 @@ int rounds_per_cycle(int p);
 // receives from (v - 2^k) mod p.
 Partners dissemination(int rank, int p, int64_t step);
 
-// The partner patterns a run can choose; see docs/gossip.md "Partner schedules".
+// The partner patterns a run can choose; see docs/gossip.md "Partner schedules". A pattern is an
+// enum value, a name below and a line of schedule.cpp's table (its function, its links a step
+// and the rank counts it serves).
 enum class Kind { Dissemination, Hypercube, Ring, Random };
 
 // The names users write, one table: gossip.schedule's choices, parse_kind and kind_name read it.
@@ -51,12 +73,18 @@ struct Schedule {
 // (hypercube needs a power of two).
 void validate(const Schedule& s);
 
+// How many links (peers) `kind` gives a rank every step at p >= 2 (1 for one-peer schedules).
+int links(Kind kind);
+// The patterns in a line of --help: each one's name and what it needs.
+const std::string& kinds_help();
+
 // Steps per rotation round: ceil(log2 p), at least 1. Rotation changes the virtual-rank
 // permutation only at multiples of this, so a dissemination/hypercube round stays intact.
 int round_length(int p);
 
-// THE schedule: (rank, p, step, seed) -> {send_to, recv_from}. Every step is a permutation
-// (each rank sends once and receives once) with no self-sends for p >= 2; p = 1 talks to itself.
+// THE schedule: (rank, p, step, seed) -> its links. Each link of a step is a permutation (each
+// rank sends once and receives once along it) with no self-sends for p >= 2; p = 1 talks to
+// itself over one link.
 // O(1) for unrotated dissemination/hypercube/ring, O(p) when a permutation has to be drawn.
 Partners partners(const Schedule& s, int rank, int64_t step);
 

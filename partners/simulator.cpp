@@ -33,9 +33,14 @@ void mix_rows(const std::vector<Partners>& who, int cols, const std::vector<doub
   const int p = static_cast<int>(who.size());
   for (int v = 0; v < p; ++v) {
     const double* a = &x[static_cast<size_t>(v) * cols];
-    const double* b = &x[static_cast<size_t>(who[v].recv_from) * cols];
     double* out = &next[static_cast<size_t>(v) * cols];
-    for (int c = 0; c < cols; ++c) out[c] = 0.5 * (a[c] + b[c]);
+    const int k = who[v].links();
+    for (int c = 0; c < cols; ++c) {
+      double sum = a[c];
+      for (int i = 0; i < k; ++i)
+        sum += x[static_cast<size_t>(who[v].link(i).recv_from) * cols + c];
+      out[c] = sum / (k + 1);
+    }
   }
 }
 
@@ -50,7 +55,17 @@ std::vector<T> mix_values(const Schedule& s, std::vector<T> x, int64_t first_ste
   std::vector<T> next(x.size());
   for (int64_t t = first_step; t < first_step + steps; ++t) {
     const std::vector<Partners> who = step_partners(s, t);
-    for (int v = 0; v < s.p; ++v) next[v] = T(0.5) * (x[v] + x[who[v].recv_from]);
+    for (int v = 0; v < s.p; ++v) {
+      const Partners& q = who[v];
+      if (q.links() == 1) {
+        next[v] = T(0.5) * (x[v] + x[q.recv_from]);
+        continue;
+      }
+      // As the engine's PairAverage: the partners added in link order, the last one divides.
+      T sum = x[v];
+      for (int i = 0; i + 1 < q.links(); ++i) sum += x[q.link(i).recv_from];
+      next[v] = (sum + x[q.link(q.links() - 1).recv_from]) / T(q.links() + 1);
+    }
     x.swap(next);
   }
   return x;
@@ -66,14 +81,18 @@ int diffusion_steps(const Schedule& s, int max_steps) {
   const int words = (p + 63) / 64;
   // Every block replays the same steps; keep their recv_from columns while that stays small
   // (drawing a rotated or random step costs a Fisher-Yates shuffle of p).
+  // Rank v's k links' recv_from's at [v * k, v * k + k).
+  const int k = links(s.kind);
   std::vector<std::vector<int>> cached;
   std::vector<int> scratch;
   const auto recv_from = [&](int t) -> const std::vector<int>& {
     if (t < static_cast<int>(cached.size())) return cached[t];
-    scratch.resize(p);
+    scratch.resize(static_cast<size_t>(p) * k);
     const std::vector<Partners> who = step_partners(s, t);
-    for (int v = 0; v < p; ++v) scratch[v] = who[v].recv_from;
-    if (t == static_cast<int>(cached.size()) && (int64_t{t} + 1) * p <= kCachedEntries) {
+    for (int v = 0; v < p; ++v)
+      for (int i = 0; i < k; ++i)
+        scratch[static_cast<size_t>(v) * k + i] = who[v].link(i).recv_from;
+    if (t == static_cast<int>(cached.size()) && (int64_t{t} + 1) * p * k <= kCachedEntries) {
       cached.push_back(scratch);
       return cached.back();
     }
@@ -101,12 +120,14 @@ int diffusion_steps(const Schedule& s, int max_steps) {
       uint64_t missing = 0;  // any source bit still absent anywhere
       for (int v = 0; v < p; ++v) {
         const uint64_t* a = &reach[static_cast<size_t>(v) * nb];
-        const uint64_t* b = &reach[static_cast<size_t>(from[v]) * nb];
         uint64_t* out = &next[static_cast<size_t>(v) * nb];
-        for (int j = 0; j < nb; ++j) {
-          out[j] = a[j] | b[j];
-          missing |= out[j] ^ full[j];
+        std::copy(a, a + nb, out);
+        for (int i = 0; i < k; ++i) {
+          const uint64_t* b =
+              &reach[static_cast<size_t>(from[static_cast<size_t>(v) * k + i]) * nb];
+          for (int j = 0; j < nb; ++j) out[j] |= b[j];
         }
+        for (int j = 0; j < nb; ++j) missing |= out[j] ^ full[j];
       }
       reach.swap(next);
       ++t;

@@ -1,5 +1,6 @@
 // The mixing-matrix simulator: what a schedule does to per-rank values when every step replaces
-// x_v by (x_v + x_{recv_from(v)}) / 2. Built on step_partners(), the code training runs.
+// x_v by (x_v + x_{recv_from(v)}) / 2 (with k links a step, the uniform average of x_v and its k
+// recv_from's). Built on step_partners(), the code training runs.
 #pragma once
 
 #include <cstdint>

@@ -39,8 +39,7 @@ std::optional<PartnersRequest> parse_partners_args(const std::vector<std::string
   po::options_description d("partners options");
   d.add_options()("help", "this help")("ranks", po::value(&ranks)->required(),
                                        "rank count P, 1..65536")(
-      "schedule", po::value(&kind)->default_value(kind),
-      "dissemination, hypercube (P a power of two), ring or random")(
+      "schedule", po::value(&kind)->default_value(kind), gp::kinds_help().c_str())(
       "rotate", po::bool_switch(&rotate), "permute the virtual ranks every ceil(log2 P) steps")(
       "steps", po::value(&steps), "steps to print, 1..100000 (default ceil(log2 P), at least 1)")(
       "seed", po::value(&seed_text)->default_value(seed_text),
@@ -90,9 +89,20 @@ void print_partners_json(const gp::Schedule& s, int64_t steps, int diffusion) {
             << ",\"steps\":[";
   for (int64_t t = 0; t < steps; ++t) {
     nlohmann::json send = nlohmann::json::array(), recv = nlohmann::json::array();
+    // A rank's peer, or with k links a step the list of its peers in link order.
     for (const gp::Partners& q : gp::step_partners(s, t)) {
-      send.push_back(q.send_to);
-      recv.push_back(q.recv_from);
+      if (q.links() == 1) {
+        send.push_back(q.send_to);
+        recv.push_back(q.recv_from);
+        continue;
+      }
+      nlohmann::json to = nlohmann::json::array(), from = nlohmann::json::array();
+      for (int i = 0; i < q.links(); ++i) {
+        to.push_back(q.link(i).send_to);
+        from.push_back(q.link(i).recv_from);
+      }
+      send.push_back(to);
+      recv.push_back(from);
     }
     std::cout << (t ? "," : "") << "{\"step\":" << t << ",\"send_to\":" << send.dump()
               << ",\"recv_from\":" << recv.dump() << "}";
@@ -103,7 +113,7 @@ void print_partners_json(const gp::Schedule& s, int64_t steps, int diffusion) {
 // Wide schedules keep the first 8 and the last 2 ranks so a row stays on one line.
 bool trimmed(const gp::Schedule& s) { return s.p > 12; }
 
-// " v->send_to" for every rank shown at step t.
+// " v->send_to" (" v->a,b" with several links) for every rank shown at step t.
 std::string table_row(const gp::Schedule& s, int64_t t) {
   const std::vector<gp::Partners> who = gp::step_partners(s, t);
   std::string row;
@@ -113,9 +123,13 @@ std::string table_row(const gp::Schedule& s, int64_t t) {
       v = s.p - 3;
       continue;
     }
-    char cell[32];
-    std::snprintf(cell, sizeof cell, " %d->%d", v, who[v].send_to);
-    row += cell;
+    row += ' ';
+    row += std::to_string(v);
+    row += "->";
+    for (int i = 0; i < who[v].links(); ++i) {
+      if (i) row += ',';
+      row += std::to_string(who[v].link(i).send_to);
+    }
   }
   return row;
 }

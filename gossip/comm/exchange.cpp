@@ -110,10 +110,19 @@ GossipOptions checked(GossipOptions o, int ranks) {
   partners::validate(o.schedule);
   if (o.delayed && o.staleness != 0)
     throw std::invalid_argument("delayed mixing needs staleness 0");
+  if (links_of(o) > 1 &&
+      (o.staleness != 0 || o.delayed || o.public_copies || o.low_rank > 0 || o.measure_distance))
+    throw std::invalid_argument(
+        "a schedule with several peers a step mixes at staleness 0, without delayed mixing, "
+        "public copies, low-rank messages or a distance measure");
   return o;
 }
 
 }  // namespace
+
+int links_of(const GossipOptions& o) {
+  return o.schedule.p > 1 ? partners::links(o.schedule.kind) : 1;
+}
 
 void fit_to_model(GossipOptions& o, const kernels::Graph& g, const kernels::ParamLayout& layout,
                   const std::string& model) {
@@ -122,9 +131,10 @@ void fit_to_model(GossipOptions& o, const kernels::Graph& g, const kernels::Para
   o.matrices = matrix_views(g, layout, o.low_rank);
 }
 
-std::unique_ptr<MixingRule> make_rule(const GossipOptions& o, float* buffer,
-                                      const std::vector<kernels::Bucket>& buckets, int rank) {
-  std::unique_ptr<MixingRule> rule;
+namespace {
+// The average and its variants, as the options choose them.
+std::unique_ptr<MixingRule> make_average(const GossipOptions& o, float* buffer,
+                                         const std::vector<kernels::Bucket>& buckets, int rank) {
   if (o.public_copies && o.staleness != 0)
     throw std::invalid_argument("public copies (CHOCO) need staleness 0");
   if (o.low_rank > 0 && (o.staleness != 0 || o.public_copies || o.measure_distance))
@@ -132,27 +142,53 @@ std::unique_ptr<MixingRule> make_rule(const GossipOptions& o, float* buffer,
         "low-rank gossip needs staleness 0 and neither public copies nor a distance measure");
   const int period = partners::rounds_per_cycle(o.schedule.p);
   if (o.low_rank > 0 && o.delayed)
-    rule = std::make_unique<LowRankDelayed>(buffer, buckets, o.matrices, o.low_rank, rank, period);
-  else if (o.low_rank > 0)
-    rule = std::make_unique<LowRankAverage>(buffer, buckets, o.matrices, o.low_rank, rank, period);
-  else if (o.public_copies && o.delayed)
-    rule = std::make_unique<ChocoDelayed>(buffer, buckets);
-  else if (o.public_copies)
-    rule = std::make_unique<ChocoAverage>(buffer, buckets, !lossy(o.wire));
-  else if (o.delayed)
-    rule = std::make_unique<DelayedAverage>(buffer, buckets);
-  else if (o.staleness == 1)
-    rule = std::make_unique<StaleAverage>(buffer, buckets, o.skip_late);
-  else
-    rule = std::make_unique<PairAverage>(buffer, buckets);
+    return std::make_unique<LowRankDelayed>(buffer, buckets, o.matrices, o.low_rank, rank, period);
+  if (o.low_rank > 0)
+    return std::make_unique<LowRankAverage>(buffer, buckets, o.matrices, o.low_rank, rank, period);
+  if (o.public_copies && o.delayed) return std::make_unique<ChocoDelayed>(buffer, buckets);
+  if (o.public_copies) return std::make_unique<ChocoAverage>(buffer, buckets, !lossy(o.wire));
+  if (o.delayed) return std::make_unique<DelayedAverage>(buffer, buckets);
+  if (o.staleness == 1) return std::make_unique<StaleAverage>(buffer, buckets, o.skip_late);
+  return std::make_unique<PairAverage>(buffer, buckets);
+}
+
+// The buckets themselves, or low-rank gossip's messages.
+std::vector<kernels::Bucket> average_messages(const GossipOptions& o,
+                                              const std::vector<kernels::Bucket>& buckets) {
+  if (o.low_rank == 0) return buckets;
+  return LowRankMix(o.matrices, buckets, o.low_rank, 0, 1).message_buckets();
+}
+
+// The rules (exchange_options.hpp names them): how each is made for a rank and what it sends for
+// each bucket.
+struct RuleMaker {
+  RuleKind rule;
+  std::unique_ptr<MixingRule> (*make)(const GossipOptions& o, float* buffer,
+                                      const std::vector<kernels::Bucket>& buckets, int rank);
+  std::vector<kernels::Bucket> (*messages)(const GossipOptions& o,
+                                           const std::vector<kernels::Bucket>& buckets);
+};
+constexpr RuleMaker kRules[] = {
+    {RuleKind::Average, make_average, average_messages},
+};
+
+const RuleMaker& maker(RuleKind r) {
+  for (const RuleMaker& m : kRules)
+    if (m.rule == r) return m;
+  throw std::logic_error("a mixing rule without a line in exchange.cpp's table");
+}
+}  // namespace
+
+std::unique_ptr<MixingRule> make_rule(const GossipOptions& o, float* buffer,
+                                      const std::vector<kernels::Bucket>& buckets, int rank) {
+  std::unique_ptr<MixingRule> rule = maker(o.rule).make(o, buffer, buckets, rank);
   rule->measure_distance(o.measure_distance);
   return rule;
 }
 
 std::vector<kernels::Bucket> wire_buckets(const GossipOptions& o,
                                           const std::vector<kernels::Bucket>& buckets) {
-  if (o.low_rank == 0) return buckets;
-  return LowRankMix(o.matrices, buckets, o.low_rank, 0, 1).message_buckets();
+  return maker(o.rule).messages(o, buckets);
 }
 
 const float* encode_outgoing(MixingRule& rule, WireCodec& codec, int b, uint64_t key) {
@@ -171,7 +207,7 @@ GossipExchange::GossipExchange(const mpi::Comm& world, float* buffer,
       queue_(buckets_.size(), o_.threading, engine_limit()) {
   const int64_t count = buckets_.empty() ? 0 : buckets_.front().end;
   // A lossy wire or low-rank messages never average in place: the window holds what travels.
-  transport_ = make_transport(o_.transport, comm_, {codec_.floats(), codec_.layout()},
+  transport_ = make_transport(o_.transport, comm_, {codec_.floats(), codec_.layout(), links_of(o_)},
                               buffer_ == nullptr && !lossy(o_.wire) && o_.low_rank == 0);
   transport_->set_timeout(o_.timeout_s);
   if (o_.pipelined && o_.threading == Threading::Funneled)
@@ -203,7 +239,8 @@ void GossipExchange::begin_step(int64_t step) {
 
 bool GossipExchange::in_place(const partners::Partners& peers) const {
   return buffer_ == transport_->shared_home() && rule_->pair_average_in_place() &&
-         peers.send_to == peers.recv_from && transport_->pairs_in_place(peers.send_to);
+         peers.links() == 1 && peers.send_to == peers.recv_from &&
+         transport_->pairs_in_place(peers.send_to);
 }
 
 BucketExchange::Lateness GossipExchange::lateness() const { return rule_->lateness(); }
@@ -223,21 +260,30 @@ void GossipExchange::start(Job& j) {
   j.started = Timeline::Clock::now();
   const int64_t t = j.step - first_step_;
   if (in_place(j.peers)) return transport_->publish(j.peers.send_to, t, j.bucket);
-  transport_->expect(j.peers.recv_from, t, j.bucket);
+  const int links = j.peers.links();
+  for (int i = 0; i < links; ++i) transport_->expect(j.peers.link(i).recv_from, t, j.bucket);
   const uint64_t key = wire_key(o_.schedule.seed, comm_.rank(), j.step, o_.stream);
-  transport_->send(j.peers.send_to, t, j.bucket, encode_outgoing(*rule_, codec_, j.bucket, key));
+  // One image goes to every link's peer (the rule's share of it is the same for each).
+  const float* image = encode_outgoing(*rule_, codec_, j.bucket, key);
+  for (int i = 0; i < links; ++i) transport_->send(j.peers.link(i).send_to, t, j.bucket, image);
 }
 
 void GossipExchange::complete(const Job& j) {
   const int64_t t = j.step - first_step_;
   if (in_place(j.peers)) return transport_->average_in_place(j.peers.send_to, t, j.bucket);
-  const float* wire = transport_->received(j.peers.recv_from, t, j.bucket);
-  // The outgoing bucket may still be read by MPI (p2p rendezvous) until the send completes:
-  // only then may it be overwritten by the mix. Decoded after it: while it waits, this thread may
-  // start other buckets, whose echo reuses the thread's decoding room.
-  transport_->finish_send(j.peers.send_to, t, j.bucket);
-  rule_->received(j.bucket, j.step, codec_.decode(j.bucket, wire));
-  transport_->release(j.peers.recv_from, t, j.bucket);
+  // The links' buckets are mixed in link order, as virtual ranks mix them.
+  for (int i = 0; i < j.peers.links(); ++i) {
+    const partners::Link l = j.peers.link(i);
+    const float* wire = transport_->received(l.recv_from, t, j.bucket);
+    // The outgoing bucket may still be read by MPI (p2p rendezvous) until every send completes:
+    // only then may it be overwritten by the mix. Decoded after it: while it waits, this thread
+    // may start other buckets, whose echo reuses the thread's decoding room.
+    if (i == 0)
+      for (int s = 0; s < j.peers.links(); ++s)
+        transport_->finish_send(j.peers.link(s).send_to, t, j.bucket);
+    rule_->received(j.bucket, j.step, codec_.decode(j.bucket, wire));
+    transport_->release(l.recv_from, t, j.bucket);
+  }
 }
 
 void GossipExchange::mark_done(const Job& j) {

@@ -99,9 +99,10 @@ class AllreduceExchange final : public BucketExchange {
   std::thread worker_;
 };
 
-// The mixing rule an exchange with options `o` runs over `buffer`: the pair average, the partner's
-// latest bucket (staleness 1), the overlapped correction (delayed), or a compressing rule (its own
-// header beside rules.hpp), as the options ask. The engine below and virtual ranks
+// The mixing rule an exchange with options `o` runs over `buffer`: o.rule's, from exchange.cpp's
+// table; for the average, the pair average (uniform over k links), the partner's latest bucket
+// (staleness 1), the overlapped correction (delayed), or a compressing rule (its own header
+// beside rules.hpp), as the options ask. The engine below and virtual ranks
 // (gossip/train/virtual.hpp) both take their rules from here.
 // `rank`: the rank the rule runs for (a rule may orient a pair by it).
 std::unique_ptr<MixingRule> make_rule(const GossipOptions& o, float* buffer,
@@ -111,8 +112,10 @@ std::unique_ptr<MixingRule> make_rule(const GossipOptions& o, float* buffer,
 // gain nothing on `model`: std::invalid_argument, naming the option and what would.
 void fit_to_model(GossipOptions& o, const kernels::Graph& g, const kernels::ParamLayout& layout,
                   const std::string& model);
+// How many peers a step of `o`'s schedule gives each rank (1 at p = 1).
+int links_of(const GossipOptions& o);
 // What goes on the wire for each bucket: the buckets themselves, or the messages of a rule that
-// sends its own instead.
+// sends its own instead (o.rule's table line says which).
 std::vector<kernels::Bucket> wire_buckets(const GossipOptions& o,
                                           const std::vector<kernels::Bucket>& buckets);
 // Bucket b as it goes on the wire: the rule's outgoing values encoded by the codec, shown back to

@@ -40,6 +40,20 @@ constexpr std::span<const std::pair<TransportKind, std::string_view>> enum_names
 }
 TransportKind parse_transport(const std::string& name);  // std::invalid_argument otherwise
 
+// What a gossip exchange does with its partners' buckets: a line here (name and --help words) and
+// one in exchange.cpp's table of rules (how it is made, what it sends) add a rule. average: the
+// uniform mean of this rank's bucket and its partners' (the pair average for one partner a
+// step), with the variants the other options choose (staleness, overlap, CHOCO, low rank).
+enum class RuleKind { Average };
+inline constexpr std::pair<RuleKind, std::string_view> kRuleNames[] = {
+    {RuleKind::Average, "average"}};
+constexpr std::span<const std::pair<RuleKind, std::string_view>> enum_names(RuleKind) {
+  return kRuleNames;
+}
+inline constexpr std::string_view kRuleHelp[] = {
+    "average (the mean of the rank's bucket and its partners'; the other gossip options choose "
+    "its variant)"};
+
 // A parameter tensor as the low-rank rule reads it: a matrix rows x cols (a convolution's
 // O x I * kernel, an inner product's out x in) or, with rows == 0, a vector of `size` values.
 // block b > 0: a convolution weight stored in oneDNN's blocks, [O/b][I/b][kernel][b in][b out]
@@ -55,6 +69,7 @@ struct GossipOptions {
   partners::Schedule schedule;                    // p must equal the communicator's size
   TransportKind transport = TransportKind::Auto;  // make_transport
   Threading threading = Threading::Funneled;
+  RuleKind rule = RuleKind::Average;
   int comm_threads = 2;    // concurrent only
   int staleness = 0;       // 0: wait for the partner; 1: never wait, mix what has arrived
   bool skip_late = false;  // staleness 1: a bucket not yet here this step stays unmixed

@@ -15,6 +15,18 @@ void mix_pair(std::span<float> x, std::span<const float> partner) {
   for (size_t i = 0; i < x.size(); ++i) x[i] = 0.5f * (x[i] + partner[i]);
 }
 
+void add_to(std::span<float> x, std::span<const float> partner) {
+  same_size(x.size(), partner.size(), "add_to");
+  for (size_t i = 0; i < x.size(); ++i) x[i] += partner[i];
+}
+
+void mix_last(std::span<float> x, std::span<const float> partner, int ranks) {
+  same_size(x.size(), partner.size(), "mix_last");
+  if (ranks < 2) throw std::invalid_argument("mix_last: ranks must be >= 2");
+  const auto n = static_cast<float>(ranks);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = (x[i] + partner[i]) / n;
+}
+
 void mix_correction(std::span<const float> sent, std::span<const float> partner,
                     std::span<float> delta) {
   same_size(sent.size(), partner.size(), "mix_correction");

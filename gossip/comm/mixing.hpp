@@ -11,6 +11,11 @@ namespace gg::gossip {
 // The gossip step: x <- (x + partner) / 2, element by element.
 void mix_pair(std::span<float> x, std::span<const float> partner);
 
+// The uniform average over k + 1 ranks, as their buckets arrive one by one: add_to(x, p) for
+// every partner but the last, then mix_last(x, p, k + 1): x <- (x + p) / (k + 1).
+void add_to(std::span<float> x, std::span<const float> partner);
+void mix_last(std::span<float> x, std::span<const float> partner, int ranks);
+
 // Overlapped (delayed) averaging: the correction (partner - sent) / 2 into delta, computed when
 // the partner's bucket arrives, and added to the buffer later (it may have moved meanwhile):
 // x + delta equals mix_pair's result when x is still what was sent.

@@ -17,15 +17,24 @@ std::span<float> span_of(float* base, const kernels::Bucket& k) {
 }  // namespace
 
 PairAverage::PairAverage(float* buffer, std::vector<kernels::Bucket> buckets)
-    : x_(buffer), buckets_(std::move(buckets)) {}
+    : x_(buffer), buckets_(std::move(buckets)), arrived_(buckets_.size(), 0) {}
+
+void PairAverage::begin_step(int64_t, const partners::Partners& peers) {
+  links_ = peers.links();
+  std::fill(arrived_.begin(), arrived_.end(), 0);
+}
 
 const float* PairAverage::outgoing(int b) { return x_ + buckets_[b].begin; }
 
 void PairAverage::received(int b, int64_t, const float* partner) {
   const kernels::Bucket& k = buckets_[b];
   const std::span<const float> p(partner, static_cast<size_t>(k.size()));
-  if (measuring()) add_distance(squared_distance(span_of(x_, k), p));
-  mix_pair(span_of(x_, k), p);
+  if (links_ == 1) {
+    if (measuring()) add_distance(squared_distance(span_of(x_, k), p));
+    return mix_pair(span_of(x_, k), p);
+  }
+  if (++arrived_[b] < links_) return add_to(span_of(x_, k), p);
+  mix_last(span_of(x_, k), p, links_ + 1);
 }
 
 StaleAverage::StaleAverage(float* buffer, std::vector<kernels::Bucket> buckets, bool skip_late)

@@ -134,10 +134,14 @@ class MixingRule {
   mutable std::mutex distance_mu_;
 };
 
-// Staleness 0: x = (x + partner) / 2 as each bucket arrives.
+// Staleness 0: x = (x + partner) / 2 as each bucket arrives. With k links a step, the partners'
+// buckets are added as they arrive (in link order) and the last one ends the uniform average,
+// x = (x + p_1 + ... + p_k) / (k + 1); the engine finishes every send of a bucket before its
+// first arrival changes it.
 class PairAverage final : public MixingRule {
  public:
   PairAverage(float* buffer, std::vector<kernels::Bucket> buckets);
+  void begin_step(int64_t step, const partners::Partners& peers) override;
   const float* outgoing(int b) override;
   void received(int b, int64_t step, const float* partner) override;
   bool pair_average_in_place() const override { return true; }
@@ -145,6 +149,8 @@ class PairAverage final : public MixingRule {
  private:
   float* x_;
   std::vector<kernels::Bucket> buckets_;
+  int links_ = 1;
+  std::vector<int> arrived_;  // this step's arrivals of each bucket (k links)
 };
 
 // Staleness 1: a bucket is sent as it was when ready; at the step's end each bucket is averaged

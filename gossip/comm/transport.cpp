@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <stdexcept>
@@ -93,55 +94,91 @@ void Transport::average_in_place(int, int64_t, int) {
 
 namespace {
 
+// Isend/Irecv, one receive slot per link and bucket: with k peers a step (layout.links), the
+// expects and sends of a bucket take its slots in order, and received / finish_send find theirs
+// by the peer (a step's recv_from's are distinct, and so are its send_to's). Messages are tagged
+// by bucket; MPI keeps the order of two messages from one rank with one tag, and a step's
+// buckets are all mixed before the next step's are expected.
 class P2pTransport final : public Transport {
  public:
   P2pTransport(const mpi::Comm& comm, const BufferLayout& layout)
       : comm_(comm.dup()),
         layout_(layout),
-        recv_(layout.count),
-        recv_req_(layout.buckets.size()),
-        send_req_(layout.buckets.size()) {
+        links_(std::max(1, layout.links)),
+        recv_(static_cast<size_t>(layout.count) * links_),
+        recv_req_(layout.buckets.size() * links_),
+        send_req_(layout.buckets.size() * links_),
+        slots_(layout.buckets.size()) {
     count_peers(comm_.size());
   }
   const char* name() const override { return "p2p"; }
 
-  void expect(int from, int64_t, int b) override {
+  void expect(int from, int64_t step, int b) override {
+    const int s = slots_[b].from.take(from, step);
     const kernels::Bucket& k = layout_.buckets[b];
-    GG_MPI_CHECK(MPI_Irecv(recv_.data() + k.begin, checked_count(k), MPI_FLOAT, from, b,
-                           comm_.get(), recv_req_[b].out()));
+    GG_MPI_CHECK(MPI_Irecv(recv_.data() + s * layout_.count + k.begin, checked_count(k), MPI_FLOAT,
+                           from, b, comm_.get(), recv_req_[at(b, s)].out()));
   }
-  void send(int to, int64_t, int b, const float* data) override {
+  void send(int to, int64_t step, int b, const float* data) override {
+    const int s = slots_[b].to.take(to, step);
     const kernels::Bucket& k = layout_.buckets[b];
-    GG_MPI_CHECK(
-        MPI_Isend(data, checked_count(k), MPI_FLOAT, to, b, comm_.get(), send_req_[b].out()));
+    GG_MPI_CHECK(MPI_Isend(data, checked_count(k), MPI_FLOAT, to, b, comm_.get(),
+                           send_req_[at(b, s)].out()));
     count_sent(to, k.size());
   }
   const float* received(int from, int64_t, int b) override {
+    const int s = slots_[b].from.find(from);
+    mpi::Request& r = recv_req_[at(b, s)];
     if (timeout_s_ > 0 || while_waiting_)
       wait_until(
           [&] {
             waiting();
-            return recv_req_[b].test();
+            return r.test();
           },
           timeout_s_, from, b, "p2p receive");
     else
-      recv_req_[b].wait();
+      r.wait();
     count_received(from, layout_.buckets[b].size());
-    return recv_.data() + layout_.buckets[b].begin;
+    return recv_.data() + s * layout_.count + layout_.buckets[b].begin;
   }
   void finish_send(int to, int64_t, int b) override {
+    mpi::Request& r = send_req_[at(b, slots_[b].to.find(to))];
     if (timeout_s_ > 0)
-      wait_until([&] { return send_req_[b].test(); }, timeout_s_, to, b, "p2p send");
+      wait_until([&] { return r.test(); }, timeout_s_, to, b, "p2p send");
     else
-      send_req_[b].wait();
+      r.wait();
   }
   void release(int, int64_t, int) override {}
 
  private:
+  // One side (receives or sends) of bucket b's slots in its latest step: the peer each slot was
+  // taken for (-1: free).
+  struct Side {
+    std::array<int, partners::kMaxLinks> peer;
+    int64_t step = -1;
+    int take(int p, int64_t t) {
+      if (step != t) peer.fill(-1), step = t;
+      for (size_t s = 0; s < peer.size(); ++s)
+        if (peer[s] < 0) return peer[s] = p, static_cast<int>(s);
+      throw std::logic_error("p2p: more links in a step than the transport was made for");
+    }
+    int find(int p) const {
+      for (size_t s = 0; s < peer.size(); ++s)
+        if (peer[s] == p) return static_cast<int>(s);
+      throw std::logic_error("p2p: no bucket expected from or sent to rank " + std::to_string(p));
+    }
+  };
+  struct Slots {
+    Side from, to;
+  };
+  size_t at(int b, int slot) const { return static_cast<size_t>(b) * links_ + slot; }
+
   mpi::Comm comm_;
   BufferLayout layout_;
+  int links_;
   std::vector<float> recv_;
   std::vector<mpi::Request> recv_req_, send_req_;
+  std::vector<Slots> slots_;
 };
 
 // MPI_Put into the partner's MPI_Win_allocate window under one passive-target epoch
@@ -460,17 +497,30 @@ std::unique_ptr<Transport> make_p2p_transport(const mpi::Comm& comm, const Buffe
   return std::make_unique<P2pTransport>(comm, layout);
 }
 
+namespace {
+// shm's and rma's slots hold one partner's bucket a step.
+void one_link(const char* transport, const BufferLayout& layout) {
+  if (layout.links > 1)
+    throw std::invalid_argument(std::string("gossip.transport ") + transport +
+                                " carries one peer a step, and the schedule gives " +
+                                std::to_string(layout.links) + ": set gossip.transport = p2p");
+}
+}  // namespace
+
 std::unique_ptr<Transport> make_rma_transport(const mpi::Comm& comm, const BufferLayout& layout) {
+  one_link("rma", layout);
   return std::make_unique<RmaTransport>(comm, layout);
 }
 
 std::unique_ptr<Transport> make_shm_transport(const mpi::Comm& comm, const mpi::Comm& node,
                                               const BufferLayout& layout, bool home) {
+  one_link("shm", layout);
   return std::make_unique<ShmTransport>(comm, node, layout, home);
 }
 
 std::unique_ptr<Transport> make_auto_transport(const mpi::Comm& comm, const BufferLayout& layout,
                                                bool home) {
+  one_link("auto", layout);
   return std::make_unique<AutoTransport>(comm, layout, home);
 }
 

@@ -114,13 +114,16 @@ class Transport {
 };
 
 // The layout every transport shares: bucket b covers elements [begin, end) of a flat buffer of
-// `count` floats.
+// `count` floats; `links`: the most peers a step sends each bucket to and receives it from (the
+// schedule's, partners::links). Only p2p carries more than one; the others refuse it
+// (std::invalid_argument, one line naming the fix).
 struct BufferLayout {
   int64_t count = 0;
   std::vector<kernels::Bucket> buckets;
+  int links = 1;
 };
 
-// Isend/Irecv into a private receive buffer: portable, works everywhere.
+// Isend/Irecv into a private receive buffer (one per link): portable, works everywhere.
 std::unique_ptr<Transport> make_p2p_transport(const mpi::Comm& comm, const BufferLayout& layout);
 
 // MPI_Put into the partner's MPI_Win_allocate window over the whole flat buffer, under one

@@ -201,6 +201,53 @@ void check_honoured(const Config& c, bool weights, bool allreduce) {
                      "mode)");
 }
 
+// A schedule with several peers a step (partners::links): what carries and mixes them. The
+// engine's and the transports' preconditions (exchange.cpp, transport.cpp) say the same.
+void check_links(const Config& c, bool weights) {
+  const int k = partners::links(c.gossip.schedule);
+  if (k == 1) return;
+  const std::string what = "gossip.schedule = " + text_of(c.gossip.schedule) + " gives each rank " +
+                           std::to_string(k) + " peers a step; ";
+  if (c.gossip.transport == TransportKind::Shm || c.gossip.transport == TransportKind::Rma)
+    throw UsageError(what + "gossip.transport = " + text_of(c.gossip.transport) +
+                     " carries one: set gossip.transport = p2p (or auto, which then is p2p)");
+  if (c.gossip.hierarchy == Hierarchy::Node)
+    throw UsageError(what +
+                     "gossip.hierarchy = node gossips with one partner node: set "
+                     "gossip.hierarchy = none or a one-peer schedule");
+  if (c.gossip.staleness != 0)
+    throw UsageError(what + "they are mixed at gossip.staleness = 0: set it");
+  if (weights && c.gossip.overlap_model)
+    throw UsageError(what +
+                     "the overlapped weight exchange corrects with one partner's weights: set "
+                     "gossip.overlap_model = false");
+  if (c.gossip.choco)
+    throw UsageError(what +
+                     "gossip.choco keeps its public copies for one partner a step: leave "
+                     "it out or use a one-peer schedule");
+  if (c.gossip.consensus_bound > 0)
+    throw UsageError(what +
+                     "gossip.consensus_bound measures the distance to one partner: leave it out "
+                     "(or use gossip.global_every)");
+}
+
+// gossip.rule other than average: the plain exchange only (its variants are the average's).
+void check_rule(const Config& c, bool weights) {
+  if (c.gossip.rule == RuleKind::Average) return;
+  const std::string what = "gossip.rule = " + text_of(c.gossip.rule) + " mixes by itself";
+  if (c.gossip.staleness != 0) throw UsageError(what + ", at gossip.staleness = 0: set it");
+  if (weights && c.gossip.overlap_model)
+    throw UsageError(what + ", not as the overlapped correction: set gossip.overlap_model = false");
+  if (c.gossip.choco || c.gossip.low_rank > 0)
+    throw UsageError(what + ", not through gossip.choco or gossip.low_rank: leave them out");
+  if (c.gossip.consensus_bound > 0)
+    throw UsageError(what +
+                     ", without a distance measure: leave gossip.consensus_bound out (or "
+                     "use gossip.global_every)");
+  if (c.gossip.hierarchy == Hierarchy::Node)
+    throw UsageError(what + ", not inside nodes: set gossip.hierarchy = none");
+}
+
 // Which exchanges run and how: an option that would change what the exchange does, given where
 // it does nothing, is refused (the user expects its effect); see inert_settings for the harmless.
 void check_exchange(const Config& c) {
@@ -244,6 +291,10 @@ void check_exchange(const Config& c) {
         "weights; gossip.mode = " +
         mode + " exchanges none: use " + modes_that(&Algorithm::weights) +
         " (or gossip.global_every for a fixed period)");
+  if (!allreduce) {
+    check_links(c, weights);
+    check_rule(c, weights);
+  }
   check_choco(c);
   check_low_rank(c);
   check_rounding(c);
@@ -458,8 +509,12 @@ partners::Schedule schedule_of(const Config& c, int p) {
 GossipOptions exchange_options(const Config& c, Mixed what) {
   const bool after_update = what != Mixed::Grads;
   GossipOptions o;
-  o.transport = c.gossip.transport;
+  // Only p2p carries several peers a step: auto picks it then.
+  o.transport = c.gossip.transport == TransportKind::Auto && partners::links(c.gossip.schedule) > 1
+                    ? TransportKind::P2p
+                    : c.gossip.transport;
   o.threading = c.gossip.threading;
+  o.rule = c.gossip.rule;
   o.comm_threads = c.gossip.comm_threads;
   o.staleness = c.gossip.staleness;
   o.skip_late = c.gossip.late == Late::Skip;
@@ -530,6 +585,7 @@ std::vector<std::string> inert_settings(const Config& c) {
        "their average model only)");
   note(c.gossip.schedule != d.gossip.schedule, !gossip, "gossip.schedule" + allreduce);
   note(c.gossip.rotate != d.gossip.rotate, !gossip, "gossip.rotate" + allreduce);
+  note(c.gossip.rule != d.gossip.rule, !gossip, "gossip.rule" + allreduce);
   note(c.gossip.transport != d.gossip.transport, !gossip,
        "gossip.transport" + allreduce + ": MPI_Allreduce moves the bytes");
   note(c.gossip.threading != d.gossip.threading, !gossip, "gossip.threading" + allreduce);

@@ -105,6 +105,7 @@ struct Config {
     TransportKind transport = TransportKind::Auto;
     Hierarchy hierarchy = Hierarchy::None;
     Threading threading = Threading::Funneled;
+    RuleKind rule = RuleKind::Average;
     int comm_threads = 2;
     int staleness = 0;
     Late late = Late::Previous;

@@ -56,6 +56,15 @@ Choices mode_choices() {
   for (const Algorithm& a : algorithms()) c.values.push_back(a.name);
   return c;
 }
+std::string_view rules_help() {
+  static const std::string help = [] {
+    std::string h = "what a rank does with its partners' buckets: ";
+    for (size_t i = 0; i < std::size(kRuleHelp); ++i)
+      h += (i ? "; " : "") + std::string(kRuleHelp[i]);
+    return h;
+  }();
+  return help;
+}
 std::string_view mode_help() {
   static const std::string help = [] {
     std::string h;
@@ -175,8 +184,7 @@ void train_options(std::vector<Option>& o) {
 void gossip_options(std::vector<Option>& o) {
   o.insert(o.end(), {
     {GG_OPTION(gossip.mode), mode_choices(), mode_help()},
-    {GG_OPTION(gossip.schedule), {},
-     "partners: dissemination, hypercube (power-of-two ranks), ring, random"},
+    {GG_OPTION(gossip.schedule), {}, partners::kinds_help()},
     {GG_OPTION(gossip.rotate), {},
      "permute the virtual ranks every ceil(log2 p) steps (seeded, no communication)"},
     {GG_OPTION(gossip.transport), {},
@@ -214,6 +222,8 @@ void gossip_options(std::vector<Option>& o) {
 
 // [gossip], continued: how often and how exactly the ranks are brought together, and the wire.
 void gossip_mixing_options(std::vector<Option>& o) {
+  // Apart from the list below: one more entry in it makes GCC 12 warn of an uninitialised variant.
+  o.emplace_back(GG_OPTION(gossip.rule), Rule{}, rules_help());
   o.insert(o.end(), {
     {GG_OPTION(gossip.global_every), at_least(0),
      "every mode but allreduce: exact global average of the weights (and batch-norm statistics) every H "

@@ -87,8 +87,10 @@ class VirtualExchange {
     const auto all = static_cast<size_t>(s.p - 1);
     for (int64_t t = 0; t < steps && (to.size() < all || from.size() < all); ++t) {
       const partners::Partners q = partners::partners(s, 0, t);  // schedules treat ranks alike
-      to.insert(q.send_to);
-      from.insert(q.recv_from);
+      for (int i = 0; i < q.links(); ++i) {
+        to.insert(q.link(i).send_to);
+        from.insert(q.link(i).recv_from);
+      }
     }
     if (options_.public_copies)
       return static_cast<int64_t>(to.size() + from.size()) *
@@ -96,7 +98,8 @@ class VirtualExchange {
     return static_cast<int64_t>(to.size()) * codecs_[0]->floats() * 4;
   }
 
-  // Every rank sends its buffer to send_to and mixes what recv_from sent, in exchange `step`.
+  // Every rank sends its buffer to each link's send_to and mixes what each recv_from sent, link
+  // by link, in exchange `step`.
   void exchange(const partners::Schedule& s, int64_t step) {
     const auto& layout = codecs_[0]->layout();
     const int buckets = static_cast<int>(buckets_.size());
@@ -111,14 +114,17 @@ class VirtualExchange {
       }
     }
     for (size_t r = 0; r < rules_.size(); ++r) {
-      const size_t from =
-          static_cast<size_t>(partners::partners(s, static_cast<int>(r), step).recv_from);
+      const partners::Partners peers = partners::partners(s, static_cast<int>(r), step);
       // Late (staleness 1): the step ends first and mixes what came before; this step's buckets
       // are there for the next.
       const bool late = late_ && late_(step, static_cast<int>(r));
       if (late) rules_[r]->finish(step);
       for (int b = 0; b < buckets; ++b)
-        rules_[r]->received(b, step, codecs_[r]->decode(b, images_[from].data() + layout[b].begin));
+        for (int i = 0; i < peers.links(); ++i) {
+          const auto from = static_cast<size_t>(peers.link(i).recv_from);
+          rules_[r]->received(b, step,
+                              codecs_[r]->decode(b, images_[from].data() + layout[b].begin));
+        }
       if (!late) rules_[r]->finish(step);
     }
     pending_ = true;

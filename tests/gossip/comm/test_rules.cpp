@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gossip/comm/exchange.hpp"
+#include "gossip/comm/mixing.hpp"
 #include "gossip/comm/rules.hpp"
 #include "gossip/comm/wire.hpp"
 
@@ -33,6 +34,34 @@ TEST_CASE("the pair average mixes each bucket as it arrives and sends the buffer
   r.received(1, 0, p1.data());
   r.finish(0);
   CHECK(x == std::vector<float>{0, 2, 5, 0, 3});
+}
+
+TEST_CASE("with k links a step the average adds the partners in link order, the last divides") {
+  std::vector<float> x = {1, 2, 3, 4, 5};
+  PairAverage r(x.data(), kBuckets);
+  gg::partners::Partners two{1, 2};
+  two.add({3, 4});
+  CHECK(two.links() == 2);
+  CHECK(two.link(1) == gg::partners::Link{3, 4});
+  r.begin_step(0, two);
+  const std::vector<float> a0 = {3, 3, 3}, b0 = {5, -4, 1};
+  r.received(0, 0, a0.data());
+  CHECK(x == std::vector<float>{1, 2, 6, 7, 8});  // x + a, not yet divided
+  r.received(0, 0, b0.data());
+  CHECK(x == std::vector<float>{1, 2, (6.f + 5) / 3, (7.f - 4) / 3, (8.f + 1) / 3});
+  const std::vector<float> a1 = {2, 2}, b1 = {0, 1};
+  r.received(1, 0, a1.data());
+  r.received(1, 0, b1.data());
+  CHECK(x[0] == 1.f);
+  CHECK(x[1] == 5.f / 3);
+  // The next step with one link is the pair average again, bit for bit.
+  r.begin_step(1, gg::partners::Partners{1, 1});
+  const std::vector<float> c0 = {1, 1, 1};
+  const std::vector<float> before(x.begin() + 2, x.end());
+  r.received(0, 1, c0.data());
+  for (int i = 0; i < 3; ++i) CHECK(x[2 + i] == 0.5f * (before[i] + 1.f));
+  CHECK_THROWS_AS(mix_last(std::span<float>(x.data(), 2), std::span<const float>(x.data(), 2), 1),
+                  std::invalid_argument);
 }
 
 TEST_CASE("staleness 1 sends the bucket as it was when ready and mixes the latest at the end") {
