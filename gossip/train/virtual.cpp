@@ -74,9 +74,9 @@ class VirtualExchange {
     rules_.push_back(make_rule(options_, x, buckets_, static_cast<int>(rules_.size())));
     images_.emplace_back(static_cast<size_t>(codecs_.back()->floats()), 0.f);
   }
-  // Bytes one rank sends in one exchange (the transports' payload).
+  // Bytes one rank sends in one exchange (the transports' payload, to each of its links).
   int64_t bytes_per_rank() const {
-    return codecs_[0]->floats() * static_cast<int64_t>(sizeof(float));
+    return codecs_[0]->floats() * static_cast<int64_t>(sizeof(float)) * links_of(options_);
   }
   // What a rank's state grows by over `steps` exchanges as it meets partners (made at the first
   // meeting): CHOCO's public copies (one per peer it sends to, one per peer it hears from),
