@@ -7,6 +7,8 @@
 #include <string>
 #include <utility>
 
+#include "partners/exponential.hpp"
+
 namespace gg::partners {
 
 namespace {
@@ -89,6 +91,8 @@ constexpr Pattern kPatterns[] = {
     {Kind::Hypercube, hypercube, 1, needs_power_of_two, "hypercube (pairs; power-of-two ranks)"},
     {Kind::Ring, ring, 1, any_p, "ring"},
     {Kind::Random, nullptr, 1, any_p, "random (a seeded cycle each step)"},
+    {Kind::Exponential2, exponential2, 2, exponential2_refuses,
+     "exponential2 (two peers a step, 2^i and 2^(i+1) apart; p >= 3, transport p2p)"},
 };
 
 const Pattern& pattern(Kind kind) {

@@ -47,14 +47,15 @@ Partners dissemination(int rank, int p, int64_t step);
 // The partner patterns a run can choose; see docs/gossip.md "Partner schedules". A pattern is an
 // enum value, a name below and a line of schedule.cpp's table (its function, its links a step
 // and the rank counts it serves).
-enum class Kind { Dissemination, Hypercube, Ring, Random };
+enum class Kind { Dissemination, Hypercube, Ring, Random, Exponential2 };
 
 // The names users write, one table: gossip.schedule's choices, parse_kind and kind_name read it.
 inline constexpr std::pair<Kind, std::string_view> kKindNames[] = {
     {Kind::Dissemination, "dissemination"},
     {Kind::Hypercube, "hypercube"},
     {Kind::Ring, "ring"},
-    {Kind::Random, "random"}};
+    {Kind::Random, "random"},
+    {Kind::Exponential2, "exponential2"}};
 constexpr std::span<const std::pair<Kind, std::string_view>> enum_names(Kind) { return kKindNames; }
 // A name of the table; anything else throws std::invalid_argument with one line that lists them.
 Kind parse_kind(const std::string& name);

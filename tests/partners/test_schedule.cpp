@@ -11,21 +11,33 @@ using namespace gg::partners;
 
 namespace {
 
-constexpr Kind kKinds[] = {Kind::Dissemination, Kind::Hypercube, Kind::Ring, Kind::Random};
-
 bool power_of_two(int p) { return (p & (p - 1)) == 0; }
+
+// Every kind of the table: a new schedule is swept by the property tests without a line here.
+std::vector<Kind> all_kinds() {
+  std::vector<Kind> out;
+  for (const auto& [k, name] : kKindNames) out.push_back(k);
+  return out;
+}
+
+bool serves(const Schedule& s) {
+  try {
+    validate(s);
+    return true;
+  } catch (const std::invalid_argument&) {
+    return false;
+  }
+}
 
 // Every schedule the property tests sweep: p = 1..64, each kind that can serve p, rotation on and
 // off, two seeds.
 std::vector<Schedule> all_schedules(int max_p) {
   std::vector<Schedule> out;
   for (int p = 1; p <= max_p; ++p)
-    for (Kind k : kKinds)
+    for (Kind k : all_kinds())
       for (bool rotate : {false, true})
-        for (uint64_t seed : {uint64_t{1}, uint64_t{0x9e3779b97f4a7c15}}) {
-          if (k == Kind::Hypercube && !power_of_two(p)) continue;
-          out.push_back({k, p, rotate, seed});
-        }
+        for (uint64_t seed : {uint64_t{1}, uint64_t{0x9e3779b97f4a7c15}})
+          if (serves({k, p, rotate, seed})) out.push_back({k, p, rotate, seed});
   return out;
 }
 
@@ -67,11 +79,12 @@ TEST_CASE("dissemination reaches every rank in ceil(log2 p) steps", "[partners]"
   CHECK_THROWS(dissemination(3, 3, 0));
 }
 
-TEST_CASE("every step of every schedule is a permutation without self-sends, p = 1..64",
+TEST_CASE("every link of every step of every schedule is a permutation without self-sends",
           "[partners]") {
   for (const Schedule& s : all_schedules(64)) {
     INFO(describe(s));
     const int R = round_length(s.p);
+    const int k = s.p == 1 ? 1 : links(s.kind);
     // Three rounds and a bit, so rotation boundaries are crossed, plus steps far from zero.
     std::vector<int64_t> steps;
     for (int64_t t = 0; t < 3 * R + 2; ++t) steps.push_back(t);
@@ -80,26 +93,35 @@ TEST_CASE("every step of every schedule is a permutation without self-sends, p =
       INFO("step " << t);
       const std::vector<Partners> all = step_partners(s, t);
       REQUIRE(static_cast<int>(all.size()) == s.p);
-      std::vector<int> sends(s.p, 0), recvs(s.p, 0);
-      for (int v = 0; v < s.p; ++v) {
-        const Partners q = all[v];
-        REQUIRE(q.send_to >= 0);
-        REQUIRE(q.send_to < s.p);
-        REQUIRE(q.recv_from >= 0);
-        REQUIRE(q.recv_from < s.p);
-        ++sends[q.send_to];
-        ++recvs[q.recv_from];
-        CHECK(all[q.send_to].recv_from == v);
-        if (s.p >= 2) {
-          CHECK(q.send_to != v);
-          CHECK(q.recv_from != v);
-        } else {
-          CHECK(q == Partners{0, 0});
+      for (int i = 0; i < k; ++i) {
+        INFO("link " << i);
+        std::vector<int> sends(s.p, 0), recvs(s.p, 0);
+        for (int v = 0; v < s.p; ++v) {
+          REQUIRE(all[v].links() == k);
+          const Link q = all[v].link(i);
+          REQUIRE(q.send_to >= 0);
+          REQUIRE(q.send_to < s.p);
+          REQUIRE(q.recv_from >= 0);
+          REQUIRE(q.recv_from < s.p);
+          ++sends[q.send_to];
+          ++recvs[q.recv_from];
+          CHECK(all[q.send_to].link(i).recv_from == v);
+          if (s.p >= 2) {
+            CHECK(q.send_to != v);
+            CHECK(q.recv_from != v);
+          } else {
+            CHECK(all[v] == Partners{0, 0});
+          }
+          if (s.kind == Kind::Hypercube) CHECK(q.send_to == q.recv_from);
+          // A rank's links in one step reach distinct peers (p2p tells them apart by rank).
+          for (int j = 0; j < i; ++j) {
+            CHECK(all[v].link(j).send_to != q.send_to);
+            CHECK(all[v].link(j).recv_from != q.recv_from);
+          }
         }
-        if (s.kind == Kind::Hypercube) CHECK(q.send_to == q.recv_from);
+        CHECK(std::count(sends.begin(), sends.end(), 1) == s.p);
+        CHECK(std::count(recvs.begin(), recvs.end(), 1) == s.p);
       }
-      CHECK(std::count(sends.begin(), sends.end(), 1) == s.p);
-      CHECK(std::count(recvs.begin(), recvs.end(), 1) == s.p);
     }
   }
 }
@@ -115,8 +137,10 @@ TEST_CASE("partners computed independently by each rank agree: the schedule is a
       INFO("step " << t);
       for (int v = 0; v < s.p; ++v) {
         const Partners mine = partners(s, v, t);
-        CHECK(partners(s, mine.send_to, t).recv_from == v);
-        CHECK(partners(s, mine.recv_from, t).send_to == v);
+        for (int i = 0; i < mine.links(); ++i) {
+          CHECK(partners(s, mine.link(i).send_to, t).link(i).recv_from == v);
+          CHECK(partners(s, mine.link(i).recv_from, t).link(i).send_to == v);
+        }
         CHECK(mine == step_partners(s, t)[v]);
       }
     }
@@ -136,6 +160,12 @@ TEST_CASE("unrotated schedules follow the formulas in docs/gossip.md", "[partner
         CHECK(partners({Kind::Ring, p, false, 7}, v, t) == Partners{(v + 1) % p, (v + p - 1) % p});
         if (power_of_two(p))
           CHECK(partners({Kind::Hypercube, p, false, 7}, v, t) == Partners{v ^ hop, v ^ hop});
+        if (p >= 3) {  // exponential2: hops 2^i and 2^j, i = 2t mod R, j = (2t + 1) mod R
+          const int a = 1 << ((2 * t) % R), b = 1 << ((2 * t + 1) % R);
+          Partners two{(v + a) % p, (v - a + p) % p};
+          two.add({(v + b) % p, (v - b + p) % p});
+          CHECK(partners({Kind::Exponential2, p, false, 7}, v, t) == two);
+        }
       }
     }
   }
@@ -209,14 +239,14 @@ TEST_CASE("random schedule is a single p-cycle at every step", "[partners]") {
 
 TEST_CASE("schedule names parse, and bad input is rejected with an actionable message",
           "[partners]") {
-  for (Kind k : kKinds) CHECK(parse_kind(kind_name(k)) == k);
+  for (Kind k : all_kinds()) CHECK(parse_kind(kind_name(k)) == k);
   try {
     parse_kind("telepathy");
     FAIL("no exception");
   } catch (const std::invalid_argument& e) {
     const std::string m = e.what();
     CHECK(m.find("telepathy") != std::string::npos);
-    CHECK(m.find("dissemination, hypercube, ring, random") != std::string::npos);
+    CHECK(m.find("dissemination, hypercube, ring, random, exponential2") != std::string::npos);
     CHECK(m.find('\n') == std::string::npos);
   }
   try {
@@ -226,6 +256,17 @@ TEST_CASE("schedule names parse, and bad input is rejected with an actionable me
     CHECK(std::string(e.what()) ==
           "hypercube needs a power-of-two rank count, got p=6; use dissemination");
   }
+  try {
+    validate({Kind::Exponential2, 2, true, 1});
+    FAIL("no exception");
+  } catch (const std::invalid_argument& e) {
+    CHECK(std::string(e.what()) ==
+          "exponential2 gives each rank two peers a step and needs at least 3 ranks, got p=2; "
+          "use dissemination");
+  }
+  CHECK(partners({Kind::Exponential2, 1, false, 1}, 0, 3) == Partners{0, 0});
+  CHECK(links(Kind::Exponential2) == 2);
+  CHECK(links(Kind::Dissemination) == 1);
   CHECK_THROWS_AS(validate({Kind::Dissemination, 0, false, 1}), std::invalid_argument);
   CHECK_THROWS_AS(partners({Kind::Ring, 4, false, 1}, 4, 0), std::invalid_argument);
   CHECK_THROWS_AS(partners({Kind::Ring, 4, false, 1}, -1, 0), std::invalid_argument);

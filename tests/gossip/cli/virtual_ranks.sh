@@ -9,7 +9,7 @@
 # some of the steps but not all), model with the int8 wire and both with int4 wires (error
 # feedback; int8 with stochastic rounding), CHOCO's public copies (model + int4 overlapped, gossipgrad + int8), low-rank gossip
 # (gossipgrad, rank 1, overlapped), the authors' gossipgrad (weights and momentum, exchanged
-# after each update); allreduce within 1e-5 relative (virtual ranks add in MPICH's recursive-
+# after each update), two peers a step (exponential2: model, and both with int8 gradients); allreduce within 1e-5 relative (virtual ranks add in MPICH's recursive-
 # doubling order, which makes it exact with Debian's MPICH; another MPI may add otherwise); and
 # staleness 1 with every partner on time against mpirun's staleness 0; model_every 3 with
 # global_every 50; gossip.hierarchy node on
@@ -43,6 +43,10 @@ cases=(
   # Low-rank gossip (PowerGossip): gossipgrad, rank 1, overlapped, the weights' and momentum's factors.
   "gossipgrad-lowrank|--gossip.mode gossipgrad --gossip.low_rank 1 --gossip.schedule hypercube --gossip.rotate false"
   "allreduce|--gossip.mode allreduce"
+  # Two peers a step (gossip.schedule exponential2, over p2p under mpirun): the weights, and the
+  # gradients on the int8 wire with the weights in fp32.
+  "model-exp2|--gossip.mode model --gossip.overlap_model false --gossip.schedule exponential2"
+  "both-exp2-int8|--gossip.mode both --gossip.overlap_model false --gossip.schedule exponential2 --gossip.wire int8 --gossip.error_feedback true"
   # Staleness 1 with every partner on time (train.virtual_late 0) mixes as staleness 0 does.
   "stale-on-time|--gossip.mode both --gossip.overlap_model false|--gossip.staleness 1"
   # The weights every 3rd step, an exact global average every 50.

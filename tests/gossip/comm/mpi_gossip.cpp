@@ -71,14 +71,21 @@ void check_against_simulator(const mpi::Comm& world, const std::vector<float>& x
   std::copy(x.begin(), x.end(), all.begin() + rank * count);
   world.allreduce_sum(all.data(), static_cast<int64_t>(all.size()));
   double worst = 0;
+  bool bits = true;  // the float simulator rounds as the engine does
   for (int64_t i = 0; i < count; i += stride) {
     std::vector<double> start(p);
-    for (int v = 0; v < p; ++v) start[v] = initial(v, i);
+    std::vector<float> start_f(p);
+    for (int v = 0; v < p; ++v) start_f[v] = static_cast<float>(start[v] = initial(v, i));
     const std::vector<double> want = partners::mix(schedule, start, 0, steps);
-    for (int v = 0; v < p; ++v) worst = std::max(worst, std::fabs(all[v * count + i] - want[v]));
+    const std::vector<float> want_f = partners::mix(schedule, start_f, 0, steps);
+    for (int v = 0; v < p; ++v) {
+      worst = std::max(worst, std::fabs(all[v * count + i] - want[v]));
+      bits &= all[v * count + i] == want_f[v];
+    }
   }
   check(worst < 1e-4, name + ": matches the simulator (max error " + std::to_string(worst) + ")",
         rank);
+  check(bits, name + ": matches the float simulator bit for bit", rank);
   if (rank == 0) std::printf("%-48s max |engine - simulator| = %.2g\n", name.c_str(), worst);
 }
 
@@ -119,12 +126,16 @@ void run_case(const mpi::Comm& world, const std::string& transport, const std::s
       }
       ex.finish_step();
       if (s == 0) {
-        // Exactly the partner's bytes: the values are small integers, so (a + b) / 2 is exact.
-        const int from = ex.partners_at(0).recv_from;
+        // Exactly the partners' bytes: the values are small integers, so (a + b) / 2 is exact;
+        // with two links the sum is, and the engine divides it once.
+        const partners::Partners q = ex.partners_at(0);
         bool exact = true;
-        for (int64_t i = 0; i < count; ++i)
-          exact &= buf[i] == 0.5f * (initial(rank, i) + initial(from, i));
-        check(exact, name + ": step 0 holds exactly (mine + partner's) / 2", rank);
+        for (int64_t i = 0; i < count; ++i) {
+          float sum = initial(rank, i);
+          for (int l = 0; l < q.links(); ++l) sum += initial(q.link(l).recv_from, i);
+          exact &= buf[i] == (q.links() == 1 ? 0.5f * sum : sum / static_cast<float>(q.links() + 1));
+        }
+        check(exact, name + ": step 0 holds exactly the mean of mine and the partners'", rank);
       }
     }
     const bool shared = home && transport != "p2p" && transport != "rma";
@@ -631,6 +642,30 @@ void run_pipelined_sends_while_waiting(const mpi::Comm& world, const std::string
   check(exact, name + ": the step holds exactly (mine + partner's) / 2", rank);
 }
 
+// Transports that carry one peer a step refuse a schedule with two, on every rank, in one line.
+void run_links_refused(const mpi::Comm& world) {
+  if (world.size() < 3) return;
+  const int rank = world.rank();
+  const std::vector<kernels::Bucket> buckets = make_layout(100);
+  std::vector<float> x(100, 0.f);
+  for (const char* transport : {"shm", "rma", "auto"}) {
+    if (std::string(transport) == "shm" && !one_node(world)) continue;
+    gossip::GossipOptions o;
+    o.schedule = {partners::Kind::Exponential2, world.size(), true, 1};
+    o.transport = gossip::parse_transport(transport);
+    std::string what;
+    try {
+      gossip::GossipExchange ex(world, x.data(), buckets, o);
+    } catch (const std::invalid_argument& e) {
+      what = e.what();
+    }
+    check(what == std::string("gossip.transport ") + transport +
+                      " carries one peer a step, and the schedule gives 2: set gossip.transport "
+                      "= p2p",
+          std::string(transport) + " with two peers a step: refused with '" + what + "'", rank);
+  }
+}
+
 // Across nodes the shm transport is refused on every rank, with one line that names the way out.
 void run_shm_refused(const mpi::Comm& world) {
   if (one_node(world)) return;
@@ -695,6 +730,13 @@ int main(int argc, char** argv) {
     run_counters(world, "auto", true);
     run_counters(world, "shm", true);
     run_shm_refused(world);
+    // Two peers a step, over p2p: every threading, rotated, with delays.
+    if (p >= 3) {
+      for (const char* threading : {"funneled", "concurrent", "chained"})
+        run_case(world, "p2p", threading, partners::Kind::Exponential2, true, true);
+      run_case(world, "p2p", "funneled", partners::Kind::Exponential2, false, false, true);
+    }
+    run_links_refused(world);
     for (const char* transport : {"p2p", "rma", "shm", "auto"})
       run_pipelined_sends_while_waiting(world, transport);
     for (const char* transport : {"p2p", "rma", "shm", "auto"}) {

@@ -323,6 +323,45 @@ TEST_CASE("gossip.choco: public copies where they change what a run does, else o
         "rounding takes off the weights (and no gradients travel on a lossy wire); leave it out");
 }
 
+TEST_CASE("a schedule with two peers a step: what carries and mixes one partner is refused") {
+  const std::vector<std::string> exp2 = {"--gossip.schedule", "exponential2",
+                                         "--gossip.overlap_model", "false"};
+  const auto with = [&exp2](std::vector<std::string> more) {
+    more.insert(more.begin(), exp2.begin(), exp2.end());
+    return error_of(more);
+  };
+  const std::string what = "gossip.schedule = exponential2 gives each rank 2 peers a step; ";
+  for (const char* m : {"grad", "model", "both", "gossipgrad"})
+    CHECK(with({"--gossip.mode", m}).empty());
+  CHECK(with({"--gossip.transport", "p2p"}).empty());
+  CHECK(with({"--gossip.transport", "shm"}) ==
+        what +
+            "gossip.transport = shm carries one: set gossip.transport = p2p (or auto, which "
+            "then is p2p)");
+  CHECK(with({"--gossip.transport", "rma"}).rfind(what + "gossip.transport = rma", 0) == 0);
+  CHECK(error_of({"--gossip.schedule", "exponential2"}) ==
+        what +
+            "the overlapped weight exchange corrects with one partner's weights: set "
+            "gossip.overlap_model = false");
+  CHECK(with({"--gossip.staleness", "1"}) ==
+        what + "they are mixed at gossip.staleness = 0: set it");
+  CHECK(with({"--gossip.model_wire", "int4", "--gossip.choco", "true", "--gossip.rotate",
+              "false"}) == what +
+                               "gossip.choco keeps its public copies for one partner a step: "
+                               "leave it out or use a one-peer schedule");
+  CHECK(with({"--gossip.consensus_bound", "1e-3"}).rfind(what + "gossip.consensus_bound", 0) == 0);
+  CHECK(with({"--gossip.mode", "grad", "--gossip.hierarchy", "node"})
+            .rfind(what + "gossip.hierarchy = node", 0) == 0);
+  // Auto carries two peers over p2p; the transport given is kept otherwise.
+  Config c = train_args(exp2);
+  CHECK(gg::gossip::exchange_options(c, gg::gossip::Mixed::Weights).transport ==
+        gg::gossip::TransportKind::P2p);
+  c.gossip.schedule = gg::partners::Kind::Dissemination;
+  CHECK(gg::gossip::exchange_options(c, gg::gossip::Mixed::Weights).transport ==
+        gg::gossip::TransportKind::Auto);
+  CHECK(error_of({"--gossip.mode", "allreduce", "--gossip.schedule", "exponential2"}).empty());
+}
+
 TEST_CASE("gossip.rounding = stochastic only where an int8 or int4 wire carries something") {
   const std::string refused =
       "gossip.rounding = stochastic rounds the int8 and int4 wires, and this run sends none: set "
