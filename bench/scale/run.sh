@@ -40,6 +40,8 @@
 #                 e.g. model-int4-choco-sr-nooverlap
 #   *-ring        the ring schedule without rotation (before -nooverlap, after the rest), e.g.
 #                 model-int4-choco-sr-ring-nooverlap
+#   *-exp2        the two-peer exponential graph (gossip.schedule exponential2, rotated; before
+#                 -nooverlap, which it needs for the weights), e.g. model-exp2-nooverlap
 #   *-nooverlap   a mode that exchanges weights, with gossip.overlap_model false (the weights
 #                 mixed before the next forward, not behind it), e.g. gossipgrad-nooverlap
 #   *-cc<B>       any gossip mode with consensus control, gossip.consensus_bound B (a global
@@ -70,13 +72,14 @@ gg_int RANK_EVAL "$RANK_EVAL" 0 10000
 gg_ints P 2 4096 "${PS[@]}"
 gg_ints SEEDS 0 1000000 "${SEEDS[@]}"
 options_of() { # mode -> its train options; a name that would run something else: one line, exit 2
-  local mode=$1 global="" bound="" nooverlap="" ring="" lowrank="" choco=""
+  local mode=$1 global="" bound="" nooverlap="" sched="" lowrank="" choco=""
   refuse() { echo "bench/scale: mode '$1': $2" >&2; exit 2; }
   if [[ $mode =~ ^(.*)-cc([0-9.]+(e-?[0-9]+)?)$ ]]; then mode=${BASH_REMATCH[1]}; bound=${BASH_REMATCH[2]}; fi
   if [[ $mode =~ ^(.*)-global([0-9]+)$ ]]; then mode=${BASH_REMATCH[1]}; global=${BASH_REMATCH[2]}; fi
   if [[ $mode =~ ^(.*)-nooverlap$ ]]; then mode=${BASH_REMATCH[1]}; nooverlap=1; echo "--gossip.overlap_model false"; fi
   local fixed=""  # choco and the ring: the same partners again, no rotation
-  if [[ $mode =~ ^(.*)-ring$ ]]; then mode=${BASH_REMATCH[1]}; fixed=1; ring=1; echo "--gossip.schedule ring"; fi
+  if [[ $mode =~ ^(.*)-ring$ ]]; then mode=${BASH_REMATCH[1]}; fixed=1; sched=-ring; echo "--gossip.schedule ring"; fi
+  if [[ $mode =~ ^(.*)-exp2$ ]]; then mode=${BASH_REMATCH[1]}; sched=-exp2; echo "--gossip.schedule exponential2"; fi
   if [[ $mode =~ ^(.*-int[48].*)-sr$ ]]; then mode=${BASH_REMATCH[1]}; echo "--gossip.rounding stochastic"; fi
   if [[ $mode =~ ^(model|gossipgrad)-lowrank([0-9]+)$ ]]; then
     mode=${BASH_REMATCH[1]}; lowrank=1
@@ -87,14 +90,14 @@ options_of() { # mode -> its train options; a name that would run something else
   [ -z "$fixed" ] || echo "--gossip.rotate false"
   # Suffixes that would run a mode as another one under this name (issue 52: model-choco ran
   # plain model): refused.
-  [ -z "$ring" ] || [ -z "$lowrank" ] ||
-    refuse "$1" "low-rank gossip runs on the hypercube's pairs, not the ring: drop -ring"
+  [ -z "$sched" ] || [ -z "$lowrank" ] ||
+    refuse "$1" "low-rank gossip runs on the hypercube's pairs: drop $sched"
   case $mode in
     allreduce | grad)
       [ -z "$choco$nooverlap" ] ||
         refuse "$1" "-choco and -nooverlap act on the weights' gossip, which $mode has not"
-      [ "$mode" != allreduce ] || [ -z "$global$bound$ring" ] ||
-        refuse "$1" "allreduce averages exactly at every step: -global, -cc and -ring would change nothing"
+      [ "$mode" != allreduce ] || [ -z "$global$bound$sched" ] ||
+        refuse "$1" "allreduce averages exactly at every step: -global, -cc, -ring and -exp2 would change nothing"
       echo "--gossip.mode $mode" ;;
     both | model | gossipgrad)
       [ -z "$choco" ] ||

@@ -35,7 +35,10 @@ for m in grad-choco allreduce-choco grad-nooverlap; do
 done
 expect "would change nothing" -- env MODES=allreduce-global50 NAME=x bench/scale/run.sh 8
 expect "would change nothing" -- env MODES=allreduce-ring NAME=x bench/scale/run.sh 8
-expect "not the ring" -- env MODES=model-lowrank1-ring NAME=x bench/scale/run.sh 8
+expect "hypercube's pairs: drop -ring" -- env MODES=model-lowrank1-ring NAME=x bench/scale/run.sh 8
+expect "would change nothing" -- env MODES=allreduce-exp2 NAME=x bench/scale/run.sh 8
+# The two-peer schedule with the overlapped weight exchange: the dry run's line.
+expect "gossip.overlap_model = false" -- env MODES=model-exp2 NAME=x bench/scale/run.sh 8
 expect "mode 'modle': unknown" -- env MODES=modle NAME=x bench/scale/run.sh 8
 expect "p = 6, mode model-lowrank1: gossip.schedule: hypercube" -- env MODES=model-lowrank1 NAME=x bench/scale/run.sh 6
 [ "$(ls bench/results | wc -l)" = "$before" ] || { echo "FAIL: bench/scale made files before refusing"; fail=1; }
