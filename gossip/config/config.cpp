@@ -231,8 +231,9 @@ void check_links(const Config& c, bool weights) {
                      "(or use gossip.global_every)");
 }
 
-// gossip.rule other than average: the plain exchange only (its variants are the average's).
-void check_rule(const Config& c, bool weights) {
+// gossip.rule other than average: the plain exchange only (its variants, the lossy wires
+// included, are the average's).
+void check_rule(const Config& c, bool grads, bool weights) {
   if (c.gossip.rule == RuleKind::Average) return;
   const std::string what = "gossip.rule = " + text_of(c.gossip.rule) + " mixes by itself";
   if (c.gossip.staleness != 0) throw UsageError(what + ", at gossip.staleness = 0: set it");
@@ -246,6 +247,9 @@ void check_rule(const Config& c, bool weights) {
                      "use gossip.global_every)");
   if (c.gossip.hierarchy == Hierarchy::Node)
     throw UsageError(what + ", not inside nodes: set gossip.hierarchy = none");
+  // The lossy wires (and their error feedback) are the average's variants.
+  if ((grads && lossy(c.gossip.wire)) || (weights && lossy(c.gossip.model_wire)))
+    throw UsageError(what + ", on the fp32 wire: set gossip.wire and gossip.model_wire = fp32");
 }
 
 // Which exchanges run and how: an option that would change what the exchange does, given where
@@ -293,7 +297,7 @@ void check_exchange(const Config& c) {
         " (or gossip.global_every for a fixed period)");
   if (!allreduce) {
     check_links(c, weights);
-    check_rule(c, weights);
+    check_rule(c, grads, weights);
   }
   check_choco(c);
   check_low_rank(c);
