@@ -8,6 +8,7 @@
 #include "gossip/comm/bounded_wait.hpp"
 #include "gossip/comm/low_rank.hpp"
 #include "gossip/comm/mixing.hpp"
+#include "gossip/comm/push_sum.hpp"
 #include "gossip/comm/wait_watch.hpp"
 
 namespace gg::gossip {
@@ -170,6 +171,7 @@ struct RuleMaker {
 };
 constexpr RuleMaker kRules[] = {
     {RuleKind::Average, make_average, average_messages},
+    {RuleKind::PushSum, make_push_sum, push_sum_messages},
 };
 
 const RuleMaker& maker(RuleKind r) {

@@ -44,15 +44,17 @@ TransportKind parse_transport(const std::string& name);  // std::invalid_argumen
 // one in exchange.cpp's table of rules (how it is made, what it sends) add a rule. average: the
 // uniform mean of this rank's bucket and its partners' (the pair average for one partner a
 // step), with the variants the other options choose (staleness, overlap, CHOCO, low rank).
-enum class RuleKind { Average };
+enum class RuleKind { Average, PushSum };
 inline constexpr std::pair<RuleKind, std::string_view> kRuleNames[] = {
-    {RuleKind::Average, "average"}};
+    {RuleKind::Average, "average"}, {RuleKind::PushSum, "push-sum"}};
 constexpr std::span<const std::pair<RuleKind, std::string_view>> enum_names(RuleKind) {
   return kRuleNames;
 }
 inline constexpr std::string_view kRuleHelp[] = {
     "average (the mean of the rank's bucket and its partners'; the other gossip options choose "
-    "its variant)"};
+    "its variant)",
+    "push-sum (SGP's rule: a weight travels with each bucket, the buffer holds values / weight; "
+    "fp32 wire, staleness 0, no overlap)"};
 
 // A parameter tensor as the low-rank rule reads it: a matrix rows x cols (a convolution's
 // O x I * kernel, an inner product's out x in) or, with rows == 0, a vector of `size` values.

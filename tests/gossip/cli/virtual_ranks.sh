@@ -9,7 +9,8 @@
 # some of the steps but not all), model with the int8 wire and both with int4 wires (error
 # feedback; int8 with stochastic rounding), CHOCO's public copies (model + int4 overlapped, gossipgrad + int8), low-rank gossip
 # (gossipgrad, rank 1, overlapped), the authors' gossipgrad (weights and momentum, exchanged
-# after each update), two peers a step (exponential2: model, and both with int8 gradients); allreduce within 1e-5 relative (virtual ranks add in MPICH's recursive-
+# after each update), two peers a step (exponential2: model, and both with int8 gradients), push-sum (model on
+# exponential2, gossipgrad on dissemination); allreduce within 1e-5 relative (virtual ranks add in MPICH's recursive-
 # doubling order, which makes it exact with Debian's MPICH; another MPI may add otherwise); and
 # staleness 1 with every partner on time against mpirun's staleness 0; model_every 3 with
 # global_every 50; gossip.hierarchy node on
@@ -47,6 +48,10 @@ cases=(
   # gradients on the int8 wire with the weights in fp32.
   "model-exp2|--gossip.mode model --gossip.overlap_model false --gossip.schedule exponential2"
   "both-exp2-int8|--gossip.mode both --gossip.overlap_model false --gossip.schedule exponential2 --gossip.wire int8 --gossip.error_feedback true"
+  # Push-sum (gossip.rule push-sum, a weight behind each bucket): on two peers a step, and the
+  # weights and momentum on dissemination.
+  "model-pushsum-exp2|--gossip.mode model --gossip.overlap_model false --gossip.schedule exponential2 --gossip.rule push-sum"
+  "gossipgrad-pushsum|--gossip.mode gossipgrad --gossip.overlap_model false --gossip.rule push-sum"
   # Staleness 1 with every partner on time (train.virtual_late 0) mixes as staleness 0 does.
   "stale-on-time|--gossip.mode both --gossip.overlap_model false|--gossip.staleness 1"
   # The weights every 3rd step, an exact global average every 50.

@@ -10,6 +10,7 @@
 
 #include "gossip/comm/exchange.hpp"
 #include "gossip/comm/mixing.hpp"
+#include "gossip/comm/push_sum.hpp"
 #include "gossip/comm/rules.hpp"
 #include "gossip/comm/wire.hpp"
 
@@ -62,6 +63,68 @@ TEST_CASE("with k links a step the average adds the partners in link order, the 
   for (int i = 0; i < 3; ++i) CHECK(x[2 + i] == 0.5f * (before[i] + 1.f));
   CHECK_THROWS_AS(mix_last(std::span<float>(x.data(), 2), std::span<const float>(x.data(), 2), 1),
                   std::invalid_argument);
+}
+
+TEST_CASE("push-sum: a weight travels behind each bucket, the buffer holds values / weight") {
+  // Messages: each bucket's values then its weight, in the buckets' order (bucket 0 last).
+  const auto ends = [](const std::vector<Bucket>& v) {
+    std::vector<int64_t> out;
+    for (const Bucket& k : v) out.insert(out.end(), {k.begin, k.end});
+    return out;
+  };
+  CHECK(ends(PushSum::messages(kBuckets)) == std::vector<int64_t>{3, 7, 0, 3});
+  GossipOptions o;
+  o.rule = RuleKind::PushSum;
+  CHECK(ends(wire_buckets(o, kBuckets)) == ends(PushSum::messages(kBuckets)));
+  // One link: the pair average, bit for bit (halving is exact).
+  std::vector<float> x = {1, 2, 3, 4, 5}, y = {0.1f, -7, 3.3f, 1e-3f, 9};
+  PushSum a(x.data(), kBuckets), b(y.data(), kBuckets);
+  const std::vector<float> x0 = x, y0 = y;
+  a.begin_step(0, {1, 1});
+  b.begin_step(0, {0, 0});
+  const float* ma = a.outgoing(0);
+  CHECK(ma[3] == 0.5f);  // the weight's share
+  CHECK(ma[0] == 1.5f);  // 3 * 1 * 0.5
+  const std::vector<float> from_a(ma, ma + 4), from_b(b.outgoing(0), b.outgoing(0) + 4);
+  a.received(0, 0, from_b.data());
+  b.received(0, 0, from_a.data());
+  for (int i = 2; i < 5; ++i) {
+    CHECK(x[i] == 0.5f * (x0[i] + y0[i]));
+    CHECK(y[i] == x[i]);
+  }
+  CHECK(a.weights()[0] == 1.f);
+  // Uneven shares: a rank that pushes to two peers and hears from one keeps a third of its
+  // weight and gains half of the other's: z = x / w stays the weighted mean of what it holds.
+  std::vector<float> u = {0, 0, 6, 6, 6};
+  PushSum r(u.data(), kBuckets);
+  gg::partners::Partners two{1, 2};
+  two.add({3, 4});
+  r.begin_step(0, two);
+  const float* mu = r.outgoing(0);
+  CHECK(mu[0] == 6.f * (1.f / 3));
+  const std::vector<float> half = {1.5f, 1.5f, 1.5f, 0.5f};  // a one-link peer's share of z = 3
+  r.received(0, 0, half.data());
+  const std::vector<float> none = {0, 0, 0, 0};
+  r.received(0, 0, none.data());  // a second arrival that carries nothing
+  const float w = 1.f / 3 + 0.5f;
+  CHECK(r.weights()[0] == w);
+  CHECK(u[2] == (6.f * (1.f / 3) + 1.5f) / w);
+  // The weights are its state: saved, loaded, and refused when they do not fit.
+  std::vector<StatePart> parts;
+  r.save_state(parts, {});
+  REQUIRE(parts.size() == 1);
+  CHECK(parts[0].kind == "push-sum");
+  std::vector<float> v = {0, 0, 0, 0, 0};
+  PushSum back(v.data(), kBuckets);
+  back.load_state(parts, {});
+  CHECK(back.weights() == r.weights());
+  back.load_state({}, {});
+  CHECK(back.weights() == std::vector<float>{1.f, 1.f});
+  PushSum other(v.data(), {{0, 5}});
+  CHECK_THROWS_AS(other.load_state(parts, {}), std::invalid_argument);
+  // It needs the fp32 wire.
+  o.wire = Wire::Bf16;
+  CHECK_THROWS_AS(make_rule(o, v.data(), kBuckets, 0), std::invalid_argument);
 }
 
 TEST_CASE("staleness 1 sends the bucket as it was when ready and mixes the latest at the end") {

@@ -362,6 +362,36 @@ TEST_CASE("a schedule with two peers a step: what carries and mixes one partner 
   CHECK(error_of({"--gossip.mode", "allreduce", "--gossip.schedule", "exponential2"}).empty());
 }
 
+TEST_CASE("gossip.rule other than average runs alone, else one line") {
+  const std::vector<std::string> ps = {"--gossip.rule", "push-sum", "--gossip.overlap_model",
+                                       "false"};
+  const auto with = [&ps](std::vector<std::string> more) {
+    more.insert(more.begin(), ps.begin(), ps.end());
+    return error_of(more);
+  };
+  for (const char* m : {"grad", "model", "both", "gossipgrad"})
+    CHECK(with({"--gossip.mode", m}).empty());
+  CHECK(with({"--gossip.schedule", "exponential2"}).empty());
+  CHECK(error_of({"--gossip.rule", "push-sum"}) ==
+        "gossip.rule = push-sum mixes by itself, not as the overlapped correction: set "
+        "gossip.overlap_model = false");
+  CHECK(with({"--gossip.staleness", "1"}) ==
+        "gossip.rule = push-sum mixes by itself, at gossip.staleness = 0: set it");
+  CHECK(
+      with({"--gossip.model_wire", "int4", "--gossip.choco", "true", "--gossip.rotate", "false"}) ==
+      "gossip.rule = push-sum mixes by itself, not through gossip.choco or gossip.low_rank: "
+      "leave them out");
+  CHECK(with({"--gossip.consensus_bound", "1e-3"}).rfind("gossip.rule = push-sum mixes", 0) == 0);
+  CHECK(with({"--gossip.mode", "model", "--gossip.model_wire", "bf16", "--gossip.error_feedback",
+              "true"}) ==
+        "gossip.rule = push-sum mixes by itself, on the fp32 wire: set gossip.wire and "
+        "gossip.model_wire = fp32");
+  CHECK(with({"--gossip.mode", "model", "--gossip.wire", "int8"}).rfind("gossip.wire = int8", 0) ==
+        0);  // a wire the mode does not send: the wires' own line
+  CHECK(error_of({"--gossip.rule", "sum"}) ==
+        "gossip.rule = sum is unknown: use average, push-sum");
+}
+
 TEST_CASE("gossip.rounding = stochastic only where an int8 or int4 wire carries something") {
   const std::string refused =
       "gossip.rounding = stochastic rounds the int8 and int4 wires, and this run sends none: set "
