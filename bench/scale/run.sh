@@ -40,6 +40,8 @@
 #                 e.g. model-int4-choco-sr-nooverlap
 #   *-ring        the ring schedule without rotation (before -nooverlap, after the rest), e.g.
 #                 model-int4-choco-sr-ring-nooverlap
+#   *-pushsum     push-sum (gossip.rule push-sum, SGP's rule; before -exp2), e.g.
+#                 model-pushsum-exp2-nooverlap
 #   *-exp2        the two-peer exponential graph (gossip.schedule exponential2, rotated; before
 #                 -nooverlap, which it needs for the weights), e.g. model-exp2-nooverlap
 #   *-nooverlap   a mode that exchanges weights, with gossip.overlap_model false (the weights
@@ -80,6 +82,7 @@ options_of() { # mode -> its train options; a name that would run something else
   local fixed=""  # choco and the ring: the same partners again, no rotation
   if [[ $mode =~ ^(.*)-ring$ ]]; then mode=${BASH_REMATCH[1]}; fixed=1; sched=-ring; echo "--gossip.schedule ring"; fi
   if [[ $mode =~ ^(.*)-exp2$ ]]; then mode=${BASH_REMATCH[1]}; sched=-exp2; echo "--gossip.schedule exponential2"; fi
+  if [[ $mode =~ ^(.*)-pushsum$ ]]; then mode=${BASH_REMATCH[1]}; sched=$sched-pushsum; echo "--gossip.rule push-sum"; fi
   if [[ $mode =~ ^(.*-int[48].*)-sr$ ]]; then mode=${BASH_REMATCH[1]}; echo "--gossip.rounding stochastic"; fi
   if [[ $mode =~ ^(model|gossipgrad)-lowrank([0-9]+)$ ]]; then
     mode=${BASH_REMATCH[1]}; lowrank=1
@@ -91,13 +94,13 @@ options_of() { # mode -> its train options; a name that would run something else
   # Suffixes that would run a mode as another one under this name (issue 52: model-choco ran
   # plain model): refused.
   [ -z "$sched" ] || [ -z "$lowrank" ] ||
-    refuse "$1" "low-rank gossip runs on the hypercube's pairs: drop $sched"
+    refuse "$1" "low-rank gossip is a rule of its own on the hypercube's pairs: drop $sched"
   case $mode in
     allreduce | grad)
       [ -z "$choco$nooverlap" ] ||
         refuse "$1" "-choco and -nooverlap act on the weights' gossip, which $mode has not"
       [ "$mode" != allreduce ] || [ -z "$global$bound$sched" ] ||
-        refuse "$1" "allreduce averages exactly at every step: -global, -cc, -ring and -exp2 would change nothing"
+        refuse "$1" "allreduce averages exactly at every step: -global, -cc, -ring, -exp2 and -pushsum would change nothing"
       echo "--gossip.mode $mode" ;;
     both | model | gossipgrad)
       [ -z "$choco" ] ||

@@ -37,6 +37,7 @@ expect "would change nothing" -- env MODES=allreduce-global50 NAME=x bench/scale
 expect "would change nothing" -- env MODES=allreduce-ring NAME=x bench/scale/run.sh 8
 expect "hypercube's pairs: drop -ring" -- env MODES=model-lowrank1-ring NAME=x bench/scale/run.sh 8
 expect "would change nothing" -- env MODES=allreduce-exp2 NAME=x bench/scale/run.sh 8
+expect "would change nothing" -- env MODES=allreduce-pushsum NAME=x bench/scale/run.sh 8
 # The two-peer schedule with the overlapped weight exchange: the dry run's line.
 expect "gossip.overlap_model = false" -- env MODES=model-exp2 NAME=x bench/scale/run.sh 8
 expect "mode 'modle': unknown" -- env MODES=modle NAME=x bench/scale/run.sh 8
