@@ -40,8 +40,9 @@ touch "$TMP/file"
 expect "--out $TMP/file is not a folder" -- "${RUN[@]}" --out "$TMP/file"
 [ ! -e "$TMP/bad" ] || { echo "FAIL: run.sh made its folder before refusing"; fail=1; }
 
-# Both sides, 6 steps each.
-out=$(timeout 150 "${RUN[@]}" --max-steps 6 --rounds 1 --timeout 120 --out "$TMP/mj" 2>&1); rc=$?
+# Both sides, 6 steps each (about 10 s a run on a quiet machine; the bounds leave room for a
+# loaded one: a DDP run took over 120 s to import torch and start beside a benchmark and -j2).
+out=$(timeout 540 "${RUN[@]}" --max-steps 6 --rounds 1 --timeout 240 --out "$TMP/mj" 2>&1); rc=$?
 if [ "$rc" -ne 0 ]; then
   echo "FAIL: run.sh --max-steps 6 --rounds 1: exit $rc:"; tail -15 <<<"$out"; fail=1
 else
