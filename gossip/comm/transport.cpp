@@ -104,7 +104,7 @@ class P2pTransport final : public Transport {
   P2pTransport(const mpi::Comm& comm, const BufferLayout& layout)
       : comm_(comm.dup()),
         layout_(layout),
-        links_(std::max(1, layout.links)),
+        links_(std::clamp(layout.links, 1, partners::kMaxLinks)),
         recv_(static_cast<size_t>(layout.count) * links_),
         recv_req_(layout.buckets.size() * links_),
         send_req_(layout.buckets.size() * links_),
@@ -114,13 +114,13 @@ class P2pTransport final : public Transport {
   const char* name() const override { return "p2p"; }
 
   void expect(int from, int64_t step, int b) override {
-    const int s = slots_[b].from.take(from, step);
+    const int s = slots_[b].from.take(from, step, links_);
     const kernels::Bucket& k = layout_.buckets[b];
     GG_MPI_CHECK(MPI_Irecv(recv_.data() + s * layout_.count + k.begin, checked_count(k), MPI_FLOAT,
                            from, b, comm_.get(), recv_req_[at(b, s)].out()));
   }
   void send(int to, int64_t step, int b, const float* data) override {
-    const int s = slots_[b].to.take(to, step);
+    const int s = slots_[b].to.take(to, step, links_);
     const kernels::Bucket& k = layout_.buckets[b];
     GG_MPI_CHECK(MPI_Isend(data, checked_count(k), MPI_FLOAT, to, b, comm_.get(),
                            send_req_[at(b, s)].out()));
@@ -156,10 +156,10 @@ class P2pTransport final : public Transport {
   struct Side {
     std::array<int, partners::kMaxLinks> peer;
     int64_t step = -1;
-    int take(int p, int64_t t) {
+    int take(int p, int64_t t, int slots) {
       if (step != t) peer.fill(-1), step = t;
-      for (size_t s = 0; s < peer.size(); ++s)
-        if (peer[s] < 0) return peer[s] = p, static_cast<int>(s);
+      for (int s = 0; s < slots; ++s)
+        if (peer[s] < 0) return peer[s] = p, s;
       throw std::logic_error("p2p: more links in a step than the transport was made for");
     }
     int find(int p) const {
