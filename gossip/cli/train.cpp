@@ -201,7 +201,7 @@ int cmd_train(const std::vector<std::string>& args, int argc, char** argv) {
   try {
     const Config c = agreed_config(args, world);  // every rank validated before any file is made
     if (c.train.virtual_ranks > 0)
-      run_virtual(c);  // one process (check_ranks): P logical ranks, no MPI traffic
+      run_virtual(c, world);  // one process (check_ranks): P logical ranks, no MPI traffic
     else
       run_training(c, world);
     world.barrier();

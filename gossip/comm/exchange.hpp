@@ -53,6 +53,8 @@ class BucketExchange {
   // Staleness 1: what the steps could not mix fresh (rules.hpp).
   using Lateness = gossip::Lateness;
   virtual Lateness lateness() const { return {}; }
+  // The same over every rank this process holds (virtual ranks: all of them; else this rank's).
+  virtual Lateness held_lateness() const { return lateness(); }
   // What the exchange keeps from step to step (its rule's and its codec's parts, state_part.hpp),
   // saved into a rank's state and loaded back (no parts: start again from nothing), and what it
   // shares with peers whose state was replaced by another rank's dropped. Exchanges that keep
@@ -69,6 +71,40 @@ class BucketExchange {
 
  protected:
   Timeline* timeline_ = nullptr;
+};
+
+// An exchange of what the update wrote (the weights, the momentum with them), as the trainer
+// drives it between steps: all at once, overlapped behind the next step's compute, or pipelined
+// into the next forward. GossipExchange below over the transports, and virtual ranks' exchange
+// over every rank one process holds (gossip/train/virtual_exchange.hpp).
+class WeightExchange : public BucketExchange {
+ public:
+  // Every bucket at once (model averaging after the update); returns the seconds it took.
+  virtual double exchange_all(int64_t step) = 0;
+  // The same exchange behind the next forward (gossip.pipeline_weights): start_all queues every
+  // bucket, the highest index first (the first layers': forward reads them first), wait_bucket
+  // blocks until bucket b is mixed (forward's bucket gate), finish_step ends the round. Both
+  // return the seconds they waited.
+  virtual void start_all(int64_t step) = 0;
+  virtual double wait_bucket(int b) = 0;
+  // Overlapped averaging (options.delayed): start_delayed snapshots the buffer and exchanges the
+  // snapshot in the background; finish_delayed waits for it and adds the correction
+  // (x_partner - x_snapshot) / 2 to the buffer, which may have changed meanwhile. Returns the
+  // seconds it waited; does nothing when no exchange is pending.
+  virtual void start_delayed(int64_t step) = 0;
+  virtual double finish_delayed() = 0;
+  // Checkpoints and snapshots of the delayed exchange: delayed_delta() is the correction a
+  // pending exchange will apply, computed without applying it (empty when none is pending), and
+  // set_delayed_delta() makes a saved one pending again, applied by the next finish_delayed().
+  virtual std::vector<float> delayed_delta() = 0;
+  virtual void set_delayed_delta(const std::vector<float>& delta) = 0;
+  // With options.measure_distance: for each rank this process holds, the sum of
+  // ||x - partner||^2 over the buckets mixed since the last call (rules.hpp, take_distance).
+  virtual std::vector<double> take_distances() = 0;
+  // The sum not taken yet (one rank per process), and its replacement by a restored state's
+  // (resume, rollback).
+  virtual double distance() const = 0;
+  virtual void restore_distance(double d) = 0;
 };
 
 // The allreduce baseline: every bucket is averaged over all ranks with MPI_Allreduce on a
@@ -138,7 +174,7 @@ const float* encode_outgoing(MixingRule& rule, WireCodec& codec, int b, uint64_t
 // transport's window where it has one, so that partners that pair up in a step (send_to ==
 // recv_from: every step at p = 2, hypercube, every other step of dissemination at p = 4) average
 // it in place with no copy (see transport.hpp); in private memory otherwise.
-class GossipExchange final : public BucketExchange {
+class GossipExchange final : public WeightExchange {
  public:
   GossipExchange(const mpi::Comm& world, float* buffer, std::vector<kernels::Bucket> buckets,
                  GossipOptions o);
@@ -147,27 +183,16 @@ class GossipExchange final : public BucketExchange {
   void begin_step(int64_t step) override;
   void on_bucket_ready(int bucket) override;
   double finish_step() override;
-  // Every bucket at once (model averaging after the update); returns the seconds it took.
-  double exchange_all(int64_t step);
-  // The same exchange behind the next forward (gossip.pipeline_weights): start_all queues every
-  // bucket, the highest index first (the first layers': forward reads them first), wait_bucket
-  // blocks until bucket b is mixed (forward's bucket gate), finish_step ends the round. Both
-  // return the seconds they waited.
-  void start_all(int64_t step);
-  double wait_bucket(int b);
-  // Overlapped averaging (options.delayed): start_delayed snapshots the buffer and exchanges the
-  // snapshot in the background; finish_delayed waits for it and adds the correction
-  // (x_partner - x_snapshot) / 2 to the buffer, which may have changed meanwhile. Returns the
-  // seconds it waited; does nothing when no exchange is pending.
-  void start_delayed(int64_t step);
-  double finish_delayed();
-  // Checkpoints and snapshots of the delayed exchange: settle_delayed() waits for a pending
-  // exchange and computes its correction without applying it (the numbers stay those of an
-  // uninterrupted run); delayed_delta() is that correction (empty when none is pending), and
-  // set_delayed_delta() makes a saved one pending again, applied by the next finish_delayed().
+  double exchange_all(int64_t step) override;
+  void start_all(int64_t step) override;
+  double wait_bucket(int b) override;
+  void start_delayed(int64_t step) override;
+  double finish_delayed() override;
+  // settle_delayed() waits for a pending exchange and computes its correction without applying
+  // it (the numbers stay those of an uninterrupted run): what delayed_delta() returns.
   void settle_delayed();
-  std::vector<float> delayed_delta();
-  void set_delayed_delta(const std::vector<float>& delta);
+  std::vector<float> delayed_delta() override;
+  void set_delayed_delta(const std::vector<float>& delta) override;
   // Transports count their steps from the first one this process exchanges, as in a fresh run,
   // while partners follow the global step; after a rollback the transports keep counting up, as
   // their sequence flags require, while the partners repeat.
@@ -194,9 +219,9 @@ class GossipExchange final : public BucketExchange {
   // With options.measure_distance: sum of ||x - partner||^2 over the buckets mixed since the last
   // call (rules.hpp, take_distance).
   double take_distance() { return rule_->take_distance(); }
-  // The sum not taken yet, and its replacement by a restored state's (resume, rollback).
-  double distance() const { return rule_->distance(); }
-  void restore_distance(double d) { rule_->reset_distance(d); }
+  std::vector<double> take_distances() override { return {take_distance()}; }
+  double distance() const override { return rule_->distance(); }
+  void restore_distance(double d) override { rule_->reset_distance(d); }
 
  private:
   using Job = BucketQueue::Job;

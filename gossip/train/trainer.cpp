@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <stdexcept>
 #include <thread>
 
 #include "gossip/comm/hierarchy.hpp"
@@ -44,6 +45,11 @@ kernels::ModelSpec usual_model_spec(const Config& c, int rank) {
 }
 
 namespace {
+// The ranks of the run: the processes', or the virtual ranks this one process holds.
+int run_ranks(const Config& c, const mpi::Comm& world) {
+  return c.train.virtual_ranks > 0 ? c.train.virtual_ranks : world.size();
+}
+
 // The model this rank trains: on the data's samples, or, with emulated compute, on the usual ones
 // (its gradient bytes are what an emulated step exchanges; no sample reaches it).
 kernels::ModelSpec trained_model(const Config& c, int rank, kernels::Dims input, int64_t classes) {
@@ -69,10 +75,11 @@ Trainer::Trainer(const Config& c, const mpi::Comm& world, kernels::Dims input, i
       sgd_(net_.graph().param_count(),
            {static_cast<float>(c.train.momentum), static_cast<float>(c.train.weight_decay),
             c.train.nesterov}),
-      schedule_({c.train.lr, c.train.base_batch, c.train.batch * world.size(),
+      schedule_({c.train.lr, c.train.base_batch, c.train.batch * run_ranks(c, world),
                  static_cast<int64_t>(std::llround(c.train.warmup_epochs * steps_per_epoch)),
                  total_steps, 0.0}),
-      dlogits_(c.train.batch * classes) {
+      dlogits_(c.train.batch * classes),
+      ranks_(run_ranks(c, world)) {
   kernels::ParamStore& store = net_.store();
   const kernels::Graph& g = net_.graph();
   kernels::init_params(g, store, c.train.seed);
@@ -129,6 +136,7 @@ void Trainer::make_exchanges() {
   kernels::ParamStore& store = net_.store();
   // Which combinations of exchange options are valid: check_exchange (gossip/config), before MPI.
   const Algorithm& a = algorithm_;
+  if (c_.train.virtual_ranks > 0) return make_virtual_exchanges();
   if (a.allreduce) {
     exchange_ = std::make_unique<AllreduceExchange>(world_, store.grads.data(), net_.buckets());
     return;
@@ -193,12 +201,12 @@ GossipOptions Trainer::fitted(GossipOptions o) const {
 
 void Trainer::set_first_step(int64_t step) {
   if (exchange_) exchange_->set_first_step(step);
-  for (GossipExchange* e : after_update()) e->set_first_step(cadence_.round(step));
+  for (WeightExchange* e : after_update()) e->set_first_step(cadence_.round(step));
 }
 
-std::vector<GossipExchange*> Trainer::after_update() const {
-  std::vector<GossipExchange*> all;
-  for (GossipExchange* e : {model_exchange_.get(), momentum_exchange_.get()})
+std::vector<WeightExchange*> Trainer::after_update() const {
+  std::vector<WeightExchange*> all;
+  for (WeightExchange* e : {model_exchange_.get(), momentum_exchange_.get()})
     if (e) all.push_back(e);
   return all;
 }
@@ -206,7 +214,7 @@ std::vector<GossipExchange*> Trainer::after_update() const {
 std::vector<BucketExchange*> Trainer::exchanges() const {
   std::vector<BucketExchange*> all;
   if (exchange_) all.push_back(exchange_.get());
-  for (GossipExchange* e : after_update()) all.push_back(e);
+  for (WeightExchange* e : after_update()) all.push_back(e);
   return all;
 }
 
@@ -222,34 +230,21 @@ void Trainer::set_timeline(Timeline* t) {
 }
 
 StepStats Trainer::step(const float* x, const int32_t* y) {
+  return step([x, y](int) { return StepInput{x, y}; });
+}
+
+StepStats Trainer::step(const std::function<StepInput(int)>& input) {
   StepStats s;
   Timeline::Span whole(timeline_, "step " + std::to_string(step_), "step");
   // The last update's weights: overlapped, behind this step's compute; pipelined, each bucket
   // waited for by forward's gate.
   start_model_exchange();
-  const float* logits = nullptr;
-  {
-    Timeline::Span span(timeline_, "forward", "compute");
-    logits = train_exec_->forward(x, true);
-  }
-  if (logits) {  // emulated compute has no loss and no accuracy
-    const auto loss = kernels::softmax_cross_entropy(logits, y, c_.train.batch, graph().classes(),
-                                                     dlogits_.data());
-    s.loss = loss.loss;
-    s.correct = loss.correct;
-  }
   s.lr = schedule_.at(step_) * lr_scale_;
-  if (streams_weights()) {
-    backward_streaming(s);
-  } else {
-    // Backward hands each bucket to the exchange as it completes it.
-    std::function<void(int)> ready;
-    if (exchange_) ready = [this](int b) { exchange_->on_bucket_ready(b); };
-    if (exchange_) exchange_->begin_step(step_);
-    {
-      Timeline::Span span(timeline_, "backward", "compute");
-      train_exec_->backward(dlogits_.data(), ready);
-    }
+  if (!held_.empty())
+    compute_held(input, s);
+  else
+    compute(input, s);
+  if (!streams_weights()) {
     if (exchange_) {
       Timeline::Span span(timeline_, "wait gradients", "wait");
       s.comm_seconds = exchange_->finish_step();
@@ -279,7 +274,7 @@ void Trainer::backward_streaming(StepStats& s) {
     Timeline::Span span(timeline_, "wait weights", "wait");
     s.comm_seconds += flush_model();
   }
-  for (GossipExchange* e : after_update()) e->begin_step(cadence_.round(step_));
+  for (WeightExchange* e : after_update()) e->begin_step(cadence_.round(step_));
   const auto lr = static_cast<float>(s.lr);
   const std::vector<kernels::Bucket>& buckets = net_.buckets();
   {
@@ -288,7 +283,7 @@ void Trainer::backward_streaming(StepStats& s) {
       if (!emulated_)
         sgd_.step_range(store().params.data(), store().grads.data(), lr, buckets[b].begin,
                         buckets[b].end);
-      for (GossipExchange* e : after_update()) e->on_bucket_ready(b);
+      for (WeightExchange* e : after_update()) e->on_bucket_ready(b);
     });
   }
   if (emulated_)
@@ -298,12 +293,59 @@ void Trainer::backward_streaming(StepStats& s) {
   weights_pending_ = true;
 }
 
+// A real rank's forward and backward (or, streaming the weights, its backward with the update).
+void Trainer::compute(const std::function<StepInput(int)>& input, StepStats& s) {
+  const StepInput in = input(0);
+  const float* logits = nullptr;
+  {
+    Timeline::Span span(timeline_, "forward", "compute");
+    logits = train_exec_->forward(in.x, true);
+  }
+  if (logits) {  // emulated compute has no loss and no accuracy
+    const auto loss = kernels::softmax_cross_entropy(logits, in.y, c_.train.batch,
+                                                     graph().classes(), dlogits_.data());
+    s.loss = last_loss_ = loss.loss;
+    s.correct = loss.correct;
+  }
+  if (streams_weights()) return backward_streaming(s);
+  // Backward hands each bucket to the exchange as it completes it.
+  std::function<void(int)> ready;
+  if (exchange_) ready = [this](int b) { exchange_->on_bucket_ready(b); };
+  if (exchange_) exchange_->begin_step(step_);
+  Timeline::Span span(timeline_, "backward", "compute");
+  train_exec_->backward(dlogits_.data(), ready);
+}
+
+// Every held rank's forward and backward on its own batch, its weights and statistics swapped
+// into the network and its gradients and statistics out; the exchange runs when all are done.
+void Trainer::compute_held(const std::function<StepInput(int)>& input, StepStats& s) {
+  if (static_cast<int>(held_.size()) != ranks_)
+    throw std::logic_error("Trainer::step: " + std::to_string(held_.size()) + " of " +
+                           std::to_string(ranks_) + " virtual ranks were added");
+  kernels::ParamStore& store = net_.store();
+  if (exchange_) exchange_->begin_step(step_);
+  for (int i = 0; i < held(); ++i) {
+    HeldRank& r = held_[static_cast<size_t>(i)];
+    const StepInput in = input(i);
+    load(i);
+    const float* logits = train_exec_->forward(in.x, true);
+    const auto loss = kernels::softmax_cross_entropy(logits, in.y, c_.train.batch,
+                                                     graph().classes(), dlogits_.data());
+    r.loss = loss.loss;
+    if (i == 0) {
+      s.loss = loss.loss;
+      s.correct = loss.correct;
+    }
+    train_exec_->backward(dlogits_.data(), {});
+    std::copy(store.grads.data(), store.grads.data() + store.grads.size(), r.grads.begin());
+    std::copy(store.buffers.begin(), store.buffers.end(), r.buffers.begin());
+  }
+}
+
 void Trainer::update(float lr) {
   Timeline::Span span(timeline_, "optimizer", "optimizer");
-  if (emulated_)
-    emulated_->update();
-  else
-    sgd_.step(store().params.data(), store().grads.data(), lr);
+  if (emulated_) return emulated_->update();
+  for (int i = 0; i < held(); ++i) sgd_of(i).step(params_of(i), grads_of(i), lr);
 }
 
 double Trainer::exchange_weights() {
@@ -317,7 +359,7 @@ double Trainer::exchange_weights() {
     return 0;
   }
   double seconds = 0;
-  for (GossipExchange* e : after_update()) seconds += e->exchange_all(cadence_.round(step_));
+  for (WeightExchange* e : after_update()) seconds += e->exchange_all(cadence_.round(step_));
   return seconds;
 }
 
@@ -325,8 +367,7 @@ double Trainer::average_globally() {
   if (!cadence_.global_after(step_)) return 0;
   const auto t0 = std::chrono::steady_clock::now();
   flush_model();
-  average_over_ranks(store().params);
-  average_over_ranks(store().buffers);
+  average_state();
   forget_distance();
   return seconds_since(t0);
 }
@@ -334,7 +375,7 @@ double Trainer::average_globally() {
 void Trainer::forget_distance() {
   // The ranks' weights are equal now: what the exchange completed by flush_model measured before
   // the average is no evidence for the next check of gossip.consensus_bound.
-  if (model_exchange_) model_exchange_->take_distance();
+  if (model_exchange_) model_exchange_->take_distances();
 }
 
 double Trainer::control_consensus(StepStats& s) {
@@ -346,14 +387,16 @@ double Trainer::control_consensus(StepStats& s) {
   // corrected before this update; otherwise this update's), summed over the ranks.
   // Relative to the weights' size (the ranks' mean ||w||^2), so that one bound fits any model,
   // rank count and learning rate: E||w_i - w_j||^2 is twice the consensus distance.
-  double d[2] = {model_exchange_->take_distance(),
-                 squared_norm({store().params.data(), static_cast<size_t>(store().params.size())})};
-  world_.allreduce_sum(d, 2);
+  const std::vector<double> distances = model_exchange_->take_distances();
+  const auto n = static_cast<size_t>(graph().param_count());
+  double d[2];
+  sum_over_ranks(d, 2, [&](int i, int k) {
+    return k == 0 ? distances[static_cast<size_t>(i)] : squared_norm({params_of(i), n});
+  });
   s.consensus_estimate = d[1] > 0 ? d[0] / (2 * d[1]) : 0;
   if (s.consensus_estimate > bound) {
     flush_model();
-    average_over_ranks(store().params);
-    average_over_ranks(store().buffers);
+    average_state();
     forget_distance();
     s.consensus_average = true;
     ++consensus_averages_;
@@ -384,7 +427,7 @@ void Trainer::account(StepStats& s) {
 void Trainer::start_model_exchange() {
   if (model_due_ < 0) return;
   Timeline::Span span(timeline_, "start weight exchange", "comm");
-  for (GossipExchange* e : after_update()) {
+  for (WeightExchange* e : after_update()) {
     if (c_.gossip.pipeline_weights)
       e->start_all(model_due_);
     else
@@ -408,11 +451,11 @@ double Trainer::flush_model() {
   double waited = gate_waited_;
   gate_waited_ = 0;
   if (weights_pending_) {
-    for (GossipExchange* e : after_update()) waited += e->finish_step();
+    for (WeightExchange* e : after_update()) waited += e->finish_step();
     weights_pending_ = false;
   }
   if (c_.gossip.overlap_model)
-    for (GossipExchange* e : after_update()) waited += e->finish_delayed();
+    for (WeightExchange* e : after_update()) waited += e->finish_delayed();
   return waited;
 }
 

@@ -4,7 +4,9 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -15,6 +17,7 @@
 #include "gossip/train/apoptosis.hpp"
 #include "gossip/train/emulate.hpp"
 #include "gossip/train/metrics.hpp"
+#include "gossip/train/virtual_exchange.hpp"
 #include "kernels/executor.hpp"
 #include "kernels/models.hpp"
 #include "kernels/net.hpp"
@@ -65,14 +68,50 @@ EvalSums evaluation_sums(kernels::Executor& exec, int64_t classes,
                          int ranks);
 EvalStats eval_stats(const EvalSums& sums);
 
+// One rank's batch of a step: train.batch samples (NCHW, normalised) and their labels.
+struct StepInput {
+  const float* x = nullptr;
+  const int32_t* y = nullptr;
+};
+
+// The ranks one trainer trains: a real rank, its state the network's own buffers; or, with
+// train.virtual_ranks = P (gossip/train/virtual.hpp), P ranks in this one process (world is this
+// process alone), each with its own weights, gradients, statistics and momentum, trained one
+// after another on the one network (their states swapped in and out) and exchanging through
+// virtual exchanges (virtual_exchange.hpp). The step, the exchanges' cadence, the global
+// averages, consensus control, evaluation and the measurements are the same code for both; sums
+// over the held ranks are added in MPICH's allreduce order (tree_sum.hpp), so that P virtual
+// ranks compute what `mpirun -n P` computes, bit for bit.
 class Trainer {
  public:
-  // `input` and `classes` describe the samples; the model comes from the config.
+  // `input` and `classes` describe the samples; the model comes from the config. With
+  // train.virtual_ranks, the ranks join by add_rank() before the first step.
   Trainer(const Config& c, const mpi::Comm& world, kernels::Dims input, int64_t classes,
           int64_t total_steps, int64_t steps_per_epoch);
 
   // One training step on this rank's local batch (train.batch samples, NCHW, normalised).
   StepStats step(const float* x, const int32_t* y);
+  // One step of every held rank, input(i) giving held rank i's batch when its turn comes (the
+  // batch stays valid until the next call). The stats are held rank 0's.
+  StepStats step(const std::function<StepInput(int)>& input);
+
+  // Virtual ranks: the next rank, starting from the network's initial weights and statistics,
+  // with its own momentum and its part of every exchange; ranks() of them before the first step.
+  void add_rank();
+  // Ranks held by this trainer (a real rank: 1), and all ranks of the run.
+  int held() const { return held_.empty() ? 1 : static_cast<int>(held_.size()); }
+  int ranks() const { return ranks_; }
+  // Held rank i's loss in the last step.
+  double loss_of(int i) const { return held_.empty() ? last_loss_ : held_[i].loss; }
+  // Puts held rank i's weights and running statistics into the network (its own top-1).
+  void load(int i);
+  // Staleness 1: the late and unmixed bucket mixes of every held rank so far.
+  BucketExchange::Lateness held_lateness() const;
+  // What the held ranks' exchange states grow to over the run's `steps` as ranks meet partners.
+  int64_t growth_bytes(int64_t steps) const;
+  // The evaluation's executor over `samples` test samples, compiled on first use.
+  kernels::Executor& evaluation_executor(int64_t samples);
+  kernels::Net& net() { return net_; }
   // Records every step's phases, layers and bucket exchanges there (nullptr: none).
   void set_timeline(Timeline* t);
   Timeline* timeline() const { return timeline_; }
@@ -133,6 +172,7 @@ class Trainer {
  private:
   void choose_layout();                      // before any executor is compiled
   void make_exchanges();                     // before any executor is compiled
+  void make_virtual_exchanges();             // train.virtual_ranks: the held ranks' exchanges
   bool own_state(const RankState& s) const;  // saved by this rank of a group of this size
   // The exchanges of this run by the names their state parts carry (rank_state.hpp), and the
   // layout those parts' values leave in (plain) and come back to.
@@ -144,6 +184,18 @@ class Trainer {
   // The step's parts after backward: the optimizer (or its emulated wait), the weight exchange
   // due, the exact global average due, and the step's measurements.
   void update(float lr);
+  void compute(const std::function<StepInput(int)>& input, StepStats& s);  // one rank's
+  void compute_held(const std::function<StepInput(int)>& input, StepStats& s);
+  // Held rank i's buffers (i = 0 of a real rank: the network's).
+  float* params_of(int i);
+  float* grads_of(int i);
+  std::span<float> buffers_of(int i);
+  kernels::Sgd& sgd_of(int i);
+  // The sum over every rank of the run of one value each (value(i): held rank i's), added in
+  // MPICH's allreduce order; n values at once.
+  void sum_over_ranks(double* out, int n, const std::function<double(int, int)>& value);
+  // Every rank's weights and running statistics replaced by their average over the ranks.
+  void average_state();
   double exchange_weights();
   double average_globally();
   double control_consensus(StepStats& s);  // gossip.consensus_bound
@@ -160,8 +212,11 @@ class Trainer {
     average_over_ranks(v.data(), static_cast<int64_t>(v.size()));
   }
   void average_over_ranks(kernels::FlatBuffer& v) { average_over_ranks(v.data(), v.size()); }
-  // Mean over ranks of ||w - avg||^2, where avg is the ranks' average of w (a collective).
-  double distance_to_average(const float* w, const float* avg, int64_t n);
+  // The held ranks' x(i) (n values each): their average over every rank into `avg`.
+  void mean_over_ranks(const std::function<const float*(int)>& x, int64_t n, float* avg);
+  // Mean over ranks of ||w - avg||^2, where avg is the ranks' average of the weights (a
+  // collective).
+  double distance_to_average(const float* avg);
   // The weight exchange of the last update, if due: overlapped (start_delayed) or pipelined
   // (start_all; forward's bucket gate waits for each bucket, flush_model for the rest).
   void start_model_exchange();
@@ -182,10 +237,10 @@ class Trainer {
   kernels::Executor* eval_exec_ = nullptr;            // compiled by the first evaluation
   std::unique_ptr<EmulatedExecutor> emulated_;        // [emulate]: waits instead of arithmetic
   std::vector<BucketExchange*> exchanges() const;     // those of this run
-  std::vector<GossipExchange*> after_update() const;  // the weights', the momentum's
+  std::vector<WeightExchange*> after_update() const;  // the weights', the momentum's
   std::unique_ptr<BucketExchange> exchange_;          // gradients (grad, both, allreduce)
-  std::unique_ptr<GossipExchange> model_exchange_;    // weights after the update (model, both, ...)
-  std::unique_ptr<GossipExchange> momentum_exchange_;  // SGD momentum with them (gossipgrad)
+  std::unique_ptr<WeightExchange> model_exchange_;    // weights after the update (model, both, ...)
+  std::unique_ptr<WeightExchange> momentum_exchange_;  // SGD momentum with them (gossipgrad)
   kernels::Sgd sgd_;
   kernels::LrSchedule schedule_;
   std::vector<float> dlogits_;
@@ -197,6 +252,23 @@ class Trainer {
   BucketExchange::Lateness lateness_;  // by the exchanges, until the last step
   double lr_scale_ = 1;                // the NaN guard lowers it
   int64_t consensus_averages_ = 0;
+  double last_loss_ = 0;
+  // Virtual ranks: each held rank's own state (empty for a real rank), and the exchanges they
+  // join as they are made, with what of a rank each exchanges.
+  struct HeldRank {
+    HeldRank(int64_t params, int64_t buffers, const kernels::SgdOptions& o)
+        : params(static_cast<size_t>(params)),
+          grads(static_cast<size_t>(params)),
+          buffers(static_cast<size_t>(buffers)),
+          sgd(params, o) {}
+    std::vector<float> params, grads, buffers;
+    kernels::Sgd sgd;
+    double loss = 0;
+  };
+  enum class Part { Params, Grads, Momentum };
+  std::vector<HeldRank> held_;
+  std::vector<std::pair<HeldRanks*, Part>> joins_;
+  const int ranks_;  // of the run: world's, or train.virtual_ranks
 };
 
 // The partner schedule a config describes for `p` participants (ranks, or nodes with

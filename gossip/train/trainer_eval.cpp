@@ -63,20 +63,27 @@ EvalStats eval_stats(const EvalSums& sums) {
 }
 
 EvalStats Trainer::evaluate(const shuffle::SampleSource& data, shuffle::LoaderOptions o) {
-  // Evaluate the average model, then give every rank its own weights back.
+  // Evaluate the average model, then give every rank its own weights back (held ranks keep
+  // theirs apart from the network's anyway).
   flush_model();
   const std::vector<float> own_params = store().params, own_buffers = store().buffers;
-  if (world_.size() > 1) {
-    average_over_ranks(store().params);
-    average_over_ranks(store().buffers);
-  }
-  const double consensus =
-      distance_to_average(own_params.data(), store().params.data(), store().params.size());
-  if (!eval_exec_)
-    eval_exec_ = &net_.at_batch(evaluation_batch(c_.train.eval_batch, data.size(), world_.size()));
-  EvalSums sums =
-      evaluation_sums(*eval_exec_, graph().classes(), data, o, world_.rank(), world_.size());
-  world_.allreduce_sum(sums.data(), static_cast<int64_t>(sums.size()));
+  const int64_t n = graph().param_count();
+  std::vector<float> avg(static_cast<size_t>(n));
+  mean_over_ranks([this](int i) { return params_of(i); }, n, avg.data());
+  const double consensus = distance_to_average(avg.data());
+  std::copy(avg.begin(), avg.end(), store().params.data());
+  mean_over_ranks([this](int i) { return buffers_of(i).data(); }, graph().buffer_count(),
+                  store().buffers.data());
+  kernels::Executor& exec = evaluation_executor(data.size());
+  // Each rank its share of the data set, the sums added over the ranks.
+  std::vector<EvalSums> parts;
+  for (int i = 0; i < held(); ++i)
+    parts.push_back(evaluation_sums(exec, graph().classes(), data, o,
+                                    held_.empty() ? world_.rank() : i, ranks_));
+  EvalSums sums;
+  sum_over_ranks(sums.data(), static_cast<int>(sums.size()), [&](int i, int k) {
+    return parts[static_cast<size_t>(i)][static_cast<size_t>(k)];
+  });
   EvalStats e = eval_stats(sums);
   store().params = own_params;
   store().buffers = own_buffers;
@@ -101,16 +108,16 @@ void Trainer::average_over_ranks(float* v, int64_t n) {
 }
 
 double Trainer::consensus_distance() {
-  std::vector<float> avg(store().params);
-  average_over_ranks(avg);
-  return distance_to_average(store().params.data(), avg.data(), store().params.size());
+  std::vector<float> avg(static_cast<size_t>(graph().param_count()));
+  mean_over_ranks([this](int i) { return params_of(i); }, graph().param_count(), avg.data());
+  return distance_to_average(avg.data());
 }
 
-double Trainer::distance_to_average(const float* w, const float* avg, int64_t n) {
-  const auto count = static_cast<size_t>(n);
-  double d = squared_distance({w, count}, {avg, count});
-  world_.allreduce_sum(&d, 1);
-  return d / world_.size();
+double Trainer::distance_to_average(const float* avg) {
+  const auto n = static_cast<size_t>(graph().param_count());
+  double d = 0;
+  sum_over_ranks(&d, 1, [&](int i, int) { return squared_distance({params_of(i), n}, {avg, n}); });
+  return d / ranks_;
 }
 
 }  // namespace gg::gossip

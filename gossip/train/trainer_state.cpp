@@ -124,7 +124,7 @@ void Trainer::rewind(const RankState& s) {
   restore_model(s);
   const int64_t back = step_ - s.step;
   if (exchange_) exchange_->repeat_steps(back);
-  for (GossipExchange* e : after_update())
+  for (WeightExchange* e : after_update())
     e->repeat_steps(cadence_.round(step_) - cadence_.round(s.step));
   step_ = s.step;
   if (train_exec_) train_exec_->set_dropout_step(s.dropout_step);
