@@ -153,6 +153,21 @@ void validate(const Schedule& s) {
     throw std::invalid_argument(why);
 }
 
+bool serves(const Schedule& s) {
+  try {
+    validate(s);
+    return true;
+  } catch (const std::invalid_argument&) {
+    return false;
+  }
+}
+
+std::vector<Kind> all_kinds() {
+  std::vector<Kind> out;
+  for (const auto& [k, name] : kKindNames) out.push_back(k);
+  return out;
+}
+
 int links(Kind kind) { return pattern(kind).links; }
 
 const std::string& kinds_help() {

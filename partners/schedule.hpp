@@ -73,6 +73,10 @@ struct Schedule {
 // Throws std::invalid_argument (one line, naming the fix) if p < 1 or the kind cannot serve p
 // (hypercube needs a power of two).
 void validate(const Schedule& s);
+// Whether validate(s) passes.
+bool serves(const Schedule& s);
+// Every kind of the table, in its order.
+std::vector<Kind> all_kinds();
 
 // How many links (peers) `kind` gives a rank every step at p >= 2 (1 for one-peer schedules).
 int links(Kind kind);

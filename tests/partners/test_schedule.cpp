@@ -13,24 +13,8 @@ namespace {
 
 bool power_of_two(int p) { return (p & (p - 1)) == 0; }
 
-// Every kind of the table: a new schedule is swept by the property tests without a line here.
-std::vector<Kind> all_kinds() {
-  std::vector<Kind> out;
-  for (const auto& [k, name] : kKindNames) out.push_back(k);
-  return out;
-}
-
-bool serves(const Schedule& s) {
-  try {
-    validate(s);
-    return true;
-  } catch (const std::invalid_argument&) {
-    return false;
-  }
-}
-
-// Every schedule the property tests sweep: p = 1..64, each kind that can serve p, rotation on and
-// off, two seeds.
+// Every schedule the property tests sweep: p = 1..64, each kind of the table that can serve p (a
+// new schedule is swept without a line here), rotation on and off, two seeds.
 std::vector<Schedule> all_schedules(int max_p) {
   std::vector<Schedule> out;
   for (int p = 1; p <= max_p; ++p)
