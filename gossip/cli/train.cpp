@@ -21,7 +21,6 @@
 #include "gossip/train/preflight.hpp"
 #include "gossip/train/stop_signals.hpp"
 #include "gossip/train/trainer.hpp"
-#include "gossip/train/virtual.hpp"
 #include "kernels/weights.hpp"
 #include "shuffle/source.hpp"
 
@@ -200,10 +199,8 @@ int cmd_train(const std::vector<std::string>& args, int argc, char** argv) {
   const int rank = world.rank();
   try {
     const Config c = agreed_config(args, world);  // every rank validated before any file is made
-    if (c.train.virtual_ranks > 0)
-      run_virtual(c, world);  // one process (check_ranks): P logical ranks, no MPI traffic
-    else
-      run_training(c, world);
+    // train.virtual_ranks: P logical ranks in this one process (check_ranks), no MPI traffic.
+    run_training(c, world);
     world.barrier();
     return 0;
   } catch (const StopRequested& e) {

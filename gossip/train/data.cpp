@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -61,6 +62,43 @@ void agree_on_data(const mpi::Comm& world, const std::string& mine, const std::s
 
 }  // namespace
 
+// The epoch's permutation of the training samples, drawn once for every virtual rank (real ranks
+// each draw the same one): rank r's loader asks for its slice, as partition() would cut it.
+class SharedPermutation {
+ public:
+  SharedPermutation(int64_t n, uint64_t seed) : n_(n), seed_(seed) {}
+  std::vector<int64_t> slice(int64_t epoch, int rank, int ranks) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (epoch != epoch_) {
+      perm_ = shuffle::permutation(n_, seed_, epoch);
+      epoch_ = epoch;
+    }
+    const int64_t per = n_ / ranks;
+    return {perm_.begin() + rank * per, perm_.begin() + (rank + 1) * per};
+  }
+
+ private:
+  const int64_t n_;
+  const uint64_t seed_;
+  std::mutex mu_;
+  int64_t epoch_ = -1;
+  std::vector<int64_t> perm_;
+};
+
+// A virtual rank's order of the samples: its slice of the shared permutation.
+class RankSlice : public shuffle::EpochOrder {
+ public:
+  RankSlice(SharedPermutation& perm, int rank, int ranks, int64_t batches)
+      : perm_(perm), rank_(rank), ranks_(ranks), batches_(batches) {}
+  int64_t batches_per_epoch() const override { return batches_; }
+  std::vector<int64_t> order(int64_t epoch) override { return perm_.slice(epoch, rank_, ranks_); }
+
+ private:
+  SharedPermutation& perm_;
+  const int rank_, ranks_;
+  const int64_t batches_;
+};
+
 shuffle::LoaderOptions rank_loader_options(const Config& c, const shuffle::SampleSource& train,
                                            int rank, int ranks) {
   shuffle::LoaderOptions o;
@@ -77,8 +115,11 @@ shuffle::LoaderOptions rank_loader_options(const Config& c, const shuffle::Sampl
   return o;
 }
 
-TrainingData::TrainingData(const Config& c, const mpi::Comm& world) : c_(c), world_(world) {
-  const int rank = world.rank(), ranks = world.size();
+TrainingData::TrainingData(const Config& c, const mpi::Comm& world)
+    : c_(c),
+      world_(world),
+      ranks_(c.train.virtual_ranks > 0 ? c.train.virtual_ranks : world.size()) {
+  const int rank = world.rank(), ranks = ranks_;
   // Every rank opens the data; if any fails, all stop with the first failing rank's message.
   mpi::RankError error;
   try {
@@ -94,7 +135,11 @@ TrainingData::TrainingData(const Config& c, const mpi::Comm& world) : c_(c), wor
 
   lo_ = rank_loader_options(c, *train_, rank, ranks);
   agree_on_data(world, data_summary(*train_, eval_.get(), lo_.norm), c.data.source);
-  if (c.data.workers == 0) {
+  if (c.train.virtual_ranks > 0) {
+    // No thread per rank: a rank's batch is built when its turn comes (shuffle refused).
+    lo_.workers = 0;
+    permutation_ = std::make_unique<SharedPermutation>(train_->size(), lo_.seed);
+  } else if (c.data.workers == 0) {
     mpi::Comm node = world.split_shared();
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     if (train_->encoding() == shuffle::Encoding::Jpeg)
@@ -122,7 +167,8 @@ TrainingData::TrainingData(const Config& c, const mpi::Comm& world) : c_(c), wor
       steps_per_epoch_ = shuffle_->batches_per_epoch();
     }
   }
-  if (steps_per_epoch_ < 1) throw UsageError(no_full_batch(c, train_->size(), ranks, false));
+  if (steps_per_epoch_ < 1)
+    throw UsageError(no_full_batch(c, train_->size(), ranks, c.train.virtual_ranks > 0));
 }
 
 int64_t full_batches_per_epoch(const Config& c, int64_t samples, int ranks) {
@@ -143,8 +189,37 @@ TrainingData::~TrainingData() {
   loader_.reset();  // stops the workers before the shuffle they may be waiting on goes away
 }
 
+void TrainingData::add_rank(int64_t epochs) {
+  const int r = static_cast<int>(held_.size());
+  shuffle::LoaderOptions o = lo_;
+  o.rank = r;
+  orders_.push_back(std::make_unique<RankSlice>(*permutation_, r, ranks_, steps_per_epoch_));
+  held_.push_back(
+      std::make_unique<shuffle::PrefetchLoader>(*train_, o, 0, epochs, orders_.back().get()));
+}
+
+bool TrainingData::next_of(int i, shuffle::Batch& batch) {
+  return held_[static_cast<size_t>(i)]->next(batch);
+}
+
+double TrainingData::wait_seconds() const {
+  if (!held_.empty()) return held_[0]->wait_seconds();
+  return loader_ ? loader_->wait_seconds() : 0;
+}
+
+int64_t TrainingData::skipped() const {
+  if (!held_.empty()) return held_[0]->skipped();
+  return loader_ ? loader_->skipped() : 0;
+}
+
+int64_t TrainingData::held_skipped() const {
+  int64_t n = loader_ ? loader_->skipped() : 0;
+  for (const auto& l : held_) n += l->skipped();
+  return n;
+}
+
 int64_t TrainingData::steps_per_epoch_at(int ranks) const {
-  if (ranks == world_.size() || ranks < 1) return steps_per_epoch_;
+  if (ranks == ranks_ || ranks < 1) return steps_per_epoch_;
   if (shuffle_) return std::max<int64_t>(1, train_->size() / ranks / c_.train.batch);
   shuffle::LoaderOptions o = lo_;
   o.rank = 0;
@@ -169,6 +244,7 @@ std::string TrainingData::describe() const {
 }
 
 void TrainingData::start(int64_t epochs, int64_t first_step) {
+  if (permutation_) return;  // virtual ranks' loaders are made with the ranks (add_rank)
   const int64_t first_epoch = std::min(first_step / steps_per_epoch_, epochs);
   const int64_t first_batch = first_epoch < epochs ? first_step % steps_per_epoch_ : 0;
   if (shuffle_)

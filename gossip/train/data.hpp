@@ -31,10 +31,15 @@ int64_t full_batches_per_epoch(const Config& c, int64_t samples, int ranks);
 // no full batch".
 std::string no_full_batch(const Config& c, int64_t samples, int ranks, bool virtual_ranks);
 
+class SharedPermutation;
+class RankSlice;
+
 // Opens the configured training and evaluation data on every rank. A missing or unreadable data
 // path, or data whose splits disagree (image shapes, labels outside the classes), becomes a
 // UsageError with one line on every rank (the first failing rank's message), so all ranks stop
-// before training.
+// before training. With train.virtual_ranks = P it is the data of P ranks in this one process:
+// each a loader without threads over its slice of one epoch permutation that all share (what
+// `mpirun -n P` gives each rank), made by add_rank() and building its batch when its turn comes.
 class TrainingData {
  public:
   TrainingData(const Config& c, const mpi::Comm& world);
@@ -60,10 +65,18 @@ class TrainingData {
   void shuffle_start_at(int64_t step);
   // The batch of step `step`; with the shuffle on, its exchange starts here.
   bool next(int64_t step, shuffle::Batch& batch);
+  // Virtual ranks: the next rank's loader over `epochs` epochs, and held rank i's next batch.
+  void add_rank(int64_t epochs);
+  bool next_of(int i, shuffle::Batch& batch);
+  // The ranks whose shards this data is cut into: the processes', or the virtual ones.
+  int ranks() const { return ranks_; }
   // After the step's forward/backward: completes the shuffle exchange of `step`.
   void finish_step(int64_t step);
-  double wait_seconds() const { return loader_ ? loader_->wait_seconds() : 0; }
-  int64_t skipped() const { return loader_ ? loader_->skipped() : 0; }
+  // This rank's (virtual ranks: rank 0's) time waiting for batches and samples it skipped.
+  double wait_seconds() const;
+  int64_t skipped() const;
+  // Samples skipped by every rank this process holds.
+  int64_t held_skipped() const;
   int64_t shuffled_samples() const { return shuffle_ ? shuffle_->samples_sent() : 0; }
 
   // Evaluation: nullptr when the source has no evaluation split.
@@ -80,6 +93,10 @@ class TrainingData {
   std::unique_ptr<shuffle::DistributedShuffle> shuffle_;
   std::unique_ptr<shuffle::PrefetchLoader> loader_;
   int64_t steps_per_epoch_ = 0;
+  const int ranks_;
+  std::unique_ptr<SharedPermutation> permutation_;  // virtual ranks
+  std::vector<std::unique_ptr<RankSlice>> orders_;
+  std::vector<std::unique_ptr<shuffle::PrefetchLoader>> held_;
 };
 
 }  // namespace gg::gossip

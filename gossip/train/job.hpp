@@ -21,6 +21,7 @@
 #include "gossip/train/recovery.hpp"
 #include "gossip/train/stop_signals.hpp"
 #include "gossip/train/trainer.hpp"
+#include "gossip/train/virtual.hpp"
 
 namespace gg::gossip {
 
@@ -35,7 +36,9 @@ struct GroupObjects : GroupResources {
   std::unique_ptr<TrainingData> data;
   std::unique_ptr<Trainer> trainer;
   std::unique_ptr<Recovery> recovery;
+  std::unique_ptr<VirtualRanks> held;  // train.virtual_ranks: the ranks this process holds
   ~GroupObjects() override {
+    held.reset();
     recovery.reset();
     trainer.reset();
     data.reset();
@@ -69,6 +72,7 @@ struct Group {
   TrainingData& data;
   Trainer& trainer;
   Recovery& recovery;
+  VirtualRanks* held = nullptr;  // train.virtual_ranks (then comm is this process alone)
   int threads = 1;
   int ranks_on_node = 1;  // on this rank's node
   int64_t per_epoch = 0;  // steps per epoch

@@ -90,8 +90,12 @@ Group open_group(const Config& c, const mpi::Comm& comm, JobState& job, GroupObj
   g.total = total;
   g.epochs = (total + per_epoch - 1) / per_epoch;
   g.planned_epochs = planned_epochs;
-  g.global_batch = c.train.batch * comm.size();
+  g.global_batch = c.train.batch * o.trainer->ranks();
   g.lead = comm.rank() == 0;
+  if (c.train.virtual_ranks > 0) {
+    o.held = std::make_unique<VirtualRanks>(c, *o.trainer, data, total, g.epochs);
+    g.held = o.held.get();
+  }
   if (g.lead && total < per_epoch * c.train.epochs && plan_per_epoch != per_epoch) {
     std::printf(
         "gossipgrad: train.max_steps %lld counts steps of the %d ranks the job was launched "
@@ -183,21 +187,27 @@ void announce_start(Group& g, JobState& job) {
     job.metrics = MetricsWriter(job.metrics_path, false, true);  // appends to the same file
   }
   if (emulated(c)) job.metrics.tag("emulated", true);
+  if (g.held) job.metrics.tag("virtual", true);
   report_recovery(g, job);
   report_real_failure(g, job);
   if (!g.lead || job.started) return;
-  const std::string mixing = mixing_of(c).allreduce
-                                 ? std::string("allreduce")
-                                 : "gossip " + c.gossip.mode + " (" + text_of(c.gossip.schedule) +
-                                       (c.gossip.rotate ? "+rotate" : "") + ", " +
-                                       (c.gossip.hierarchy == Hierarchy::Node
-                                            ? std::string("node average, then across nodes")
-                                            : text_of(c.gossip.transport)) +
-                                       ")";
+  // Virtual ranks move nothing between processes: their exchanges are in memory.
+  const std::string how = g.held ? std::string("in one process")
+                          : c.gossip.hierarchy == Hierarchy::Node
+                              ? "node average, then across nodes"
+                              : text_of(c.gossip.transport);
+  const std::string mixing =
+      mixing_of(c).allreduce
+          ? std::string(g.held ? "allreduce (summed in MPICH's order)" : "allreduce")
+          : "gossip " + c.gossip.mode + " (" + text_of(c.gossip.schedule) +
+                (c.gossip.rotate ? "+rotate" : "") + ", " + how + ")";
   const int64_t params = g.trainer.graph().param_count();
-  std::printf("gossipgrad: %d ranks x %d threads, %s (%lld params), %s backend\n", g.comm.size(),
-              g.threads, c.model.name.c_str(), static_cast<long long>(params),
-              text_of(c.train.backend).c_str());
+  if (g.held)
+    g.held->announce(g.threads);
+  else
+    std::printf("gossipgrad: %d ranks x %d threads, %s (%lld params), %s backend\n", g.comm.size(),
+                g.threads, c.model.name.c_str(), static_cast<long long>(params),
+                text_of(c.train.backend).c_str());
   std::printf("gossipgrad: data: %s\n", g.data.describe().c_str());
   if (emulated(c))
     std::printf(
@@ -218,15 +228,17 @@ void announce_start(Group& g, JobState& job) {
                 text_of(f.strategy).c_str());
   warn_if_oversubscribed(g);
   std::fflush(stdout);
-  job.metrics.write(start_event(c, {.ranks = g.comm.size(),
-                                    .threads = g.threads,
-                                    .params = params,
-                                    .global_batch = g.global_batch,
-                                    .steps = g.total,
-                                    .first_step = g.first,
-                                    .epochs_planned = g.planned_epochs,
-                                    .faults_planned = static_cast<int64_t>(f.events.size()),
-                                    .fault_strategy = f.strategy}));
+  nlohmann::json start = start_event(c, {.ranks = g.trainer.ranks(),
+                                         .threads = g.threads,
+                                         .params = params,
+                                         .global_batch = g.global_batch,
+                                         .steps = g.total,
+                                         .first_step = g.first,
+                                         .epochs_planned = g.planned_epochs,
+                                         .faults_planned = static_cast<int64_t>(f.events.size()),
+                                         .fault_strategy = f.strategy});
+  if (g.held) g.held->add_to_start(start);
+  job.metrics.write(start);
 }
 
 // One step: its batch, the hooks before it, forward/backward with the buckets exchanged as they
@@ -241,16 +253,31 @@ struct StepClock {
 };
 
 bool run_step(Group& g, StepHooks& hooks, int64_t s, shuffle::Batch& batch, StepRecord& r,
-              StepClock& clock, const JobState& job) {
+              StepClock& clock, JobState& job) {
   const double waited_before = g.data.wait_seconds();
-  {
-    Timeline::Span span(g.trainer.timeline(), "data", "data");
-    if (!g.data.next(s, batch)) return false;
+  if (g.held) {
+    // Virtual ranks: each rank's batch when its turn in the step comes.
+    hooks.before_step(s, batch);
+    r = StepRecord{};
+    r.stats = g.trainer.step([&](int i) {
+      g.held->between_turns(s, job.metrics);
+      if (!g.data.next_of(i, batch))
+        throw std::logic_error("virtual ranks: a rank's data ended before step " +
+                               std::to_string(s));
+      return StepInput{batch.x.data(), batch.y.data()};
+    });
+    r.stats.comm_seconds = 0;  // nothing moves between processes
+    r.data_wait = g.data.wait_seconds() - waited_before;
+  } else {
+    {
+      Timeline::Span span(g.trainer.timeline(), "data", "data");
+      if (!g.data.next(s, batch)) return false;
+    }
+    hooks.before_step(s, batch);
+    r = StepRecord{};
+    r.data_wait = g.data.wait_seconds() - waited_before;
+    r.stats = g.trainer.step(batch.x.data(), batch.y.data());
   }
-  hooks.before_step(s, batch);
-  r = StepRecord{};
-  r.data_wait = g.data.wait_seconds() - waited_before;
-  r.stats = g.trainer.step(batch.x.data(), batch.y.data());
   const auto t_shuffle = Clock::now();
   {
     Timeline::Span span(g.trainer.timeline(), "shuffle", "data");
@@ -297,7 +324,7 @@ void finish_group(Group& g, JobState& job, Timeline& timeline) {
     if (g.lead) std::printf("gossipgrad: timeline written to %s\n", g.c.log.timeline.c_str());
   }
   // Every rank's corrupt files and shuffled samples (a collective: every rank gets here).
-  int64_t data_totals[2] = {g.data.skipped(), g.data.shuffled_samples()};
+  int64_t data_totals[2] = {g.data.held_skipped(), g.data.shuffled_samples()};
   g.comm.allreduce_sum(data_totals, 2);
   summary.skipped_samples = data_totals[0];
   summary.images_per_second = job.train_seconds > 0 ? job.images / job.train_seconds : 0;
@@ -313,28 +340,33 @@ void finish_group(Group& g, JobState& job, Timeline& timeline) {
     final_eval = format_top1(summary);
   else if (g.data.eval_source())
     final_eval = "not evaluated: no epoch ended in this run";
-  std::printf(
-      "done: %lld steps in %s, %.0f img/s, exposed communication %.1f%% of step time, %s "
-      "(metrics: %s)\n",
-      static_cast<long long>(summary.steps), format_duration(summary.wall_seconds).c_str(),
-      summary.images_per_second, 100 * comm_share, final_eval.c_str(), job.metrics_path.c_str());
-  job.metrics.write(summary_event({.steps = summary.steps,
-                                   .per_epoch = g.per_epoch,
-                                   .eval_step = evaluated ? summary.eval_step : -1,
-                                   .epochs_planned = g.planned_epochs,
-                                   .top1 = summary.final_top1,
-                                   .top5 = summary.final_top5,
-                                   .wall_s = summary.wall_seconds,
-                                   .images_per_s = summary.images_per_second,
-                                   .comm_s = job.comm_seconds,
-                                   .train_s = job.train_seconds,
-                                   .data_wait_s = g.data.wait_seconds(),
-                                   .params = g.trainer.graph().param_count(),
-                                   .skipped = data_totals[0],
-                                   .shuffled = data_totals[1],
-                                   .consensus_averages = g.trainer.consensus_averages(),
-                                   .faults = static_cast<int64_t>(job.failures.plan.next),
-                                   .ranks = g.comm.size()}));
+  if (g.held)
+    std::printf("%s\n", g.held->summary_line(summary, final_eval, job.metrics_path).c_str());
+  else
+    std::printf(
+        "done: %lld steps in %s, %.0f img/s, exposed communication %.1f%% of step time, %s "
+        "(metrics: %s)\n",
+        static_cast<long long>(summary.steps), format_duration(summary.wall_seconds).c_str(),
+        summary.images_per_second, 100 * comm_share, final_eval.c_str(), job.metrics_path.c_str());
+  nlohmann::json event = summary_event({.steps = summary.steps,
+                                        .per_epoch = g.per_epoch,
+                                        .eval_step = evaluated ? summary.eval_step : -1,
+                                        .epochs_planned = g.planned_epochs,
+                                        .top1 = summary.final_top1,
+                                        .top5 = summary.final_top5,
+                                        .wall_s = summary.wall_seconds,
+                                        .images_per_s = summary.images_per_second,
+                                        .comm_s = job.comm_seconds,
+                                        .train_s = job.train_seconds,
+                                        .data_wait_s = g.data.wait_seconds(),
+                                        .params = g.trainer.graph().param_count(),
+                                        .skipped = data_totals[0],
+                                        .shuffled = data_totals[1],
+                                        .consensus_averages = g.trainer.consensus_averages(),
+                                        .faults = static_cast<int64_t>(job.failures.plan.next),
+                                        .ranks = g.trainer.ranks()});
+  if (g.held) g.held->add_to_summary(event);
+  job.metrics.write(event);
 }
 
 // A run resumed from the checkpoint of its last step: the restored model is evaluated, not
@@ -464,7 +496,11 @@ std::unique_ptr<std::ofstream> open_rank_log(const Config& c, const std::string&
 void start_job(const Config& c, const mpi::Comm& world, JobState& job) {
   job.t_start = Clock::now();
   job.samples = open_rank_log(c, "log.samples", c.log.samples, world.rank());
-  job.losses = open_rank_log(c, "log.losses", c.log.losses, world.rank());
+  // Virtual ranks: every rank's file, written by VirtualRanks.
+  if (c.train.virtual_ranks == 0)
+    job.losses = open_rank_log(c, "log.losses", c.log.losses, world.rank());
+  else
+    job.failures.plan_ranks = c.train.virtual_ranks;  // train.max_steps counts their steps
   job.configs.push_back(c);
   take_survivor_states(c, world, job);  // a relaunch of the survivors of a real failure
 }
@@ -522,8 +558,11 @@ const mpi::Comm* next_group(const Config& c, const mpi::Comm* comm, JobState& jo
 }  // namespace
 
 RunSummary run_training(const Config& c, const mpi::Comm& world) {
-  // SIGTERM, SIGINT: stop at a step boundary (step_hooks.cpp), or give up after the grace period.
-  StopSignals stop_signals(std::max(60.0, 2 * c.gossip.timeout_s));
+  // SIGTERM, SIGINT: stop at a step boundary (step_hooks.cpp), or give up after the grace period
+  // (virtual ranks stop between two ranks' turns: a turn, one forward and backward, is far
+  // shorter than theirs).
+  StopSignals stop_signals(c.train.virtual_ranks > 0 ? 600
+                                                     : std::max(60.0, 2 * c.gossip.timeout_s));
   // Every wait on other ranks is bounded by gossip.timeout_s (comm/wait_watch.hpp).
   const mpi::WaitWatchdog watchdog(c.gossip.timeout_s, "gossip.timeout_s");
   const std::unique_ptr<RunLock> lock = lock_checkpoint_dir(c, world);

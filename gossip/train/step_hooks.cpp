@@ -128,15 +128,17 @@ class Progress : public StepHook {
     if (r.restored) return;
     loss_avg_ = r.step == g_.first ? r.stats.loss : 0.95 * loss_avg_ + 0.05 * r.stats.loss;
     if (!g_.lead) return;
-    job_.metrics.write(step_event({.step = r.step,
-                                   .epoch = r.epoch,
-                                   .has_loss = !emulated(g_.c),
-                                   .seconds = r.seconds,
-                                   .global_batch = g_.global_batch,
-                                   .data_wait_s = r.data_wait,
-                                   .shuffle_s = r.shuffle_wait,
-                                   .skipped = g_.data.skipped()},
-                                  r.stats));
+    nlohmann::json event = step_event({.step = r.step,
+                                       .epoch = r.epoch,
+                                       .has_loss = !emulated(g_.c),
+                                       .seconds = r.seconds,
+                                       .global_batch = g_.global_batch,
+                                       .data_wait_s = r.data_wait,
+                                       .shuffle_s = r.shuffle_wait,
+                                       .skipped = g_.data.skipped()},
+                                      r.stats);
+    if (g_.held) g_.held->add_to_step(event);
+    job_.metrics.write(event);
     if (r.stats.consensus >= 0) job_.metrics.write(consensus_event(r.step, r.stats.consensus));
     print(r);
   }
@@ -149,10 +151,10 @@ class Progress : public StepHook {
     const double ips = job_.images / job_.train_seconds;
     char loss[32] = "emulated";
     if (!emulated(g_.c)) std::snprintf(loss, sizeof loss, "loss %.4f", loss_avg_);
-    std::printf("step %6lld/%lld  epoch %lld/%lld  %s  lr %.4f  %.0f img/s  ETA %s\n",
-                static_cast<long long>(r.step + 1), static_cast<long long>(g_.total),
-                static_cast<long long>(r.epoch + 1), static_cast<long long>(g_.epochs), loss,
-                r.stats.lr, ips,
+    std::printf("%sstep %6lld/%lld  epoch %lld/%lld  %s  lr %.4f  %.0f img/s  ETA %s\n",
+                g_.held ? "VIRTUAL " : "", static_cast<long long>(r.step + 1),
+                static_cast<long long>(g_.total), static_cast<long long>(r.epoch + 1),
+                static_cast<long long>(g_.epochs), loss, r.stats.lr, ips,
                 format_duration((g_.total - r.step - 1) * g_.global_batch / ips).c_str());
     std::fflush(stdout);
   }
@@ -193,12 +195,18 @@ class Evaluation : public StepHook {
 
  private:
   void report(const StepRecord& r, const EvalStats& e) {
-    std::printf("epoch %lld: test top-1 %.2f%%  top-5 %.2f%%  loss %.4f  (%lld samples)\n",
-                static_cast<long long>(r.epoch + 1), 100 * e.top1, 100 * e.top5, e.loss,
-                static_cast<long long>(e.samples));
+    char text[160];
+    std::snprintf(text, sizeof text,
+                  "epoch %lld: test top-1 %.2f%%  top-5 %.2f%%  loss %.4f  (%lld samples",
+                  static_cast<long long>(r.epoch + 1), 100 * e.top1, 100 * e.top5, e.loss,
+                  static_cast<long long>(e.samples));
+    std::string line = text;
+    nlohmann::json event =
+        eval_event(r.epoch + 1, r.step + 1, e, g_.trainer.ranks(), seconds_since(job_.t_start));
+    if (g_.held) g_.held->add_to_eval(r.last, r.step + 1, e.consensus, line, event, job_.metrics);
+    std::printf("%s)\n", line.c_str());
     std::fflush(stdout);
-    job_.metrics.write(
-        eval_event(r.epoch + 1, r.step + 1, e, g_.comm.size(), seconds_since(job_.t_start)));
+    job_.metrics.write(event);
   }
   void save(const StepRecord& r, const EvalStats& e) {
     g_.trainer.average_model(params_, buffers_);  // a collective
@@ -297,7 +305,12 @@ StepHooks make_step_hooks(Group& g, JobState& job) {
   if (auto rollback = make_rollback_hook(g, job)) hooks.add(std::move(rollback));
   if (job.samples) hooks.add(std::make_unique<SampleLog>(*job.samples));
   if (job.losses) hooks.add(std::make_unique<LossLog>(*job.losses));
-  hooks.add(std::make_unique<NanGuardHook>(g.recovery.guard(), job.metrics));
+  // Virtual ranks: their losses (every rank's log.losses), a NaN loss refused; the NaN guard's
+  // snapshots are real ranks' states.
+  if (g.held)
+    hooks.add(g.held->hook());
+  else
+    hooks.add(std::make_unique<NanGuardHook>(g.recovery.guard(), job.metrics));
   if (auto test = make_test_hook(g.c, g.comm, g.trainer, g.recovery.resumed()))
     hooks.add(std::move(test));
   hooks.add(std::make_unique<Apoptosis>(g, job));
