@@ -569,6 +569,12 @@ RunSummary run_training(const Config& c, const mpi::Comm& world) {
   JobState job(world);
   job.stop_signals = &stop_signals;
   // Under gossipgrad supervise: a real failure's notice saves this rank's state (emergency.hpp).
+  const char* supervised = std::getenv(kEmergencyDirEnv);
+  if (c.train.virtual_ranks > 0 && supervised && *supervised)
+    throw UsageError(
+        "train.virtual_ranks: gossipgrad supervise relaunches real ranks that fail; "
+        "virtual ranks share one process and save no state: run them without "
+        "supervise");
   const std::unique_ptr<EmergencyState> emergency =
       EmergencyState::from_environment(world.rank(), world.size());
   job.failures.emergency = emergency.get();

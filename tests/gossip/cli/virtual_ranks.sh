@@ -179,5 +179,8 @@ refused "must divide the virtual ranks" "$BIN" "${common[@]}" --train.virtual_ra
 refused "data.shuffle" "$BIN" "${common[@]}" --train.virtual_ranks 4 --data.shuffle ids
 refused "checkpoints" "$BIN" "${common[@]}" --train.virtual_ranks 4 --checkpoint.dir "$TMP/ck"
 refused "hypercube" "$BIN" "${common[@]}" --train.virtual_ranks 6 --gossip.schedule hypercube
+refused "without supervise" env GG_EMERGENCY_DIR="$TMP/em" "$BIN" "${common[@]}" \
+  --train.virtual_ranks 4
+[ ! -e "$TMP/em" ]
 [ ! -e "$TMP/ck" ]
 echo "virtual ranks: refusals ok"
