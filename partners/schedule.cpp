@@ -1,6 +1,7 @@
 #include "partners/schedule.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <optional>
 #include <stdexcept>
@@ -151,6 +152,25 @@ void validate(const Schedule& s) {
   if (s.p == 1) return;
   if (const std::string why = pattern(s.kind).refuses(s.p); !why.empty())
     throw std::invalid_argument(why);
+}
+
+void Partners::set_weights(float own, std::span<const float> link_weights) {
+  if (static_cast<int>(link_weights.size()) != links())
+    throw std::invalid_argument("Partners::set_weights: " + std::to_string(link_weights.size()) +
+                                " weights for " + std::to_string(links()) + " links");
+  double sum = own;
+  bool positive = own > 0;
+  for (float w : link_weights) {
+    sum += w;
+    positive = positive && w > 0;
+  }
+  if (!positive || std::abs(sum - 1.0) > 1e-5)
+    throw std::invalid_argument(
+        "Partners::set_weights: the weights must be positive and sum to 1 (" + std::to_string(sum) +
+        ")");
+  weights[0] = own;
+  std::copy(link_weights.begin(), link_weights.end(), weights.begin() + 1);
+  weighted = true;
 }
 
 bool serves(const Schedule& s) {

@@ -24,8 +24,9 @@ struct Link {
 
 // A rank's partners in one step: link 0 (send_to, recv_from) and, under a schedule with k peers
 // a step, links 1 .. k - 1 (`more`). Within a step a rank's send_to's are distinct, and so are
-// its recv_from's, and none is the rank itself (p >= 2). The weights are uniform: a rule gives
-// its own values and each received one 1 / (links() + 1), the pair average for one link.
+// its recv_from's, and none is the rank itself (p >= 2). The weights with which a rank mixes
+// what it receives: uniform unless the schedule sets others (set_weights): its own values and
+// each link's 1 / (links() + 1), the pair average for one link.
 struct Partners {
   int send_to = 0;
   int recv_from = 0;
@@ -34,6 +35,16 @@ struct Partners {
   int links() const { return 1 + extra; }
   Link link(int i) const { return i == 0 ? Link{send_to, recv_from} : more[i - 1]; }
   void add(Link l) { more.at(static_cast<size_t>(extra++)) = l; }
+  // Weights other than uniform: `own` for the rank's own values, links[i] for what link i's
+  // recv_from sent; each positive, together 1 (within 1e-5): std::invalid_argument otherwise.
+  // Set after the links.
+  void set_weights(float own, std::span<const float> links);
+  bool weighted = false;
+  float own_weight() const { return weighted ? weights[0] : 1.f / static_cast<float>(links() + 1); }
+  float weight(int i) const {
+    return weighted ? weights[static_cast<size_t>(i + 1)] : 1.f / static_cast<float>(links() + 1);
+  }
+  std::array<float, kMaxLinks + 1> weights{};  // own, then link by link (weighted only)
   bool operator==(const Partners&) const = default;
 };
 

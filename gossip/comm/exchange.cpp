@@ -233,15 +233,23 @@ partners::Partners GossipExchange::partners_at(int64_t step) const {
   return partners::partners(o_.schedule, comm_.rank(), step);
 }
 
+void check_weights(const MixingRule& rule, const partners::Partners& peers) {
+  if (peers.weighted && !rule.takes_weights())
+    throw std::logic_error(
+        "the schedule gives this step's links weights, and this exchange's mixing rule mixes "
+        "uniformly: use gossip.rule average without overlap, staleness, CHOCO or low rank");
+}
+
 void GossipExchange::begin_step(int64_t step) {
   const partners::Partners peers = partners_at(step);
+  check_weights(*rule_, peers);
   rule_->begin_step(step, peers);
   queue_.begin(step, peers);
 }
 
 bool GossipExchange::in_place(const partners::Partners& peers) const {
   return buffer_ == transport_->shared_home() && rule_->pair_average_in_place() &&
-         peers.links() == 1 && peers.send_to == peers.recv_from &&
+         peers.links() == 1 && !peers.weighted && peers.send_to == peers.recv_from &&
          transport_->pairs_in_place(peers.send_to);
 }
 

@@ -148,6 +148,9 @@ std::unique_ptr<MixingRule> make_rule(const GossipOptions& o, float* buffer,
 // gain nothing on `model`: std::invalid_argument, naming the option and what would.
 void fit_to_model(GossipOptions& o, const kernels::Graph& g, const kernels::ParamLayout& layout,
                   const std::string& model);
+// A step whose links carry the schedule's weights, for a rule that mixes uniformly:
+// std::logic_error (the engine and virtual ranks call it before the step's first bucket).
+void check_weights(const MixingRule& rule, const partners::Partners& peers);
 // How many peers a step of `o`'s schedule gives each rank (1 at p = 1).
 int links_of(const GossipOptions& o);
 // What goes on the wire for each bucket: the buckets themselves, or the messages of a rule that

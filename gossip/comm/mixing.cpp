@@ -27,6 +27,16 @@ void mix_last(std::span<float> x, std::span<const float> partner, int ranks) {
   for (size_t i = 0; i < x.size(); ++i) x[i] = (x[i] + partner[i]) / n;
 }
 
+void mix_weighted(std::span<float> x, float own, std::span<const float> partner, float w) {
+  same_size(x.size(), partner.size(), "mix_weighted");
+  for (size_t i = 0; i < x.size(); ++i) x[i] = own * x[i] + w * partner[i];
+}
+
+void add_weighted(std::span<float> x, std::span<const float> partner, float w) {
+  same_size(x.size(), partner.size(), "add_weighted");
+  for (size_t i = 0; i < x.size(); ++i) x[i] += w * partner[i];
+}
+
 void mix_correction(std::span<const float> sent, std::span<const float> partner,
                     std::span<float> delta) {
   same_size(sent.size(), partner.size(), "mix_correction");

@@ -15,6 +15,11 @@ void mix_pair(std::span<float> x, std::span<const float> partner);
 // every partner but the last, then mix_last(x, p, k + 1): x <- (x + p) / (k + 1).
 void add_to(std::span<float> x, std::span<const float> partner);
 void mix_last(std::span<float> x, std::span<const float> partner, int ranks);
+// A schedule's weights (partners::Partners::set_weights), as buckets arrive one by one:
+// mix_weighted(x, own, p, w) for the first link, x <- own x + w p, then add_weighted(x, p, w),
+// x <- x + w p, for each further link in link order.
+void mix_weighted(std::span<float> x, float own, std::span<const float> partner, float w);
+void add_weighted(std::span<float> x, std::span<const float> partner, float w);
 
 // Overlapped (delayed) averaging: the correction (partner - sent) / 2 into delta, computed when
 // the partner's bucket arrives, and added to the buffer later (it may have moved meanwhile):

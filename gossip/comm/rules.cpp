@@ -21,6 +21,7 @@ PairAverage::PairAverage(float* buffer, std::vector<kernels::Bucket> buckets)
 
 void PairAverage::begin_step(int64_t, const partners::Partners& peers) {
   links_ = peers.links();
+  peers_ = peers;
   std::fill(arrived_.begin(), arrived_.end(), 0);
 }
 
@@ -29,6 +30,12 @@ const float* PairAverage::outgoing(int b) { return x_ + buckets_[b].begin; }
 void PairAverage::received(int b, int64_t, const float* partner) {
   const kernels::Bucket& k = buckets_[b];
   const std::span<const float> p(partner, static_cast<size_t>(k.size()));
+  if (peers_.weighted) {  // the links arrive in link order
+    const int i = arrived_[b]++;
+    if (i == 0 && links_ == 1 && measuring()) add_distance(squared_distance(span_of(x_, k), p));
+    if (i == 0) return mix_weighted(span_of(x_, k), peers_.own_weight(), p, peers_.weight(0));
+    return add_weighted(span_of(x_, k), p, peers_.weight(i));
+  }
   if (links_ == 1) {
     if (measuring()) add_distance(squared_distance(span_of(x_, k), p));
     return mix_pair(span_of(x_, k), p);

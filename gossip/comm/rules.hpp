@@ -86,6 +86,9 @@ class MixingRule {
   // Whether the bucket may be averaged in place by the transport (zero-copy shm pairs): the
   // rule sends the buffer itself and writes the pair average into it on arrival.
   virtual bool pair_average_in_place() const { return false; }
+  // Whether the rule mixes with the weights a schedule gives (Partners::weighted); the engine
+  // refuses a weighted step to a rule that mixes uniformly (check_weights).
+  virtual bool takes_weights() const { return false; }
   virtual Lateness lateness() const { return {}; }
   // What the rule keeps from step to step beside the buffer, as a rank's state holds it
   // (state_part.hpp; most rules keep nothing): save_state appends its part to `out`, its values
@@ -145,11 +148,13 @@ class PairAverage final : public MixingRule {
   const float* outgoing(int b) override;
   void received(int b, int64_t step, const float* partner) override;
   bool pair_average_in_place() const override { return true; }
+  bool takes_weights() const override { return true; }
 
  private:
   float* x_;
   std::vector<kernels::Bucket> buckets_;
   int links_ = 1;
+  partners::Partners peers_;  // the step's, with their weights
   std::vector<int> arrived_;  // this step's arrivals of each bucket (k links)
 };
 

@@ -175,6 +175,22 @@ std::string job_metrics_path(const Group& g, const JobState& job) {
   return path;
 }
 
+// The start line's "mixing: ..." part.
+std::string describe_mixing(const Group& g) {
+  const Config& c = g.c;
+  // Virtual ranks move nothing between processes: their exchanges are in memory.
+  const std::string how = g.held ? std::string("in one process")
+                          : c.gossip.hierarchy == Hierarchy::Node
+                              ? "node average, then across nodes"
+                              : text_of(c.gossip.transport);
+  const std::string mixing =
+      mixing_of(c).allreduce
+          ? std::string(g.held ? "allreduce (summed in MPICH's order)" : "allreduce")
+          : "gossip " + c.gossip.mode + " (" + text_of(c.gossip.schedule) +
+                (c.gossip.rotate ? "+rotate" : "") + ", " + how + ")";
+  return mixing;
+}
+
 // The metrics file (rank 0 of the job, or of the survivors once it failed) and the job's first
 // lines: ranks, model, data, schedule.
 void announce_start(Group& g, JobState& job) {
@@ -191,16 +207,7 @@ void announce_start(Group& g, JobState& job) {
   report_recovery(g, job);
   report_real_failure(g, job);
   if (!g.lead || job.started) return;
-  // Virtual ranks move nothing between processes: their exchanges are in memory.
-  const std::string how = g.held ? std::string("in one process")
-                          : c.gossip.hierarchy == Hierarchy::Node
-                              ? "node average, then across nodes"
-                              : text_of(c.gossip.transport);
-  const std::string mixing =
-      mixing_of(c).allreduce
-          ? std::string(g.held ? "allreduce (summed in MPICH's order)" : "allreduce")
-          : "gossip " + c.gossip.mode + " (" + text_of(c.gossip.schedule) +
-                (c.gossip.rotate ? "+rotate" : "") + ", " + how + ")";
+  const std::string mixing = describe_mixing(g);
   const int64_t params = g.trainer.graph().param_count();
   if (g.held)
     g.held->announce(g.threads);

@@ -80,7 +80,9 @@ void VirtualExchange::exchange(int64_t step) {
   const int buckets = static_cast<int>(buckets_.size());
   for (size_t r = 0; r < rules_.size(); ++r) {
     if (auto* d = dynamic_cast<DelayedAverage*>(rules_[r].get())) d->snapshot();
-    rules_[r]->begin_step(step, partners::partners(s, static_cast<int>(r), step));
+    const partners::Partners peers = partners::partners(s, static_cast<int>(r), step);
+    check_weights(*rules_[r], peers);
+    rules_[r]->begin_step(step, peers);
     for (int b = 0; b < buckets; ++b) {
       rules_[r]->capture(b);
       const float* image = encode_outgoing(*rules_[r], *codecs_[r], b,

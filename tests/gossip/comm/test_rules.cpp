@@ -65,6 +65,54 @@ TEST_CASE("with k links a step the average adds the partners in link order, the 
                   std::invalid_argument);
 }
 
+TEST_CASE("a schedule's weights: the average mixes own x + w_i p_i in link order; others refuse") {
+  gg::partners::Partners two{1, 2};
+  two.add({3, 4});
+  CHECK(!two.weighted);
+  CHECK(two.own_weight() == 1.f / 3);
+  CHECK(two.weight(1) == 1.f / 3);
+  const std::vector<float> bad_sum = {0.5f, 0.25f}, negative = {1.25f, -0.5f}, one = {0.5f};
+  CHECK_THROWS_AS(two.set_weights(0.5f, bad_sum), std::invalid_argument);  // 1.25 in all
+  CHECK_THROWS_AS(two.set_weights(0.25f, negative), std::invalid_argument);
+  CHECK_THROWS_AS(two.set_weights(0.5f, one), std::invalid_argument);  // one weight, two links
+  CHECK(!two.weighted);
+  const std::vector<float> w = {0.25f, 0.125f};
+  two.set_weights(0.625f, w);
+  CHECK(two.weighted);
+  CHECK(two.own_weight() == 0.625f);
+  CHECK(two.weight(0) == 0.25f);
+  CHECK(two.weight(1) == 0.125f);
+
+  std::vector<float> x = {1, 2, 3, 4, 5};
+  PairAverage r(x.data(), kBuckets);
+  CHECK(r.takes_weights());
+  check_weights(r, two);  // the average takes them
+  r.begin_step(0, two);
+  const std::vector<float> a0 = {8, 8, 8}, b0 = {16, -16, 0};
+  r.received(0, 0, a0.data());
+  CHECK(x == std::vector<float>{1, 2, 0.625f * 3 + 2, 0.625f * 4 + 2, 0.625f * 5 + 2});
+  r.received(0, 0, b0.data());
+  CHECK(x == std::vector<float>{1, 2, 0.625f * 3 + 2 + 2, 0.625f * 4 + 2 - 2, 0.625f * 5 + 2});
+  // A weighted pair is not averaged in place by a transport: the weights would be lost.
+  gg::partners::Partners pair{1, 1};
+  const std::vector<float> half = {0.25f};
+  pair.set_weights(0.75f, half);
+  r.begin_step(1, pair);
+  const std::vector<float> c1 = {4, 8};
+  r.received(1, 1, c1.data());
+  CHECK(x[0] == 0.75f * 1 + 1);
+  CHECK(x[1] == 0.75f * 2 + 2);
+
+  // Rules that mix uniformly stop at a weighted step, with a line naming the rule to use.
+  std::vector<float> y = {1, 2, 3, 4, 5};
+  PushSum push(y.data(), kBuckets);
+  CHECK(!push.takes_weights());
+  CHECK_THROWS_WITH(check_weights(push, two), Catch::Contains("gossip.rule average"));
+  StaleAverage stale(y.data(), kBuckets, false);
+  CHECK_THROWS_AS(check_weights(stale, pair), std::logic_error);
+  check_weights(stale, gg::partners::Partners{1, 1});  // uniform: fine
+}
+
 TEST_CASE("push-sum: a weight travels behind each bucket, the buffer holds values / weight") {
   // Messages: each bucket's values then its weight, in the buckets' order (bucket 0 last).
   const auto ends = [](const std::vector<Bucket>& v) {
