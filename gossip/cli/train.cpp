@@ -70,7 +70,7 @@ void check_model_and_data(const Config& c, int ranks) {
   }
   const shuffle::SampleSource& s = *data.train;
   const bool virtual_ranks = c.train.virtual_ranks > 0;
-  const int p = virtual_ranks ? c.train.virtual_ranks : ranks;
+  const int p = run_ranks(c, ranks);
   const int64_t per_epoch = full_batches_per_epoch(c, s.size(), p);
   if (per_epoch < 1) throw UsageError(no_full_batch(c, s.size(), p, virtual_ranks));
   int64_t total = per_epoch * c.train.epochs;
@@ -109,7 +109,7 @@ void check_model_and_data(const Config& c, int ranks) {
 
 // "4 ranks", "1 rank", or the virtual ranks one process runs: "8 virtual ranks in 1 process".
 std::string ranks_text(const Config& c, int ranks) {
-  const int p = c.train.virtual_ranks > 0 ? c.train.virtual_ranks : ranks;
+  const int p = run_ranks(c, ranks);
   return std::to_string(p) + (c.train.virtual_ranks > 0 ? " virtual" : "") + " rank" +
          (p == 1 ? "" : "s") + (c.train.virtual_ranks > 0 ? " in 1 process" : "");
 }

@@ -252,6 +252,11 @@ bool apoptosis_relative(const Config& c);
 bool apoptosis_prunes_conv(const Config& c);
 bool apoptosis_prunes_fc(const Config& c);
 
+// The ranks a run trains over `processes` processes: theirs, or train.virtual_ranks in one.
+inline int run_ranks(const Config& c, int processes) {
+  return c.train.virtual_ranks > 0 ? c.train.virtual_ranks : processes;
+}
+
 // Whether [emulate] replaces the training arithmetic by waiting.
 inline bool emulated(const Config& c) {
   return c.emulate.forward_ms > 0 || c.emulate.backward_ms > 0;

@@ -116,9 +116,7 @@ shuffle::LoaderOptions rank_loader_options(const Config& c, const shuffle::Sampl
 }
 
 TrainingData::TrainingData(const Config& c, const mpi::Comm& world)
-    : c_(c),
-      world_(world),
-      ranks_(c.train.virtual_ranks > 0 ? c.train.virtual_ranks : world.size()) {
+    : c_(c), world_(world), ranks_(run_ranks(c, world.size())) {
   const int rank = world.rank(), ranks = ranks_;
   // Every rank opens the data; if any fails, all stop with the first failing rank's message.
   mpi::RankError error;

@@ -347,14 +347,6 @@ void finish_group(Group& g, JobState& job, Timeline& timeline) {
     final_eval = format_top1(summary);
   else if (g.data.eval_source())
     final_eval = "not evaluated: no epoch ended in this run";
-  if (g.held)
-    std::printf("%s\n", g.held->summary_line(summary, final_eval, job.metrics_path).c_str());
-  else
-    std::printf(
-        "done: %lld steps in %s, %.0f img/s, exposed communication %.1f%% of step time, %s "
-        "(metrics: %s)\n",
-        static_cast<long long>(summary.steps), format_duration(summary.wall_seconds).c_str(),
-        summary.images_per_second, 100 * comm_share, final_eval.c_str(), job.metrics_path.c_str());
   nlohmann::json event = summary_event({.steps = summary.steps,
                                         .per_epoch = g.per_epoch,
                                         .eval_step = evaluated ? summary.eval_step : -1,
@@ -372,7 +364,14 @@ void finish_group(Group& g, JobState& job, Timeline& timeline) {
                                         .consensus_averages = g.trainer.consensus_averages(),
                                         .faults = static_cast<int64_t>(job.failures.plan.next),
                                         .ranks = g.trainer.ranks()});
-  if (g.held) g.held->add_to_summary(event);
+  if (g.held)  // its line and fields, from one reading of the memory and lateness
+    std::printf("%s\n", g.held->summarise(summary, final_eval, job.metrics_path, event).c_str());
+  else
+    std::printf(
+        "done: %lld steps in %s, %.0f img/s, exposed communication %.1f%% of step time, %s "
+        "(metrics: %s)\n",
+        static_cast<long long>(summary.steps), format_duration(summary.wall_seconds).c_str(),
+        summary.images_per_second, 100 * comm_share, final_eval.c_str(), job.metrics_path.c_str());
   job.metrics.write(event);
 }
 

@@ -45,11 +45,6 @@ kernels::ModelSpec usual_model_spec(const Config& c, int rank) {
 }
 
 namespace {
-// The ranks of the run: the processes', or the virtual ranks this one process holds.
-int run_ranks(const Config& c, const mpi::Comm& world) {
-  return c.train.virtual_ranks > 0 ? c.train.virtual_ranks : world.size();
-}
-
 // The model this rank trains: on the data's samples, or, with emulated compute, on the usual ones
 // (its gradient bytes are what an emulated step exchanges; no sample reaches it).
 kernels::ModelSpec trained_model(const Config& c, int rank, kernels::Dims input, int64_t classes) {
@@ -75,11 +70,11 @@ Trainer::Trainer(const Config& c, const mpi::Comm& world, kernels::Dims input, i
       sgd_(net_.graph().param_count(),
            {static_cast<float>(c.train.momentum), static_cast<float>(c.train.weight_decay),
             c.train.nesterov}),
-      schedule_({c.train.lr, c.train.base_batch, c.train.batch * run_ranks(c, world),
+      schedule_({c.train.lr, c.train.base_batch, c.train.batch * run_ranks(c, world.size()),
                  static_cast<int64_t>(std::llround(c.train.warmup_epochs * steps_per_epoch)),
                  total_steps, 0.0}),
       dlogits_(c.train.batch * classes),
-      ranks_(run_ranks(c, world)) {
+      ranks_(run_ranks(c, world.size())) {
   kernels::ParamStore& store = net_.store();
   const kernels::Graph& g = net_.graph();
   kernels::init_params(g, store, c.train.seed);

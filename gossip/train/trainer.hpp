@@ -207,12 +207,8 @@ class Trainer {
   void rebuild(kernels::Graph g, std::vector<float> params, std::vector<float> buffers,
                std::vector<float> velocity);
   Timeline* timeline_ = nullptr;
-  void average_over_ranks(float* v, int64_t n);
-  void average_over_ranks(std::vector<float>& v) {
-    average_over_ranks(v.data(), static_cast<int64_t>(v.size()));
-  }
-  void average_over_ranks(kernels::FlatBuffer& v) { average_over_ranks(v.data(), v.size()); }
-  // The held ranks' x(i) (n values each): their average over every rank into `avg`.
+  // The held ranks' x(i) (n values each): their average over every rank of the run into `avg`
+  // (a collective; `avg` may be x(0)).
   void mean_over_ranks(const std::function<const float*(int)>& x, int64_t n, float* avg);
   // Mean over ranks of ||w - avg||^2, where avg is the ranks' average of the weights (a
   // collective).

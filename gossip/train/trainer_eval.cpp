@@ -93,18 +93,13 @@ EvalStats Trainer::evaluate(const shuffle::SampleSource& data, shuffle::LoaderOp
 
 void Trainer::average_model(std::vector<float>& params, std::vector<float>& buffers) {
   flush_model();
-  params = net_.plain(store().params.data());
-  buffers = store().buffers;
-  if (world_.size() > 1) {
-    average_over_ranks(params);
-    average_over_ranks(buffers);
-  }
-}
-
-void Trainer::average_over_ranks(float* v, int64_t n) {
-  world_.allreduce_sum(v, n);
-  const float inv = 1.f / static_cast<float>(world_.size());
-  for (int64_t i = 0; i < n; ++i) v[i] *= inv;
+  const int64_t n = graph().param_count();
+  std::vector<float> avg(static_cast<size_t>(n));
+  mean_over_ranks([this](int i) { return params_of(i); }, n, avg.data());
+  params = net_.plain(avg.data());
+  buffers.resize(static_cast<size_t>(graph().buffer_count()));
+  mean_over_ranks([this](int i) { return buffers_of(i).data(); }, graph().buffer_count(),
+                  buffers.data());
 }
 
 double Trainer::consensus_distance() {

@@ -40,24 +40,22 @@ void Trainer::sum_over_ranks(double* out, int n, const std::function<double(int,
 void Trainer::mean_over_ranks(const std::function<const float*(int)>& x, int64_t n, float* avg) {
   std::vector<const float*> parts;
   for (int i = 0; i < held(); ++i) parts.push_back(x(i));
-  tree_sum(parts, static_cast<size_t>(n), avg);  // one rank: a copy
+  if (parts.size() > 1 || parts[0] != avg)
+    tree_sum(parts, static_cast<size_t>(n), avg);  // one rank: a copy
   if (world_.size() > 1) world_.allreduce_sum(avg, n);
   if (ranks_ > 1) mean_of_sum({avg, static_cast<size_t>(n)}, ranks_);
 }
 
 void Trainer::average_state() {
-  if (held_.empty()) {
-    average_over_ranks(store().params);
-    average_over_ranks(store().buffers);
-    return;
-  }
+  // The average into held rank 0's buffers (a tree sum may write over one of its parts), then
+  // into the others'.
   const int64_t n = graph().param_count(), m = graph().buffer_count();
-  std::vector<float> avg(static_cast<size_t>(n));
-  mean_over_ranks([this](int i) { return params_of(i); }, n, avg.data());
-  for (HeldRank& r : held_) std::copy(avg.begin(), avg.end(), r.params.begin());
-  avg.resize(static_cast<size_t>(m));
-  mean_over_ranks([this](int i) { return buffers_of(i).data(); }, m, avg.data());
-  for (HeldRank& r : held_) std::copy(avg.begin(), avg.end(), r.buffers.begin());
+  mean_over_ranks([this](int i) { return params_of(i); }, n, params_of(0));
+  mean_over_ranks([this](int i) { return buffers_of(i).data(); }, m, buffers_of(0).data());
+  for (int i = 1; i < held(); ++i) {
+    std::copy(params_of(0), params_of(0) + n, params_of(i));
+    std::copy(buffers_of(0).begin(), buffers_of(0).end(), buffers_of(i).begin());
+  }
 }
 
 void Trainer::make_virtual_exchanges() {

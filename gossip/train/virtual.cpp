@@ -342,28 +342,12 @@ void VirtualRanks::add_to_eval(bool last, int64_t done, double consensus, std::s
       {"min", t.min}, {"median", t.median}, {"max", t.max}, {"samples", t.samples}};
 }
 
-std::string VirtualRanks::summary_line(const RunSummary& s, const std::string& top1,
-                                       const std::string& metrics_path) const {
-  std::string lateness;
-  if (c_.gossip.staleness == 1) {
-    const BucketExchange::Lateness all = trainer_.held_lateness();
-    lateness = ", staleness 1: " + std::to_string(all.late) + " bucket mixes late and " +
-               std::to_string(all.unmixed) + " unmixed over all ranks";
-  }
-  char text[512];
-  std::snprintf(text, sizeof text,
-                "done: %lld steps of %d VIRTUAL ranks in %s (%.0f img/s in this one process), "
-                "%s%s; peak memory %s of about %s planned (metrics: %s)",
-                static_cast<long long>(s.steps), ranks_, format_duration(s.wall_seconds).c_str(),
-                s.images_per_second, top1.c_str(), lateness.c_str(),
-                gigabytes(status_bytes("VmHWM")).c_str(), gigabytes(memory_estimate_).c_str(),
-                metrics_path.c_str());
-  return text;
-}
-
-void VirtualRanks::add_to_summary(nlohmann::json& summary) const {
+std::string VirtualRanks::summarise(const RunSummary& s, const std::string& top1,
+                                    const std::string& metrics_path,
+                                    nlohmann::json& summary) const {
   const bool stale = c_.gossip.staleness == 1;
   const BucketExchange::Lateness all = trainer_.held_lateness();
+  const int64_t peak = status_bytes("VmHWM");
   summary["sent_bytes_per_step"] =
       mixing_of(c_).allreduce
           ? nlohmann::json()
@@ -372,7 +356,19 @@ void VirtualRanks::add_to_summary(nlohmann::json& summary) const {
   summary["late_buckets"] = stale ? nlohmann::json(all.late) : nlohmann::json();
   summary["unmixed_buckets"] = stale ? nlohmann::json(all.unmixed) : nlohmann::json();
   summary["memory_estimate_bytes"] = memory_estimate_;
-  summary["peak_memory_bytes"] = status_bytes("VmHWM");
+  summary["peak_memory_bytes"] = peak;
+  const std::string lateness = stale ? ", staleness 1: " + std::to_string(all.late) +
+                                           " bucket mixes late and " + std::to_string(all.unmixed) +
+                                           " unmixed over all ranks"
+                                     : "";
+  char text[512];
+  std::snprintf(text, sizeof text,
+                "done: %lld steps of %d VIRTUAL ranks in %s (%.0f img/s in this one process), "
+                "%s%s; peak memory %s of about %s planned (metrics: %s)",
+                static_cast<long long>(s.steps), ranks_, format_duration(s.wall_seconds).c_str(),
+                s.images_per_second, top1.c_str(), lateness.c_str(), gigabytes(peak).c_str(),
+                gigabytes(memory_estimate_).c_str(), metrics_path.c_str());
+  return text;
 }
 
 }  // namespace gg::gossip

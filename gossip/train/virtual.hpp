@@ -58,10 +58,9 @@ class VirtualRanks {
   // test samples (min / median / max over the ranks) to its line and event.
   void add_to_eval(bool last, int64_t done, double consensus, std::string& line,
                    nlohmann::json& event, MetricsWriter& metrics);
-  // The summary's line and what its event adds.
-  std::string summary_line(const RunSummary& s, const std::string& top1,
-                           const std::string& metrics_path) const;
-  void add_to_summary(nlohmann::json& summary) const;
+  // The summary's line, and what its event adds (into `summary`).
+  std::string summarise(const RunSummary& s, const std::string& top1,
+                        const std::string& metrics_path, nlohmann::json& summary) const;
 
  private:
   class Hook;
