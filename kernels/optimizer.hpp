@@ -25,6 +25,7 @@ class Sgd {
   // one range, then end_ranges().
   void step_range(float* params, const float* grads, float lr, int64_t begin, int64_t end);
   void end_ranges() { started_ = true; }
+  const SgdOptions& options() const { return o_; }
   std::vector<float>& velocity() { return velocity_; }
   // Whether the momentum buffer has been seeded (a checkpoint must restore it with the velocity).
   bool started() const { return started_; }

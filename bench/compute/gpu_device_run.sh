@@ -24,6 +24,10 @@
 #           shaped data (3x224x224, 1000 classes), R50_STEPS steps (default 100) of R50_BATCH
 #           (default 64) per rank, gossip mode both: exposed communication and data wait in the
 #           metrics;
+#        c2. resident (only when STEPS_ONLY names it): Fashion-MNIST and ResNet-50 as in b and c with
+#           --train.resident true (ResNet-50 also with false, the host-staged step, same options),
+#           and gg_bench_compute's single-process resident step at R50_BATCH, into resident.txt,
+#           resident-metrics.jsonl and staged-metrics.jsonl;
 #        d. eltwise: gg_bench_cuda_eltwise, the batch norm passes fused and one by one at
 #           ResNet-50's shapes against a device-to-device copy of the same bytes, into eltwise.txt;
 #        e. profile: ResNet-50 at batch 256 in tf32 and bf16 with GG_CUDA_PROFILE=1 (the time per
@@ -96,8 +100,8 @@ case "${1:-}" in
     gg_int R50_BATCH "$R50_BATCH" 1 4096
     PARTS=${STEPS_ONLY:-tests fmnist r50 eltwise profile bench}
     for p in $PARTS; do
-      case "$p" in tests | fmnist | r50 | eltwise | profile | bench) ;; *)
-        echo "gpu_device_run: STEPS_ONLY takes tests, fmnist, r50, eltwise, profile, bench (not '$p')" >&2
+      case "$p" in tests | fmnist | r50 | resident | eltwise | profile | bench) ;; *)
+        echo "gpu_device_run: STEPS_ONLY takes tests, fmnist, r50, resident, eltwise, profile, bench (not '$p')" >&2
         exit 2
         ;;
       esac
@@ -175,6 +179,27 @@ case "${1:-}" in
             --train.batch "$R50_BATCH" --train.max_steps "$R50_STEPS" --gossip.bucket_kb 16384 \
             --data.workers 4 --data.prefetch 4 --log.metrics "$OUTDIR/r50-metrics.jsonl" --log.overwrite true \
             --log.interval 10
+          ;;
+        resident)
+          # The trainer's state on the GPU (train.resident) against the host-staged step, same
+          # options (the weight exchange not overlapped: refused with a resident state), and the
+          # single-process resident benchmark at the same per-rank batch.
+          part "fmnist resident" 120 "$OUTDIR/resident.txt" "${mpi[@]}" "$bin/gossipgrad" train \
+            --config configs/laptop.ini --train.backend cuda --train.resident true \
+            --gossip.overlap_model false --train.epochs "$EPOCHS" --data.dir "$data" \
+            --log.interval 10 ${FMNIST_ARGS:-}
+          for how in true false; do
+            part "r50 resident $how" 90 "$OUTDIR/resident.txt" "${mpi[@]}" "$bin/gossipgrad" train \
+              --config configs/laptop.ini --train.backend cuda --model.name resnet50 \
+              --train.resident "$how" --gossip.overlap_model false \
+              --data.source "synthetic:3x224x224:1000:$((R50_BATCH * 2 * R50_STEPS))" \
+              --train.batch "$R50_BATCH" --train.max_steps "$R50_STEPS" --gossip.bucket_kb 16384 \
+              --data.workers 4 --data.prefetch 4 --log.interval 10 \
+              --log.metrics "$OUTDIR/$([ "$how" = true ] && echo resident || echo staged)-metrics.jsonl"
+          done
+          part "r50 one process" 60 "$OUTDIR/resident.txt" "$bin/gg_bench_compute" --backend cuda \
+            --model resnet50 --batch "$R50_BATCH" --res 224 --precision tf32 --layout native --fuse off \
+            --steps 20 --warmup 3
           ;;
         eltwise)
           part eltwise 60 "$OUTDIR/eltwise.txt" "$bin/gg_bench_cuda_eltwise" --repeats 10

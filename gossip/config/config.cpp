@@ -335,6 +335,12 @@ void check_combinations(const Config& c) {
   if (c.checkpoint.resume == "auto" && c.checkpoint.dir.empty())
     throw UsageError("checkpoint.resume = auto needs checkpoint.dir");
   check_emulated(c);
+  if (c.train.resident) {
+    if (c.train.backend != kernels::Backend::Cuda)
+      throw UsageError(
+          "train.resident keeps the training state on the GPU: it needs train.backend = cuda");
+    check_resident(c, "train.resident");
+  }
   if (mixing_of(c).allreduce && (lossy(c.gossip.wire) || lossy(c.gossip.model_wire)))
     throw UsageError(
         "gossip.wire and gossip.model_wire other than fp32 need a gossip mode (allreduce sums "
@@ -370,6 +376,20 @@ std::string rank_out_of_range(const std::string& key, const std::string& value, 
 }
 
 }  // namespace
+
+void check_resident(const Config& c, const std::string& what) {
+  const bool weights = mixing_of(c).weights;  // what the two overlaps apply to
+  const std::pair<bool, const char*> refused[] = {
+      {weights && c.gossip.pipeline_weights, "gossip.pipeline_weights"},
+      {emulated(c), "emulated compute"},
+      {c.train.virtual_ranks > 0, "train.virtual_ranks"}};
+  for (const auto& [set, option] : refused)
+    if (set)
+      throw UsageError(what +
+                       " keeps the state apart from the host, and its exchanges run "
+                       "host-staged around the steps: " +
+                       option + " is not supported with it; leave it out");
+}
 
 namespace {
 // train.virtual_ranks: what virtual ranks do not model (yet) is refused, not ignored.

@@ -79,7 +79,8 @@ struct Config {
     kernels::Backend backend = kernels::Backend::OneDnn;
     kernels::Precision precision = kernels::Precision::Fp32;  // bf16: onednn on AVX512_BF16 CPUs
     WeightLayout weight_layout = WeightLayout::Native;
-    int64_t batch = 64;  // per rank
+    bool resident = false;  // cuda: the state stays on the GPU (kernels/train_state.hpp)
+    int64_t batch = 64;     // per rank
     int64_t epochs = 4;
     double lr = 0.1;  // for a global batch of base_batch (linear scaling)
     int64_t base_batch = 256;
@@ -275,6 +276,12 @@ Config parse_train_args(const std::vector<std::string>& args);
 // restart by gossipgrad supervise, possibly at fewer ranks, where fault.kill and fault.stall
 // never fire (test_hooks.hpp) and so bound nothing. Throws UsageError.
 void check_ranks(const Config& c, int ranks, bool supervised_restart = false);
+
+// A state kept apart from the host (train.resident, or `what` naming the test stand-in): the
+// exchanges mix its host copies between steps (or, overlapped, a snapshot of them), so
+// pipeline_weights (which mixes inside the next forward), emulated compute and virtual ranks are
+// refused. Throws UsageError.
+void check_resident(const Config& c, const std::string& what);
 
 // The partner schedule the config describes for `p` participants (ranks, or nodes with
 // gossip.hierarchy = node); std::invalid_argument (partners::validate) when it cannot serve p.

@@ -137,6 +137,10 @@ void train_options(std::vector<Option>& o) {
     {GG_OPTION(train.weight_layout), {},
      "native: onednn keeps convolution weights in its blocked layout between steps (no reorder "
      "per step; states and exports stay plain); plain: PyTorch's layout, reordered every step"},
+    {GG_OPTION(train.resident), {},
+     "cuda: weights, gradients, statistics and momentum stay on the GPU, the step only enqueues "
+     "(the exchanges copy what they mix through the host; the loss is reported a step late). "
+     "Off by default until tests/cuda has run it on a GPU (docs/gpu.md)"},
     {GG_OPTION(train.batch), in(1, 65536), "samples per rank per step"},
     {GG_OPTION(train.epochs), in(1, 100000), "passes over the training set"},
     {GG_OPTION(train.lr), Range{excl(0), incl(100)},

@@ -191,6 +191,16 @@ std::string describe_mixing(const Group& g) {
   return mixing;
 }
 
+// The start line's note on a state kept apart from the host (train.resident), else nothing.
+std::string state_note(const Group& g) {
+  const std::string where = g.trainer.state_where();
+  if (g.c.train.resident)
+    return ", state on the " + where +
+           " (exchanges host-staged; each step reports the loss of the step before)";
+  if (where == "host") return "";
+  return ", state in a " + where;
+}
+
 // The metrics file (rank 0 of the job, or of the survivors once it failed) and the job's first
 // lines: ranks, model, data, schedule.
 void announce_start(Group& g, JobState& job) {
@@ -204,6 +214,7 @@ void announce_start(Group& g, JobState& job) {
   }
   if (emulated(c)) job.metrics.tag("emulated", true);
   if (g.held) job.metrics.tag("virtual", true);
+  if (c.train.resident) job.metrics.tag("loss_of_step_before", true);  // a device state's
   report_recovery(g, job);
   report_real_failure(g, job);
   if (!g.lead || job.started) return;
@@ -212,9 +223,9 @@ void announce_start(Group& g, JobState& job) {
   if (g.held)
     g.held->announce(g.threads);
   else
-    std::printf("gossipgrad: %d ranks x %d threads, %s (%lld params), %s backend\n", g.comm.size(),
-                g.threads, c.model.name.c_str(), static_cast<long long>(params),
-                text_of(c.train.backend).c_str());
+    std::printf("gossipgrad: %d ranks x %d threads, %s (%lld params), %s backend%s\n",
+                g.comm.size(), g.threads, c.model.name.c_str(), static_cast<long long>(params),
+                text_of(c.train.backend).c_str(), state_note(g).c_str());
   std::printf("gossipgrad: data: %s\n", g.data.describe().c_str());
   if (emulated(c))
     std::printf(

@@ -29,14 +29,18 @@ class TestHook : public StepHook {
     }
     // Weights that blew up: every logit, hence the loss, becomes NaN (a NaN input would not do:
     // ReLU maps NaN to 0).
-    if (c_.fault.nan == s && rank_ == 0)
+    if (c_.fault.nan == s && rank_ == 0) {
       std::fill(trainer_.store().params.begin(), trainer_.store().params.end(),
                 std::numeric_limits<float>::quiet_NaN());
+      trainer_.store_written(kernels::kParams);
+    }
     // Bad weights that leave the loss finite: training forwards normalise with the batch's own
     // statistics, so only the guard's look at the weights (and checkpoints) can catch these.
-    if (c_.fault.nan_stats == s && rank_ == 0)
+    if (c_.fault.nan_stats == s && rank_ == 0) {
       std::fill(trainer_.store().buffers.begin(), trainer_.store().buffers.end(),
                 std::numeric_limits<float>::quiet_NaN());
+      trainer_.store_written(kernels::kBuffers);
+    }
   }
 
  private:

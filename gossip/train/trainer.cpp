@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <thread>
 
@@ -18,6 +19,12 @@
 
 namespace gg::gossip {
 namespace {
+
+// GG_TEST_DETACHED_STATE=1: the CPU stand-in for a device state (kernels/train_state.hpp).
+bool detached_state_for_tests() {
+  const char* v = std::getenv("GG_TEST_DETACHED_STATE");
+  return v && std::string(v) == "1";
+}
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) {
@@ -73,7 +80,6 @@ Trainer::Trainer(const Config& c, const mpi::Comm& world, kernels::Dims input, i
       schedule_({c.train.lr, c.train.base_batch, c.train.batch * run_ranks(c, world.size()),
                  static_cast<int64_t>(std::llround(c.train.warmup_epochs * steps_per_epoch)),
                  total_steps, 0.0}),
-      dlogits_(c.train.batch * classes),
       ranks_(run_ranks(c, world.size())) {
   kernels::ParamStore& store = net_.store();
   const kernels::Graph& g = net_.graph();
@@ -90,14 +96,38 @@ Trainer::Trainer(const Config& c, const mpi::Comm& world, kernels::Dims input, i
   if (emulated(c)) {  // an executor that waits: nothing is computed
     emulated_ = std::make_unique<EmulatedExecutor>(c, world_.rank(), net_.buckets(), step_);
     train_exec_ = emulated_.get();
-    attach_gate();
-    return;
+  } else {
+    // Compiled only now: the gradient buffer may have moved into the exchange's shared memory.
+    // The evaluation's executor is compiled at the first evaluation (a run without evaluation
+    // data never holds one: on a GPU, ResNet-50's activations at eval_batch 500 take tens of GiB).
+    train_exec_ = &net_.at_batch(c.train.batch);
   }
-  // Compiled only now: the gradient buffer may have moved into the exchange's shared memory.
-  // The evaluation's executor is compiled at the first evaluation (a run without evaluation data
-  // never holds one: on a GPU, ResNet-50's activations at eval_batch 500 take tens of GiB).
-  train_exec_ = &net_.at_batch(c.train.batch);
+  make_state();
   attach_gate();
+}
+
+void Trainer::make_state() {
+  kernels::ParamStore& store = net_.store();
+  const int64_t classes = graph().classes();
+  if (c_.train.resident) {
+    state_ = kernels::make_device_state(*train_exec_, store, sgd_);
+  } else if (detached_state_for_tests()) {
+    check_resident(c_, "GG_TEST_DETACHED_STATE=1");
+    state_ = kernels::make_detached_host_state(*train_exec_, store, sgd_, classes);
+  } else {
+    state_ = kernels::make_host_state(*train_exec_, store, sgd_, classes);
+  }
+  // A gradient exchange mixes the gradients' host copy, bucket by bucket as backward ends them.
+  state_->stage_grads(exchange_ != nullptr);
+}
+
+kernels::ParamStore& Trainer::store() {
+  if (state_) state_->to_host(kernels::kParams | kernels::kBuffers);
+  return net_.store();
+}
+
+void Trainer::store_written(unsigned parts) {
+  if (state_) state_->from_host(parts);
 }
 
 void Trainer::choose_layout() {
@@ -243,6 +273,7 @@ StepStats Trainer::step(const std::function<StepInput(int)>& input) {
     if (exchange_) {
       Timeline::Span span(timeline_, "wait gradients", "wait");
       s.comm_seconds = exchange_->finish_step();
+      state_->from_host(kernels::kGrads);  // the mixed gradients, where the update reads them
     }
     {
       Timeline::Span span(timeline_, "wait weights", "wait");
@@ -274,31 +305,27 @@ void Trainer::backward_streaming(StepStats& s) {
   const std::vector<kernels::Bucket>& buckets = net_.buckets();
   {
     Timeline::Span span(timeline_, "backward", "compute");
-    train_exec_->backward(dlogits_.data(), [&](int b) {
-      if (!emulated_)
-        sgd_.step_range(store().params.data(), store().grads.data(), lr, buckets[b].begin,
-                        buckets[b].end);
+    state_->backward([&](int b) {
+      if (!emulated_) state_->update_range(lr, buckets[b].begin, buckets[b].end);
       for (WeightExchange* e : after_update()) e->on_bucket_ready(b);
     });
   }
   if (emulated_)
     emulated_->update();
   else
-    sgd_.end_ranges();
+    state_->end_ranges();
   weights_pending_ = true;
 }
 
 // A real rank's forward and backward (or, streaming the weights, its backward with the update).
 void Trainer::compute(const std::function<StepInput(int)>& input, StepStats& s) {
   const StepInput in = input(0);
-  const float* logits = nullptr;
+  kernels::StepLoss loss;
   {
     Timeline::Span span(timeline_, "forward", "compute");
-    logits = train_exec_->forward(in.x, true);
+    loss = state_->forward(in.x, in.y);
   }
-  if (logits) {  // emulated compute has no loss and no accuracy
-    const auto loss = kernels::softmax_cross_entropy(logits, in.y, c_.train.batch,
-                                                     graph().classes(), dlogits_.data());
+  if (loss.known) {  // emulated compute has none; a device state's is the last step's
     s.loss = last_loss_ = loss.loss;
     s.correct = loss.correct;
   }
@@ -308,7 +335,7 @@ void Trainer::compute(const std::function<StepInput(int)>& input, StepStats& s) 
   if (exchange_) ready = [this](int b) { exchange_->on_bucket_ready(b); };
   if (exchange_) exchange_->begin_step(step_);
   Timeline::Span span(timeline_, "backward", "compute");
-  train_exec_->backward(dlogits_.data(), ready);
+  state_->backward(ready);
 }
 
 // Every held rank's forward and backward on its own batch, its weights and statistics swapped
@@ -323,15 +350,13 @@ void Trainer::compute_held(const std::function<StepInput(int)>& input, StepStats
     HeldRank& r = held_[static_cast<size_t>(i)];
     const StepInput in = input(i);
     load(i);
-    const float* logits = train_exec_->forward(in.x, true);
-    const auto loss = kernels::softmax_cross_entropy(logits, in.y, c_.train.batch,
-                                                     graph().classes(), dlogits_.data());
+    const kernels::StepLoss loss = state_->forward(in.x, in.y);
     r.loss = loss.loss;
     if (i == 0) {
       s.loss = loss.loss;
       s.correct = loss.correct;
     }
-    train_exec_->backward(dlogits_.data(), {});
+    state_->backward({});
     std::copy(store.grads.data(), store.grads.data() + store.grads.size(), r.grads.begin());
     std::copy(store.buffers.begin(), store.buffers.end(), r.buffers.begin());
   }
@@ -340,6 +365,7 @@ void Trainer::compute_held(const std::function<StepInput(int)>& input, StepStats
 void Trainer::update(float lr) {
   Timeline::Span span(timeline_, "optimizer", "optimizer");
   if (emulated_) return emulated_->update();
+  if (held_.empty()) return state_->update(lr);
   for (int i = 0; i < held(); ++i) sgd_of(i).step(params_of(i), grads_of(i), lr);
 }
 
@@ -353,8 +379,12 @@ double Trainer::exchange_weights() {
     model_due_ = cadence_.round(step_);
     return 0;
   }
+  // The exchange mixes the host copies (a detached state's, host-staged).
+  const unsigned parts = weight_parts();
+  state_->to_host(parts);
   double seconds = 0;
   for (WeightExchange* e : after_update()) seconds += e->exchange_all(cadence_.round(step_));
+  state_->from_host(parts);
   return seconds;
 }
 
@@ -422,6 +452,7 @@ void Trainer::account(StepStats& s) {
 void Trainer::start_model_exchange() {
   if (model_due_ < 0) return;
   Timeline::Span span(timeline_, "start weight exchange", "comm");
+  state_->to_host(weight_parts());  // what the exchange sends (a detached state: host-staged)
   for (WeightExchange* e : after_update()) {
     if (c_.gossip.pipeline_weights)
       e->start_all(model_due_);
@@ -449,9 +480,18 @@ double Trainer::flush_model() {
     for (WeightExchange* e : after_update()) waited += e->finish_step();
     weights_pending_ = false;
   }
-  if (c_.gossip.overlap_model)
+  if (c_.gossip.overlap_model && model_exchange_) {
+    // The correction lands in the host copies, current since start_model_exchange (the update
+    // that would change them waits for this).
+    state_->to_host(weight_parts());
     for (WeightExchange* e : after_update()) waited += e->finish_delayed();
+    state_->from_host(weight_parts());
+  }
   return waited;
+}
+
+unsigned Trainer::weight_parts() const {
+  return kernels::kParams | (momentum_exchange_ ? kernels::kVelocity : 0u);
 }
 
 }  // namespace gg::gossip

@@ -22,6 +22,7 @@
 #include "kernels/models.hpp"
 #include "kernels/net.hpp"
 #include "kernels/optimizer.hpp"
+#include "kernels/train_state.hpp"
 #include "shuffle/dataset.hpp"
 #include "shuffle/loader.hpp"
 #include "shuffle/source.hpp"
@@ -141,7 +142,13 @@ class Trainer {
   void reshape(kernels::Graph g);
 
   const kernels::Graph& graph() const { return net_.graph(); }
-  kernels::ParamStore& store() { return net_.store(); }
+  // The weights and running statistics as they are now (a detached state's host copies made
+  // current: kernels/train_state.hpp); who writes them (or the momentum, sgd_) hands them back
+  // by store_written.
+  kernels::ParamStore& store();
+  void store_written(unsigned parts = kernels::kParams | kernels::kBuffers | kernels::kVelocity);
+  // Where the step runs: "host", "device" (train.resident), ...
+  const char* state_where() const { return state_->where(); }
   int64_t steps_done() const { return step_; }
   // Global averages gossip.consensus_bound has taken so far.
   int64_t consensus_averages() const { return consensus_averages_; }
@@ -171,6 +178,7 @@ class Trainer {
 
  private:
   void choose_layout();                      // before any executor is compiled
+  void make_state();                         // over train_exec_, after the exchanges
   void make_exchanges();                     // before any executor is compiled
   void make_virtual_exchanges();             // train.virtual_ranks: the held ranks' exchanges
   bool own_state(const RankState& s) const;  // saved by this rank of a group of this size
@@ -216,7 +224,8 @@ class Trainer {
   // The weight exchange of the last update, if due: overlapped (start_delayed) or pipelined
   // (start_all; forward's bucket gate waits for each bucket, flush_model for the rest).
   void start_model_exchange();
-  double flush_model();  // applies a pending overlapped or pipelined weight exchange
+  double flush_model();           // applies a pending overlapped or pipelined weight exchange
+  unsigned weight_parts() const;  // the state's parts the weight exchanges mix
   // gossip.pipeline_weights with no gradient exchange: each bucket updated as soon as backward
   // has its gradients, and its weights (and momentum) sent at once, behind the rest of backward.
   bool streams_weights() const;
@@ -237,9 +246,11 @@ class Trainer {
   std::unique_ptr<BucketExchange> exchange_;          // gradients (grad, both, allreduce)
   std::unique_ptr<WeightExchange> model_exchange_;    // weights after the update (model, both, ...)
   std::unique_ptr<WeightExchange> momentum_exchange_;  // SGD momentum with them (gossipgrad)
-  kernels::Sgd sgd_;
+  kernels::Sgd sgd_;  // the momentum's host copy (the update is state_'s)
   kernels::LrSchedule schedule_;
-  std::vector<float> dlogits_;
+  // The step's forward, backward and update on the state, wherever it lives; the exchanges mix
+  // its host copies (net_.store(), sgd_'s momentum).
+  std::unique_ptr<kernels::TrainState> state_;
   int64_t step_ = 0;
   int64_t model_due_ = -1;        // overlap_model: the round whose weights wait to be exchanged
   bool weights_pending_ = false;  // pipeline_weights: a round started, not yet finished

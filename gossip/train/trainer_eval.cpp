@@ -74,6 +74,8 @@ EvalStats Trainer::evaluate(const shuffle::SampleSource& data, shuffle::LoaderOp
   std::copy(avg.begin(), avg.end(), store().params.data());
   mean_over_ranks([this](int i) { return buffers_of(i).data(); }, graph().buffer_count(),
                   store().buffers.data());
+  // A detached state's executor may be the evaluation's: it evaluates what the state holds.
+  store_written(kernels::kParams | kernels::kBuffers);
   kernels::Executor& exec = evaluation_executor(data.size());
   // Each rank its share of the data set, the sums added over the ranks.
   std::vector<EvalSums> parts;
@@ -87,6 +89,7 @@ EvalStats Trainer::evaluate(const shuffle::SampleSource& data, shuffle::LoaderOp
   EvalStats e = eval_stats(sums);
   store().params = own_params;
   store().buffers = own_buffers;
+  store_written(kernels::kParams | kernels::kBuffers);
   e.consensus = consensus;
   return e;
 }

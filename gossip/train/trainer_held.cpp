@@ -56,6 +56,7 @@ void Trainer::average_state() {
     std::copy(params_of(0), params_of(0) + n, params_of(i));
     std::copy(buffers_of(0).begin(), buffers_of(0).end(), buffers_of(i).begin());
   }
+  store_written(kernels::kParams | kernels::kBuffers);
 }
 
 void Trainer::make_virtual_exchanges() {

@@ -32,6 +32,7 @@ void Trainer::shrink(const kernels::Removal& r) {
   if (r.empty()) return;
   flush_model();  // a pending weight exchange belongs to the old layout
   const kernels::Shrink s = kernels::plan_shrink(graph(), r);
+  state_->to_host(kernels::kVelocity);  // store() below makes the rest current
   std::vector<float> params = s.params(net_.plain(store().params.data()));
   std::vector<float> buffers = s.buffers(store().buffers);
   std::vector<float> velocity = s.params(net_.plain(sgd_.velocity().data()));
@@ -44,7 +45,8 @@ void Trainer::rebuild(kernels::Graph g, std::vector<float> params, std::vector<f
   // The exchanges go first, on every rank alike (freeing their windows is collective): the
   // gradient exchange owns the memory the gradients live in, the model exchange points at the
   // parameters about to be replaced.
-  flush_model();  // a weight exchange still due goes out over the old layout first
+  flush_model();   // a weight exchange still due goes out over the old layout first
+  state_.reset();  // over the old executor; the caller took its host copies (store())
   exchange_.reset();
   model_exchange_.reset();
   momentum_exchange_.reset();
@@ -54,6 +56,7 @@ void Trainer::rebuild(kernels::Graph g, std::vector<float> params, std::vector<f
   make_exchanges();
   train_exec_ = &net_.at_batch(c_.train.batch);
   train_exec_->set_dropout_step(dropout_step);
+  make_state();
   attach_gate();
 }
 

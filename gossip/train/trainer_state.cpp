@@ -16,6 +16,8 @@ namespace gg::gossip {
 
 void Trainer::capture_state(RankState& s) {
   if (c_.gossip.pipeline_weights) flush_model();  // the weights as mixed after the last update
+  // A detached state's host copies made current, the momentum's among them.
+  state_->to_host(kernels::kParams | kernels::kBuffers | kernels::kVelocity);
   s.step = step_;
   s.lr_scale = lr_scale_;
   s.dropout_step = train_exec_ ? train_exec_->dropout_step() : 0;
@@ -27,7 +29,10 @@ void Trainer::capture_state(RankState& s) {
   start_model_exchange();  // the state holds the correction of the last update's exchange
   // The momentum's correction is applied now: nothing reads or moves the momentum before the next
   // update, so the numbers are those of an uninterrupted run.
-  if (momentum_exchange_ && c_.gossip.overlap_model) momentum_exchange_->finish_delayed();
+  if (momentum_exchange_ && c_.gossip.overlap_model) {
+    momentum_exchange_->finish_delayed();
+    store_written(kernels::kVelocity);
+  }
   s.velocity = net_.plain(sgd_.velocity().data());
   if (model_exchange_ && c_.gossip.overlap_model) {
     s.delayed_delta = model_exchange_->delayed_delta();
@@ -102,6 +107,7 @@ void Trainer::restore_model(const RankState& s) {
   std::copy(s.buffers.begin(), s.buffers.end(), store().buffers.begin());
   net_.from_plain(s.velocity, sgd_.velocity().data());
   sgd_.set_started(s.sgd_started);
+  store_written();
 }
 
 bool Trainer::own_state(const RankState& s) const {

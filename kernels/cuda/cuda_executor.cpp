@@ -233,6 +233,7 @@ class CudaExecutorImpl final : public CudaExecutor {
     GG_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_logits_),
                                  sizeof(float) * batch * g.classes()));
     GG_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_loss_), sizeof(float) * 2));
+    GG_CUDA_CHECK(cudaEventCreateWithFlags(&loss_event_, cudaEventDisableTiming));
     GG_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_labels_),
                                  sizeof(int32_t) * std::max<int64_t>(1, batch)));
     dropout_step_dev_ = DeviceArray<unsigned char>(2 * sizeof(uint64_t));
@@ -270,6 +271,7 @@ class CudaExecutorImpl final : public CudaExecutor {
     dev_.reset();
     if (host_logits_) cudaFreeHost(host_logits_);
     if (host_loss_) cudaFreeHost(host_loss_);
+    if (loss_event_) cudaEventDestroy(loss_event_);
     if (host_labels_) cudaFreeHost(host_labels_);
     if (graph_) cudaGraphExecDestroy(graph_);
     if (cublas_) cublasDestroy(cublas_);
@@ -287,8 +289,7 @@ class CudaExecutorImpl final : public CudaExecutor {
       dev_->upload_params(store_.params.data());
       dev_->upload_buffers(store_.buffers.data());
     }
-    GG_CUDA_CHECK(cudaMemcpyAsync(input_.get(), x, sizeof(float) * input_.size(),
-                                  cudaMemcpyHostToDevice, stream_));
+    upload_input(x);
     forward_device(train);
     GG_CUDA_CHECK(cudaMemcpyAsync(host_logits_, logits_.get(), sizeof(float) * logits_.size(),
                                   cudaMemcpyDeviceToHost, stream_));
@@ -354,13 +355,26 @@ class CudaExecutorImpl final : public CudaExecutor {
                        g_.classes(), stream_);
     GG_CUDA_CHECK(cudaMemcpyAsync(host_loss_, loss_.get(), sizeof(float) * 2,
                                   cudaMemcpyDeviceToHost, stream_));
+    // Outside a capture, last_loss waits for this copy alone, not for backward behind it.
+    loss_copied_ = !capturing_;
+    if (loss_copied_) GG_CUDA_CHECK(cudaEventRecord(loss_event_, stream_));
     seed_output_gradient();
   }
 
   double last_loss() override {
-    synchronize();
+    if (loss_copied_)
+      GG_CUDA_CHECK(cudaEventSynchronize(loss_event_));
+    else
+      synchronize();
     return host_loss_[1] > 0 ? host_loss_[0] / host_loss_[1] : 0.0;
   }
+
+  void upload_input(const float* x) override {
+    GG_CUDA_CHECK(cudaMemcpyAsync(input_.get(), x, sizeof(float) * input_.size(),
+                                  cudaMemcpyHostToDevice, stream_));
+  }
+
+  void set_stage_grads(bool staged) override { stage_grads_ = staged; }
 
   void backward_device(const BucketReady& ready) override {
     if (!trained_) throw std::logic_error("backward needs a training forward first");
@@ -377,7 +391,7 @@ class CudaExecutorImpl final : public CudaExecutor {
       backward_node(order_[pos]);
       if (profile_) profile_->mark(true, order_[pos], true, stream_);
       for (int b : fire_at_[pos]) {
-        if (resident_) {
+        if (resident_ && !stage_grads_) {
           if (ready) ready(b);
         } else {
           dev_->on_bucket_ready(b);
@@ -385,7 +399,8 @@ class CudaExecutorImpl final : public CudaExecutor {
         }
       }
     }
-    // Host-authoritative: each bucket reaches ParamStore::grads while later ones still compute.
+    // Host-authoritative or staged: each bucket reaches ParamStore::grads while later ones still
+    // compute.
     for (int b : fired) {
       dev_->wait_bucket_host(b);
       if (ready) ready(b);
@@ -452,6 +467,7 @@ class CudaExecutorImpl final : public CudaExecutor {
     cuda::set_dropout_step(step_dev(), dropout_step_ - 1, stream_);
     GG_CUDA_CHECK(cudaGraphLaunch(graph_, stream_));
     dropout_step_ += forwards_per_replay_;
+    loss_copied_ = false;  // the graph's loss copy has no event of ours: last_loss waits for all
   }
   void stage_labels(const int32_t* labels) override {
     synchronize();
@@ -1150,6 +1166,9 @@ class CudaExecutorImpl final : public CudaExecutor {
   bool backward_ready_ = false;
   bool trained_ = false;
   bool resident_ = false;
+  bool stage_grads_ = false;
+  cudaEvent_t loss_event_ = nullptr;
+  bool loss_copied_ = false;  // loss_event_ marks the last loss_device's copy to the host
   std::unique_ptr<OpProfile> profile_;
 };
 

@@ -59,16 +59,23 @@ class CudaExecutor : public Executor {
   virtual bool resident() const = 0;
   virtual cuda::DeviceBuffers& device() = 0;
 
-  // The fp32 input batch on the device, batch x input dims, that forward_device reads.
+  // The fp32 input batch on the device, batch x input dims, that forward_device reads; and its
+  // copy from the host on the compute stream (read from pageable memory before this returns).
   virtual float* device_input() = 0;
+  virtual void upload_input(const float* x) = 0;
   virtual void forward_device(bool train) = 0;
   // Softmax cross-entropy of the last forward's logits against host labels (< 0: padding),
   // computed on the device; its gradient becomes backward_device's starting point. The labels
   // are copied asynchronously: page-locked ones must stay unchanged until the stream has run.
   virtual void loss_device(const int32_t* labels) = 0;
-  // The mean loss of the last loss_device (waits for it).
+  // The mean loss of the last loss_device (waits for its copy to the host, not for what was
+  // enqueued after it; in a replayed graph, for the whole stream).
   virtual double last_loss() = 0;
   virtual void backward_device(const BucketReady& ready) = 0;
+  // Resident: backward_device stages each gradient bucket to ParamStore::grads as the
+  // host-authoritative mode does, and calls ready(b) once it is there (a gradient exchange that
+  // mixes on the host); false (the default) calls ready(b) when bucket b is enqueued.
+  virtual void set_stage_grads(bool staged) = 0;
   // Waits for everything enqueued on the compute stream.
   virtual void synchronize() = 0;
 

@@ -169,6 +169,10 @@ void DeviceBuffers::download_velocity(float* host) {
   copy_out(host, velocity_.get(), velocity_.size(), compute_);
 }
 
+void DeviceBuffers::download_grads(float* host) {
+  copy_out(host, grads_.get(), grads_.size(), compute_);
+}
+
 void DeviceBuffers::sgd_step(float lr, const SgdOptions& o) {
   sgd_update(params_.get(), velocity_.get(), grads_.get(), params_.size(), lr, o.momentum,
              o.weight_decay, o.nesterov, !sgd_started_, compute_);

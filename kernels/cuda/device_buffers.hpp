@@ -71,6 +71,7 @@ class DeviceBuffers {
   void download_buffers(float* host);
   void upload_velocity(const float* host);
   void download_velocity(float* host);
+  void download_grads(float* host);
 
   // SGD with momentum on the device (kernels::Sgd's update), on the compute stream.
   void sgd_step(float lr, const SgdOptions& o);

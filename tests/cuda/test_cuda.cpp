@@ -1,7 +1,8 @@
 // The CUDA backend against the reference backend (the oracle) and the oneDNN backend: every layer
 // kind forward and backward, small ResNet and GoogLeNet on the same weights and input (fp32 with
 // TF32 off tightly; TF32 and bf16 loosely), the device SGD update against kernels::Sgd, the
-// bucket staging round trip, and resident training against host-authoritative training. Runs
+// bucket staging round trip, resident training against host-authoritative training, and the
+// trainer's device state (kernels/train_state.hpp) against its host state. Runs
 // only where a GPU is present (main.cpp skips otherwise).
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -26,6 +27,7 @@
 #include "kernels/models.hpp"
 #include "kernels/optimizer.hpp"
 #include "kernels/reference/reference_executor.hpp"
+#include "kernels/train_state.hpp"
 #include "tests/kernels/backend_conformance.hpp"
 
 using namespace gg::kernels;
@@ -527,6 +529,67 @@ TEST_CASE("resident training on the device follows host-authoritative training")
   require(compare_tensor("weights after 3 steps", dev_store.params, host_store.params, 1e-4));
   require(compare_tensor("running statistics after 3 steps", dev_store.buffers, host_store.buffers,
                          1e-4));
+}
+
+TEST_CASE("the trainer's device state trains as its host state does, host copies on demand") {
+  ModelSpec spec;
+  spec.name = "resnet8";
+  const Graph g = build_model(spec);
+  const int64_t batch = 8;
+  const std::vector<float> x = randoms(batch * numel(g.input_dims()), 2);
+  std::vector<int32_t> labels(batch);
+  for (int64_t i = 0; i < batch; ++i) labels[i] = static_cast<int32_t>(i % g.classes());
+  const SgdOptions o{0.9f, 1e-4f, false};
+  const std::vector<Bucket> buckets = make_buckets(g, 4096);
+  ParamStore host_store(g), dev_store(g);
+  Rng r(8);
+  init_random(g, host_store, r, RunningStats::Random);
+  dev_store.params = host_store.params;
+  dev_store.buffers = host_store.buffers;
+  auto a = make_cuda_executor(g, batch, host_store, buckets, Precision::Fp32, {false, false});
+  auto b = make_cuda_executor(g, batch, dev_store, buckets, Precision::Fp32, {false, false});
+  Sgd host_sgd(g.param_count(), o), dev_sgd(g.param_count(), o);
+  auto host = make_host_state(*a, host_store, host_sgd, g.classes());
+  auto dev = make_device_state(*b, dev_store, dev_sgd);
+  CHECK(std::string(dev->where()) == "device");
+  dev->stage_grads(true);  // as under a gradient exchange: each bucket on the host, in order
+  std::vector<double> host_losses, dev_losses;
+  for (int step = 0; step < 4; ++step) {
+    host_losses.push_back(host->forward(x.data(), labels.data()).loss);
+    host->backward({});
+    host->update(0.05f);
+    const StepLoss l = dev->forward(x.data(), labels.data());
+    CHECK(l.known == (step > 0));  // one step late
+    if (l.known) {
+      CHECK(l.loss_step == step - 1);
+      dev_losses.push_back(l.loss);
+    }
+    std::vector<int> order;
+    dev->backward([&](int k) { order.push_back(k); });
+    REQUIRE(order.size() == buckets.size());
+    CHECK((dev->stale() & kGrads) == 0);  // staged: the host copy is current
+    std::vector<float> on_device(static_cast<size_t>(g.param_count()));
+    b->device().download_grads(on_device.data());
+    CHECK(std::equal(on_device.begin(), on_device.end(), dev_store.grads.begin()));
+    dev->from_host(kGrads);  // as after the exchange mixed them
+    dev->update(0.05f);
+    CHECK((dev->stale() & (kParams | kVelocity | kBuffers)) == (kParams | kVelocity | kBuffers));
+  }
+  for (size_t k = 0; k < dev_losses.size(); ++k)
+    CHECK(std::fabs(dev_losses[k] - host_losses[k]) <= 1e-3 * std::max(1.0, host_losses[k]));
+  dev->to_host(kParams | kBuffers | kVelocity);
+  CHECK(dev->stale() == 0);
+  CHECK(dev_sgd.started());
+  require(compare_tensor("weights after 4 steps", dev_store.params, host_store.params, 1e-4));
+  require(compare_tensor("statistics after 4 steps", dev_store.buffers, host_store.buffers, 1e-4));
+  require(compare_tensor("momentum after 4 steps", dev_sgd.velocity(), host_sgd.velocity(), 1e-4));
+  // A write to the host copies reaches the state: halve the weights, hand them back, read again.
+  for (int64_t i = 0; i < dev_store.params.size(); ++i) dev_store.params[i] *= 0.5f;
+  const std::vector<float> written = dev_store.params;
+  dev->from_host(kParams);
+  std::fill(dev_store.params.begin(), dev_store.params.end(), 0.f);
+  b->device().download_params(dev_store.params.data());
+  CHECK(dev_store.params == written);
 }
 
 TEST_CASE("a CUDA graph's replays train as eager steps do, dropout masks and labels included") {

@@ -1,0 +1,88 @@
+// The training state resident on the GPU (kernels/train_state.hpp): the CUDA executor's resident
+// mode, its DeviceBuffers holding the weights, gradients, statistics and momentum.
+#include <stdexcept>
+
+#include "kernels/cuda/cuda_executor.hpp"
+#include "kernels/cuda/device_buffers.hpp"
+#include "kernels/train_state.hpp"
+
+namespace gg::kernels {
+namespace {
+
+class DeviceState final : public TrainState {
+ public:
+  DeviceState(CudaExecutor& e, ParamStore& s, Sgd& sgd) : TrainState(e, s, sgd), cuda_(e) {
+    detached_ = true;
+    cuda_.set_resident(true);
+    upload(kParams | kBuffers | kVelocity);
+  }
+  const char* where() const override { return "device"; }
+
+  StepLoss forward(const float* x, const int32_t* y) override {
+    StepLoss l;
+    if (steps_ > 0) {  // the last step's, whose copy to the host has long been enqueued
+      l.loss = cuda_.last_loss();
+      l.known = true;
+      l.loss_step = steps_ - 1;
+      l.correct = -1;  // not counted on the device
+    }
+    cuda_.upload_input(x);
+    cuda_.forward_device(true);
+    cuda_.loss_device(y);
+    ++steps_;
+    mark_stale(kBuffers);
+    return l;
+  }
+  void stage_grads(bool staged) override {
+    TrainState::stage_grads(staged);
+    cuda_.set_stage_grads(staged);
+  }
+  void backward(const BucketReady& ready) override {
+    cuda_.backward_device(ready);
+    if (!staged_grads_) mark_stale(kGrads);
+  }
+  void update(float lr) override {
+    cuda_.device().sgd_step(lr, host_sgd_.options());
+    mark_stale(kParams | kVelocity);
+  }
+  void update_range(float, int64_t, int64_t) override {
+    throw std::logic_error("a device state updates all of its weights at once");
+  }
+  void end_ranges() override {}
+
+ protected:
+  void download(unsigned parts) override {
+    cuda::DeviceBuffers& d = cuda_.device();
+    if (parts & kParams) d.download_params(store_.params.data());
+    if (parts & kGrads) d.download_grads(store_.grads.data());
+    if (parts & kBuffers) d.download_buffers(store_.buffers.data());
+    if (parts & kVelocity) {
+      d.download_velocity(host_sgd_.velocity().data());
+      host_sgd_.set_started(d.sgd_started());
+    }
+  }
+  void upload(unsigned parts) override {
+    cuda::DeviceBuffers& d = cuda_.device();
+    if (parts & kParams) d.upload_params(store_.params.data());
+    if (parts & kGrads) d.upload_grads();
+    if (parts & kBuffers) d.upload_buffers(store_.buffers.data());
+    if (parts & kVelocity) {
+      d.upload_velocity(host_sgd_.velocity().data());
+      d.set_sgd_started(host_sgd_.started());
+    }
+  }
+
+ private:
+  CudaExecutor& cuda_;
+  int64_t steps_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<TrainState> make_device_state(Executor& exec, ParamStore& store, Sgd& sgd) {
+  auto* cuda = dynamic_cast<CudaExecutor*>(&exec);
+  if (!cuda) throw std::invalid_argument("a device-resident state needs a CUDA executor");
+  return std::make_unique<DeviceState>(*cuda, store, sgd);
+}
+
+}  // namespace gg::kernels
