@@ -72,6 +72,18 @@ class TrainState {
   void from_host(unsigned parts);
   // The parts whose host copies are not current.
   unsigned stale() const { return stale_; }
+  // Something else changed `parts` where the state lives (a device exchange mixed them).
+  void changed(unsigned parts) {
+    if (detached_) mark_stale(parts);
+  }
+
+  // A device state's memory of one part (kParams, kVelocity, ...) and the stream its step runs
+  // on (a cudaStream_t), for exchanges that mix on the device; nullptr elsewhere.
+  virtual float* device_data(unsigned part) {
+    (void)part;
+    return nullptr;
+  }
+  virtual void* device_stream() { return nullptr; }
 
  protected:
   virtual void download(unsigned parts) = 0;  // only stale parts, state -> host copies

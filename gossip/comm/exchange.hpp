@@ -33,6 +33,9 @@ class BucketExchange {
  public:
   virtual ~BucketExchange() = default;
   virtual const char* name() const = 0;
+  // Whether it mixes host memory (a device state's host copies, staged by the trainer around
+  // it), or the device memory it was given (cuda_ipc_exchange.hpp).
+  virtual bool host_memory() const { return true; }
   // Called before the step's first bucket is ready (before backward of step `step`).
   virtual void begin_step(int64_t step) = 0;
   // Called from backward (the compute thread) when bucket b's gradients are final.

@@ -195,8 +195,8 @@ std::string describe_mixing(const Group& g) {
 std::string state_note(const Group& g) {
   const std::string where = g.trainer.state_where();
   if (g.c.train.resident)
-    return ", state on the " + where +
-           " (exchanges host-staged; each step reports the loss of the step before)";
+    return ", state on the " + where + " (" + g.trainer.exchange_path() +
+           "; each step reports the loss of the step before)";
   if (where == "host") return "";
   return ", state in a " + where;
 }

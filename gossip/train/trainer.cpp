@@ -89,6 +89,10 @@ Trainer::Trainer(const Config& c, const mpi::Comm& world, kernels::Dims input, i
   world_.broadcast(store.params.data(), g.param_count(), 0);
   world_.broadcast(store.buffers.data(), g.buffer_count(), 0);
   choose_layout();
+  if (c.train.resident) {
+    one_node_ = world_.split_shared().size() == world_.size();  // a collective
+    for (int weights : {0, 1}) ipc_why_[weights] = ipc_refusal(weights == 1);
+  }
   make_exchanges();
   // One rank per GPU (CUDA backend): the rank on this node picks the device.
   if (net_.backend() == kernels::Backend::Cuda)
@@ -119,6 +123,7 @@ void Trainer::make_state() {
   }
   // A gradient exchange mixes the gradients' host copy, bucket by bucket as backward ends them.
   state_->stage_grads(exchange_ != nullptr);
+  if (device_grads() || device_weights()) make_device_exchanges();
 }
 
 kernels::ParamStore& Trainer::store() {
@@ -185,7 +190,7 @@ void Trainer::make_exchanges() {
     return;
   }
   try {
-    if (a.grads) {
+    if (a.grads && !device_grads()) {
       // The exchange provides the gradient buffer: in shared memory, partners on this node that
       // pair up in a step average it in place, with no copy.
       auto grads = std::make_unique<GossipExchange>(world_, nullptr, net_.buckets(),
@@ -193,11 +198,12 @@ void Trainer::make_exchanges() {
       net_.share_grads(grads->buffer());
       exchange_ = std::move(grads);
     }
-    // After the update: the weights, and with them the momentum (the authors' GossipGraD).
-    if (a.weights)
+    // After the update: the weights, and with them the momentum (the authors' GossipGraD); on a
+    // device state's memory, made with it (make_device_exchanges).
+    if (a.weights && !device_weights())
       model_exchange_ = std::make_unique<GossipExchange>(
           world_, store.params.data(), net_.buckets(), exchange_options(schedule, Mixed::Weights));
-    if (a.momentum)
+    if (a.momentum && !device_weights())
       momentum_exchange_ =
           std::make_unique<GossipExchange>(world_, sgd_.velocity().data(), net_.buckets(),
                                            exchange_options(schedule, Mixed::Momentum));
@@ -273,7 +279,11 @@ StepStats Trainer::step(const std::function<StepInput(int)>& input) {
     if (exchange_) {
       Timeline::Span span(timeline_, "wait gradients", "wait");
       s.comm_seconds = exchange_->finish_step();
-      state_->from_host(kernels::kGrads);  // the mixed gradients, where the update reads them
+      // The mixed gradients where the update reads them.
+      if (exchange_->host_memory())
+        state_->from_host(kernels::kGrads);
+      else
+        state_->changed(kernels::kGrads);
     }
     {
       Timeline::Span span(timeline_, "wait weights", "wait");
@@ -385,6 +395,7 @@ double Trainer::exchange_weights() {
   double seconds = 0;
   for (WeightExchange* e : after_update()) seconds += e->exchange_all(cadence_.round(step_));
   state_->from_host(parts);
+  state_->changed(weight_parts_mixed() & ~parts);  // mixed where the state lives
   return seconds;
 }
 
@@ -491,7 +502,10 @@ double Trainer::flush_model() {
 }
 
 unsigned Trainer::weight_parts() const {
-  return kernels::kParams | (momentum_exchange_ ? kernels::kVelocity : 0u);
+  unsigned parts = 0;
+  if (model_exchange_ && model_exchange_->host_memory()) parts |= kernels::kParams;
+  if (momentum_exchange_ && momentum_exchange_->host_memory()) parts |= kernels::kVelocity;
+  return parts;
 }
 
 }  // namespace gg::gossip

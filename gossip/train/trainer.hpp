@@ -149,6 +149,9 @@ class Trainer {
   void store_written(unsigned parts = kernels::kParams | kernels::kBuffers | kernels::kVelocity);
   // Where the step runs: "host", "device" (train.resident), ...
   const char* state_where() const { return state_->where(); }
+  // How a device state's weights travel: "" for a host state, else one line's worth (device to
+  // device over CUDA IPC, or host-staged and why).
+  std::string exchange_path() const;
   int64_t steps_done() const { return step_; }
   // Global averages gossip.consensus_bound has taken so far.
   int64_t consensus_averages() const { return consensus_averages_; }
@@ -177,8 +180,15 @@ class Trainer {
   void set_lr_scale(double scale) { lr_scale_ = scale; }
 
  private:
-  void choose_layout();                      // before any executor is compiled
-  void make_state();                         // over train_exec_, after the exchanges
+  void choose_layout();  // before any executor is compiled
+  void make_state();     // over train_exec_, after the exchanges
+  // train.resident: why the weights (or the gradients) cannot go device to device
+  // (cuda_ipc_exchange.hpp); empty where they can.
+  std::string ipc_refusal(bool weights) const;
+  bool device_weights() const { return c_.train.resident && ipc_why_[1].empty(); }
+  bool device_grads() const { return c_.train.resident && ipc_why_[0].empty(); }
+  // The exchanges over the state's device memory: the gradients', the weights' and momentum's.
+  void make_device_exchanges();
   void make_exchanges();                     // before any executor is compiled
   void make_virtual_exchanges();             // train.virtual_ranks: the held ranks' exchanges
   bool own_state(const RankState& s) const;  // saved by this rank of a group of this size
@@ -224,8 +234,9 @@ class Trainer {
   // The weight exchange of the last update, if due: overlapped (start_delayed) or pipelined
   // (start_all; forward's bucket gate waits for each bucket, flush_model for the rest).
   void start_model_exchange();
-  double flush_model();           // applies a pending overlapped or pipelined weight exchange
-  unsigned weight_parts() const;  // the state's parts the weight exchanges mix
+  double flush_model();                 // applies a pending overlapped or pipelined weight exchange
+  unsigned weight_parts() const;        // the state's parts the weight exchanges mix on the host
+  unsigned weight_parts_mixed() const;  // ... and wherever they mix
   // gossip.pipeline_weights with no gradient exchange: each bucket updated as soon as backward
   // has its gradients, and its weights (and momentum) sent at once, behind the rest of backward.
   bool streams_weights() const;
@@ -251,6 +262,8 @@ class Trainer {
   // The step's forward, backward and update on the state, wherever it lives; the exchanges mix
   // its host copies (net_.store(), sgd_'s momentum).
   std::unique_ptr<kernels::TrainState> state_;
+  bool one_node_ = false;   // train.resident: every rank shares this node
+  std::string ipc_why_[2];  // ipc_refusal(false), ipc_refusal(true), once
   int64_t step_ = 0;
   int64_t model_due_ = -1;        // overlap_model: the round whose weights wait to be exchanged
   bool weights_pending_ = false;  // pipeline_weights: a round started, not yet finished

@@ -50,6 +50,23 @@ class DeviceState final : public TrainState {
   }
   void end_ranges() override {}
 
+  float* device_data(unsigned part) override {
+    cuda::DeviceBuffers& d = cuda_.device();
+    switch (part) {
+      case kParams:
+        return d.params();
+      case kGrads:
+        return d.grads();
+      case kBuffers:
+        return d.buffers();
+      case kVelocity:
+        return d.velocity();
+      default:
+        throw std::invalid_argument("device_data: one part at a time");
+    }
+  }
+  void* device_stream() override { return cuda_.device().compute(); }
+
  protected:
   void download(unsigned parts) override {
     cuda::DeviceBuffers& d = cuda_.device();
