@@ -17,7 +17,9 @@
 #      if `ldd` still misses a library (naming it), then runs, each under its own time limit so
 #      that one failure or hang leaves time for the rest:
 #        a. gg_cuda_tests (every layer against the reference backend, ResNet-18 / GoogLeNet
-#           against oneDNN, device SGD, staging, resident training);
+#           against oneDNN, device SGD, staging, resident training, the trainer's device state),
+#           then gg_cuda_ipc_tests under mpiexec -n 2 (the CUDA IPC exchanges against the host's
+#           pair average, bit for bit);
 #        b. mpirun -n 2 gossipgrad train --train.backend cuda on Fashion-MNIST (configs/laptop.ini,
 #           EPOCHS epochs, default 2; both ranks on the one GPU; FMNIST_ARGS: more options);
 #        c. mpirun -n 2 gossipgrad train --train.backend cuda, ResNet-50 on synthetic ImageNet-
@@ -59,12 +61,12 @@ case "${1:-}" in
       echo "gpu_device_run: $BUILD is configured without CUDA (GG_CUDA=OFF)" >&2
       exit 1
     }
-    cmake --build "$BUILD" -j "${JOBS:-2}" --target gg_cuda_tests gg_bench_compute \
-      gg_bench_cuda_eltwise gossipgrad
+    cmake --build "$BUILD" -j "${JOBS:-2}" --target gg_cuda_tests gg_cuda_ipc_tests \
+      gg_bench_compute gg_bench_cuda_eltwise gossipgrad
     stage=$(mktemp -d)
     trap 'rm -rf "$stage"' EXIT
     mkdir -p "$stage/gg/bin" "$stage/gg/lib/ucx"
-    bins=("$BUILD/tests/gg_cuda_tests" "$BUILD/bench/gg_bench_compute"
+    bins=("$BUILD/tests/gg_cuda_tests" "$BUILD/tests/gg_cuda_ipc_tests" "$BUILD/bench/gg_bench_compute"
       "$BUILD/bench/gg_bench_cuda_eltwise" "$BUILD/gossip/gossipgrad" /usr/bin/mpiexec.hydra
       /usr/bin/hydra_pmi_proxy)
     cp "${bins[@]}" "$stage/gg/bin/"
@@ -165,6 +167,7 @@ case "${1:-}" in
       case "$p" in
         tests)
           part tests 120 "$OUTDIR/cuda-tests.txt" "$bin/gg_cuda_tests" --durations yes
+          part "ipc tests" 60 "$OUTDIR/cuda-tests.txt" "${mpi[@]}" "$bin/gg_cuda_ipc_tests"
           ;;
         fmnist)
           part fmnist 120 "$OUTDIR/fmnist.txt" "${mpi[@]}" "$bin/gossipgrad" train \
