@@ -94,7 +94,9 @@ ParamLayout native_param_layout(const Graph& g, Backend backend) {
 }
 
 std::unique_ptr<Executor> compile(const Graph& g, Backend backend, int64_t batch, ParamStore& store,
-                                  const std::vector<Bucket>& buckets, Precision precision) {
+                                  const std::vector<Bucket>& buckets, Precision precision,
+                                  bool deterministic) {
+  (void)deterministic;  // the CPU backends always are
   if (batch < 1) throw std::invalid_argument("batch must be >= 1");
   if (g.output() < 0) throw std::invalid_argument("graph has no output");
   if (backend != Backend::OneDnn && !store.layout.plain())
@@ -115,7 +117,11 @@ std::unique_ptr<Executor> compile(const Graph& g, Backend backend, int64_t batch
       return make_onednn_executor(g, batch, store, buckets, precision);
     case Backend::Cuda:
 #ifdef GG_HAVE_CUDA
-      return make_cuda_executor(g, batch, store, buckets, precision);
+    {
+      CudaOptions o;
+      o.deterministic = deterministic;
+      return make_cuda_executor(g, batch, store, buckets, precision, o);
+    }
 #else
       throw std::invalid_argument("backend 'cuda': this gossipgrad was built without CUDA");
 #endif

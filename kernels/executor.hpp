@@ -172,9 +172,12 @@ ParamLayout native_param_layout(const Graph& g, Backend backend);
 // Builds every primitive and buffer up front; forward/backward do not allocate.
 // Bf16 needs the CUDA backend, or the oneDNN backend and bf16_supported(); std::invalid_argument
 // otherwise. The CUDA backend throws std::runtime_error when no device is present.
+// `deterministic`: the CUDA backend chooses its algorithms so that every run computes the same
+// bits (CudaOptions::deterministic); the CPU backends always do.
 std::unique_ptr<Executor> compile(const Graph& g, Backend backend, int64_t batch, ParamStore& store,
                                   const std::vector<Bucket>& buckets,
-                                  Precision precision = Precision::Fp32);
+                                  Precision precision = Precision::Fp32,
+                                  bool deterministic = false);
 
 // For each position of a forward `order` (node ids), the buckets whose parameters are first read
 // there (every bucket exactly once): where a backend calls its bucket gate.

@@ -98,7 +98,9 @@ void Net::rebuild(Graph g, std::vector<float> params, std::vector<float> buffers
 Executor& Net::at_batch(int64_t batch) {
   auto it = executors_.find(batch);
   if (it == executors_.end())
-    it = executors_.emplace(batch, compile(graph_, backend_, batch, store_, buckets_, precision_))
+    it = executors_
+             .emplace(batch, compile(graph_, backend_, batch, store_, buckets_, precision_,
+                                     deterministic_))
              .first;
   return *it->second;
 }

@@ -56,6 +56,8 @@ class Net {
 
   // The executor for this batch size, compiled on first use.
   Executor& at_batch(int64_t batch);
+  // Executors compiled from now on compute the same bits every run (compile's deterministic).
+  void set_deterministic(bool d) { deterministic_ = d; }
 
  private:
   Graph graph_;
@@ -65,6 +67,7 @@ class Net {
   std::vector<Bucket> buckets_;
   int64_t bucket_elements_;
   bool native_ = false;
+  bool deterministic_ = false;
   std::map<int64_t, std::unique_ptr<Executor>> executors_;
 };
 

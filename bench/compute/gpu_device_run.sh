@@ -27,7 +27,9 @@
 #           (default 64) per rank, gossip mode both: exposed communication and data wait in the
 #           metrics;
 #        c2. resident (only when STEPS_ONLY names it): Fashion-MNIST and ResNet-50 as in b and c with
-#           --train.resident true (ResNet-50 also with false, the host-staged step, same options),
+#           --train.resident true (ResNet-50 also with false, the host-staged step, same options);
+#           exact resume with --train.deterministic true (60 steps against 30 + a resume: the same
+#           model.npz arrays);
 #           and gg_bench_compute's single-process resident step at R50_BATCH, into resident.txt,
 #           resident-metrics.jsonl and staged-metrics.jsonl;
 #        d. eltwise: gg_bench_cuda_eltwise, the batch norm passes fused and one by one at
@@ -191,6 +193,26 @@ case "${1:-}" in
             --config configs/laptop.ini --train.backend cuda --train.resident true \
             --gossip.overlap_model false --train.epochs "$EPOCHS" --data.dir "$data" \
             --log.interval 10 ${FMNIST_ARGS:-}
+          # Exact resume on the GPU (train.deterministic): 60 steps straight, and 30 + a resume to
+          # 60, must end in the same weights (the average model's arrays, bit for bit).
+          ck=$(mktemp -d)
+          exact=(--config configs/laptop.ini --train.backend cuda --train.resident true
+            --train.deterministic true --gossip.overlap_model false --train.max_steps 60
+            --data.dir "$data" --log.progress false --train.eval_batch 1000)
+          part "resume straight" 60 "$OUTDIR/resident.txt" "${mpi[@]}" "$bin/gossipgrad" train \
+            "${exact[@]}" --checkpoint.dir "$ck/a"
+          part "resume stop" 60 "$OUTDIR/resident.txt" "${mpi[@]}" "$bin/gossipgrad" train \
+            "${exact[@]}" --checkpoint.dir "$ck/b" --train.stop_at 30
+          part "resume rest" 60 "$OUTDIR/resident.txt" "${mpi[@]}" "$bin/gossipgrad" train \
+            "${exact[@]}" --checkpoint.dir "$ck/b" --checkpoint.resume auto
+          part "resume compare" 30 "$OUTDIR/resident.txt" python3 -c '
+import sys, numpy as np
+a, b = np.load(sys.argv[1]), np.load(sys.argv[2])
+assert sorted(a.files) == sorted(b.files), "other arrays"
+bad = [k for k in a.files if a[k].tobytes() != b[k].tobytes()]
+print("exact resume on the GPU:", "the same bits" if not bad else "DIFFERS in %d of %d arrays (%s)" % (len(bad), len(a.files), bad[0]))
+sys.exit(1 if bad else 0)' "$ck/a/model.npz" "$ck/b/model.npz"
+          rm -rf "$ck"
           for how in true false; do
             part "r50 resident $how" 90 "$OUTDIR/resident.txt" "${mpi[@]}" "$bin/gossipgrad" train \
               --config configs/laptop.ini --train.backend cuda --model.name resnet50 \

@@ -79,8 +79,9 @@ struct Config {
     kernels::Backend backend = kernels::Backend::OneDnn;
     kernels::Precision precision = kernels::Precision::Fp32;  // bf16: onednn on AVX512_BF16 CPUs
     WeightLayout weight_layout = WeightLayout::Native;
-    bool resident = false;  // cuda: the state stays on the GPU (kernels/train_state.hpp)
-    int64_t batch = 64;     // per rank
+    bool resident = false;       // cuda: the state stays on the GPU (kernels/train_state.hpp)
+    bool deterministic = false;  // cuda: the same bits every run (CudaOptions::deterministic)
+    int64_t batch = 64;          // per rank
     int64_t epochs = 4;
     double lr = 0.1;  // for a global batch of base_batch (linear scaling)
     int64_t base_batch = 256;

@@ -81,6 +81,7 @@ Trainer::Trainer(const Config& c, const mpi::Comm& world, kernels::Dims input, i
                  static_cast<int64_t>(std::llround(c.train.warmup_epochs * steps_per_epoch)),
                  total_steps, 0.0}),
       ranks_(run_ranks(c, world.size())) {
+  net_.set_deterministic(c.train.deterministic);
   kernels::ParamStore& store = net_.store();
   const kernels::Graph& g = net_.graph();
   kernels::init_params(g, store, c.train.seed);

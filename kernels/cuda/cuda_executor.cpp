@@ -229,7 +229,7 @@ class CudaExecutorImpl final : public CudaExecutor {
     input_ = DeviceArray<float>(batch * numel(g.input_dims()));
     logits_ = DeviceArray<float>(batch * g.classes());
     labels_ = DeviceArray<int32_t>(batch);
-    loss_ = DeviceArray<float>(2);
+    loss_ = DeviceArray<float>(2 + batch);  // the sum, the count, each row's loss
     GG_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_logits_),
                                  sizeof(float) * batch * g.classes()));
     GG_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_loss_), sizeof(float) * 2));
@@ -616,7 +616,8 @@ class CudaExecutorImpl final : public CudaExecutor {
               size_t cap) const {
     for (int i = 0; i < count; ++i)
       if (perf[i].status == CUDNN_STATUS_SUCCESS && math_allowed(perf[i].mathType) &&
-          perf[i].memory <= cap)
+          perf[i].memory <= cap &&
+          (!opt_.deterministic || perf[i].determinism == CUDNN_DETERMINISTIC))
         return perf[i];
     std::string m = "CUDA backend: cuDNN offers no ";
     m += what;
@@ -682,7 +683,8 @@ class CudaExecutorImpl final : public CudaExecutor {
                                                           max, &count, perf.data()));
     const size_t cap = workspace_cap();
     DeviceArray<unsigned char> ws;
-    if (opt_.find_algorithms && try_workspace(ws, most_memory(perf, count, cap))) {
+    if (opt_.find_algorithms && !opt_.deterministic &&
+        try_workspace(ws, most_memory(perf, count, cap))) {
       GG_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
           cudnn_, c.x.d, y_of(in), c.w.d, weight_act(n), c.conv.d, c.y.d, values_[id].y.get(), max,
           &count, perf.data(), ws.get(), static_cast<size_t>(ws.size())));
@@ -734,7 +736,8 @@ class CudaExecutorImpl final : public CudaExecutor {
           cudnn_, c.x.d, c.y.d, c.conv.d, c.w.d, max, &count, perf.data()));
       const size_t cap = workspace_cap();
       DeviceArray<unsigned char> ws;
-      if (opt_.find_algorithms && try_workspace(ws, most_memory(perf, count, cap))) {
+      if (opt_.find_algorithms && !opt_.deterministic &&
+          try_workspace(ws, most_memory(perf, count, cap))) {
         GG_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
             cudnn_, c.x.d, y_of(in), c.y.d, v.dy.get(), c.conv.d, c.w.d, weight_grad_act(n), max,
             &count, perf.data(), ws.get(), static_cast<size_t>(ws.size())));
@@ -759,7 +762,8 @@ class CudaExecutorImpl final : public CudaExecutor {
     // Timing writes the input's gradient buffer, which backward overwrites anyway.
     const size_t cap = workspace_cap();
     DeviceArray<unsigned char> ws;
-    if (opt_.find_algorithms && try_workspace(ws, most_memory(perf, count, cap))) {
+    if (opt_.find_algorithms && !opt_.deterministic &&
+        try_workspace(ws, most_memory(perf, count, cap))) {
       GG_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
           cudnn_, c.w.d, weight_act(n), c.y.d, v.dy.get(), c.conv.d, c.x.d, values_[in].dy.get(),
           max, &count, perf.data(), ws.get(), static_cast<size_t>(ws.size())));

@@ -40,6 +40,11 @@ struct CudaOptions {
   // runs as before and conv_stats_skipped() says why. Off by default until tests/cuda has passed
   // on a GPU: it was written without one (docs/gpu.md).
   bool conv_stats = false;
+  // The same algorithms and the same bits every run (a resumed run computes what an
+  // uninterrupted one does): cuDNN's heuristics alone (no timing, which may choose otherwise from
+  // run to run) among its deterministic algorithms. cuBLAS and our kernels are deterministic
+  // anyway.
+  bool deterministic = false;
 };
 
 // Two ways to run:

@@ -890,7 +890,18 @@ __global__ void xent_row_k(float* dlogits, float* loss_and_count, const float* l
   const float inv = 1.f / fmaxf(1.f, loss_and_count[1]);
   for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
     dz[c] = (expf(z[c] - log_sum) - (c == y ? 1.f : 0.f)) * inv;
-  if (threadIdx.x == 0) atomicAdd(loss_and_count, log_sum - zy);
+  if (threadIdx.x == 0) loss_and_count[2 + row] = log_sum - zy;
+}
+
+// The rows' losses added in row order (not by atomics, whose order varies from run to run: a
+// resumed run reports the same losses as an uninterrupted one).
+__global__ void sum_rows_k(float* loss_and_count, const int32_t* labels, int64_t n,
+                           int64_t classes) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  float sum = 0.f;
+  for (int64_t i = 0; i < n; ++i)
+    if (labels[i] >= 0 && labels[i] < classes) sum += loss_and_count[2 + i];
+  loss_and_count[0] = sum;
 }
 
 }  // namespace
@@ -1377,6 +1388,7 @@ void softmax_xent(float* dlogits, float* loss_and_count, const float* logits, co
   count_valid_k<<<1, 1, 0, s>>>(loss_and_count, labels, n);
   xent_row_k<<<static_cast<unsigned>(n), kThreads, 0, s>>>(dlogits, loss_and_count, logits, labels,
                                                            classes);
+  sum_rows_k<<<1, 1, 0, s>>>(loss_and_count, labels, n, classes);
   check_launch();
 }
 

@@ -146,7 +146,8 @@ void sgd_update(float* w, float* v, const float* g, int64_t n, float lr, float m
                 float weight_decay, bool nesterov, bool first, cudaStream_t s);
 
 // Mean softmax cross-entropy of fp32 logits {n, classes} against labels (< 0: padding rows),
-// dlogits = its gradient; loss_sum receives the summed loss of the valid rows and their count.
+// dlogits = its gradient; loss_and_count (2 + n floats) receives the summed loss of the valid rows
+// (added in row order: the same bits every run) and their count, then each row's loss.
 void softmax_xent(float* dlogits, float* loss_and_count, const float* logits, const int32_t* labels,
                   int64_t n, int64_t classes, cudaStream_t s);
 
