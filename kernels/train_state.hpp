@@ -36,6 +36,7 @@ struct StepLoss {
   int64_t correct = 0;
   bool known = false;
   int64_t loss_step = -1;  // the training forward (counted from 0 by this state) it belongs to
+  int lag = 0;             // how many forwards before this one that was (a device state's: 1)
 };
 
 class TrainState {

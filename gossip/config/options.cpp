@@ -138,13 +138,10 @@ void train_options(std::vector<Option>& o) {
      "native: onednn keeps convolution weights in its blocked layout between steps (no reorder "
      "per step; states and exports stay plain); plain: PyTorch's layout, reordered every step"},
     {GG_OPTION(train.resident), {},
-     "cuda: weights, gradients, statistics and momentum stay on the GPU, the step only enqueues "
-     "(the exchanges copy what they mix through the host; the loss is reported a step late). "
-     "Off by default until tests/cuda has run it on a GPU (docs/gpu.md)"},
+     "cuda: the state stays on the GPU, exchanged over CUDA IPC on one node, else host-staged; "
+     "the loss is reported a step late; not yet run on a GPU, so off (docs/gpu.md)"},
     {GG_OPTION(train.deterministic), {},
-     "cuda: the same bits every run, so that a resumed run computes what an uninterrupted one "
-     "does (cuDNN's deterministic algorithms by its heuristics, not the fastest by timing); the "
-     "CPU backends always are"},
+     "cuda: the same bits every run, for exact resume (cuDNN's deterministic algorithms)"},
     {GG_OPTION(train.batch), in(1, 65536), "samples per rank per step"},
     {GG_OPTION(train.epochs), in(1, 100000), "passes over the training set"},
     {GG_OPTION(train.lr), Range{excl(0), incl(100)},

@@ -21,11 +21,12 @@ nlohmann::json start_event(const Config& c, const StartFields& f) {
           {"fault_strategy", f.fault_strategy}};
 }
 
-nlohmann::json step_event(const StepFields& f, const StepStats& s) {
+namespace {
+nlohmann::json step_fields(const StepFields& f, const StepStats& s) {
   return {{"event", "step"},
           {"step", f.step},
           {"epoch", f.epoch},
-          {"loss", f.has_loss ? nlohmann::json(s.loss) : nlohmann::json()},
+          {"loss", f.has_loss && s.has_loss ? nlohmann::json(s.loss) : nlohmann::json()},
           {"lr", s.lr},
           {"images_per_s", static_cast<double>(f.global_batch) / f.seconds},
           {"step_s", f.seconds},
@@ -38,6 +39,13 @@ nlohmann::json step_event(const StepFields& f, const StepStats& s) {
           {"data_wait_s", f.data_wait_s},
           {"shuffle_s", f.shuffle_s},
           {"skipped", f.skipped}};
+}
+}  // namespace
+
+nlohmann::json step_event(const StepFields& f, const StepStats& s) {
+  nlohmann::json e = step_fields(f, s);
+  if (s.loss_step >= 0) e["loss_step"] = s.loss_step;  // a device state's: the step before
+  return e;
 }
 
 nlohmann::json consensus_event(int64_t step, double consensus) {

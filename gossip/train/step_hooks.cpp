@@ -55,7 +55,8 @@ class LossLog : public StepHook {
  public:
   explicit LossLog(std::ostream& out) : out_(out) {}
   void after_step(StepRecord& r) override {
-    out_ << loss_line(r.step, r.stats.loss);
+    if (!r.stats.has_loss) return;  // a device state's first step (its loss comes with the next)
+    out_ << loss_line(r.stats.loss_step >= 0 ? r.stats.loss_step : r.step, r.stats.loss);
     if (!out_) throw std::runtime_error("log.losses: cannot write the loss log (disk full?)");
   }
 
@@ -126,7 +127,11 @@ class Progress : public StepHook {
     job_.images += static_cast<double>(g_.global_batch);
     job_.comm_seconds += r.stats.comm_seconds;
     if (r.restored) return;
-    loss_avg_ = r.step == g_.first ? r.stats.loss : 0.95 * loss_avg_ + 0.05 * r.stats.loss;
+    if (r.stats.has_loss) {
+      loss_avg_ =
+          r.step == g_.first || !averaging_ ? r.stats.loss : 0.95 * loss_avg_ + 0.05 * r.stats.loss;
+      averaging_ = true;
+    }
     if (!g_.lead) return;
     nlohmann::json event = step_event({.step = r.step,
                                        .epoch = r.epoch,
@@ -161,6 +166,7 @@ class Progress : public StepHook {
   Group& g_;
   JobState& job_;
   double loss_avg_ = 0;
+  bool averaging_ = false;  // loss_avg_ holds a loss
 };
 
 // At the end of every epoch: the test top-1/top-5 of the ranks' average model, and the

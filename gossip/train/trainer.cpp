@@ -339,6 +339,9 @@ void Trainer::compute(const std::function<StepInput(int)>& input, StepStats& s) 
   if (loss.known) {  // emulated compute has none; a device state's is the last step's
     s.loss = last_loss_ = loss.loss;
     s.correct = loss.correct;
+    if (loss.lag > 0) s.loss_step = step_ - loss.lag;
+  } else if (!emulated_) {
+    s.has_loss = false;  // a device state's first step
   }
   if (streams_weights()) return backward_streaming(s);
   // Backward hands each bucket to the exchange as it completes it.

@@ -31,6 +31,11 @@ namespace gg::gossip {
 
 struct StepStats {
   double loss = 0;
+  // False where the step has no loss to report: a device state reports each step's loss with the
+  // next step (kernels/train_state.hpp), so its first step has none (emulated compute has none at
+  // all: StepFields::has_loss).
+  bool has_loss = true;
+  int64_t loss_step = -1;  // the step `loss` belongs to, where not this one (-1: this one)
   int64_t correct = 0;
   double lr = 0;
   double comm_seconds = 0;  // exposed: time the step waited for the exchange

@@ -24,6 +24,7 @@ class DeviceState final : public TrainState {
       l.loss = cuda_.last_loss();
       l.known = true;
       l.loss_step = steps_ - 1;
+      l.lag = 1;
       l.correct = -1;  // not counted on the device
     }
     cuda_.upload_input(x);

@@ -478,23 +478,37 @@ TEST_CASE("host-authoritative backward hands every bucket over in order, final o
   }
 }
 
-TEST_CASE("resident training on the device follows host-authoritative training") {
-  ModelSpec spec;
-  spec.name = "resnet8";
-  const Graph g = build_model(spec);
+// ResNet-8, one batch of 8 (fixed inputs, labels 0..7), and two stores holding the same random
+// weights and statistics: one for the host's side of a comparison, one for the device's.
+struct Resnet8Twins {
+  static Graph resnet8() {
+    ModelSpec spec;
+    spec.name = "resnet8";
+    return build_model(spec);
+  }
+  Resnet8Twins() : x(randoms(batch * numel(g.input_dims()), 2)), labels(batch), host(g), dev(g) {
+    for (int64_t i = 0; i < batch; ++i) labels[i] = static_cast<int32_t>(i % g.classes());
+    Rng r(8);
+    init_random(g, host, r, RunningStats::Random);
+    dev.params = host.params;
+    dev.buffers = host.buffers;
+  }
+  const Graph g = resnet8();
   const int64_t batch = 8;
-  const std::vector<float> x = randoms(batch * numel(g.input_dims()), 2);
-  std::vector<int32_t> labels(batch);
-  for (int64_t i = 0; i < batch; ++i) labels[i] = static_cast<int32_t>(i % g.classes());
+  const std::vector<float> x;
+  std::vector<int32_t> labels;
+  ParamStore host, dev;
+};
+
+TEST_CASE("resident training on the device follows host-authoritative training") {
+  Resnet8Twins t;
+  const Graph& g = t.g;
+  const int64_t batch = t.batch;
+  const std::vector<float>& x = t.x;
+  const std::vector<int32_t>& labels = t.labels;
+  ParamStore &host_store = t.host, &dev_store = t.dev;
   const SgdOptions o{0.9f, 1e-4f, false};
   const std::vector<Bucket> buckets = make_buckets(g, 1 << 30);
-
-  ParamStore host_store(g);
-  Rng r(8);
-  init_random(g, host_store, r, RunningStats::Random);
-  ParamStore dev_store(g);
-  dev_store.params = host_store.params;
-  dev_store.buffers = host_store.buffers;
 
   // cuDNN's heuristics on both sides (not timing), so that both run the same algorithms.
   auto a = make_cuda_executor(g, batch, host_store, buckets, Precision::Fp32, {false, false});
@@ -532,20 +546,14 @@ TEST_CASE("resident training on the device follows host-authoritative training")
 }
 
 TEST_CASE("the trainer's device state trains as its host state does, host copies on demand") {
-  ModelSpec spec;
-  spec.name = "resnet8";
-  const Graph g = build_model(spec);
-  const int64_t batch = 8;
-  const std::vector<float> x = randoms(batch * numel(g.input_dims()), 2);
-  std::vector<int32_t> labels(batch);
-  for (int64_t i = 0; i < batch; ++i) labels[i] = static_cast<int32_t>(i % g.classes());
+  Resnet8Twins t;
+  const Graph& g = t.g;
+  const int64_t batch = t.batch;
+  const std::vector<float>& x = t.x;
+  std::vector<int32_t>& labels = t.labels;
+  ParamStore &host_store = t.host, &dev_store = t.dev;
   const SgdOptions o{0.9f, 1e-4f, false};
   const std::vector<Bucket> buckets = make_buckets(g, 4096);
-  ParamStore host_store(g), dev_store(g);
-  Rng r(8);
-  init_random(g, host_store, r, RunningStats::Random);
-  dev_store.params = host_store.params;
-  dev_store.buffers = host_store.buffers;
   auto a = make_cuda_executor(g, batch, host_store, buckets, Precision::Fp32, {false, false});
   auto b = make_cuda_executor(g, batch, dev_store, buckets, Precision::Fp32, {false, false});
   Sgd host_sgd(g.param_count(), o), dev_sgd(g.param_count(), o);
