@@ -15,6 +15,12 @@ void TrainState::to_host(unsigned parts) {
   stale_ &= ~due;
 }
 
+void TrainState::to_host_buckets(unsigned part, const std::vector<Bucket>& buckets,
+                                 const std::function<void(int)>& landed) {
+  to_host(part);
+  for (size_t b = 0; b < buckets.size(); ++b) landed(static_cast<int>(b));
+}
+
 void TrainState::from_host(unsigned parts) {
   if (!detached_ || parts == 0) return;
   upload(parts);
@@ -110,6 +116,23 @@ class DetachedHostState final : public TrainState {
     throw std::logic_error("a detached state updates all of its weights at once");
   }
   void end_ranges() override {}
+
+  // As a device state does: each bucket's host copy current (the rest still NaN) when landed(b)
+  // is called.
+  void to_host_buckets(unsigned part, const std::vector<Bucket>& buckets,
+                       const std::function<void(int)>& landed) override {
+    if ((stale_ & part) == 0 || (part != kParams && part != kVelocity))
+      return TrainState::to_host_buckets(part, buckets, landed);
+    const std::vector<float>& mine = part == kParams ? params_ : sgd_.velocity();
+    float* host = part == kParams ? store_.params.data() : host_sgd_.velocity().data();
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      std::copy(mine.begin() + buckets[b].begin, mine.begin() + buckets[b].end,
+                host + buckets[b].begin);
+      landed(static_cast<int>(b));
+    }
+    if (part == kVelocity) host_sgd_.set_started(sgd_.started());
+    stale_ &= ~part;
+  }
 
  protected:
   void download(unsigned parts) override { copy(parts, true); }

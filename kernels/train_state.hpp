@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -71,6 +72,11 @@ class TrainState {
   // caller wrote the host copies of `parts`, the state takes them.
   void to_host(unsigned parts);
   void from_host(unsigned parts);
+  // to_host of one part bucket by bucket, landed(b) as soon as bucket b's host copy is current,
+  // in bucket order: a host-staged exchange sends the first buckets while the rest still copy.
+  // (Everything at once, then the calls, where nothing is copied asynchronously.)
+  virtual void to_host_buckets(unsigned part, const std::vector<Bucket>& buckets,
+                               const std::function<void(int)>& landed);
   // The parts whose host copies are not current.
   unsigned stale() const { return stale_; }
   // Something else changed `parts` where the state lives (a device exchange mixed them).

@@ -393,14 +393,30 @@ double Trainer::exchange_weights() {
     model_due_ = cadence_.round(step_);
     return 0;
   }
-  // The exchange mixes the host copies (a detached state's, host-staged).
-  const unsigned parts = weight_parts();
-  state_->to_host(parts);
   double seconds = 0;
-  for (WeightExchange* e : after_update()) seconds += e->exchange_all(cadence_.round(step_));
-  state_->from_host(parts);
-  state_->changed(weight_parts_mixed() & ~parts);  // mixed where the state lives
+  for (WeightExchange* e : after_update()) {
+    const unsigned part = e == model_exchange_.get() ? kernels::kParams : kernels::kVelocity;
+    if (!state_->detached()) {
+      seconds += e->exchange_all(cadence_.round(step_));
+    } else if (!e->host_memory()) {
+      seconds += e->exchange_all(cadence_.round(step_));
+      state_->changed(part);  // mixed where the state lives
+    } else {
+      seconds += exchange_staged(*e, part);
+    }
+  }
   return seconds;
+}
+
+double Trainer::exchange_staged(WeightExchange& e, unsigned part) {
+  // A detached state's host copy, bucket by bucket: what exchange_all does, each bucket on its
+  // way while the next still copies, then the mixed copy back.
+  const auto t0 = std::chrono::steady_clock::now();
+  e.begin_step(cadence_.round(step_));
+  state_->to_host_buckets(part, net_.buckets(), [&e](int b) { e.on_bucket_ready(b); });
+  e.finish_step();
+  state_->from_host(part);
+  return seconds_since(t0);
 }
 
 double Trainer::average_globally() {

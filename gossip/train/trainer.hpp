@@ -239,9 +239,9 @@ class Trainer {
   // The weight exchange of the last update, if due: overlapped (start_delayed) or pipelined
   // (start_all; forward's bucket gate waits for each bucket, flush_model for the rest).
   void start_model_exchange();
-  double flush_model();                 // applies a pending overlapped or pipelined weight exchange
-  unsigned weight_parts() const;        // the state's parts the weight exchanges mix on the host
-  unsigned weight_parts_mixed() const;  // ... and wherever they mix
+  double flush_model();           // applies a pending overlapped or pipelined weight exchange
+  unsigned weight_parts() const;  // the state's parts the weight exchanges mix on the host
+  double exchange_staged(WeightExchange& e, unsigned part);  // a detached state's, host-staged
   // gossip.pipeline_weights with no gradient exchange: each bucket updated as soon as backward
   // has its gradients, and its weights (and momentum) sent at once, behind the rest of backward.
   bool streams_weights() const;

@@ -66,11 +66,4 @@ std::string Trainer::exchange_path() const {
   return path.empty() ? "no exchange" : path;
 }
 
-unsigned Trainer::weight_parts_mixed() const {
-  unsigned parts = 0;
-  if (model_exchange_) parts |= kernels::kParams;
-  if (momentum_exchange_) parts |= kernels::kVelocity;
-  return parts;
-}
-
 }  // namespace gg::gossip

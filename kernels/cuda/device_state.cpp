@@ -1,7 +1,11 @@
 // The training state resident on the GPU (kernels/train_state.hpp): the CUDA executor's resident
 // mode, its DeviceBuffers holding the weights, gradients, statistics and momentum.
-#include <stdexcept>
+#include <cuda_runtime_api.h>
 
+#include <stdexcept>
+#include <vector>
+
+#include "kernels/cuda/cuda_check.hpp"
 #include "kernels/cuda/cuda_executor.hpp"
 #include "kernels/cuda/device_buffers.hpp"
 #include "kernels/train_state.hpp"
@@ -15,6 +19,16 @@ class DeviceState final : public TrainState {
     detached_ = true;
     cuda_.set_resident(true);
     upload(kParams | kBuffers | kVelocity);
+    // The host copies a host-staged weight exchange sends, page-locked where they are, so that
+    // their buckets copy while earlier ones are on the wire (else the copies wait, as before).
+    pin(store_.params.data(), store_.params.size());
+    pin(host_sgd_.velocity().data(), static_cast<int64_t>(host_sgd_.velocity().size()));
+    GG_CUDA_CHECK(cudaEventCreateWithFlags(&updated_, cudaEventDisableTiming));
+  }
+  ~DeviceState() override {
+    for (cudaEvent_t e : landed_) cudaEventDestroy(e);
+    if (updated_) cudaEventDestroy(updated_);
+    for (float* p : pinned_) cudaHostUnregister(p);
   }
   const char* where() const override { return "device"; }
 
@@ -68,6 +82,37 @@ class DeviceState final : public TrainState {
   }
   void* device_stream() override { return cuda_.device().compute(); }
 
+  // Bucket by bucket on the copy stream, behind what the compute stream has enqueued (the
+  // update), each handed over as soon as it has landed.
+  void to_host_buckets(unsigned part, const std::vector<Bucket>& buckets,
+                       const std::function<void(int)>& landed) override {
+    if ((stale_ & part) == 0 || (part != kParams && part != kVelocity))
+      return TrainState::to_host_buckets(part, buckets, landed);
+    cuda::DeviceBuffers& d = cuda_.device();
+    float* host = part == kParams ? store_.params.data() : host_sgd_.velocity().data();
+    const float* dev = device_data(part);
+    while (landed_.size() < buckets.size()) {
+      cudaEvent_t e = nullptr;
+      GG_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      landed_.push_back(e);
+    }
+    GG_CUDA_CHECK(cudaEventRecord(updated_, d.compute()));
+    GG_CUDA_CHECK(cudaStreamWaitEvent(d.copy(), updated_, 0));
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      const Bucket& k = buckets[b];
+      GG_CUDA_CHECK(cudaMemcpyAsync(host + k.begin, dev + k.begin,
+                                    static_cast<size_t>(k.size()) * sizeof(float),
+                                    cudaMemcpyDeviceToHost, d.copy()));
+      GG_CUDA_CHECK(cudaEventRecord(landed_[b], d.copy()));
+    }
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      GG_CUDA_CHECK(cudaEventSynchronize(landed_[b]));
+      landed(static_cast<int>(b));
+    }
+    if (part == kVelocity) host_sgd_.set_started(d.sgd_started());
+    stale_ &= ~part;
+  }
+
  protected:
   void download(unsigned parts) override {
     cuda::DeviceBuffers& d = cuda_.device();
@@ -91,8 +136,20 @@ class DeviceState final : public TrainState {
   }
 
  private:
+  void pin(float* p, int64_t n) {
+    if (n <= 0) return;
+    if (cudaHostRegister(p, static_cast<size_t>(n) * sizeof(float), cudaHostRegisterDefault) ==
+        cudaSuccess)
+      pinned_.push_back(p);
+    else
+      (void)cudaGetLastError();  // already pinned, or not allowed: the copies stay synchronous
+  }
+
   CudaExecutor& cuda_;
   int64_t steps_ = 0;
+  std::vector<float*> pinned_;
+  std::vector<cudaEvent_t> landed_;  // per bucket
+  cudaEvent_t updated_ = nullptr;
 };
 
 }  // namespace
