@@ -79,8 +79,9 @@ class HostState final : public TrainState {
 // hold NaN until to_host.
 class DetachedHostState final : public TrainState {
  public:
-  DetachedHostState(Executor& e, ParamStore& s, Sgd& sgd, int64_t classes)
+  DetachedHostState(Executor& e, ParamStore& s, Sgd& sgd, int64_t classes, bool late_loss)
       : TrainState(e, s, sgd),
+        late_loss_(late_loss),
         loss_(e.batch(), classes),
         params_(s.params),
         grads_(s.grads),
@@ -95,9 +96,13 @@ class DetachedHostState final : public TrainState {
   StepLoss forward(const float* x, const int32_t* y) override {
     std::copy(params_.begin(), params_.end(), store_.params.begin());
     std::copy(buffers_.begin(), buffers_.end(), store_.buffers.begin());
-    const StepLoss l = loss_.forward(exec_, x, y);
+    StepLoss l = loss_.forward(exec_, x, y);
     std::copy(store_.buffers.begin(), store_.buffers.end(), buffers_.begin());
     mark_stale(kBuffers);
+    if (late_loss_) {  // as a device state reports it: the step before's, none the first time
+      std::swap(l, pending_);
+      l.lag = 1;
+    }
     return l;
   }
   void backward(const BucketReady& ready) override {
@@ -165,6 +170,8 @@ class DetachedHostState final : public TrainState {
     if (parts & kVelocity) std::fill(host_sgd_.velocity().begin(), host_sgd_.velocity().end(), nan);
   }
 
+  const bool late_loss_;
+  StepLoss pending_;  // late_loss_: this step's, reported with the next
   HostLoss loss_;
   std::vector<float> params_, grads_, buffers_;
   Sgd sgd_;
@@ -178,8 +185,8 @@ std::unique_ptr<TrainState> make_host_state(Executor& exec, ParamStore& store, S
 }
 
 std::unique_ptr<TrainState> make_detached_host_state(Executor& exec, ParamStore& store, Sgd& sgd,
-                                                     int64_t classes) {
-  return std::make_unique<DetachedHostState>(exec, store, sgd, classes);
+                                                     int64_t classes, bool late_loss) {
+  return std::make_unique<DetachedHostState>(exec, store, sgd, classes, late_loss);
 }
 
 #ifndef GG_HAVE_CUDA

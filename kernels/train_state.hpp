@@ -120,8 +120,9 @@ std::unique_ptr<TrainState> make_device_state(Executor& exec, ParamStore& store,
 // A CPU stand-in for a device state, for tests: the same executor, but the state kept in copies
 // of its own, and every host copy the step makes stale filled with NaN until to_host(), so that a
 // reader that forgets to_host() or a writer that forgets from_host() changes what training
-// computes. Selected by GG_TEST_DETACHED_STATE=1 (docs/testing.md).
+// computes. `late_loss`: each step reports the step before's loss, as a device state does.
+// Selected by GG_TEST_DETACHED_STATE=1 (=late: with late_loss; docs/testing.md).
 std::unique_ptr<TrainState> make_detached_host_state(Executor& exec, ParamStore& store, Sgd& sgd,
-                                                     int64_t classes);
+                                                     int64_t classes, bool late_loss);
 
 }  // namespace gg::kernels

@@ -20,10 +20,11 @@
 namespace gg::gossip {
 namespace {
 
-// GG_TEST_DETACHED_STATE=1: the CPU stand-in for a device state (kernels/train_state.hpp).
-bool detached_state_for_tests() {
+// GG_TEST_DETACHED_STATE=1 (or =late: its loss a step late): the CPU stand-in for a device state
+// (kernels/train_state.hpp).
+std::string detached_state_for_tests() {
   const char* v = std::getenv("GG_TEST_DETACHED_STATE");
-  return v && std::string(v) == "1";
+  return v && (std::string(v) == "1" || std::string(v) == "late") ? v : "";
 }
 
 using Clock = std::chrono::steady_clock;
@@ -116,9 +117,9 @@ void Trainer::make_state() {
   const int64_t classes = graph().classes();
   if (c_.train.resident) {
     state_ = kernels::make_device_state(*train_exec_, store, sgd_);
-  } else if (detached_state_for_tests()) {
-    check_resident(c_, "GG_TEST_DETACHED_STATE=1");
-    state_ = kernels::make_detached_host_state(*train_exec_, store, sgd_, classes);
+  } else if (const std::string test = detached_state_for_tests(); !test.empty()) {
+    check_resident(c_, "GG_TEST_DETACHED_STATE=" + test);
+    state_ = kernels::make_detached_host_state(*train_exec_, store, sgd_, classes, test == "late");
   } else {
     state_ = kernels::make_host_state(*train_exec_, store, sgd_, classes);
   }

@@ -11,7 +11,8 @@
 # feedback and consensus control (global averages), the gradients (staged bucket by bucket), both
 # on int4 wires, allreduce, model_every and global_every, hierarchy on two nodes of
 # two, CHOCO's public copies, a NaN loss restored by the guard, apoptosis (the network rebuilt),
-# and a stop with a checkpoint then its resume (against the host's uninterrupted run). Then what
+# and a stop with a checkpoint then its resume (against the host's uninterrupted run); the loss
+# reported a step late as a device state reports it (GG_TEST_DETACHED_STATE=late). Then what
 # a detached state does not support is refused in one line, exit 2, as is train.resident off a
 # GPU backend. (Staleness 1 is left out: under mpirun, which buckets arrive late depends on timing,
 # so two runs of the same state differ.)
@@ -110,6 +111,35 @@ PY
 }
 resume_case resume --gossip.mode model --gossip.overlap_model false
 resume_case resume-overlapped --gossip.mode gossipgrad
+
+# A device state's loss comes a step late (GG_TEST_DETACHED_STATE=late): the same training, each
+# step event carrying the step before's loss and naming it (loss_step), the first none, and
+# log.losses labelling each loss with its own step (all but the last step's).
+late=(--gossip.mode gossipgrad --gossip.overlap_model false --gossip.consensus_every 10)
+run late host "${late[@]}"
+GG_TEST_DETACHED_STATE=late "$MPIEXEC" -n 4 "$BIN" "${common[@]}" "${late[@]}" \
+  --log.losses "$TMP/late/detached/loss" --log.metrics "$TMP/late-detached.jsonl" \
+  >"$TMP/late-detached.out" 2>&1 || { cat "$TMP/late-detached.out"; exit 1; }
+python3 - "$TMP" "$STEPS" <<'PY'
+import json, sys
+tmp, steps = sys.argv[1], int(sys.argv[2])
+for r in range(4):
+    host = [l for l in open(f"{tmp}/late/host/loss.{r}").read().split("\n") if l]
+    late = [l for l in open(f"{tmp}/late/detached/loss.{r}").read().split("\n") if l]
+    assert len(host) == steps and late == host[:-1], f"late: rank {r}: {len(late)} losses, not the host's first {steps - 1}"
+ev = lambda p: [json.loads(l) for l in open(p)]
+host, late = ev(f"{tmp}/late-host.jsonl"), ev(f"{tmp}/late-detached.jsonl")
+hs = [e for e in host if e["event"] == "step"]
+ls = [e for e in late if e["event"] == "step"]
+assert len(hs) == len(ls) == steps
+assert ls[0]["loss"] is None and "loss_step" not in ls[0], ls[0]
+for i in range(1, steps):
+    assert ls[i]["loss"] == hs[i - 1]["loss"] and ls[i]["loss_step"] == i - 1, (i, ls[i], hs[i - 1])
+    assert ls[i]["sent_bytes"] == hs[i]["sent_bytes"]
+evals = lambda evs: [(e["step"], e["top1"], e["loss"]) for e in evs if e["event"] == "eval"]
+assert evals(host) == evals(late) and evals(late), (evals(host), evals(late))
+print(f"late: {steps} steps, each step's loss reported with the next, named; the same training")
+PY
 
 # Refused in one line, exit 2, before anything runs.
 refused() { # WHAT_THE_LINE_NAMES ENV... -- OPTIONS...
