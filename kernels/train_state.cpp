@@ -17,7 +17,19 @@ void TrainState::to_host(unsigned parts) {
 
 void TrainState::to_host_buckets(unsigned part, const std::vector<Bucket>& buckets,
                                  const std::function<void(int)>& landed) {
-  to_host(part);
+  if ((stale_ & part) == 0 || (part != kParams && part != kVelocity)) {
+    to_host(part);  // current already, or not a part the weight exchanges send
+    for (size_t b = 0; b < buckets.size(); ++b) landed(static_cast<int>(b));
+    return;
+  }
+  download_buckets(part, part == kParams ? store_.params.data() : host_sgd_.velocity().data(),
+                   buckets, landed);
+  stale_ &= ~part;
+}
+
+void TrainState::download_buckets(unsigned part, float*, const std::vector<Bucket>& buckets,
+                                  const std::function<void(int)>& landed) {
+  download(part);
   for (size_t b = 0; b < buckets.size(); ++b) landed(static_cast<int>(b));
 }
 
@@ -42,7 +54,6 @@ class HostLoss {
     l.loss = r.loss;
     l.correct = r.correct;
     l.known = true;
-    l.loss_step = steps_++;
     return l;
   }
   const float* dlogits() const { return dlogits_.data(); }
@@ -50,7 +61,6 @@ class HostLoss {
  private:
   int64_t classes_;
   std::vector<float> dlogits_;
-  int64_t steps_ = 0;
 };
 
 class HostState final : public TrainState {
@@ -122,24 +132,19 @@ class DetachedHostState final : public TrainState {
   }
   void end_ranges() override {}
 
+ protected:
   // As a device state does: each bucket's host copy current (the rest still NaN) when landed(b)
   // is called.
-  void to_host_buckets(unsigned part, const std::vector<Bucket>& buckets,
-                       const std::function<void(int)>& landed) override {
-    if ((stale_ & part) == 0 || (part != kParams && part != kVelocity))
-      return TrainState::to_host_buckets(part, buckets, landed);
+  void download_buckets(unsigned part, float* host, const std::vector<Bucket>& buckets,
+                        const std::function<void(int)>& landed) override {
     const std::vector<float>& mine = part == kParams ? params_ : sgd_.velocity();
-    float* host = part == kParams ? store_.params.data() : host_sgd_.velocity().data();
     for (size_t b = 0; b < buckets.size(); ++b) {
       std::copy(mine.begin() + buckets[b].begin, mine.begin() + buckets[b].end,
                 host + buckets[b].begin);
       landed(static_cast<int>(b));
     }
     if (part == kVelocity) host_sgd_.set_started(sgd_.started());
-    stale_ &= ~part;
   }
-
- protected:
   void download(unsigned parts) override { copy(parts, true); }
   void upload(unsigned parts) override { copy(parts, false); }
 

@@ -31,13 +31,12 @@ enum StatePart : unsigned {
 
 // A training forward's loss: the mean softmax cross-entropy of its batch and its top-1 hits.
 // known = false where there is none to report: compute is emulated, or a device state's first
-// step (a device state reports each step's loss one step late: loss_step says whose it is).
+// step (a device state reports each step's loss one step late: lag says so).
 struct StepLoss {
   double loss = 0;
   int64_t correct = 0;
   bool known = false;
-  int64_t loss_step = -1;  // the training forward (counted from 0 by this state) it belongs to
-  int lag = 0;             // how many forwards before this one that was (a device state's: 1)
+  int lag = 0;  // how many forwards before this one it belongs to (a device state's: 1)
 };
 
 class TrainState {
@@ -75,8 +74,8 @@ class TrainState {
   // to_host of one part bucket by bucket, landed(b) as soon as bucket b's host copy is current,
   // in bucket order: a host-staged exchange sends the first buckets while the rest still copy.
   // (Everything at once, then the calls, where nothing is copied asynchronously.)
-  virtual void to_host_buckets(unsigned part, const std::vector<Bucket>& buckets,
-                               const std::function<void(int)>& landed);
+  void to_host_buckets(unsigned part, const std::vector<Bucket>& buckets,
+                       const std::function<void(int)>& landed);
   // The parts whose host copies are not current.
   unsigned stale() const { return stale_; }
   // Something else changed `parts` where the state lives (a device exchange mixed them).
@@ -95,6 +94,10 @@ class TrainState {
  protected:
   virtual void download(unsigned parts) = 0;  // only stale parts, state -> host copies
   virtual void upload(unsigned parts) = 0;    // host copies -> state
+  // The stale kParams or kVelocity into its host copy `host` bucket by bucket, landed(b) as each
+  // arrives, in bucket order (here: all at once, then the calls).
+  virtual void download_buckets(unsigned part, float* host, const std::vector<Bucket>& buckets,
+                                const std::function<void(int)>& landed);
   // The step changed `parts` in the state: their host copies are stale.
   virtual void mark_stale(unsigned parts) { stale_ |= parts; }
 

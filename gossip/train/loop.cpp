@@ -214,7 +214,6 @@ void announce_start(Group& g, JobState& job) {
   }
   if (emulated(c)) job.metrics.tag("emulated", true);
   if (g.held) job.metrics.tag("virtual", true);
-  if (c.train.resident) job.metrics.tag("loss_of_step_before", true);  // a device state's
   report_recovery(g, job);
   report_real_failure(g, job);
   if (!g.lead || job.started) return;

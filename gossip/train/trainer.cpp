@@ -397,13 +397,11 @@ double Trainer::exchange_weights() {
   double seconds = 0;
   for (WeightExchange* e : after_update()) {
     const unsigned part = e == model_exchange_.get() ? kernels::kParams : kernels::kVelocity;
-    if (!state_->detached()) {
-      seconds += e->exchange_all(cadence_.round(step_));
-    } else if (!e->host_memory()) {
-      seconds += e->exchange_all(cadence_.round(step_));
-      state_->changed(part);  // mixed where the state lives
-    } else {
+    if (state_->detached() && e->host_memory()) {
       seconds += exchange_staged(*e, part);
+    } else {
+      seconds += e->exchange_all(cadence_.round(step_));
+      state_->changed(part);  // a device exchange mixed where the state lives (else nothing)
     }
   }
   return seconds;

@@ -610,6 +610,9 @@ class CudaExecutorImpl final : public CudaExecutor {
     GG_CUDA_CHECK(cudaMemGetInfo(&free, &total));
     return free / 4;
   }
+  // Whether cuDNN's candidates are timed (else its heuristics choose alone, as deterministic runs
+  // need: timing may choose otherwise from one run to the next).
+  bool timed() const { return opt_.find_algorithms && !opt_.deterministic; }
   // The first usable candidate of a list cuDNN returned best-first.
   template <typename Perf>
   Perf choose(const std::vector<Perf>& perf, int count, const Node& n, const char* what,
@@ -683,8 +686,7 @@ class CudaExecutorImpl final : public CudaExecutor {
                                                           max, &count, perf.data()));
     const size_t cap = workspace_cap();
     DeviceArray<unsigned char> ws;
-    if (opt_.find_algorithms && !opt_.deterministic &&
-        try_workspace(ws, most_memory(perf, count, cap))) {
+    if (timed() && try_workspace(ws, most_memory(perf, count, cap))) {
       GG_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(
           cudnn_, c.x.d, y_of(in), c.w.d, weight_act(n), c.conv.d, c.y.d, values_[id].y.get(), max,
           &count, perf.data(), ws.get(), static_cast<size_t>(ws.size())));
@@ -736,8 +738,7 @@ class CudaExecutorImpl final : public CudaExecutor {
           cudnn_, c.x.d, c.y.d, c.conv.d, c.w.d, max, &count, perf.data()));
       const size_t cap = workspace_cap();
       DeviceArray<unsigned char> ws;
-      if (opt_.find_algorithms && !opt_.deterministic &&
-          try_workspace(ws, most_memory(perf, count, cap))) {
+      if (timed() && try_workspace(ws, most_memory(perf, count, cap))) {
         GG_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(
             cudnn_, c.x.d, y_of(in), c.y.d, v.dy.get(), c.conv.d, c.w.d, weight_grad_act(n), max,
             &count, perf.data(), ws.get(), static_cast<size_t>(ws.size())));
@@ -762,8 +763,7 @@ class CudaExecutorImpl final : public CudaExecutor {
     // Timing writes the input's gradient buffer, which backward overwrites anyway.
     const size_t cap = workspace_cap();
     DeviceArray<unsigned char> ws;
-    if (opt_.find_algorithms && !opt_.deterministic &&
-        try_workspace(ws, most_memory(perf, count, cap))) {
+    if (timed() && try_workspace(ws, most_memory(perf, count, cap))) {
       GG_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(
           cudnn_, c.w.d, weight_act(n), c.y.d, v.dy.get(), c.conv.d, c.x.d, values_[in].dy.get(),
           max, &count, perf.data(), ws.get(), static_cast<size_t>(ws.size())));

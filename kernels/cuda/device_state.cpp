@@ -37,7 +37,6 @@ class DeviceState final : public TrainState {
     if (steps_ > 0) {  // the last step's, whose copy to the host has long been enqueued
       l.loss = cuda_.last_loss();
       l.known = true;
-      l.loss_step = steps_ - 1;
       l.lag = 1;
       l.correct = -1;  // not counted on the device
     }
@@ -84,12 +83,9 @@ class DeviceState final : public TrainState {
 
   // Bucket by bucket on the copy stream, behind what the compute stream has enqueued (the
   // update), each handed over as soon as it has landed.
-  void to_host_buckets(unsigned part, const std::vector<Bucket>& buckets,
-                       const std::function<void(int)>& landed) override {
-    if ((stale_ & part) == 0 || (part != kParams && part != kVelocity))
-      return TrainState::to_host_buckets(part, buckets, landed);
+  void download_buckets(unsigned part, float* host, const std::vector<Bucket>& buckets,
+                        const std::function<void(int)>& landed) override {
     cuda::DeviceBuffers& d = cuda_.device();
-    float* host = part == kParams ? store_.params.data() : host_sgd_.velocity().data();
     const float* dev = device_data(part);
     while (landed_.size() < buckets.size()) {
       cudaEvent_t e = nullptr;
@@ -110,7 +106,6 @@ class DeviceState final : public TrainState {
       landed(static_cast<int>(b));
     }
     if (part == kVelocity) host_sgd_.set_started(d.sgd_started());
-    stale_ &= ~part;
   }
 
  protected:
